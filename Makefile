@@ -1,0 +1,55 @@
+# gcis-etl: `make demo` runs the main job on the embedded default, `make test` runs the test suite.
+# Both install what they need first (Debian packages as root, a project virtualenv in .venv/, MinIO),
+# idempotently: a second run only checks.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+TOOLS_BIN ?= $(HOME)/.cache/gcis-etl/bin
+MINIO_VERSION := v0.0.0-20260212201848-7aac2a2c5b7c
+MINIO := $(TOOLS_BIN)/minio
+export GCIS_MINIO_BIN := $(MINIO)
+
+# Debian 12 packages: libvips + its headers (pyvips is built against them), exiftool, LittleCMS tools,
+# JPEG 2000 encoders, ImageMagick and libvips' CLI (benchmarks), Redis (Celery broker), iipsrv + lighttpd.
+SYSTEM_PACKAGES := build-essential pkg-config python3-venv python3-dev libvips-dev libvips-tools \
+	libimage-exiftool-perl liblcms2-utils libopenjp2-tools grokj2k-tools imagemagick \
+	redis-server iipimage-server lighttpd
+
+.PHONY: demo test bench system-deps python-deps minio clean
+
+demo: system-deps python-deps
+	$(VENV)/bin/gcis-etl demo
+
+test: system-deps python-deps minio
+	$(PY) -m pytest
+
+bench: system-deps python-deps
+	$(PY) bench/convert.py
+
+system-deps:
+	@missing=$$(for p in $(SYSTEM_PACKAGES); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'install ok installed' || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+		echo "installing Debian packages:" $$missing; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
+	fi
+
+python-deps: $(VENV)/.installed
+
+$(VENV)/.installed: requirements.txt setup.cfg pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -r requirements.txt
+	$(PY) -m pip install -q --no-deps -e .
+	touch $@
+
+# MinIO for the S3 tests, built once per machine (about 5 minutes the first time) and cached.
+minio: $(MINIO)
+
+$(MINIO):
+	@command -v go >/dev/null || { echo "Go is needed to build MinIO for the tests"; exit 1; }
+	mkdir -p $(TOOLS_BIN)
+	GOBIN=$(TOOLS_BIN) go install github.com/minio/minio@$(MINIO_VERSION)
+
+clean:
+	rm -rf $(VENV) var build *.egg-info

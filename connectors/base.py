@@ -1,0 +1,76 @@
+"""The source protocol every connector implements, and the records that flow out of a source.
+
+Connectors know nothing of imaging, stores or Celery: they list objects, describe them and fetch bytes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Iterable, Iterator, Protocol
+
+
+@dataclass(frozen=True)
+class LangValue:
+    """One descriptive value, with its language when the source states one (for IIIF language maps)."""
+
+    value: str
+    language: str | None = None
+
+
+@dataclass(frozen=True)
+class Fixity:
+    algorithm: str  # lower-case hashlib name: "md5", "sha1", "sha256"
+    value: str      # lower-case hex digest
+
+
+@dataclass(frozen=True)
+class SourceItem:
+    """One master image of an object, in display order."""
+
+    id: str
+    sequence: int
+    original_name: str
+    size: int | None
+    modified: datetime | None
+    fixity: Fixity | None = None
+    label: str | None = None
+    locator: str = ""  # connector-specific address of the bytes (URL, path, key)
+    mime_type: str | None = None
+
+
+@dataclass(frozen=True)
+class SourceObject:
+    """A Rosetta IE, an OTMM asset or asset group, a folder: what becomes one IIIF manifest."""
+
+    id: str
+    modified: datetime
+    items: tuple[SourceItem, ...]
+    metadata: dict[str, tuple[LangValue, ...]] = field(default_factory=dict)  # source field -> values
+    source_url: str | None = None
+
+
+@dataclass(frozen=True)
+class FetchedFile:
+    """A master streamed to scratch space whose size (and fixity, when the source has one) were checked."""
+
+    item: SourceItem
+    path: Path
+    size: int
+    sha256: str
+    fixity_verified: bool
+
+
+class Source(Protocol):
+    """What the pipeline needs from a source."""
+
+    name: str
+
+    def changes(self, since: datetime | None) -> Iterator[SourceObject]:
+        """Objects modified at or after `since` (all objects when None), oldest first where the source allows."""
+
+    def get(self, object_ids: Iterable[str]) -> Iterator[SourceObject]:
+        """Objects named explicitly (migrations, --object)."""
+
+    def fetch(self, item: SourceItem, dest_dir: Path) -> FetchedFile:
+        """Stream the item's bytes into dest_dir, verify size and fixity, and return the local file."""

@@ -1,0 +1,22 @@
+"""gcis-etl: masters from the DAMs in, verified IIIF access masters out.
+
+The library's front door; the CLI and Celery tasks only call these.
+"""
+from gcis_etl.conversion import check_decoding, convert
+from gcis_etl.errors import (ConfigError, ConversionFailed, GcisError, RejectedMaster, VerificationFailed)
+from gcis_etl.inspection import inspect
+from gcis_etl.models import ConversionResult, ImageInfo, Status, Verdict, VerifyReport
+from gcis_etl.recipes import Recipe, load_recipe
+
+
+def verify(path, expect=None) -> VerifyReport:
+    """Check the access-master contract in an isolated process (it decodes tiles through libtiff)."""
+    from gcis_etl.conversion import verify_in_child
+    from gcis_etl.isolation import IsolatedProcess
+    with IsolatedProcess() as worker:
+        return worker.call(verify_in_child, str(path), expect)
+
+
+__all__ = ["inspect", "convert", "verify", "check_decoding", "load_recipe", "Recipe", "ImageInfo",
+           "ConversionResult", "VerifyReport", "Status", "Verdict", "GcisError", "ConfigError",
+           "RejectedMaster", "ConversionFailed", "VerificationFailed"]

@@ -1,0 +1,213 @@
+"""Command line: a thin click layer over the library (every command calls one library function)."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from gcis_etl.errors import ConfigError
+
+EXIT_OK, EXIT_ITEM_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+def _fail_config(exc: ConfigError) -> None:
+    click.echo(f"configuration error:\n{exc}", err=True)
+    sys.exit(EXIT_USAGE)
+
+
+def _config(ctx: click.Context):
+    from gcis_etl.config import load_config
+    try:
+        return load_config(ctx.obj)
+    except ConfigError as exc:
+        _fail_config(exc)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(package_name="gcis-etl")
+@click.option("--config", "config_file", type=click.Path(dir_okay=False), envvar="GCIS_CONFIG",
+              help="Configuration file (default: ./config.yaml, else built-in defaults). Env: GCIS_CONFIG.")
+@click.pass_context
+def main(ctx: click.Context, config_file: str | None) -> None:
+    """gcis-etl: masters from the DAMs in, verified IIIF access masters out.
+
+    \b
+    Start with:
+      gcis-etl inspect master.tif          what is this file, and will it be accepted?
+      gcis-etl convert master.tif out.tif  make a verified pyramidal TIFF access master
+      gcis-etl verify out.tif              does a file meet the access-master contract?
+    """
+    ctx.obj = config_file
+
+
+@main.command()
+@click.argument("files", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per file (JSON Lines).")
+@click.option("--header-only", is_flag=True,
+              help="Judge from the header alone (fast); by default every pixel is also decoded, "
+                   "strictly and in an isolated process, as a conversion would.")
+@click.pass_context
+def inspect(ctx: click.Context, files: tuple[str, ...], as_json: bool, header_only: bool) -> None:
+    """Describe masters and give the verdict: accept, accept-after-conversion or reject.
+
+    Exit code 0 when every file is accepted (possibly after conversion), 1 when any is rejected.
+
+    \b
+    Example:
+      gcis-etl inspect --json masters/*.tif | jq -r 'select(.verdict=="reject") | .path'
+    """
+    from gcis_etl.conversion import check_decoding
+    from gcis_etl.inspection import inspect as inspect_header
+    from gcis_etl.isolation import IsolatedProcess
+    from gcis_etl.models import Verdict
+    cfg = _config(ctx)
+    rejected = 0
+    with IsolatedProcess(cfg.isolation) as worker:
+        for path in files:
+            info = (inspect_header(path, cfg.imaging) if header_only
+                    else check_decoding(path, cfg.imaging, worker=worker))
+            rejected += info.verdict is Verdict.REJECT
+            if as_json:
+                click.echo(json.dumps(info.to_dict()))
+            else:
+                size = f"{info.width}x{info.height}" if info.width else "?"
+                click.echo(f"{path}: {info.format} {size} {info.bands or '?'}x{info.bit_depth or '?'}-bit "
+                           f"{info.interpretation or ''} icc={info.icc or 'none'} -> {info.verdict.value}")
+                for reason in info.reasons:
+                    click.echo(f"    reason: {reason}")
+                for warning in info.warnings:
+                    click.echo(f"    warning: {warning}")
+    sys.exit(EXIT_ITEM_FAILED if rejected else EXIT_OK)
+
+
+@main.command()
+@click.argument("src", type=click.Path(exists=True, dir_okay=False))
+@click.argument("dst", type=click.Path(dir_okay=False))
+@click.option("--recipe", "-r", default="ptiff-jpeg-q90", show_default=True,
+              help="Recipe name (recipes/NAME.yaml) or path to a recipe YAML file.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
+@click.pass_context
+def convert(ctx: click.Context, src: str, dst: str, recipe: str, as_json: bool) -> None:
+    """Convert one master SRC into a verified access master DST.
+
+    DST appears only once the output has been verified (it is written under a temporary name first).
+    Exit code 0 when converted, 1 when rejected or failed.
+
+    \b
+    Example:
+      gcis-etl convert --recipe ptiff-jpeg-q90 master.tif access/master.tif
+    """
+    from gcis_etl.conversion import convert as convert_master
+    from gcis_etl.recipes import load_recipe
+    cfg = _config(ctx)
+    try:
+        rec = load_recipe(recipe)
+    except ConfigError as exc:
+        _fail_config(exc)
+    result = convert_master(src, dst, rec, cfg.imaging, isolation_settings=cfg.isolation)
+    if as_json:
+        click.echo(json.dumps(result.to_dict()))
+    elif result.ok:
+        click.echo(f"converted {src} -> {result.output}: {result.width}x{result.height}, {result.levels} levels, "
+                   f"{result.bytes:,} bytes in {result.seconds:.2f} s (decoder {result.decoder})")
+    else:
+        click.echo(f"{result.status.value} {src}: {result.reason}", err=True)
+    if not as_json:
+        for warning in result.warnings:
+            click.echo(f"    warning: {warning}", err=True)
+    sys.exit(EXIT_OK if result.ok else EXIT_ITEM_FAILED)
+
+
+@main.command()
+@click.argument("file", type=click.Path(exists=True, dir_okay=False))
+@click.option("--recipe", "-r", default=None,
+              help="Also check the recipe's tile size and chroma subsampling.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object.")
+@click.pass_context
+def verify(ctx: click.Context, file: str, recipe: str | None, as_json: bool) -> None:
+    """Check that FILE is a valid access master: tiled JPEG page pyramid, ceil-halving levels, sRGB ICC,
+    every level decodable through libtiff (as iipsrv reads it).
+
+    Exit code 0 when valid, 1 otherwise.
+
+    \b
+    Example:
+      gcis-etl verify --recipe ptiff-jpeg-q90 access/master.tif
+    """
+    from gcis_etl.conversion import verify_in_child
+    from gcis_etl.isolation import IsolatedProcess
+    from gcis_etl.recipes import load_recipe
+    from gcis_etl.verification import Expectation
+    try:
+        rec = load_recipe(recipe) if recipe else None
+    except ConfigError as exc:
+        _fail_config(exc)
+    expect = Expectation(tile=rec.tile, chroma=rec.chroma) if rec else Expectation()
+    with IsolatedProcess(_config(ctx).isolation) as worker:
+        report = worker.call(verify_in_child, file, expect)
+    if as_json:
+        click.echo(json.dumps(report.to_dict()))
+    else:
+        state = "valid access master" if report.ok else "NOT a valid access master"
+        click.echo(f"{file}: {state}, {report.width}x{report.height}, {len(report.levels)} levels")
+        for error in report.errors:
+            click.echo(f"    error: {error}")
+    sys.exit(EXIT_OK if report.ok else EXIT_ITEM_FAILED)
+
+
+@main.command()
+def recipes() -> None:
+    """List the recipes found (GCIS_RECIPES, ./recipes, the shipped ones) with their digests."""
+    from gcis_etl.recipes import load_recipe, recipe_dirs
+    seen = set()
+    for directory in recipe_dirs():
+        for path in sorted(directory.glob("*.yaml")) if directory.is_dir() else ():
+            if path.stem in seen:
+                continue
+            seen.add(path.stem)
+            try:
+                recipe = load_recipe(path)
+                click.echo(f"{recipe.name:24} {recipe.digest}  {recipe.description[:70]}")
+            except ConfigError as exc:
+                click.echo(f"{path.stem:24} INVALID: {exc}")
+
+
+@main.command()
+@click.option("--out", default="var/demo", show_default=True, type=click.Path(file_okay=False),
+              help="Where the access masters are written.")
+@click.pass_context
+def demo(ctx: click.Context, out: str) -> None:
+    """Convert the bundled sample masters (samples/) and print where the outputs are."""
+    from gcis_etl.conversion import convert as convert_master
+    from gcis_etl.isolation import IsolatedProcess
+    samples = Path(__file__).resolve().parent.parent / "samples" / "masters"
+    masters = sorted(p for p in samples.rglob("*") if p.is_file())
+    out_dir = Path(out)
+    cfg = _config(ctx)
+    failures = 0
+    with IsolatedProcess(cfg.isolation) as worker:
+        for master in masters:
+            result = convert_master(master, out_dir / master.parent.name / f"{master.stem}.tif",
+                                    policy=cfg.imaging, worker=worker)
+            failures += not result.ok
+            detail = (f"{result.width}x{result.height}, {result.levels} levels, {result.bytes:,} bytes"
+                      if result.ok else result.reason)
+            click.echo(f"{result.status.value:9} {master.parent.name}/{master.name:32} {detail}")
+    click.echo(f"\naccess masters are in {out_dir.resolve()}")
+    sys.exit(EXIT_ITEM_FAILED if failures else EXIT_OK)
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"], "ignore_unknown_options": True})
+@click.argument("script")
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def migrate_main(script: str, args: tuple[str, ...]) -> None:
+    """Run a migration script from migrations/ (by name or path) with its own arguments.
+
+    \b
+    Example:
+      gcis-migrate initial_load --help
+    """
+    from gcis_etl.migration import run_script
+    sys.exit(run_script(script, list(args)))

@@ -1,0 +1,103 @@
+"""Normalise any decoded master to upright, 8-bit, 3-band sRGB through LittleCMS (libvips' icc_* ops).
+
+Grey masters are expanded to sRGB rather than kept grey: every access master then has the same
+contract (3 bands, sRGB ICC) for iipsrv, viewers and verification, and the constant chroma of a grey
+image costs almost nothing in JPEG.
+"""
+from __future__ import annotations
+
+import pyvips
+
+from gcis_etl.models import ImageInfo
+from gcis_etl.policy import ImagingPolicy
+
+SRGB = "srgb"  # libvips' built-in sRGB profile (LittleCMS-generated)
+_INTENTS = {"perceptual": "perceptual", "relative": "relative", "saturation": "saturation",
+            "absolute": "absolute"}
+_COLOUR_BANDS = {"cmyk": 4, "b-w": 1, "grey16": 1, "lab": 3, "labs": 3, "labq": 3, "srgb": 3, "rgb": 3,
+                 "rgb16": 3, "scrgb": 3, "xyz": 3, "multiband": 3}
+_MAX_ALPHA = {"uchar": 255, "char": 127, "ushort": 65535, "short": 32767, "float": 1.0, "double": 1.0}
+
+
+def srgb_profile() -> bytes:
+    """The ICC profile embedded in every access master."""
+    return pyvips.Operation.call("profile_load", SRGB)
+
+
+def orient(image: pyvips.Image, orientation: int) -> pyvips.Image:
+    """Apply an EXIF orientation (1-8) so the pixels are upright."""
+    ops = {2: ("fliphor",), 3: ("rot180",), 4: ("flipver",), 5: ("rot90", "fliphor"), 6: ("rot90",),
+           7: ("rot270", "fliphor"), 8: ("rot270",)}.get(orientation, ())
+    for op in ops:
+        image = image.flip("horizontal") if op == "fliphor" else (
+            image.flip("vertical") if op == "flipver" else image.rot(op.replace("rot", "d")))
+    return image
+
+
+def normalise(image: pyvips.Image, info: ImageInfo, policy: ImagingPolicy) -> pyvips.Image:
+    """Upright 8-bit sRGB, alpha flattened (or dropped), extra bands dropped, with no profile attached."""
+    image = orient(image, info.orientation)
+    if image.format in ("char", "short", "int"):
+        image = _unsigned(image)
+    image = _drop_extra_bands(image, policy)
+    image = _to_srgb(image, policy)
+    if image.bands == 1:
+        image = image.bandjoin([image, image])
+    if image.format != "uchar":
+        image = image.cast("uchar")
+    image = image.copy(interpretation="srgb")
+    if image.get_typeof("icc-profile-data"):
+        image = image.copy()
+        image.remove("icc-profile-data")
+    return image
+
+
+def _unsigned(image: pyvips.Image) -> pyvips.Image:
+    """Signed samples are offset to the unsigned range (two's-complement midpoint becomes mid-grey)."""
+    offset, target = {"char": (128, "uchar"), "short": (32768, "ushort"), "int": (2 ** 31, "uint")}[image.format]
+    return (image + offset).cast(target).copy(interpretation=image.interpretation)
+
+
+def _drop_extra_bands(image: pyvips.Image, policy: ImagingPolicy) -> pyvips.Image:
+    interpretation = "labq" if image.coding == "labq" else image.interpretation
+    colour = _COLOUR_BANDS.get(interpretation, 3)
+    if image.coding != "none" or image.bands <= colour:
+        return image
+    if policy.alpha == "flatten":
+        max_alpha = _MAX_ALPHA.get(image.format, 255)
+        scale = max_alpha / 255
+        background = [c * scale for c in policy.background][:colour] if colour > 1 else [policy.background[0] * scale]
+        if interpretation == "cmyk":
+            background = [0, 0, 0, 0]  # paper white in CMYK
+        return image[:colour + 1].flatten(background=background, max_alpha=max_alpha).copy(
+            interpretation=image.interpretation)
+    return image[:colour]
+
+
+def _to_srgb(image: pyvips.Image, policy: ImagingPolicy) -> pyvips.Image:
+    intent = _INTENTS[policy.rendering_intent]
+    interpretation = "labq" if image.coding == "labq" else image.interpretation
+    embedded = image.get_typeof("icc-profile-data") != 0
+    if embedded and not _is_srgb(image, policy):
+        return image.icc_transform(SRGB, embedded=True, intent=intent, depth=8)
+    if interpretation == "cmyk":
+        return image.icc_transform(SRGB, input_profile=policy.cmyk_fallback_profile, intent=intent, depth=8)
+    if interpretation in ("lab", "labs", "labq"):
+        return image.icc_export(output_profile=SRGB, intent=intent, depth=8)
+    if interpretation in ("srgb", "rgb") and image.format == "uchar":
+        return image
+    if interpretation in ("multiband",) or image.bands not in (1, 3):
+        image = image[:3] if image.bands >= 3 else image[0]
+    return image.colourspace("srgb")
+
+
+def _is_srgb(image: pyvips.Image, policy: ImagingPolicy) -> bool:
+    from io import BytesIO
+
+    from PIL import ImageCms
+    try:
+        profile = ImageCms.ImageCmsProfile(BytesIO(image.get("icc-profile-data")))
+        description = ImageCms.getProfileDescription(profile) or ""
+    except (OSError, ValueError, TypeError):
+        return False
+    return any(s in description for s in policy.srgb_descriptions) and image.format == "uchar"

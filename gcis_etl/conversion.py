@@ -1,0 +1,189 @@
+"""convert(): one master in, one verified access master out (or a rejection / failure with a reason).
+
+Inspection runs here (header only, no libvips); decoding, colour, encoding, metadata and verification
+run in the isolated child. The output is written under a temporary name beside the destination and
+renamed into place only after verification: nothing half-written ever sits at the destination path.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from gcis_etl import isolation
+from gcis_etl.errors import ConversionFailed, RejectedMaster, VerificationFailed
+from gcis_etl.inspection import inspect
+from gcis_etl.isolation import IsolatedProcess, WorkerCrashed
+from gcis_etl.models import ConversionResult, ImageInfo, Status, Verdict, VerifyReport
+from gcis_etl.policy import ImagingPolicy, IsolationSettings
+from gcis_etl.recipes import Recipe, load_recipe
+
+_PIXELS = "reading pixels with "
+
+
+@dataclass(frozen=True)
+class DecodeJob:
+    info: ImageInfo
+    policy: ImagingPolicy
+    decoders: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class EncodeJob(DecodeJob):
+    output: str = ""
+    recipe: Recipe | None = None
+
+
+@dataclass(frozen=True)
+class EncodeOutcome:
+    decoder: str
+    width: int
+    height: int
+    levels: int
+    bytes: int
+    sha256: str
+    notes: tuple[str, ...]
+
+
+def convert(src: str | Path, dst: str | Path, recipe: Recipe | str | None = None,
+            policy: ImagingPolicy | None = None, worker: IsolatedProcess | None = None,
+            isolation_settings: IsolationSettings | None = None) -> ConversionResult:
+    """Convert `src` into the access master `dst`. Never raises for a bad master: the result says why."""
+    started = time.monotonic()
+    recipe = recipe if isinstance(recipe, Recipe) else load_recipe(recipe or "ptiff-jpeg-q90")
+    policy = policy or ImagingPolicy()
+    dst = Path(dst)
+    info = inspect(src, policy)
+    base = dict(source=str(src), recipe=recipe.name, recipe_digest=recipe.digest, info=info,
+                warnings=info.warnings)
+    if info.verdict is Verdict.REJECT:
+        return ConversionResult(Status.REJECTED, reason="; ".join(info.reasons),
+                                seconds=time.monotonic() - started, **base)
+    own_worker = worker is None
+    worker = worker or IsolatedProcess(isolation_settings)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dst.parent / f".{dst.name}.{uuid.uuid4().hex[:8]}.partial"
+    try:
+        job = EncodeJob(info, policy, _decoders(info, policy), output=str(tmp), recipe=recipe)
+        outcome, notes = _run_with_fallbacks(worker, encode_in_child, job)
+        os.replace(tmp, dst)
+        _fsync_dir(dst.parent)
+    except RejectedMaster as exc:
+        return ConversionResult(Status.REJECTED, reason=str(exc), seconds=time.monotonic() - started, **base)
+    except ConversionFailed as exc:
+        return ConversionResult(Status.FAILED, reason=str(exc), seconds=time.monotonic() - started, **base)
+    finally:
+        tmp.unlink(missing_ok=True)
+        if own_worker:
+            worker.close()
+    base["warnings"] = info.warnings + notes + outcome.notes
+    return ConversionResult(Status.CONVERTED, output=str(dst), width=outcome.width, height=outcome.height,
+                            levels=outcome.levels, bytes=outcome.bytes, sha256=outcome.sha256,
+                            decoder=outcome.decoder, seconds=time.monotonic() - started, **base)
+
+
+def check_decoding(src: str | Path, policy: ImagingPolicy | None = None,
+                   worker: IsolatedProcess | None = None) -> ImageInfo:
+    """inspect() plus a full strict decode in the isolated child: the verdict a conversion would reach."""
+    policy = policy or ImagingPolicy()
+    info = inspect(src, policy)
+    if info.verdict is Verdict.REJECT:
+        return info
+    own_worker = worker is None
+    worker = worker or IsolatedProcess()
+    try:
+        decoder, notes = _run_with_fallbacks(worker, decode_in_child, DecodeJob(info, policy, _decoders(info, policy)))
+        return replace(info, warnings=info.warnings + notes)
+    except RejectedMaster as exc:
+        return replace(info, verdict=Verdict.REJECT, reasons=(str(exc),))
+    except ConversionFailed as exc:
+        return replace(info, verdict=Verdict.REJECT, reasons=(f"cannot be decoded: {exc}",))
+    finally:
+        if own_worker:
+            worker.close()
+
+
+def _decoders(info: ImageInfo, policy: ImagingPolicy) -> tuple[str, ...]:
+    return policy.decoders.get(info.format, ("vips",))
+
+
+def _run_with_fallbacks(worker: IsolatedProcess, target, job: DecodeJob):
+    """Run the job; when a decoder crashes the child, retry in a fresh child with the next decoder.
+
+    Returns (the job's result, notes on the fallbacks taken)."""
+    notes: list[str] = []
+    while True:
+        try:
+            return worker.call(target, job), tuple(notes)
+        except WorkerCrashed as exc:
+            crashed = (exc.stage or "").removeprefix(_PIXELS) if (exc.stage or "").startswith(_PIXELS) else None
+            remaining = tuple(d for d in job.decoders if d != crashed)
+            if crashed is None or not remaining or remaining == job.decoders:
+                raise
+            notes.append(f"decoder {crashed} crashed ({exc.signal_name or 'exit'}); retried with {remaining[0]}")
+            job = replace(job, decoders=remaining)
+
+
+def decode_in_child(job: DecodeJob) -> str:
+    """The child's half of check_decoding: every pixel through the normaliser; returns the decoder used."""
+    from gcis_etl.colour import normalise
+    from gcis_etl.decoding import open_master
+    decoded = open_master(job.info, job.decoders, job.policy.strict)
+    isolation.stage(_PIXELS + decoded.decoder)
+    try:
+        normalise(decoded.image, job.info, job.policy).avg()
+    except Exception as exc:  # pyvips.Error: libvips reports corrupt data this way
+        raise RejectedMaster(f"corrupt or truncated image data: {str(exc).strip().splitlines()[-1]}") from None
+    return decoded.decoder
+
+
+def verify_in_child(path: str, expect) -> VerifyReport:
+    from gcis_etl.verification import verify
+    return verify(path, expect)
+
+
+def encode_in_child(job: EncodeJob) -> EncodeOutcome:
+    """The child's half: decode, normalise, carry metadata, encode, verify, hash."""
+    from gcis_etl.colour import normalise, srgb_profile
+    from gcis_etl.decoding import open_master
+    from gcis_etl.metadata import carried_tags
+    from gcis_etl.ptiff import encode_ptiff
+    from gcis_etl.verification import Expectation, verify
+
+    out = Path(job.output)
+    keep, exclude = job.recipe.metadata.keep, job.recipe.metadata.exclude
+    isolation.stage("reading metadata")
+    with tempfile.TemporaryDirectory(prefix="gcis-meta-") as scratch:
+        carried = carried_tags(job.info.path, keep, exclude, Path(scratch))
+    decoded = open_master(job.info, job.decoders, job.policy.strict)
+    isolation.stage(_PIXELS + decoded.decoder)
+    image = normalise(decoded.image, job.info, job.policy)
+    encoded = encode_ptiff(image, out, job.recipe, srgb_profile(), carried.tags)
+    isolation.stage("verifying the output")
+    report = verify(out, Expectation(width=image.width, height=image.height, tile=job.recipe.tile,
+                                     chroma=job.recipe.chroma, metadata=carried.values))
+    if not report.ok:
+        raise VerificationFailed("output failed verification: " + "; ".join(report.errors))
+    return EncodeOutcome(decoder=decoded.decoder, width=image.width, height=image.height,
+                         levels=len(encoded.levels), bytes=encoded.bytes, sha256=sha256_file(out),
+                         notes=decoded.notes + (("BigTIFF (over 4 GB)",) if encoded.bigtiff else ()))
+
+
+def sha256_file(path: str | Path, chunk: int = 4 * 1024 * 1024) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,109 @@
+"""Open a master as a libvips image, with Pillow and tifffile as fallbacks for encodings libvips 8.14 lacks.
+
+Runs only inside the isolated conversion process: decoders crash on some real files.
+A fallback is tried when a decoder cannot *open* a file (an unsupported encoding). Errors while reading
+pixels mean corrupt data and are a rejection: a lenient fallback must not launder a corrupt master.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pyvips
+
+from gcis_etl.errors import RejectedMaster
+from gcis_etl.models import ImageInfo
+
+# Orientations that need random access (vertical flips and transpositions).
+_RANDOM_ACCESS_ORIENTATIONS = {3, 4, 5, 6, 7, 8}
+
+
+@dataclass
+class Decoded:
+    image: pyvips.Image
+    decoder: str
+    notes: tuple[str, ...] = ()
+
+
+class CannotOpen(Exception):
+    """This decoder does not support the file's encoding; the next one may."""
+
+
+def open_master(info: ImageInfo, decoders: tuple[str, ...], strict: bool) -> Decoded:
+    """The first decoder in `decoders` that opens the master; RejectedMaster when none can."""
+    failures: list[str] = []
+    for name in decoders:
+        try:
+            image = _OPENERS[name](info, strict)
+        except CannotOpen as exc:
+            failures.append(f"{name}: {exc}")
+            continue
+        notes = tuple(f"fell back to {name}: {f}" for f in failures)
+        return Decoded(image=image, decoder=name, notes=notes)
+    raise RejectedMaster("no decoder can read the image data: " + "; ".join(failures))
+
+
+def _first_line(exc: Exception) -> str:
+    text = str(exc).strip().splitlines()
+    return text[-1] if text else type(exc).__name__
+
+
+def _open_vips(info: ImageInfo, strict: bool) -> pyvips.Image:
+    access = "random" if info.orientation in _RANDOM_ACCESS_ORIENTATIONS else "sequential"
+    try:
+        return pyvips.Image.new_from_file(info.path, access=access, fail_on="warning" if strict else "none")
+    except pyvips.Error as exc:
+        raise CannotOpen(_first_line(exc)) from None
+
+
+def _open_pillow(info: ImageInfo, strict: bool) -> pyvips.Image:
+    from PIL import Image, ImageFile
+    ImageFile.LOAD_TRUNCATED_IMAGES = not strict
+    try:
+        im = Image.open(info.path)
+    except (OSError, SyntaxError, ValueError) as exc:
+        raise CannotOpen(_first_line(exc)) from None
+    try:
+        im.load()
+    except (OSError, SyntaxError, ValueError) as exc:
+        raise RejectedMaster(f"corrupt or truncated image data: {_first_line(exc)}") from None
+    icc = im.info.get("icc_profile")
+    if im.mode in ("P", "PA", "1", "LA", "La", "RGBa", "YCbCr", "LAB", "HSV"):
+        im = im.convert("RGBA" if ("A" in im.mode or "transparency" in im.info) else "RGB")
+    array = np.asarray(im)
+    if im.mode.startswith("I;16"):
+        array = array.astype(np.uint16)
+    return _from_array(array, info, icc)
+
+
+def _open_tifffile(info: ImageInfo, strict: bool) -> pyvips.Image:
+    import tifffile
+    try:
+        array = tifffile.imread(info.path, key=0)
+    except Exception as exc:  # tifffile/imagecodecs raise many types for unsupported encodings
+        raise CannotOpen(_first_line(exc)) from None
+    return _from_array(array, info, None)
+
+
+def _from_array(array: np.ndarray, info: ImageInfo, icc: bytes | None) -> pyvips.Image:
+    """A vips image from decoded samples, scaled to the full range of 8/16-bit or kept as float."""
+    if array.ndim == 2:
+        array = array[:, :, None]
+    if array.dtype.kind == "u" and info.bit_depth and info.bit_depth not in (8, 16) and array.dtype.itemsize <= 2:
+        full = 255 if info.bit_depth < 8 else 65535
+        array = (array.astype(np.float32) * (full / (2 ** info.bit_depth - 1))).round()
+        array = array.astype(np.uint8 if full == 255 else np.uint16)
+    image = pyvips.Image.new_from_array(np.ascontiguousarray(array))
+    colour_bands = 4 if info.interpretation == "cmyk" else (1 if array.shape[2] <= 2 else 3)
+    sixteen = array.dtype == np.uint16
+    interpretation = {1: "grey16" if sixteen else "b-w", 3: "rgb16" if sixteen else "srgb", 4: "cmyk"}[colour_bands]
+    if array.dtype.kind == "f":
+        interpretation = "scrgb" if colour_bands == 3 else "b-w"
+    image = image.copy(interpretation=interpretation)
+    if icc:
+        image = image.copy()
+        image.set_type(pyvips.GValue.blob_type, "icc-profile-data", icc)
+    return image
+
+
+_OPENERS = {"vips": _open_vips, "pillow": _open_pillow, "tifffile": _open_tifffile}

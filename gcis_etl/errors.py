@@ -1,0 +1,37 @@
+"""Exception hierarchy: every failure a curator or operator can see has a class and a one-line reason."""
+
+
+class GcisError(Exception):
+    """Base of every error raised on purpose by gcis-etl."""
+
+
+class ConfigError(GcisError):
+    """Configuration or recipe file is invalid; the message names the file, the key and what was expected."""
+
+
+class RejectedMaster(GcisError):
+    """The master is not acceptable by policy (format, size, pages, corrupt data); retrying will not help."""
+
+
+class ConversionFailed(GcisError):
+    """The conversion could not complete (decoder crash, timeout, encoder error); a retry may help."""
+
+
+class VerificationFailed(ConversionFailed):
+    """The output was produced but does not meet the access-master contract."""
+
+
+class StoreError(GcisError):
+    """A store operation failed (including integrity mismatches)."""
+
+
+class IntegrityError(StoreError):
+    """A checksum or size did not match: the data is not what was sent or announced."""
+
+
+class SourceError(GcisError):
+    """A source connector could not list or fetch; the message never carries credentials."""
+
+
+class ManifestError(GcisError):
+    """A IIIF manifest could not be built or failed validation; the message names what is wrong."""

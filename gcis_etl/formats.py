@@ -1,0 +1,57 @@
+"""Format by content: masters arrive with wrong extensions, so the first bytes decide, never the name."""
+from __future__ import annotations
+
+from pathlib import Path
+
+# (magic prefix, offset, format name). Order matters: longer, more specific signatures first.
+_SIGNATURES: tuple[tuple[bytes, int, str], ...] = (
+    (b"II*\x00", 0, "TIFF"),
+    (b"MM\x00*", 0, "TIFF"),
+    (b"II+\x00", 0, "BigTIFF"),
+    (b"MM\x00+", 0, "BigTIFF"),
+    (b"\xff\xd8\xff", 0, "JPEG"),
+    (b"\x89PNG\r\n\x1a\n", 0, "PNG"),
+    (b"\x00\x00\x00\x0cjP  \r\n\x87\n", 0, "JP2"),
+    (b"\xff\x4f\xff\x51", 0, "J2K"),
+    (b"GIF87a", 0, "GIF"),
+    (b"GIF89a", 0, "GIF"),
+    (b"BM", 0, "BMP"),
+    (b"RIFF", 0, "RIFF"),
+    (b"ftypavif", 4, "AVIF"),
+    (b"ftypheic", 4, "HEIF"),
+    (b"ftypmif1", 4, "HEIF"),
+    (b"OggS", 0, "OGG"),
+    (b"%PDF", 0, "PDF"),
+    (b"8BPS", 0, "PSD"),
+)
+
+# What each content format is usually called, to notice a misleading file name.
+_EXTENSIONS = {
+    "TIFF": {".tif", ".tiff"},
+    "BigTIFF": {".tif", ".tiff", ".btf", ".tf8"},
+    "JPEG": {".jpg", ".jpeg", ".jpe", ".jfif"},
+    "PNG": {".png"},
+    "JP2": {".jp2", ".jpx", ".jpf"},
+    "J2K": {".j2k", ".j2c", ".jpc", ".jp2"},
+}
+
+
+def sniff(path: str | Path) -> str:
+    """Return the content format ('TIFF', 'JPEG', ...), 'empty' for a zero-byte file, 'unknown' otherwise."""
+    with open(path, "rb") as f:
+        head = f.read(32)
+    if not head:
+        return "empty"
+    for magic, offset, name in _SIGNATURES:
+        if head[offset:offset + len(magic)] == magic:
+            return name
+    return "unknown"
+
+
+def extension_mismatch(path: str | Path, fmt: str) -> str | None:
+    """A warning when the file name's extension names another format than the content has."""
+    ext = Path(path).suffix.lower()
+    expected = _EXTENSIONS.get(fmt)
+    if not ext or expected is None or ext in expected:
+        return None
+    return f"extension {ext} does not match the content ({fmt}); processed as {fmt}"

@@ -1,0 +1,303 @@
+"""Inspect and validate a master from its header alone: format, geometry, colour, pages, metadata, verdict.
+
+Nothing here decodes pixels or touches libvips, so it is safe in any process (the parent of a worker
+pool included) and fast on an 800 Mpx master. Corrupt pixel data is caught later, when the isolated
+conversion process decodes with strict settings.
+"""
+from __future__ import annotations
+
+import io
+import logging
+import struct
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from PIL import Image, ImageCms
+
+from gcis_etl import formats
+from gcis_etl.metadata import summarise
+from gcis_etl.models import ImageInfo, Verdict
+from gcis_etl.policy import ImagingPolicy
+
+Image.MAX_IMAGE_PIXELS = None  # our own limit applies, from the header, before any decoding
+
+_ICC_SPACE = {"rgb": "RGB", "grey": "GRAY", "bilevel": "GRAY", "cmyk": "CMYK", "lab": "LAB", "ycbcr": "RGB"}
+
+
+class _Unreadable(Exception):
+    """The header cannot be parsed: the file is corrupt or not what its signature claims."""
+
+
+@dataclass
+class _Header:
+    width: int
+    height: int
+    bands: int
+    bit_depth: int
+    interpretation: str
+    sample_format: str = "uint"
+    icc: bytes | None = None
+    pages: int = 1
+    compression: str | None = None
+    compression_code: int | None = None
+    alpha: bool = False
+    extra_bands: int = 0
+    whole_slide: bool = False
+    dng: bool = False
+    jpeg_process: str | None = None
+    miniswhite: bool = False
+    notes: list[str] = field(default_factory=list)
+
+
+def inspect(path: str | Path, policy: ImagingPolicy | None = None) -> ImageInfo:
+    """Describe a master and give the policy's verdict, without decoding its pixels."""
+    policy = policy or ImagingPolicy()
+    path = str(path)
+    fmt = formats.sniff(path)
+    if fmt == "empty":
+        return _reject(path, fmt, "zero-byte file (an interrupted upload or copy?)")
+    warnings = [w for w in [formats.extension_mismatch(path, fmt)] if w]
+    if fmt == "unknown":
+        return _reject(path, fmt, "not an image: unrecognised content", warnings)
+    if fmt not in policy.accepted_formats:
+        what = "not an image" if fmt in ("OGG", "PDF", "RIFF") else "not an accepted master format"
+        return _reject(path, fmt, f"{fmt}: {what}", warnings)
+    try:
+        header = _READERS[fmt](path)
+    except _Unreadable as exc:
+        return _reject(path, fmt, f"corrupt or truncated {fmt} header: {exc}", warnings)
+    if header.dng:
+        fmt = "DNG"
+    md = summarise(path)
+    info = ImageInfo(
+        path=path, format=fmt, width=header.width, height=header.height, bands=header.bands,
+        bit_depth=header.bit_depth, sample_format=header.sample_format, interpretation=header.interpretation,
+        pages=header.pages, exif=md.exif, xmp=md.xmp, iptc=md.iptc,
+        orientation=md.orientation or 1, alpha=header.alpha, extra_bands=header.extra_bands,
+        compression=header.compression, whole_slide=header.whole_slide)
+    if md.orientation_invalid is not None:
+        warnings.append(f"orientation {md.orientation_invalid!r} is not a valid EXIF orientation: ignored")
+    return _judge(info, header, policy, warnings)
+
+
+def _judge(info: ImageInfo, h: _Header, policy: ImagingPolicy, warnings: list[str]) -> ImageInfo:
+    rejects: list[str] = []
+    conversions: list[str] = []
+    if info.megapixels > policy.max_megapixels:
+        rejects.append(f"{info.width}x{info.height} = {info.megapixels:,.0f} Mpx is over the "
+                       f"{policy.max_megapixels:,.0f} Mpx limit (refused from the header, before decoding)")
+    if h.dng and policy.reject_dng:
+        rejects.append("camera raw (DNG) is not an accepted master format")
+    if h.compression_code in policy.rejected_tiff_compressions:
+        rejects.append(policy.rejected_tiff_compressions[h.compression_code])
+    if h.jpeg_process:
+        rejects.append(f"{h.jpeg_process} JPEG process is not supported by the decoders")
+    if h.pages > 1:
+        if policy.multipage == "reject":
+            rejects.append(f"{h.pages} full-resolution pages: ambiguous master (policy multipage=reject)")
+        else:
+            warnings.append(f"{h.pages} full-resolution pages: the first is used (policy multipage=first)")
+    icc_desc = None
+    if h.icc is not None:
+        icc_desc, problem = _check_icc(h.icc, h.interpretation)
+        if problem:
+            rejects.append(problem)
+    if h.whole_slide:
+        conversions.append("main image of a whole-slide file")
+    if h.interpretation == "cmyk":
+        conversions.append("CMYK->sRGB")
+    elif h.interpretation == "lab":
+        conversions.append("Lab->sRGB")
+    elif h.interpretation == "ycbcr":
+        conversions.append("YCbCr->RGB")
+    elif h.interpretation == "palette":
+        conversions.append("expand palette")
+    if icc_desc and not any(s in icc_desc for s in policy.srgb_descriptions):
+        conversions.append(f"ICC->sRGB ({icc_desc})")
+    if h.miniswhite:
+        conversions.append("invert min-is-white")
+    if h.bit_depth != 8 or h.sample_format != "uint":
+        suffix = {"float": "f", "int": "s"}.get(h.sample_format, "")
+        conversions.append(f"bit depth {h.bit_depth}{suffix}->8")
+    if h.extra_bands:
+        conversions.append(f"{policy.alpha} alpha/extra samples" if h.alpha else "drop extra samples")
+    if info.orientation != 1:
+        conversions.append(f"apply orientation {info.orientation}")
+    warnings.extend(h.notes)
+    if rejects:
+        verdict, reasons = Verdict.REJECT, rejects
+    elif conversions:
+        verdict, reasons = Verdict.ACCEPT_AFTER_CONVERSION, conversions
+    else:
+        verdict, reasons = Verdict.ACCEPT, []
+    return replace(info, icc=icc_desc, verdict=verdict, reasons=tuple(reasons), warnings=tuple(warnings))
+
+
+def _check_icc(icc: bytes, interpretation: str) -> tuple[str | None, str | None]:
+    """The profile's description, and a rejection reason when it is corrupt or of the wrong colour space."""
+    try:
+        profile = ImageCms.ImageCmsProfile(io.BytesIO(icc))
+    except (OSError, ValueError, TypeError) as exc:
+        return None, f"embedded ICC profile is corrupt ({len(icc)} bytes: {exc}): needs review"
+    description = (ImageCms.getProfileDescription(profile) or "").strip() or "unnamed profile"
+    space = profile.profile.xcolor_space.strip().upper()
+    expected = _ICC_SPACE.get(interpretation)
+    if expected and space != expected:
+        return description, (f"embedded ICC profile '{description}' is for {space} but the pixels are "
+                             f"{interpretation}: needs review")
+    return description, None
+
+
+def _reject(path: str, fmt: str, reason: str, warnings: list[str] | None = None) -> ImageInfo:
+    return ImageInfo(path=path, format=fmt, verdict=Verdict.REJECT, reasons=(reason,),
+                     warnings=tuple(warnings or ()))
+
+
+class _Collect(logging.Handler):
+    """Keeps what tifffile logs about a malformed file, to report it as warnings of that master."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+def _read_tiff(path: str) -> _Header:
+    logger = logging.getLogger("tifffile")
+    collect = _Collect()
+    logger.addHandler(collect)
+    propagate, logger.propagate = logger.propagate, False
+    try:
+        header = _read_tiff_tags(path)
+    finally:
+        logger.removeHandler(collect)
+        logger.propagate = propagate
+    header.notes.extend(f"TIFF structure: {m}" for m in collect.messages)
+    return header
+
+
+def _read_tiff_tags(path: str) -> _Header:
+    import tifffile
+    try:
+        with tifffile.TiffFile(path) as tf:
+            pages = list(tf.pages)
+            p = pages[0]
+            whole_slide = any(getattr(tf, f"is_{k}", False) for k in ("svs", "ndpi", "scn", "bif", "philips"))
+            full_res = 1 if whole_slide else sum(1 for q in pages if not int(q.subfiletype) & 1)
+            tags = p.tags
+            photometric = int(p.photometric)
+            extrasamples = tuple(int(e) for e in (p.extrasamples or ()))
+            icc_tag = tags.get(34675)
+            header = _Header(
+                width=p.imagewidth, height=p.imagelength, bands=p.samplesperpixel,
+                bit_depth=int(p.bitspersample),
+                sample_format={1: "uint", 2: "int", 3: "float"}.get(int(p.sampleformat), "uint"),
+                interpretation=_TIFF_PHOTOMETRIC.get(photometric, "multiband"),
+                icc=bytes(icc_tag.value) if icc_tag is not None else None,
+                pages=full_res, compression=tifffile.COMPRESSION(p.compression).name
+                if p.compression in iter(tifffile.COMPRESSION) else str(p.compression),
+                compression_code=int(p.compression), extra_bands=len(extrasamples),
+                alpha=bool(extrasamples) and extrasamples[0] in (1, 2), whole_slide=whole_slide,
+                dng=50706 in tags, miniswhite=photometric == 0)
+    except (tifffile.TiffFileError, ValueError, IndexError, struct.error, OSError) as exc:
+        raise _Unreadable(str(exc)) from None
+    if header.interpretation == "ycbcr" and header.compression_code in (6, 7):
+        header.interpretation = "rgb"  # JPEG-in-TIFF YCbCr is ordinary RGB once decoded
+    if header.interpretation in ("grey", "bilevel") and header.bit_depth == 1:
+        header.interpretation = "bilevel"
+    if header.interpretation == "rgb" and header.bands > 3:
+        header.extra_bands = header.extra_bands or header.bands - 3
+    return header
+
+
+_TIFF_PHOTOMETRIC = {0: "grey", 1: "grey", 2: "rgb", 3: "palette", 5: "cmyk", 6: "ycbcr", 8: "lab", 9: "lab",
+                     10: "lab", 32844: "lab", 32845: "lab"}
+
+
+def _read_jpeg(path: str) -> _Header:
+    process, bits, components, w, h = _jpeg_frame(path)
+    try:
+        with Image.open(path) as im:
+            icc = im.info.get("icc_profile")
+    except (OSError, SyntaxError, ValueError) as exc:
+        raise _Unreadable(str(exc)) from None
+    interpretation = {1: "grey", 3: "rgb", 4: "cmyk"}.get(components, "multiband")
+    unsupported = None
+    if process == "lossless":
+        unsupported = "lossless"
+    elif bits != 8:
+        unsupported = f"{bits}-bit"
+    return _Header(width=w, height=h, bands=components, bit_depth=8 if unsupported else bits,
+                   interpretation=interpretation, icc=icc, compression=f"JPEG {process}",
+                   jpeg_process=unsupported)
+
+
+def _jpeg_frame(path: str) -> tuple[str, int, int, int, int]:
+    """Walk the JPEG markers to the frame header: (process, precision, components, width, height)."""
+    with open(path, "rb") as f:
+        data = f.read(4 * 1024 * 1024)  # markers before the frame header are small; ICC/XMP are < 1 MB each
+    pos = 2
+    while pos + 4 <= len(data):
+        if data[pos] != 0xFF:
+            raise _Unreadable(f"no JPEG marker at byte {pos}")
+        marker = data[pos + 1]
+        if marker == 0xFF:
+            pos += 1
+            continue
+        (length,) = struct.unpack(">H", data[pos + 2:pos + 4])
+        if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
+            if pos + 10 > len(data):
+                break
+            bits, height, width, components = struct.unpack(">BHHB", data[pos + 4:pos + 10])
+            if width == 0 or height == 0:
+                raise _Unreadable(f"frame header declares {width}x{height}")
+            process = {0xC3: "lossless", 0xC7: "lossless", 0xCB: "lossless", 0xCF: "lossless",
+                       0xC2: "progressive", 0xC6: "progressive", 0xCA: "progressive", 0xCE: "progressive"}
+            return process.get(marker, "baseline"), bits, components, width, height
+        if marker == 0xDA:
+            break
+        pos += 2 + length
+    raise _Unreadable("no frame header (SOF) found")
+
+
+def _read_png(path: str) -> _Header:
+    with open(path, "rb") as f:
+        head = f.read(33)
+    if len(head) < 33 or head[12:16] != b"IHDR":
+        raise _Unreadable("no IHDR chunk")
+    width, height, depth, colour_type = struct.unpack(">IIBB", head[16:26])
+    if width == 0 or height == 0:
+        raise _Unreadable(f"IHDR declares {width}x{height}")
+    bands, interpretation = {0: (1, "grey"), 2: (3, "rgb"), 3: (1, "palette"), 4: (2, "grey"),
+                             6: (4, "rgb")}.get(colour_type, (0, "multiband"))
+    icc = None
+    if width * height <= 2 ** 31:  # Pillow's header parse is safe, but spare it absurd sizes
+        try:
+            with Image.open(path) as im:
+                icc = im.info.get("icc_profile")
+        except (OSError, SyntaxError, ValueError) as exc:
+            raise _Unreadable(str(exc)) from None
+    alpha = colour_type in (4, 6)
+    return _Header(width=width, height=height, bands=bands, bit_depth=depth, interpretation=interpretation,
+                   icc=icc, alpha=alpha, extra_bands=int(alpha), compression="deflate")
+
+
+def _read_jpeg2000(path: str) -> _Header:
+    try:
+        with Image.open(path) as im:
+            mode, (width, height) = im.mode, im.size
+            icc = im.info.get("icc_profile")
+    except (OSError, SyntaxError, ValueError, struct.error) as exc:
+        raise _Unreadable(str(exc)) from None
+    bands, interpretation, depth, alpha = {
+        "L": (1, "grey", 8, False), "LA": (2, "grey", 8, True), "RGB": (3, "rgb", 8, False),
+        "RGBA": (4, "rgb", 8, True), "I;16": (1, "grey", 16, False), "YCbCr": (3, "ycbcr", 8, False),
+    }.get(mode, (len(mode), "multiband", 8, False))
+    return _Header(width=width, height=height, bands=bands, bit_depth=depth, interpretation=interpretation,
+                   icc=icc, alpha=alpha, extra_bands=int(alpha), compression="JPEG 2000")
+
+
+_READERS = {"TIFF": _read_tiff, "BigTIFF": _read_tiff, "JPEG": _read_jpeg, "PNG": _read_png,
+            "JP2": _read_jpeg2000, "J2K": _read_jpeg2000}

@@ -1,0 +1,194 @@
+"""Run decoding and encoding in a child process, so that a decoder crash, a hang or a memory blow-up on
+one master is that master's failure ("decoder crashed: SIGSEGV while decoding with vips"), never the
+batch's.
+
+The child is a fresh interpreter (`python -m gcis_etl.isolation`, not multiprocessing, which would
+re-import the caller's main script) talking over a socket pair, reused across jobs (starting Python and importing
+libvips per master would cost more than converting a small one). It is recycled after a number of jobs
+or when its memory grows past a limit (libvips' long-run growth), and replaced after any crash.
+The parent never imports libvips, so forking workers stays safe.
+"""
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import resource
+import signal
+import socket
+import subprocess
+import sys
+import time
+from multiprocessing.connection import Connection
+from typing import Any, Callable
+
+from gcis_etl.errors import ConversionFailed
+from gcis_etl.policy import IsolationSettings
+
+_conn: Connection | None = None  # set in the child: where stage() reports to
+
+
+class WorkerCrashed(ConversionFailed):
+    def __init__(self, message: str, stage: str | None, signal_name: str | None):
+        super().__init__(message)
+        self.stage, self.signal_name = stage, signal_name
+
+
+class WorkerTimeout(ConversionFailed):
+    pass
+
+
+def stage(name: str) -> None:
+    """Tell the parent what the child is doing now, so a crash can be attributed ("while decoding ...")."""
+    if _conn is not None:
+        _conn.send(("stage", name))
+
+
+def _child_main(conn: Connection, settings: dict) -> None:
+    global _conn
+    _conn = conn
+    limit = settings["memory_limit_mb"] * 1024 * 1024
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when the child stops
+    os.environ["VIPS_CONCURRENCY"] = str(settings["vips_concurrency"])  # before any job imports libvips
+    while True:
+        try:
+            message = conn.recv()
+        except EOFError:
+            return
+        if message is None:
+            return
+        target, args = message
+        module, _, name = target.rpartition(".")
+        try:
+            result = getattr(importlib.import_module(module), name)(*args)
+            conn.send(("ok", result))
+        except MemoryError:
+            conn.send(("error", ConversionFailed(f"out of memory (limit {settings['memory_limit_mb']} MB)")))
+        except Exception as exc:  # the job's failure, reported to the parent; the child lives on
+            conn.send(("error", exc if _picklable(exc) else ConversionFailed(f"{type(exc).__name__}: {exc}")))
+
+
+def _picklable(exc: Exception) -> bool:
+    import pickle
+    try:
+        pickle.loads(pickle.dumps(exc))
+        return True
+    except Exception:
+        return False
+
+
+class IsolatedProcess:
+    """One reusable child process; call() runs `module.function(*args)` in it."""
+
+    def __init__(self, settings: IsolationSettings | None = None):
+        self.settings = settings or IsolationSettings()
+        self._proc: subprocess.Popen | None = None
+        self._conn: Connection | None = None
+        self._jobs = 0
+
+    def __enter__(self) -> "IsolatedProcess":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._alive() else None
+
+    def call(self, target: Callable | str, *args: Any, timeout: float | None = None) -> Any:
+        """Run the job in the child; raise WorkerCrashed / WorkerTimeout, or the job's own exception."""
+        if callable(target):
+            target = f"{target.__module__}.{target.__qualname__}"
+        self._ensure_started()
+        timeout = timeout or self.settings.timeout_seconds
+        deadline = time.monotonic() + timeout
+        current_stage: str | None = None
+        self._conn.send((target, args))
+        self._jobs += 1
+        try:
+            while True:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or not self._conn.poll(remaining):
+                    self._kill()
+                    where = f" while {current_stage}" if current_stage else ""
+                    raise WorkerTimeout(f"timed out after {timeout:.0f} s{where}")
+                try:
+                    kind, payload = self._conn.recv()
+                except (EOFError, ConnectionResetError, OSError):
+                    raise self._crashed(current_stage) from None
+                if kind == "stage":
+                    current_stage = payload
+                elif kind == "ok":
+                    return payload
+                else:
+                    raise payload
+        finally:
+            self._recycle_if_needed()
+
+    def close(self) -> None:
+        if self._alive():
+            try:
+                self._conn.send(None)
+                self._proc.wait(5)
+            except (OSError, subprocess.TimeoutExpired):
+                self._kill()
+        if self._conn is not None:
+            self._conn.close()
+        self._proc, self._conn = None, None
+
+    def _alive(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def rss_bytes(self) -> int | None:
+        import psutil
+        try:
+            return psutil.Process(self._proc.pid).memory_info().rss if self.pid else None
+        except psutil.Error:
+            return None
+
+    def _ensure_started(self) -> None:
+        if self._alive():
+            return
+        parent, child = socket.socketpair()
+        with parent, child:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", "gcis_etl.isolation", str(child.fileno()),
+                 json.dumps(self.settings.model_dump())],
+                pass_fds=(child.fileno(),), stdin=subprocess.DEVNULL)
+            self._conn = Connection(os.dup(parent.fileno()))
+        self._jobs = 0
+
+    def _crashed(self, current_stage: str | None) -> WorkerCrashed:
+        try:
+            code = self._proc.wait(5)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            code = self._proc.wait()
+        self._conn.close()
+        self._proc, self._conn = None, None
+        name = signal.Signals(-code).name if code is not None and code < 0 else None
+        how = f"crashed: {name}" if name else f"exited with code {code}"
+        where = f" while {current_stage}" if current_stage else ""
+        return WorkerCrashed(f"conversion process {how}{where}", current_stage, name)
+
+    def _kill(self) -> None:
+        if self._proc is not None:
+            self._proc.kill()
+            self._proc.wait()
+        if self._conn is not None:
+            self._conn.close()
+        self._proc, self._conn = None, None
+
+    def _recycle_if_needed(self) -> None:
+        if self._proc is None:
+            return
+        rss = self.rss_bytes() or 0
+        if self._jobs >= self.settings.max_jobs_per_process or rss > self.settings.max_rss_mb * 1024 * 1024:
+            self.close()
+
+
+if __name__ == "__main__":
+    from gcis_etl import isolation as _module  # the importable module, so stage() sees the connection
+    _module._child_main(Connection(int(sys.argv[1])), json.loads(sys.argv[2]))

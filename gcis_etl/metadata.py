@@ -1,0 +1,168 @@
+"""Embedded metadata (EXIF, XMP, IPTC) read and carried from master to access master with exiftool.
+
+One persistent exiftool process per Python process (PyExifTool's -stay_open mode): starting Perl per file
+would cost more than the metadata work itself.
+"""
+from __future__ import annotations
+
+import atexit
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import exiftool
+
+from gcis_etl.errors import ConversionFailed
+
+_lock = threading.Lock()
+_process: exiftool.ExifToolHelper | None = None
+
+
+def _exiftool() -> exiftool.ExifToolHelper:
+    global _process
+    if _process is None or not _process.running:
+        _process = exiftool.ExifToolHelper(check_execute=False)
+        _process.run()
+        atexit.register(_shutdown)
+    return _process
+
+
+def _shutdown() -> None:
+    global _process
+    if _process is not None and _process.running:
+        _process.terminate()
+    _process = None
+
+
+def exiftool_json(path: str | Path, *args: str) -> dict:
+    """All tags exiftool reports for one file (group-0 prefixed, numeric values), {} when it reads nothing."""
+    with _lock:
+        try:
+            result = _exiftool().execute_json("-G0", "-n", *args, str(path))
+        except Exception:  # a broken pipe or unparseable output: restart the process next time
+            _shutdown()
+            return {}
+    return result[0] if result else {}
+
+
+def exiftool_run(*args: str) -> str:
+    """Run one exiftool command; raise ConversionFailed with exiftool's own message when it reports an error."""
+    with _lock:
+        et = _exiftool()
+        out = et.execute(*args)
+        status, err = et.last_status, et.last_stderr
+    if status != 0 or "Error" in (err or ""):
+        raise ConversionFailed(f"exiftool: {(err or out).strip().splitlines()[-1] if (err or out).strip() else status}")
+    return out
+
+
+@dataclass(frozen=True)
+class MetadataSummary:
+    exif: bool
+    xmp: bool
+    iptc: bool
+    orientation: int | None          # 1..8, None when absent
+    orientation_invalid: object = None  # the raw value when present but not 1..8
+    icc_description: str | None = None
+
+
+def summarise(path: str | Path) -> MetadataSummary:
+    tags = exiftool_json(path)
+    groups = {k.split(":", 1)[0] for k in tags}
+    raw = tags.get("EXIF:Orientation", tags.get("XMP:Orientation"))
+    orientation, invalid = None, None
+    if raw is not None:
+        if isinstance(raw, int) and 1 <= raw <= 8:
+            orientation = raw
+        else:
+            invalid = raw
+    return MetadataSummary(exif="EXIF" in groups, xmp="XMP" in groups, iptc="IPTC" in groups,
+                           orientation=orientation, orientation_invalid=invalid,
+                           icc_description=tags.get("ICC_Profile:ProfileDescription"))
+
+
+# --- carrying metadata into the access master ------------------------------------------------------
+# exiftool writes the kept tags into a 1-pixel classic-TIFF "carrier"; its IFD0 (with the EXIF, GPS and
+# Interop sub-IFDs) is then transplanted into the access master's first IFD as it is written. One path
+# serves classic TIFF and BigTIFF (which exiftool cannot write), and the large output is never rewritten.
+
+_STRUCTURAL = {254, 255, 256, 257, 258, 259, 262, 263, 266, 273, 274, 277, 278, 279, 280, 281, 284,
+               292, 293, 317, 320, 322, 323, 324, 325, 330, 338, 339, 340, 341, 347, 512, 513, 514, 515,
+               517, 518, 519, 520, 521, 529, 530, 531, 532, 34675}
+_POINTERS = {34665, 34853, 40965}  # ExifIFD, GPS IFD, Interoperability IFD
+_COLOURSPACE_SRGB = ("-ExifIFD:ColorSpace=sRGB",)
+
+
+# exiftool names of the structural entries above (they describe the file, not the image).
+STRUCTURAL_NAMES = {"SubfileType", "OldSubfileType", "ImageWidth", "ImageHeight", "BitsPerSample", "Compression",
+                    "PhotometricInterpretation", "Thresholding", "FillOrder", "StripOffsets", "Orientation",
+                    "SamplesPerPixel", "RowsPerStrip", "StripByteCounts", "PlanarConfiguration", "Predictor",
+                    "TileWidth", "TileLength", "TileOffsets", "TileByteCounts", "SubIFD", "ExtraSamples",
+                    "SampleFormat", "JPEGTables", "ColorMap", "YCbCrCoefficients", "YCbCrSubSampling",
+                    "YCbCrPositioning", "ReferenceBlackWhite", "CellWidth", "CellLength", "T4Options",
+                    "T6Options", "Software", "ColorSpace", "XMPToolkit"}
+
+
+@dataclass(frozen=True)
+class Carried:
+    """The IFD entries to transplant, and the values exiftool reads from them (what verification expects)."""
+
+    tags: list
+    values: dict
+
+
+def carried_tags(master: str | Path, keep: tuple[str, ...], exclude: tuple[str, ...], scratch: Path) -> Carried:
+    """IFD entries holding the master's kept metadata, with ExifIFD ColorSpace = sRGB."""
+    import numpy as np
+    import tifffile
+    carrier = Path(scratch) / "metadata-carrier.tif"
+    tifffile.imwrite(carrier, np.zeros((1, 1, 3), np.uint8), photometric="rgb", byteorder="<", metadata=None)
+    args = ["-m", "-q", "-overwrite_original", "-TagsFromFile", str(master)]
+    args += [f"-{tag}" for tag in keep] + [f"--{tag}" for tag in exclude]
+    exiftool_run(*args, *_COLOURSPACE_SRGB, str(carrier))
+    try:
+        return Carried(tags=read_ifd0_tags(carrier.read_bytes()), values=kept_tag_values(carrier, keep, exclude))
+    finally:
+        carrier.unlink(missing_ok=True)
+
+
+def read_ifd0_tags(data: bytes) -> list:
+    """The non-structural entries of a classic TIFF's first IFD, sub-IFDs followed, as tiff.Tag objects."""
+    import struct
+
+    from gcis_etl import tiff
+    order = "<" if data[:2] == b"II" else ">"
+    (first,) = struct.unpack(order + "I", data[4:8])
+
+    def read(offset: int, depth: int) -> list:
+        (n,) = struct.unpack(order + "H", data[offset:offset + 2])
+        tags = []
+        for i in range(n):
+            at = offset + 2 + 12 * i
+            code, typ, count = struct.unpack(order + "HHI", data[at:at + 8])
+            if code in _STRUCTURAL or typ not in tiff._SIZE:
+                continue
+            size = tiff._SIZE[typ] * count
+            value_at = at + 8 if size <= 4 else struct.unpack(order + "I", data[at + 8:at + 12])[0]
+            raw = data[value_at:value_at + size]
+            if code in _POINTERS:
+                if depth < 2:
+                    (sub,) = struct.unpack(order + "I", raw[:4])
+                    tags.append(tiff.Tag(code, tiff.LONG, sub_ifd=read(sub, depth + 1)))
+                continue
+            if typ in (tiff.BYTE, tiff.ASCII, tiff.UNDEFINED, tiff.SBYTE):
+                tags.append(tiff.Tag(code, typ, raw))
+            else:
+                fmt = tiff._FORMAT[typ]
+                n_values = count * (2 if typ in (tiff.RATIONAL, tiff.SRATIONAL) else 1)
+                tags.append(tiff.Tag(code, typ, struct.unpack(f"{order}{n_values}{fmt}", raw)))
+        return tags
+
+    return read(first, 0)
+
+
+def kept_tag_values(path: str | Path, keep: tuple[str, ...], exclude: tuple[str, ...]) -> dict:
+    """Tag -> value of the kept, non-structural metadata of a file, as exiftool reads it."""
+    args = [f"-{t}" for t in keep] + [f"--{t}" for t in exclude]
+    tags = exiftool_json(path, "-a", *args)
+    return {k: v for k, v in tags.items() if k != "SourceFile" and k.split(":", 1)[-1] not in STRUCTURAL_NAMES}

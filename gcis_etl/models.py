@@ -1,0 +1,114 @@
+"""Records that flow between the imaging stages and out to callers (CLI, pipeline, Celery tasks)."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from enum import Enum
+
+
+class Verdict(str, Enum):
+    ACCEPT = "accept"
+    ACCEPT_AFTER_CONVERSION = "accept-after-conversion"
+    REJECT = "reject"
+
+
+@dataclass(frozen=True)
+class ImageInfo:
+    """What the header of a master says, and what policy makes of it (no pixel was decoded to get this)."""
+
+    path: str
+    format: str
+    width: int | None = None
+    height: int | None = None
+    bands: int | None = None
+    bit_depth: int | None = None
+    sample_format: str | None = None      # uint | int | float
+    interpretation: str | None = None     # rgb | grey | cmyk | lab | ycbcr | palette | bilevel | multiband
+    icc: str | None = None                # ICC profile description
+    pages: int | None = None              # full-resolution images; reduced-resolution IFDs are not pages
+    exif: bool = False
+    xmp: bool = False
+    iptc: bool = False
+    orientation: int = 1
+    alpha: bool = False                   # first extra band is alpha
+    extra_bands: int = 0                  # bands beyond the colour ones (alpha included)
+    compression: str | None = None
+    whole_slide: bool = False
+    verdict: Verdict = Verdict.REJECT
+    reasons: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def megapixels(self) -> float:
+        return (self.width or 0) * (self.height or 0) / 1e6
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["verdict"] = self.verdict.value
+        d["reasons"] = list(self.reasons)
+        d["warnings"] = list(self.warnings)
+        return d
+
+
+class Status(str, Enum):
+    CONVERTED = "converted"
+    REJECTED = "rejected"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True)
+class Level:
+    width: int
+    height: int
+
+
+@dataclass(frozen=True)
+class ConversionResult:
+    """Outcome of one master: converted (output verified and in place), rejected (policy) or failed."""
+
+    status: Status
+    source: str
+    output: str | None = None
+    reason: str | None = None
+    recipe: str | None = None
+    recipe_digest: str | None = None
+    width: int | None = None
+    height: int | None = None
+    levels: int | None = None
+    bytes: int | None = None
+    sha256: str | None = None
+    seconds: float = 0.0
+    decoder: str | None = None
+    warnings: tuple[str, ...] = ()
+    info: ImageInfo | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status is Status.CONVERTED
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["status"] = self.status.value
+        d["warnings"] = list(self.warnings)
+        d["info"] = self.info.to_dict() if self.info else None
+        return d
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    """Whether a file meets the access-master contract; errors fail it, warnings do not."""
+
+    path: str
+    errors: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()
+    width: int | None = None
+    height: int | None = None
+    levels: tuple[Level, ...] = field(default_factory=tuple)
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+    def to_dict(self) -> dict:
+        return {"path": self.path, "valid": self.ok, "errors": list(self.errors), "warnings": list(self.warnings),
+                "width": self.width, "height": self.height,
+                "levels": [[lv.width, lv.height] for lv in self.levels]}

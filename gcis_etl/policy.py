@@ -1,0 +1,43 @@
+"""What masters are acceptable and how they are normalised: product policy as settings, not code."""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from gcis_etl.settings import Settings
+
+
+class ImagingPolicy(Settings):
+    """Defaults are the product's policy (see tests/corpus/README.md); every rule can be changed per pipeline."""
+
+    accepted_formats: tuple[str, ...] = ("TIFF", "BigTIFF", "JPEG", "PNG", "JP2", "J2K")
+    max_megapixels: float = Field(1000.0, gt=0, description="checked from the header, before decoding")
+    multipage: Literal["reject", "first"] = "reject"
+    strict: bool = Field(True, description="reject data that decoders only warn about (corrupt JPEG data)")
+    rejected_tiff_compressions: dict[int, str] = {6: "obsolete TIFF 'old-style' JPEG compression (6)"}
+    reject_dng: bool = True
+    alpha: Literal["flatten", "drop"] = "flatten"
+    background: tuple[int, int, int] = (255, 255, 255)
+    rendering_intent: Literal["perceptual", "relative", "saturation", "absolute"] = "relative"
+    srgb_descriptions: tuple[str, ...] = Field(
+        ("sRGB",), description="ICC descriptions containing one of these are treated as sRGB already")
+    cmyk_fallback_profile: str = Field("cmyk", description="profile for CMYK without one: 'cmyk' is libvips' built-in")
+    decoders: dict[str, tuple[Literal["vips", "pillow", "tifffile"], ...]] = {
+        "TIFF": ("vips", "pillow", "tifffile"),
+        "BigTIFF": ("vips", "tifffile"),
+        "JPEG": ("vips", "pillow"),
+        "PNG": ("vips", "pillow"),
+        "JP2": ("vips", "pillow"),
+        "J2K": ("vips", "pillow"),
+    }
+
+
+class IsolationSettings(Settings):
+    """Limits of the child process that decodes and encodes (one bad master must not take down a batch)."""
+
+    timeout_seconds: float = Field(1800, gt=0)
+    memory_limit_mb: int = Field(8192, gt=0, description="address-space limit of the conversion process")
+    max_jobs_per_process: int = Field(200, gt=0, description="recycle the child after this many conversions")
+    max_rss_mb: int = Field(2048, gt=0, description="recycle the child when its RSS grows past this")
+    vips_concurrency: int = Field(1, ge=1)

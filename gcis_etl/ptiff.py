@@ -1,0 +1,97 @@
+"""The pyramidal TIFF encoder: a normalised libvips image streamed into tiled JPEG levels, one page each.
+
+libvips' own tiffsave writes RGB-coded (not subsampled) JPEG tiles at quality >= 90, 3.5x larger and
+1.8x slower than 4:2:0; here libvips decodes, converts colour and streams rows, and libjpeg-turbo
+(through simplejpeg) encodes each tile with the recipe's chroma subsampling.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+
+import numpy as np
+import pyvips
+import simplejpeg
+
+from gcis_etl import tiff
+from gcis_etl.errors import RejectedMaster
+from gcis_etl.models import Level
+from gcis_etl.pyramid import PyramidEncoder
+from gcis_etl.recipes import Recipe
+
+PHOTOMETRIC_YCBCR = 6
+COMPRESSION_JPEG = 7
+SOFTWARE = "gcis-etl"
+
+
+@dataclass(frozen=True)
+class EncodedFile:
+    levels: tuple[Level, ...]
+    bigtiff: bool
+    bytes: int
+
+
+def encode_ptiff(image: pyvips.Image, out_path: Path, recipe: Recipe, icc: bytes,
+                 metadata_tags: list[tiff.Tag]) -> EncodedFile:
+    """Write `image` (8-bit, 3 bands) as a page pyramid readable by iipsrv 1.1; the file is fsync'ed."""
+    width, height, bands, tile = image.width, image.height, image.bands, recipe.tile
+    encode = partial(simplejpeg.encode_jpeg, quality=recipe.quality, colorspace="RGB",
+                     colorsubsampling=recipe.chroma.replace(":", ""), fastdct=recipe.fast_dct)
+    with open(out_path, "wb") as f:
+        writer = tiff.TiffFileWriter(f)
+        writer.start()
+        pyramid = PyramidEncoder(width, height, bands, tile, encode, writer, threads=recipe.encode_threads)
+        region = pyvips.Region.new(image)
+        try:
+            for y in range(0, height, tile):
+                rows = min(tile, height - y)
+                try:
+                    data = region.fetch(0, y, width, rows)
+                except pyvips.Error as exc:
+                    raise RejectedMaster(f"corrupt or truncated image data: {_vips_message(exc)}") from None
+                pyramid.add_rows(np.ndarray(buffer=data, dtype=np.uint8, shape=(rows, width, bands)))
+        except BaseException:
+            pyramid.abort()
+            raise
+        states = pyramid.close()
+        ifds = [_level_tags(i, st.level, st.offsets, st.counts, recipe, icc, metadata_tags)
+                for i, st in enumerate(states)]
+        bigtiff = writer.finish(ifds)
+        f.flush()
+        os.fsync(f.fileno())
+        size = writer.size
+    return EncodedFile(levels=tuple(st.level for st in states), bigtiff=bigtiff, bytes=size)
+
+
+def _vips_message(exc: pyvips.Error) -> str:
+    lines = [ln for ln in str(exc.detail or exc.message).strip().splitlines() if ln.strip()]
+    return lines[-1] if lines else str(exc.message)
+
+
+def _level_tags(index: int, level: Level, offsets: list[int], counts: list[int], recipe: Recipe,
+                icc: bytes, metadata_tags: list[tiff.Tag]) -> list[tiff.Tag]:
+    sub = (2, 2) if recipe.chroma == "4:2:0" else (1, 1)
+    tags = [
+        tiff.Tag(254, tiff.LONG, (0 if index == 0 else 1,)),
+        tiff.Tag(256, tiff.LONG, (level.width,)),
+        tiff.Tag(257, tiff.LONG, (level.height,)),
+        tiff.Tag(258, tiff.SHORT, (8, 8, 8)),
+        tiff.Tag(259, tiff.SHORT, (COMPRESSION_JPEG,)),
+        tiff.Tag(262, tiff.SHORT, (PHOTOMETRIC_YCBCR,)),
+        tiff.Tag(277, tiff.SHORT, (3,)),
+        tiff.Tag(284, tiff.SHORT, (1,)),
+        tiff.Tag(322, tiff.LONG, (recipe.tile,)),
+        tiff.Tag(323, tiff.LONG, (recipe.tile,)),
+        tiff.Tag(324, tiff.OFFSETS, offsets),
+        tiff.Tag(325, tiff.OFFSETS, counts),
+        tiff.Tag(530, tiff.SHORT, sub),
+        tiff.Tag(532, tiff.RATIONAL, (0, 1, 255, 1, 128, 1, 255, 1, 128, 1, 255, 1)),
+    ]
+    if index == 0:
+        tags.append(tiff.ascii_tag(305, SOFTWARE))
+        tags.append(tiff.Tag(34675, tiff.UNDEFINED, icc))
+        codes = {t.code for t in tags}
+        tags.extend(t for t in metadata_tags if t.code not in codes)
+    return tags

@@ -1,0 +1,64 @@
+"""Validation of YAML-backed settings: every error names the file, the key path and what was expected."""
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from gcis_etl.errors import ConfigError
+
+M = TypeVar("M", bound=BaseModel)
+
+_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+class Settings(BaseModel):
+    """Base of every settings model: unknown keys are errors (a typo must not be silently ignored)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def read_yaml(path: str | Path) -> Any:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+
+
+def interpolate_env(value: Any, where: str = "") -> Any:
+    """Replace ${NAME} with the environment variable NAME; a missing variable is a ConfigError."""
+    if isinstance(value, str):
+        def sub(match: re.Match) -> str:
+            name = match.group(1)
+            if name not in os.environ:
+                raise ConfigError(f"{where}: environment variable {name} is not set")
+            return os.environ[name]
+        return _ENV_REF.sub(sub, value)
+    if isinstance(value, dict):
+        return {k: interpolate_env(v, f"{where}.{k}" if where else str(k)) for k, v in value.items()}
+    if isinstance(value, list):
+        return [interpolate_env(v, f"{where}[{i}]") for i, v in enumerate(value)]
+    return value
+
+
+def parse(model: type[M], data: Any, source: str, prefix: str = "") -> M:
+    """Validate `data` as `model`; on failure raise ConfigError listing `source: key.path: problem (got ...)`."""
+    try:
+        return model.model_validate(data if data is not None else {})
+    except ValidationError as exc:
+        lines = []
+        for err in exc.errors():
+            key = ".".join(str(p) for p in (prefix, *err["loc"]) if p != "")
+            got = err.get("input")
+            shown = "" if err["type"] == "missing" or isinstance(got, dict) else f" (got {got!r})"
+            lines.append(f"{source}: {key or '<top>'}: {err['msg']}{shown}")
+        raise ConfigError("\n".join(lines)) from None
