@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import resource
 import tempfile
 import time
 import uuid
@@ -47,6 +48,7 @@ class EncodeOutcome:
     bytes: int
     sha256: str
     notes: tuple[str, ...]
+    peak_rss_mb: float  # of the conversion process over its life so far (it is reused across masters)
 
 
 def convert(src: str | Path, dst: str | Path, recipe: Recipe | str | None = None,
@@ -83,7 +85,8 @@ def convert(src: str | Path, dst: str | Path, recipe: Recipe | str | None = None
     base["warnings"] = info.warnings + notes + outcome.notes
     return ConversionResult(Status.CONVERTED, output=str(dst), width=outcome.width, height=outcome.height,
                             levels=outcome.levels, bytes=outcome.bytes, sha256=outcome.sha256,
-                            decoder=outcome.decoder, seconds=time.monotonic() - started, **base)
+                            decoder=outcome.decoder, peak_rss_mb=outcome.peak_rss_mb,
+                            seconds=time.monotonic() - started, **base)
 
 
 def check_decoding(src: str | Path, policy: ImagingPolicy | None = None,
@@ -170,7 +173,8 @@ def encode_in_child(job: EncodeJob) -> EncodeOutcome:
         raise VerificationFailed("output failed verification: " + "; ".join(report.errors))
     return EncodeOutcome(decoder=decoded.decoder, width=image.width, height=image.height,
                          levels=len(encoded.levels), bytes=encoded.bytes, sha256=sha256_file(out),
-                         notes=decoded.notes + (("BigTIFF (over 4 GB)",) if encoded.bigtiff else ()))
+                         notes=decoded.notes + (("BigTIFF (over 4 GB)",) if encoded.bigtiff else ()),
+                         peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
 
 
 def sha256_file(path: str | Path, chunk: int = 4 * 1024 * 1024) -> str:

@@ -2,8 +2,7 @@
 one master is that master's failure ("decoder crashed: SIGSEGV while decoding with vips"), never the
 batch's.
 
-The child is a fresh interpreter (`python -m gcis_etl.isolation`, not multiprocessing, which would
-re-import the caller's main script) talking over a socket pair, reused across jobs (starting Python and importing
+The child is a fresh interpreter (not multiprocessing, which would re-import the caller's main script) talking over a socket pair, reused across jobs (starting Python and importing
 libvips per master would cost more than converting a small one). It is recycled after a number of jobs
 or when its memory grows past a limit (libvips' long-run growth), and replaced after any crash.
 The parent never imports libvips, so forking workers stays safe.
@@ -26,6 +25,9 @@ from gcis_etl.errors import ConversionFailed
 from gcis_etl.policy import IsolationSettings
 
 _conn: Connection | None = None  # set in the child: where stage() reports to
+_CHILD_ENTRY = ("import sys, json; from multiprocessing.connection import Connection; "
+                "from gcis_etl.isolation import _child_main; "
+                "_child_main(Connection(int(sys.argv[1])), json.loads(sys.argv[2]))")
 
 
 class WorkerCrashed(ConversionFailed):
@@ -154,8 +156,7 @@ class IsolatedProcess:
         parent, child = socket.socketpair()
         with parent, child:
             self._proc = subprocess.Popen(
-                [sys.executable, "-m", "gcis_etl.isolation", str(child.fileno()),
-                 json.dumps(self.settings.model_dump())],
+                [sys.executable, "-c", _CHILD_ENTRY, str(child.fileno()), json.dumps(self.settings.model_dump())],
                 pass_fds=(child.fileno(),), stdin=subprocess.DEVNULL)
             self._conn = Connection(os.dup(parent.fileno()))
         self._jobs = 0
@@ -188,7 +189,3 @@ class IsolatedProcess:
         if self._jobs >= self.settings.max_jobs_per_process or rss > self.settings.max_rss_mb * 1024 * 1024:
             self.close()
 
-
-if __name__ == "__main__":
-    from gcis_etl import isolation as _module  # the importable module, so stage() sees the connection
-    _module._child_main(Connection(int(sys.argv[1])), json.loads(sys.argv[2]))

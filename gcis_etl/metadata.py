@@ -21,7 +21,7 @@ _process: exiftool.ExifToolHelper | None = None
 def _exiftool() -> exiftool.ExifToolHelper:
     global _process
     if _process is None or not _process.running:
-        _process = exiftool.ExifToolHelper(check_execute=False)
+        _process = exiftool.ExifToolHelper(common_args=[], check_execute=False)
         _process.run()
         atexit.register(_shutdown)
     return _process
@@ -90,7 +90,7 @@ _STRUCTURAL = {254, 255, 256, 257, 258, 259, 262, 263, 266, 273, 274, 277, 278, 
                292, 293, 317, 320, 322, 323, 324, 325, 330, 338, 339, 340, 341, 347, 512, 513, 514, 515,
                517, 518, 519, 520, 521, 529, 530, 531, 532, 34675}
 _POINTERS = {34665, 34853, 40965}  # ExifIFD, GPS IFD, Interoperability IFD
-_COLOURSPACE_SRGB = ("-ExifIFD:ColorSpace=sRGB",)
+_COLOURSPACE_SRGB = ("-ExifIFD:ColorSpace#=1",)  # 1 = sRGB; '#' writes the numeric value
 
 
 # exiftool names of the structural entries above (they describe the file, not the image).
@@ -117,7 +117,7 @@ def carried_tags(master: str | Path, keep: tuple[str, ...], exclude: tuple[str, 
     import tifffile
     carrier = Path(scratch) / "metadata-carrier.tif"
     tifffile.imwrite(carrier, np.zeros((1, 1, 3), np.uint8), photometric="rgb", byteorder="<", metadata=None)
-    args = ["-m", "-q", "-overwrite_original", "-TagsFromFile", str(master)]
+    args = ["-m", "-q", "-n", "-overwrite_original", "-TagsFromFile", str(master)]
     args += [f"-{tag}" for tag in keep] + [f"--{tag}" for tag in exclude]
     exiftool_run(*args, *_COLOURSPACE_SRGB, str(carrier))
     try:

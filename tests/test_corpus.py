@@ -1,0 +1,56 @@
+"""Every real file of the corpus ends as MANIFEST.csv says: converted and verified, or rejected with a reason."""
+from __future__ import annotations
+
+import pytest
+
+from gcis_etl.conversion import check_decoding, convert
+from gcis_etl.isolation import IsolatedProcess
+from gcis_etl.models import Status, Verdict
+from gcis_etl.verification import verify
+from tests.conftest import corpus_entries
+
+ENTRIES = corpus_entries()
+
+
+@pytest.fixture(scope="module")
+def worker():
+    with IsolatedProcess() as w:
+        yield w
+
+
+def test_corpus_is_complete():
+    assert len(ENTRIES) == 98
+    assert all(e.path.exists() for e in ENTRIES)
+
+
+@pytest.mark.parametrize("entry", ENTRIES, ids=[e.row["local_path"] for e in ENTRIES])
+def test_verdict_matches_manifest(entry, worker):
+    info = check_decoding(entry.path, worker=worker)
+    assert info.verdict.value == entry.expected, (info.reasons, info.warnings)
+    if info.verdict is not Verdict.ACCEPT:
+        assert info.reasons and all(r.strip() for r in info.reasons)
+
+
+@pytest.mark.parametrize("entry", ENTRIES, ids=[e.row["local_path"] for e in ENTRIES])
+def test_conversion_outcome_matches_manifest(entry, worker, tmp_path):
+    dst = tmp_path / "out" / "access.tif"
+    result = convert(entry.path, dst, worker=worker)
+    if entry.expected == "reject":
+        assert result.status is Status.REJECTED, result
+        assert result.reason and "\n" not in result.reason
+        assert not dst.exists()
+    else:
+        assert result.status is Status.CONVERTED, result.reason
+        report = verify(dst)
+        assert report.ok, report.errors
+        assert (report.width, report.height) == (result.width, result.height)
+        assert result.sha256 and result.bytes == dst.stat().st_size
+    assert not list(tmp_path.rglob(".*.partial"))
+
+
+def test_wrong_extension_is_a_warning_not_a_failure(worker, tmp_path):
+    entry = next(e for e in ENTRIES if e.row["local_path"].endswith("jpg-incorrect-extension.png"))
+    result = convert(entry.path, tmp_path / "a.tif", worker=worker)
+    assert result.ok
+    assert result.info.format == "JPEG"
+    assert any("extension .png" in w for w in result.warnings)
