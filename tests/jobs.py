@@ -1,0 +1,20 @@
+"""Misbehaving jobs for the isolation tests (run inside the child process)."""
+import os
+import signal
+import time
+
+
+def segfault() -> None:
+    os.kill(os.getpid(), signal.SIGSEGV)
+
+
+def hang(seconds: float) -> None:
+    time.sleep(seconds)
+
+
+def allocate(megabytes: int) -> int:
+    return len(bytearray(megabytes * 1024 * 1024))
+
+
+def pid() -> int:
+    return os.getpid()

@@ -1,0 +1,84 @@
+"""The CLI contract that scripts and later issues rely on (run as real subprocesses)."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import CORPUS
+
+GCIS = [str(Path(sys.executable).with_name("gcis-etl"))]
+
+
+def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(GCIS + list(args), capture_output=True, text=True, cwd=cwd, timeout=120)
+
+
+def test_inspect_json_lines_have_the_contract_fields():
+    files = [CORPUS / "icc-adobergb/example.tif", CORPUS / "zero-byte/empty.tif"]
+    proc = run("inspect", "--json", *map(str, files))
+    assert proc.returncode == 1  # one of them is rejected
+    rows = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert len(rows) == 2
+    for key in ("path", "format", "width", "height", "bands", "bit_depth", "interpretation", "icc", "pages",
+                "exif", "xmp", "iptc", "verdict", "reasons", "warnings"):
+        assert key in rows[0]
+    assert rows[0]["verdict"] == "accept-after-conversion" and rows[0]["icc"] == "Adobe RGB (1998)"
+    assert rows[1]["verdict"] == "reject" and "zero-byte" in rows[1]["reasons"][0]
+
+
+def test_inspect_decodes_by_default_and_not_with_header_only():
+    corrupt = str(CORPUS / "corrupt-but-decodable/corrupt.jpg")
+    assert json.loads(run("inspect", "--json", corrupt).stdout)["verdict"] == "reject"
+    assert json.loads(run("inspect", "--json", "--header-only", corrupt).stdout)["verdict"] == "accept"
+
+
+def test_convert_json_and_exit_codes(tmp_path):
+    proc = run("convert", "--json", str(CORPUS / "jpeg-baseline/flowers.jpeg"), str(tmp_path / "f.tif"))
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    for key in ("status", "reason", "output", "width", "height", "levels", "bytes", "sha256", "seconds"):
+        assert key in result
+    assert result["status"] == "converted" and (result["width"], result["height"]) == (1920, 1080)
+    assert result["levels"] == 4 and result["bytes"] == (tmp_path / "f.tif").stat().st_size
+    rejected = run("convert", "--json", str(CORPUS / "wrong-extension/invalid.tif"), str(tmp_path / "x.tif"))
+    assert rejected.returncode == 1 and json.loads(rejected.stdout)["status"] == "rejected"
+
+
+def test_verify_exit_codes(tmp_path):
+    assert run("convert", str(CORPUS / "png/exif.png"), str(tmp_path / "ok.tif")).returncode == 0
+    good = run("verify", "--json", "--recipe", "ptiff-jpeg-q90", str(tmp_path / "ok.tif"))
+    assert good.returncode == 0 and json.loads(good.stdout)["valid"] is True
+    not_a_pyramid = run("verify", "--json", str(CORPUS / "rgb8-tiff-lzw/kodim02-lzw.tif"))
+    report = json.loads(not_a_pyramid.stdout)
+    assert not_a_pyramid.returncode == 1 and any("not tiled" in e for e in report["errors"])
+
+
+def test_unknown_recipe_is_a_usage_error(tmp_path):
+    proc = run("convert", "-r", "no-such-recipe", str(CORPUS / "png/exif.png"), str(tmp_path / "a.tif"))
+    assert proc.returncode == 2 and "no-such-recipe" in proc.stderr and "ptiff-jpeg-q90" in proc.stderr
+
+
+def test_broken_config_is_refused_with_file_and_key(tmp_path):
+    bad = tmp_path / "config.yaml"
+    bad.write_text("imaging:\n  max_megapixels: lots\n")
+    proc = run("--config", str(bad), "inspect", str(CORPUS / "png/exif.png"))
+    assert proc.returncode == 2
+    assert f"{bad}: imaging.max_megapixels:" in proc.stderr and "'lots'" in proc.stderr
+
+
+def test_config_policy_applies(tmp_path):
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text("imaging:\n  max_megapixels: 1\n")
+    proc = run("--config", str(cfg), "inspect", "--json", str(CORPUS / "jpeg-baseline/flowers.jpeg"))
+    row = json.loads(proc.stdout)
+    assert row["verdict"] == "reject" and "over the 1 Mpx limit" in row["reasons"][0]
+
+
+@pytest.mark.parametrize("command", ["inspect", "convert", "verify"])
+def test_help_teaches_with_an_example(command):
+    proc = run(command, "--help")
+    assert proc.returncode == 0 and "Example" in proc.stdout

@@ -1,0 +1,50 @@
+"""The TIFF writer: classic or BigTIFF from the same tile layout, metadata carried into both."""
+from __future__ import annotations
+
+import numpy as np
+import pyvips
+import simplejpeg
+import tifffile
+
+from gcis_etl import tiff
+from gcis_etl.colour import srgb_profile
+from gcis_etl.metadata import carried_tags, exiftool_json
+from gcis_etl.ptiff import _level_tags
+from gcis_etl.pyramid import PyramidEncoder
+from gcis_etl.recipes import load_recipe
+from tests.conftest import CORPUS
+
+
+def write(path, image: np.ndarray, force_bigtiff: bool, metadata_tags) -> bool:
+    recipe = load_recipe()
+    encode = lambda tile: simplejpeg.encode_jpeg(tile, quality=90, colorspace="RGB", colorsubsampling="420")
+    with open(path, "wb") as f:
+        writer = tiff.TiffFileWriter(f)
+        writer.start()
+        pyramid = PyramidEncoder(image.shape[1], image.shape[0], 3, 256, encode, writer)
+        for y in range(0, image.shape[0], 100):  # rows arrive in arbitrary batch sizes
+            pyramid.add_rows(image[y:y + 100])
+        states = pyramid.close()
+        ifds = [_level_tags(i, s.level, s.offsets, s.counts, recipe, srgb_profile(), metadata_tags)
+                for i, s in enumerate(states)]
+        return writer.finish(ifds, force_bigtiff=force_bigtiff)
+
+
+def test_bigtiff_and_classic_hold_the_same_pixels_and_metadata(tmp_path):
+    image = np.asarray(pyvips.Image.new_from_file(str(CORPUS / "jpeg-baseline/flowers.jpeg")).numpy())
+    recipe = load_recipe()
+    carried = carried_tags(CORPUS / "metadata-rich/ExifTool.jpg", recipe.metadata.keep, recipe.metadata.exclude,
+                           tmp_path)
+    assert write(tmp_path / "classic.tif", image, False, carried.tags) is False
+    assert write(tmp_path / "big.tif", image, True, carried.tags) is True
+    assert (tmp_path / "big.tif").read_bytes()[:4] == b"II+\x00"
+    with tifffile.TiffFile(tmp_path / "classic.tif") as a, tifffile.TiffFile(tmp_path / "big.tif") as b:
+        assert not a.is_bigtiff and b.is_bigtiff
+        assert [p.shape for p in a.pages] == [p.shape for p in b.pages] == [
+            (1080, 1920, 3), (540, 960, 3), (270, 480, 3), (135, 240, 3)]
+        assert np.array_equal(a.pages[0].asarray(), b.pages[0].asarray())
+    for name in ("classic.tif", "big.tif"):
+        tags = exiftool_json(tmp_path / name)
+        assert tags["EXIF:Artist"] == "Phil Harvey" and tags["EXIF:ColorSpace"] == 1
+        assert tags["XMP:Title"] == "Test IPTC picture"
+        assert pyvips.Image.new_from_file(str(tmp_path / name), page=3).width == 240
