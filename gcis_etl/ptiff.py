@@ -17,6 +17,7 @@ import simplejpeg
 
 from gcis_etl import tiff
 from gcis_etl.errors import RejectedMaster
+from gcis_etl.jpegtables import JpegTables
 from gcis_etl.models import Level
 from gcis_etl.pyramid import PyramidEncoder
 from gcis_etl.recipes import Recipe
@@ -37,8 +38,13 @@ def encode_ptiff(image: pyvips.Image, out_path: Path, recipe: Recipe, icc: bytes
                  metadata_tags: list[tiff.Tag]) -> EncodedFile:
     """Write `image` (8-bit, 3 bands) as a page pyramid readable by iipsrv 1.1; the file is fsync'ed."""
     width, height, bands, tile = image.width, image.height, image.bands, recipe.tile
-    encode = partial(simplejpeg.encode_jpeg, quality=recipe.quality, colorspace="RGB",
-                     colorsubsampling=recipe.chroma.replace(":", ""), fastdct=recipe.fast_dct)
+    jpeg = partial(simplejpeg.encode_jpeg, quality=recipe.quality, colorspace="RGB",
+                   colorsubsampling=recipe.chroma.replace(":", ""), fastdct=recipe.fast_dct)
+    tables = JpegTables()
+
+    def encode(tile: np.ndarray) -> bytes:
+        return tables.abbreviate(jpeg(tile))
+
     with open(out_path, "wb") as f:
         writer = tiff.TiffFileWriter(f)
         writer.start()
@@ -56,7 +62,7 @@ def encode_ptiff(image: pyvips.Image, out_path: Path, recipe: Recipe, icc: bytes
             pyramid.abort()
             raise
         states = pyramid.close()
-        ifds = [_level_tags(i, st.level, st.offsets, st.counts, recipe, icc, metadata_tags)
+        ifds = [_level_tags(i, st.level, st.offsets, st.counts, recipe, icc, metadata_tags, tables.tables)
                 for i, st in enumerate(states)]
         bigtiff = writer.finish(ifds)
         f.flush()
@@ -71,7 +77,7 @@ def _vips_message(exc: pyvips.Error) -> str:
 
 
 def _level_tags(index: int, level: Level, offsets: list[int], counts: list[int], recipe: Recipe,
-                icc: bytes, metadata_tags: list[tiff.Tag]) -> list[tiff.Tag]:
+                icc: bytes, metadata_tags: list[tiff.Tag], jpeg_tables: bytes | None) -> list[tiff.Tag]:
     sub = (2, 2) if recipe.chroma == "4:2:0" else (1, 1)
     tags = [
         tiff.Tag(254, tiff.LONG, (0 if index == 0 else 1,)),
@@ -89,6 +95,8 @@ def _level_tags(index: int, level: Level, offsets: list[int], counts: list[int],
         tiff.Tag(530, tiff.SHORT, sub),
         tiff.Tag(532, tiff.RATIONAL, (0, 1, 255, 1, 128, 1, 255, 1, 128, 1, 255, 1)),
     ]
+    if jpeg_tables:
+        tags.append(tiff.Tag(347, tiff.UNDEFINED, jpeg_tables))
     if index == 0:
         tags.append(tiff.ascii_tag(305, SOFTWARE))
         tags.append(tiff.Tag(34675, tiff.UNDEFINED, icc))

@@ -25,7 +25,7 @@ def write(path, image: np.ndarray, force_bigtiff: bool, metadata_tags) -> bool:
         for y in range(0, image.shape[0], 100):  # rows arrive in arbitrary batch sizes
             pyramid.add_rows(image[y:y + 100])
         states = pyramid.close()
-        ifds = [_level_tags(i, s.level, s.offsets, s.counts, recipe, srgb_profile(), metadata_tags)
+        ifds = [_level_tags(i, s.level, s.offsets, s.counts, recipe, srgb_profile(), metadata_tags, None)
                 for i, s in enumerate(states)]
         return writer.finish(ifds, force_bigtiff=force_bigtiff)
 
