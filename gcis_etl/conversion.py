@@ -6,7 +6,6 @@ renamed into place only after verification: nothing half-written ever sits at th
 """
 from __future__ import annotations
 
-import hashlib
 import os
 import resource
 import tempfile
@@ -16,6 +15,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from gcis_etl import isolation
+from gcis_etl.durable import fsync_dir, sha256_file
 from gcis_etl.errors import ConversionFailed, RejectedMaster, VerificationFailed
 from gcis_etl.inspection import inspect
 from gcis_etl.isolation import IsolatedProcess, WorkerCrashed
@@ -73,7 +73,7 @@ def convert(src: str | Path, dst: str | Path, recipe: Recipe | str | None = None
         job = EncodeJob(info, policy, _decoders(info, policy), output=str(tmp), recipe=recipe)
         outcome, notes = _run_with_fallbacks(worker, encode_in_child, job)
         os.replace(tmp, dst)
-        _fsync_dir(dst.parent)
+        fsync_dir(dst.parent)
     except RejectedMaster as exc:
         return ConversionResult(Status.REJECTED, reason=str(exc), seconds=time.monotonic() - started, **base)
     except ConversionFailed as exc:
@@ -177,17 +177,3 @@ def encode_in_child(job: EncodeJob) -> EncodeOutcome:
                          peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
 
 
-def sha256_file(path: str | Path, chunk: int = 4 * 1024 * 1024) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

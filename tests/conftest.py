@@ -10,6 +10,8 @@ import pytest
 
 from tests.servers import MinioServer, free_port
 
+MiB = 1024 * 1024
+
 CORPUS = Path(__file__).parent / "corpus"
 
 
@@ -42,3 +44,23 @@ def s3_bucket(minio) -> str:
     name = f"t-{uuid.uuid4().hex[:12]}"
     minio.client().create_bucket(Bucket=name)
     return name
+
+
+@pytest.fixture
+def aws_env(minio, monkeypatch, tmp_path):
+    """Credentials reach boto3 the normal way (the environment); no shared config file interferes."""
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", minio.access_key)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", minio.secret_key)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+
+
+def s3_settings(minio, bucket: str, **overrides):
+    """Settings of an S3 store on the test MinIO, validated as config.yaml would be."""
+    from gcis_etl.settings import parse
+    from gcis_etl.stores import S3StoreSettings
+    data = {"kind": "s3", "bucket": bucket, "prefix": "iiif/access", "endpoint_url": minio.endpoint,
+            "region": "us-east-1", "addressing_style": "path",
+            "multipart_threshold": 8 * MiB, "multipart_chunksize": 8 * MiB, **overrides}
+    return parse(S3StoreSettings, data, "test-config.yaml", "store")

@@ -1,0 +1,30 @@
+"""Local files that survive a crash and are identified by content: directory fsync and SHA-256."""
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+from typing import IO
+
+CHUNK = 4 * 1024 * 1024
+
+
+def fsync_dir(path: str | Path) -> None:
+    """Make a rename in `path` durable (the rename is in the directory, not the file)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def sha256_stream(f: IO[bytes]) -> str:
+    digest = hashlib.sha256()
+    for chunk in iter(lambda: f.read(CHUNK), b""):
+        digest.update(chunk)
+    return digest.hexdigest()
+
+
+def sha256_file(path: str | Path) -> str:
+    with open(path, "rb") as f:
+        return sha256_stream(f)

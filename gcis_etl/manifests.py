@@ -1,0 +1,389 @@
+"""IIIF Presentation manifests (3.0, and 2.1 where configured) and the per-pipeline Collection.
+
+A manifest is built from the source's descriptive metadata (which source field feeds which IIIF property is
+configuration) and the recorded results of the object's deposited images. The same inputs always give the
+same bytes: ids derive from configured base URLs and store keys, never from clocks or counters, so depositing
+an unchanged manifest again is a no-op for the store.
+
+Identifiers:
+- manifest and collection id = ``{manifest_base_url}/{store key}``: the base URL is where the store (below
+  its prefix) is published;
+- canvas, annotation page and annotation ids = the manifest id without ``.json``, then ``/canvas/{sequence}``,
+  ``/page/{sequence}``, ``/annotation/{sequence}``;
+- image service id = ``{image_service_base_url}/{identifier}`` where the identifier is the access master's
+  store key (relative to the store prefix: the iipsrv cache mirrors the store below it, so for iipsrv 1.1 it
+  is the file name relative to FILESYSTEM_PREFIX), percent-encoded as the Image API requires, so its ``/``
+  become ``%2F``. Keys only contain URL-unreserved characters otherwise (see keys.py).
+
+3.0 manifests are built with iiif-prezi3 (the IIIF community's library, which checks them against its model of
+the schema as they are built). It has no 2.x model and the older iiif-prezi factory is built for authoring by
+hand, so 2.1 manifests are plain JSON, as are collections (a list of references that can grow to millions).
+Every document is checked by iiif_validation before it is deposited.
+"""
+from __future__ import annotations
+
+import html
+import json
+import re
+from dataclasses import dataclass
+from typing import Any, Iterable, Literal, Sequence
+from urllib.parse import quote, urlsplit
+
+from iiif_prezi3 import (Annotation, AnnotationBody, AnnotationPage, Canvas, Homepage, KeyValueString, Manifest,
+                         ServiceV2)
+from pydantic import Field, ValidationError, field_validator
+
+from connectors.base import LangValue, SourceObject
+from gcis_etl.errors import ManifestError
+from gcis_etl.iiif_validation import CONTEXT_2, CONTEXT_3, IMAGE_CONTEXT_2, require_valid
+from gcis_etl.settings import Settings
+from gcis_etl.stores import Provenance, Store, StoredObject
+
+Version = Literal["3.0", "2.1"]
+MEDIA_TYPES = {"3.0": f'application/ld+json;profile="{CONTEXT_3}"',
+               "2.1": f'application/ld+json;profile="{CONTEXT_2}"'}
+IMAGE_2_LEVEL1 = "http://iiif.io/api/image/2/level1.json"  # iipsrv 1.1: Image API 2, level 1
+_RIGHTS = re.compile(r"^https?://(creativecommons\.org/(licenses|publicdomain)/|rightsstatements\.org/vocab/)\S+$")
+
+LabelSetting = str | dict[str, str]  # a plain label, or one per language {"en": "Creator", "fr": "Créateur"}
+
+
+class MetadataField(Settings):
+    """A source field shown under a label."""
+
+    field: str = Field(min_length=1)
+    label: LabelSetting
+
+
+class ManifestSettings(Settings):
+    """What goes into the manifests of a pipeline, and where they are published."""
+
+    manifest_base_url: str
+    image_service_base_url: str
+    versions: tuple[Version, ...] = ("3.0",)
+    label: tuple[str, ...] = ("title",)            # source fields tried in order; the object id otherwise
+    summary: tuple[str, ...] = ()
+    metadata: tuple[MetadataField, ...] = ()
+    rights: MetadataField | None = None            # a rights URI becomes `rights`; other text, a metadata entry
+    required_statement: MetadataField | None = None  # e.g. the credit line
+    homepage_label: LabelSetting | None = "Source record"  # a homepage to SourceObject.source_url; None: none
+    default_language: str = Field("none", pattern=r"^[a-zA-Z-]+$")  # for values the source gives no language
+    thumbnail_width: int = Field(400, ge=16, le=2000)
+    collection_label: LabelSetting | None = None   # the pipeline name otherwise
+
+    @field_validator("manifest_base_url", "image_service_base_url")
+    @classmethod
+    def _base_url(cls, url: str) -> str:
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment:
+            raise ValueError("must be an http(s) URL without query or fragment")
+        return url.rstrip("/")
+
+    @field_validator("versions")
+    @classmethod
+    def _versions(cls, versions: tuple[str, ...]) -> tuple[str, ...]:
+        if not versions or len(set(versions)) != len(versions):
+            raise ValueError("list each of 3.0 and 2.1 at most once, and at least one of them")
+        return versions
+
+
+@dataclass(frozen=True)
+class DepositedImage:
+    """One access master as recorded after its deposit: what its canvas needs."""
+
+    sequence: int
+    key: str           # store key of the access master (what iipsrv serves)
+    width: int
+    height: int
+    label: str | None = None
+
+
+@dataclass(frozen=True)
+class CollectionEntry:
+    """A manifest as the collection lists it."""
+
+    object_id: str
+    label: tuple[LangValue, ...]
+
+
+@dataclass(frozen=True)
+class Published:
+    entry: CollectionEntry
+    stored: tuple[StoredObject, ...]  # one per configured version
+
+
+def _major(version: str) -> int:
+    return int(version[0])
+
+
+class Manifests:
+    """Builds, validates and deposits the manifests and the collection of one pipeline."""
+
+    def __init__(self, settings: ManifestSettings, pipeline: str, store: Store):
+        self.settings = settings
+        self.pipeline = pipeline
+        self.store = store
+
+    # ------------------------------------------------------------------------------------------ ids
+
+    def manifest_key(self, object_id: str, version: str) -> str:
+        return self.store.keys.manifest_key(self.pipeline, object_id, _major(version))
+
+    def collection_key(self, version: str) -> str:
+        return self.store.keys.collection_key(self.pipeline, _major(version))
+
+    def manifest_id(self, object_id: str, version: str) -> str:
+        return f"{self.settings.manifest_base_url}/{self.manifest_key(object_id, version)}"
+
+    def image_service_id(self, image: DepositedImage) -> str:
+        return f"{self.settings.image_service_base_url}/{quote(image.key, safe='')}"
+
+    # ------------------------------------------------------------------------------------------ content
+
+    def _values(self, obj: SourceObject, field: str) -> tuple[LangValue, ...]:
+        return tuple(v for v in obj.metadata.get(field, ()) if v.value.strip())
+
+    def _first(self, obj: SourceObject, fields: Iterable[str]) -> tuple[LangValue, ...]:
+        """The values of the first of `fields` the source filled in."""
+        return next((values for values in (self._values(obj, f) for f in fields) if values), ())
+
+    def label_of(self, obj: SourceObject) -> tuple[LangValue, ...]:
+        return self._first(obj, self.settings.label) or (LangValue(obj.id),)
+
+    def _rights(self, obj: SourceObject) -> tuple[str | None, tuple[LangValue, ...]]:
+        """The first rights URI (in the http form the IIIF schema requires), and the values that are not one."""
+        if self.settings.rights is None:
+            return None, ()
+        values = self._values(obj, self.settings.rights.field)
+        uris = [v.value.strip().replace("https://", "http://", 1) for v in values if _RIGHTS.match(v.value.strip())]
+        return (uris[0] if uris else None), tuple(v for v in values if not _RIGHTS.match(v.value.strip()))
+
+    def _metadata_pairs(self, obj: SourceObject) -> list[tuple[LabelSetting, tuple[LangValue, ...]]]:
+        pairs = [(m.label, values) for m in self.settings.metadata if (values := self._values(obj, m.field))]
+        _, other_rights = self._rights(obj)
+        if other_rights:
+            pairs.append((self.settings.rights.label, other_rights))
+        return pairs
+
+    def _credit(self, obj: SourceObject) -> tuple[LangValue, ...]:
+        statement = self.settings.required_statement
+        return self._values(obj, statement.field) if statement else ()
+
+    def _homepage(self, obj: SourceObject) -> str | None:
+        url = obj.source_url
+        if self.settings.homepage_label is None or not url:
+            return None
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname or not url.isprintable() or " " in url:
+            raise ManifestError(f"{self.pipeline}/{obj.id}: source URL {url!r} is not an http(s) URL")
+        return url
+
+    def _language(self, value: LangValue) -> str:
+        """The value's language (POSIX locales such as en_US as BCP 47: en-US), or the configured default."""
+        return (value.language or self.settings.default_language).replace("_", "-")
+
+    # --------------------------------------------------------------------------------------- building
+
+    def build(self, obj: SourceObject, images: Sequence[DepositedImage], version: str) -> dict:
+        """The manifest of `obj` as a JSON-ready dict (not yet validated)."""
+        ordered = sorted(images, key=lambda i: i.sequence)
+        where = f"{self.pipeline}/{obj.id}"
+        if not ordered:
+            raise ManifestError(f"{where}: no deposited image, a manifest needs at least one canvas")
+        if len({i.sequence for i in ordered}) != len(ordered):
+            raise ManifestError(f"{where}: two images share a sequence number: {[i.sequence for i in ordered]}")
+        for image in ordered:
+            if image.width <= 0 or image.height <= 0:
+                raise ManifestError(f"{where}: image {image.key} has no real size ({image.width}x{image.height})")
+        if version == "2.1":
+            return self._build_2(obj, ordered, self.manifest_id(obj.id, version))
+        try:
+            return self._build_3(obj, ordered, self.manifest_id(obj.id, version))
+        except ValidationError as exc:  # iiif-prezi3 checks each resource as it is built
+            error = exc.errors()[0]
+            raise ManifestError(f"{where}: not a valid IIIF Presentation 3.0 {exc.title}: "
+                                f"{'.'.join(map(str, error['loc']))}: {error['msg']} "
+                                f"(got {error.get('input')!r})") from None
+
+    def _lang_map(self, values: Iterable[LangValue]) -> dict[str, list[str]]:
+        out: dict[str, list[str]] = {}
+        for v in values:
+            out.setdefault(self._language(v), []).append(_as_text(v.value))
+        return out
+
+    def _label_map(self, label: LabelSetting) -> dict[str, list[str]]:
+        if isinstance(label, str):
+            return {"none": [label]}
+        return {language: [text] for language, text in label.items()}
+
+    def _thumbnail_size(self, image: DepositedImage) -> tuple[int, int]:
+        width = min(self.settings.thumbnail_width, image.width)
+        return width, max(1, round(image.height * width / image.width))
+
+    def _build_3(self, obj: SourceObject, images: list[DepositedImage], manifest_id: str) -> dict:
+        base = manifest_id.removesuffix(".json")
+        canvases = []
+        for image in images:
+            service = ServiceV2(id=self.image_service_id(image), type="ImageService2", profile=IMAGE_2_LEVEL1)
+            canvas_id = f"{base}/canvas/{image.sequence}"
+            body = AnnotationBody(id=f"{self.image_service_id(image)}/full/full/0/default.jpg", type="Image",
+                                  format="image/jpeg", width=image.width, height=image.height, service=[service])
+            annotation = Annotation(id=f"{base}/annotation/{image.sequence}", motivation="painting", body=body,
+                                    target=canvas_id)
+            canvases.append(Canvas(
+                id=canvas_id, label=self._lang_map([LangValue(image.label or str(image.sequence))]),
+                width=image.width, height=image.height, thumbnail=[self._thumbnail_3(image)],
+                items=[AnnotationPage(id=f"{base}/page/{image.sequence}", items=[annotation])]))
+
+        rights, _ = self._rights(obj)
+        extra: dict[str, Any] = {}
+        if summary := self._first(obj, self.settings.summary):
+            extra["summary"] = self._lang_map(summary)
+        if pairs := self._metadata_pairs(obj):
+            extra["metadata"] = [KeyValueString(label=self._label_map(label), value=self._lang_map(values))
+                                 for label, values in pairs]
+        if rights:
+            extra["rights"] = rights
+        if credit := self._credit(obj):
+            extra["requiredStatement"] = KeyValueString(label=self._label_map(self.settings.required_statement.label),
+                                                        value=self._lang_map(credit))
+        if homepage := self._homepage(obj):
+            extra["homepage"] = [Homepage(id=homepage, type="Text", format="text/html",
+                                          label=self._label_map(self.settings.homepage_label))]
+        manifest = Manifest(id=manifest_id, label=self._lang_map(self.label_of(obj)),
+                            thumbnail=[self._thumbnail_3(images[0])], items=canvases, **extra)
+        return json.loads(manifest.jsonld())
+
+    def _thumbnail_3(self, image: DepositedImage) -> AnnotationBody:
+        width, height = self._thumbnail_size(image)
+        return AnnotationBody(id=f"{self.image_service_id(image)}/full/{width},/0/default.jpg", type="Image",
+                              format="image/jpeg", width=width, height=height,
+                              service=[ServiceV2(id=self.image_service_id(image), type="ImageService2",
+                                                 profile=IMAGE_2_LEVEL1)])
+
+    def _values_2(self, values: Iterable[LangValue]) -> Any:
+        """A 2.1 value: a string, or a list of strings and {"@value", "@language"} objects."""
+        out = [_as_text(v.value) if self._language(v) == "none" else
+               {"@value": _as_text(v.value), "@language": self._language(v)} for v in values]
+        return out[0] if len(out) == 1 and isinstance(out[0], str) else out
+
+    def _label_2(self, label: LabelSetting) -> Any:
+        if isinstance(label, str):
+            return label
+        return [{"@value": text, "@language": language} for language, text in label.items()]
+
+    def _service_2(self, image: DepositedImage) -> dict:
+        return {"@context": IMAGE_CONTEXT_2, "@id": self.image_service_id(image), "profile": IMAGE_2_LEVEL1}
+
+    def _build_2(self, obj: SourceObject, images: list[DepositedImage], manifest_id: str) -> dict:
+        base = manifest_id.removesuffix(".json")
+        canvases = []
+        for image in images:
+            canvas_id = f"{base}/canvas/{image.sequence}"
+            canvases.append({
+                "@id": canvas_id, "@type": "sc:Canvas", "label": image.label or str(image.sequence),
+                "width": image.width, "height": image.height, "thumbnail": self._thumbnail_2(image),
+                "images": [{
+                    "@id": f"{base}/annotation/{image.sequence}", "@type": "oa:Annotation",
+                    "motivation": "sc:painting", "on": canvas_id,
+                    "resource": {"@id": f"{self.image_service_id(image)}/full/full/0/default.jpg",
+                                 "@type": "dctypes:Image", "format": "image/jpeg", "width": image.width,
+                                 "height": image.height, "service": self._service_2(image)}}]})
+        manifest: dict[str, Any] = {"@context": CONTEXT_2, "@id": manifest_id, "@type": "sc:Manifest",
+                                    "label": self._values_2(self.label_of(obj))}
+        if summary := self._first(obj, self.settings.summary):
+            manifest["description"] = self._values_2(summary)
+        if pairs := self._metadata_pairs(obj):
+            manifest["metadata"] = [{"label": self._label_2(label), "value": self._values_2(values)}
+                                    for label, values in pairs]
+        rights, _ = self._rights(obj)
+        if rights:
+            manifest["license"] = rights
+        if credit := self._credit(obj):
+            manifest["attribution"] = self._values_2(credit)
+        if homepage := self._homepage(obj):
+            manifest["related"] = {"@id": homepage, "format": "text/html",
+                                   "label": self._label_2(self.settings.homepage_label)}
+        manifest["thumbnail"] = self._thumbnail_2(images[0])
+        manifest["sequences"] = [{"@id": f"{base}/sequence/normal", "@type": "sc:Sequence", "canvases": canvases}]
+        return manifest
+
+    def _thumbnail_2(self, image: DepositedImage) -> dict:
+        width, height = self._thumbnail_size(image)
+        return {"@id": f"{self.image_service_id(image)}/full/{width},/0/default.jpg", "@type": "dctypes:Image",
+                "format": "image/jpeg", "width": width, "height": height, "service": self._service_2(image)}
+
+    # ------------------------------------------------------------------------------------ depositing
+
+    def _validated(self, key: str, document: dict) -> bytes:
+        """The bytes to deposit under `key`; ManifestError naming the key and the problems if invalid."""
+        require_valid(document, self.store.describe(key))
+        return json.dumps(document, ensure_ascii=False, indent=2).encode("utf-8") + b"\n"
+
+    def publish(self, obj: SourceObject, images: Sequence[DepositedImage]) -> Published:
+        """Build, validate and deposit every configured version; nothing is deposited if any is invalid."""
+        keys = {v: self.manifest_key(obj.id, v) for v in self.settings.versions}
+        payloads = {v: self._validated(keys[v], self.build(obj, images, v)) for v in self.settings.versions}
+        stored = tuple(self.store.put_bytes(keys[v], data, content_type=MEDIA_TYPES[v],
+                                            provenance=Provenance(source_id=obj.id))
+                       for v, data in payloads.items())
+        return Published(CollectionEntry(obj.id, self.label_of(obj)), stored)
+
+    def withdraw(self, object_id: str) -> list[str]:
+        """Delete the manifests of an object (its images are the pipeline's business); returns the keys removed."""
+        keys = [self.manifest_key(object_id, v) for v in self.settings.versions]
+        return [key for key in keys if self.store.delete(key)]
+
+    def update_collection(self, added: Iterable[CollectionEntry] = (),
+                          removed: Iterable[str] = ()) -> list[StoredObject]:
+        """Add (or relabel) and remove manifests in the pipeline's collection, in every configured version.
+
+        A read-modify-write of the deposited collection: run it from one process per pipeline at a time (the
+        pipeline's run lock), not from parallel workers.
+        """
+        added, removed = list(added), list(removed)
+        stored = []
+        for version in self.settings.versions:
+            key = self.collection_key(version)
+            items = self._listed(key, version)
+            for entry in added:
+                items[self.manifest_id(entry.object_id, version)] = self._collection_item(entry, version)
+            for object_id in removed:
+                items.pop(self.manifest_id(object_id, version), None)
+            data = self._validated(key, self.collection(version, [items[i] for i in sorted(items)]))
+            stored.append(self.store.put_bytes(key, data, content_type=MEDIA_TYPES[version],
+                                               provenance=Provenance(source_id=self.pipeline)))
+        return stored
+
+    def _listed(self, key: str, version: str) -> dict[str, dict]:
+        """The items of the deposited collection, by manifest id."""
+        if not self.store.exists(key):
+            return {}
+        items_name, id_name = ("items", "id") if version == "3.0" else ("manifests", "@id")
+        try:
+            return {item[id_name]: item for item in json.loads(self.store.get_bytes(key))[items_name]}
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ManifestError(f"{self.store.describe(key)}: the deposited collection cannot be read "
+                                f"({type(exc).__name__}: {exc}); it was left as it is") from None
+
+    def _collection_item(self, entry: CollectionEntry, version: str) -> dict:
+        manifest_id = self.manifest_id(entry.object_id, version)
+        if version == "3.0":
+            return {"id": manifest_id, "type": "Manifest", "label": self._lang_map(entry.label)}
+        return {"@id": manifest_id, "@type": "sc:Manifest", "label": self._values_2(entry.label)}
+
+    def collection(self, version: str, items: list[dict]) -> dict:
+        collection_id = f"{self.settings.manifest_base_url}/{self.collection_key(version)}"
+        label = self.settings.collection_label or self.pipeline
+        if version == "3.0":
+            return {"@context": CONTEXT_3, "id": collection_id, "type": "Collection",
+                    "label": self._label_map(label), "items": items}
+        return {"@context": CONTEXT_2, "@id": collection_id, "@type": "sc:Collection",
+                "label": self._label_2(label), "manifests": items}
+
+
+def _as_text(value: str) -> str:
+    """IIIF clients render a value that starts with '<' and ends with '>' as HTML: keep such text as text."""
+    if value.startswith("<") and value.endswith(">"):
+        return f"<span>{html.escape(value, quote=False)}</span>"
+    return value

@@ -1,0 +1,598 @@
+"""Where access masters and manifests are deposited: one protocol, a local filesystem store and an S3 store.
+
+Every put is verified end to end: the SHA-256 computed while the file was produced (or, when not given, while
+it is read here) is what the store must end up holding, and a mismatch is an IntegrityError, never a silent
+success. Putting the same content again is a no-op detected by checksum; different content replaces the old
+atomically (S3 PUT / CompleteMultipartUpload is atomic; locally write-temp-then-rename). Nothing half-written
+is ever visible under a key.
+"""
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import string
+import tempfile
+import threading
+from dataclasses import asdict, dataclass, fields, replace
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import IO, Annotated, Iterable, Iterator, Literal, Protocol, Union
+from urllib.parse import quote, unquote, urlsplit
+
+import boto3
+from botocore.config import Config
+from botocore.exceptions import BotoCoreError, ClientError
+from pydantic import Field, field_validator
+from s3transfer.manager import TransferConfig, TransferManager
+from s3transfer.subscribers import BaseSubscriber
+from s3transfer.utils import ChunksizeAdjuster
+
+from gcis_etl.durable import fsync_dir, sha256_stream
+from gcis_etl.errors import IntegrityError, StoreError
+from gcis_etl.keys import KeyTemplates, UnsafeKey, check_key, check_prefix
+from gcis_etl.settings import Settings
+
+MiB = 1024 * 1024
+CHUNK = 1 * MiB
+# S3 metadata travels in HTTP headers: printable ASCII only, '%' escapes the rest.
+_HEADER_SAFE = string.punctuation.replace("%", "")
+CONTENT_TYPES = {".tif": "image/tiff", ".tiff": "image/tiff", ".jp2": "image/jp2", ".json": "application/json"}
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """Where a stored object came from; it travels with the object (S3 user metadata, or the local sidecar)."""
+
+    source_id: str | None = None
+    source_checksum: str | None = None  # "<algorithm>:<hex>" as the source reported it
+    recipe: str | None = None
+    recipe_digest: str | None = None
+    width: int | None = None
+    height: int | None = None
+
+    def to_metadata(self) -> dict[str, str]:
+        return {name.replace("_", "-"): quote(str(value), safe=_HEADER_SAFE, errors="surrogatepass")
+                for name, value in asdict(self).items() if value is not None}
+
+    @classmethod
+    def from_metadata(cls, metadata: dict[str, str]) -> Provenance:
+        values = {}
+        for f in fields(cls):
+            raw = metadata.get(f.name.replace("_", "-"))
+            if raw is not None:
+                text = unquote(raw, errors="surrogatepass")
+                values[f.name] = int(text) if f.name in ("width", "height") and text.isdigit() else text
+        return cls(**values)
+
+
+@dataclass(frozen=True)
+class StoredObject:
+    """What a store holds under a key (from put or head)."""
+
+    key: str
+    size: int
+    sha256: str | None            # hex SHA-256 of the whole object; None if not written by gcis-etl
+    content_type: str | None
+    provenance: Provenance
+    etag: str | None = None
+    version_id: str | None = None
+    unchanged: bool = False       # the put found this content already there and wrote nothing
+
+
+@dataclass(frozen=True)
+class ListedObject:
+    key: str
+    size: int
+    modified: datetime
+
+
+class Store(Protocol):
+    """What the pipeline, the ledger, migrations and the iipsrv cache sync need from a store."""
+
+    keys: KeyTemplates
+
+    def put(self, key: str, path: Path, *, sha256: str | None = None, provenance: Provenance = Provenance(),
+            content_type: str | None = None) -> StoredObject:
+        """Deposit a local file; `sha256` is the hex digest computed while the file was written, if known."""
+
+    def put_bytes(self, key: str, data: bytes, *, content_type: str,
+                  provenance: Provenance = Provenance()) -> StoredObject:
+        """Deposit a small document (manifests, collections)."""
+
+    def get_bytes(self, key: str) -> bytes:
+        """The object's content; StoreError if there is none."""
+
+    def head(self, key: str) -> StoredObject | None:
+        """What is stored under `key`, or None."""
+
+    def exists(self, key: str) -> bool: ...
+
+    def delete(self, key: str) -> bool:
+        """Remove the object; True if there was one."""
+
+    def list(self, prefix: str = "") -> Iterator[ListedObject]:
+        """Objects whose key starts with `prefix`, in key order."""
+
+    def describe(self, key: str) -> str:
+        """Where `key` lives, for messages (never carries credentials)."""
+
+
+def content_type_for(key: str) -> str:
+    return CONTENT_TYPES.get(Path(key).suffix.lower(), "application/octet-stream")
+
+
+def _check_sha256(value: str | None) -> None:
+    if value is not None and (len(value) != 64 or set(value) - set("0123456789abcdef")):
+        raise ValueError(f"sha256 must be 64 lower-case hex digits, got {value!r}")
+
+
+# --------------------------------------------------------------------------------------------- local store
+
+
+class LocalStoreSettings(Settings):
+    kind: Literal["local"] = "local"
+    root: Path = Path("var/store")
+    keys: KeyTemplates = KeyTemplates()
+
+
+class LocalStore:
+    """Files under a root directory, laid out exactly as the keys say (what iipsrv's FILESYSTEM_PREFIX serves).
+
+    Size, SHA-256, content type and provenance live in a sidecar tree `<root>/.meta/<key>.json`; keys never
+    have a segment starting with '.', so neither the sidecars nor the hidden temporary files can collide with
+    an object. The sidecar records the data file's inode: a sidecar left over from an older file (a crash
+    between the two renames) is recognised as stale and ignored.
+    """
+
+    META = ".meta"
+
+    def __init__(self, settings: LocalStoreSettings):
+        self.settings = settings
+        self.keys = settings.keys
+        self.root = settings.root
+
+    def describe(self, key: str) -> str:
+        return str(self.root / key)
+
+    def put(self, key: str, path: Path, *, sha256: str | None = None, provenance: Provenance = Provenance(),
+            content_type: str | None = None) -> StoredObject:
+        _check_sha256(sha256)
+        try:
+            with open(path, "rb") as f:
+                return self._write(key, iter(lambda: f.read(CHUNK), b""), sha256, provenance,
+                                   content_type or content_type_for(key))
+        except OSError as exc:
+            raise StoreError(f"{self.describe(key)}: cannot read {path}: {exc.strerror}") from None
+
+    def put_bytes(self, key: str, data: bytes, *, content_type: str,
+                  provenance: Provenance = Provenance()) -> StoredObject:
+        return self._write(key, [data], None, provenance, content_type)
+
+    def _write(self, key: str, chunks: Iterable[bytes], expected: str | None, provenance: Provenance,
+               content_type: str) -> StoredObject:
+        dest = self.root / check_key(key)
+        try:
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp_name = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
+        except OSError as exc:
+            raise StoreError(f"{self.describe(key)}: cannot write: {exc.strerror}") from None
+        tmp = Path(tmp_name)
+        try:
+            digest = hashlib.sha256()
+            size = 0
+            with os.fdopen(fd, "wb") as out:
+                for chunk in chunks:
+                    digest.update(chunk)
+                    out.write(chunk)
+                    size += len(chunk)
+                out.flush()
+                os.fsync(out.fileno())
+            sha256 = digest.hexdigest()
+            if expected is not None and sha256 != expected:
+                raise IntegrityError(f"{self.describe(key)}: the file read has SHA-256 {sha256}, "
+                                     f"not the {expected} it was produced with; nothing was stored")
+            current = self.head(key)
+            if current is not None and current.sha256 == sha256 and current.size == size:
+                return replace(current, unchanged=True)
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, dest)
+            fsync_dir(dest.parent)
+            record = StoredObject(key=key, size=size, sha256=sha256, content_type=content_type,
+                                  provenance=provenance)
+            self._write_sidecar(key, record, dest.stat().st_ino)
+            return record
+        except OSError as exc:
+            raise StoreError(f"{self.describe(key)}: cannot write: {exc.strerror}") from None
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def _sidecar(self, key: str) -> Path:
+        return self.root / self.META / f"{key}.json"
+
+    def _write_sidecar(self, key: str, record: StoredObject, inode: int) -> None:
+        sidecar = self._sidecar(key)
+        sidecar.parent.mkdir(parents=True, exist_ok=True)
+        body = {"size": record.size, "sha256": record.sha256, "content_type": record.content_type,
+                "inode": inode, "provenance": asdict(record.provenance)}
+        fd, tmp = tempfile.mkstemp(prefix=f".{sidecar.name}.", suffix=".tmp", dir=sidecar.parent)
+        with os.fdopen(fd, "w") as out:
+            json.dump(body, out)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, sidecar)
+
+    def head(self, key: str) -> StoredObject | None:
+        path = self.root / check_key(key)
+        try:
+            st = path.stat()
+        except FileNotFoundError:
+            return None
+        try:
+            meta = json.loads(self._sidecar(key).read_text())
+        except (OSError, ValueError):
+            meta = {}
+        if meta.get("inode") != st.st_ino or meta.get("size") != st.st_size:
+            meta = {}  # written by something else, or a sidecar left from the previous content
+        return StoredObject(key=key, size=st.st_size, sha256=meta.get("sha256"),
+                            content_type=meta.get("content_type"),
+                            provenance=Provenance(**meta.get("provenance", {})))
+
+    def exists(self, key: str) -> bool:
+        return (self.root / check_key(key)).is_file()
+
+    def get_bytes(self, key: str) -> bytes:
+        try:
+            return (self.root / check_key(key)).read_bytes()
+        except OSError as exc:
+            raise StoreError(f"{self.describe(key)}: cannot read: {exc.strerror}") from None
+
+    def delete(self, key: str) -> bool:
+        path = self.root / check_key(key)
+        self._sidecar(key).unlink(missing_ok=True)
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            return False
+        return True
+
+    def list(self, prefix: str = "") -> Iterator[ListedObject]:
+        _check_list_prefix(prefix)
+        start = self.root / prefix.rpartition("/")[0]
+        found = []
+        for dirpath, dirnames, filenames in os.walk(start):
+            dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+            for name in filenames:
+                if name.startswith("."):
+                    continue
+                path = Path(dirpath, name)
+                key = path.relative_to(self.root).as_posix()
+                if key.startswith(prefix):
+                    st = path.stat()
+                    found.append(ListedObject(key, st.st_size, datetime.fromtimestamp(st.st_mtime, timezone.utc)))
+        return iter(sorted(found, key=lambda o: o.key))
+
+
+# ------------------------------------------------------------------------------------------------ S3 store
+
+
+class RetryPolicy(Settings):
+    """botocore's retry modes: 'standard' backs off exponentially (with jitter) on throttling, 5xx and
+    connection errors; max_attempts counts the first try."""
+
+    mode: Literal["standard", "adaptive", "legacy"] = "standard"
+    max_attempts: int = Field(10, ge=1, le=100)
+    connect_timeout: float = Field(10.0, gt=0)
+    read_timeout: float = Field(60.0, gt=0)
+
+
+class S3StoreSettings(Settings):
+    """An S3 bucket (AWS or any S3-compatible server). Credentials come from boto3's chain (environment,
+    shared profile, instance or task role): there is deliberately no setting for them."""
+
+    kind: Literal["s3"] = "s3"
+    bucket: str = Field(pattern=r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+    prefix: str = ""
+    endpoint_url: str | None = None
+    region: str | None = None
+    addressing_style: Literal["auto", "virtual", "path"] = "auto"
+    profile: str | None = None
+    retry: RetryPolicy = RetryPolicy()
+    multipart_threshold: int = Field(64 * MiB, ge=5 * MiB)
+    multipart_chunksize: int = Field(16 * MiB, ge=5 * MiB, le=5 * 1024 * MiB)
+    max_concurrency: int = Field(4, ge=1, le=64)
+    max_bandwidth: int | None = Field(None, gt=0, description="bytes per second for multipart uploads")
+    keys: KeyTemplates = KeyTemplates()
+
+    @field_validator("prefix")
+    @classmethod
+    def _valid_prefix(cls, prefix: str) -> str:
+        try:
+            return check_prefix(prefix)
+        except UnsafeKey as exc:
+            raise ValueError(str(exc)) from None
+
+    @field_validator("endpoint_url")
+    @classmethod
+    def _valid_endpoint(cls, url: str | None) -> str | None:
+        if url is None:
+            return None
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError("must be an http(s) URL")
+        if parts.username or parts.password:
+            raise ValueError("must not carry credentials (use the environment or a profile)")
+        return url
+
+
+# S3 error codes meaning "the bytes received are not the bytes announced".
+_INTEGRITY_CODES = {"BadDigest", "InvalidDigest", "XAmzContentChecksumMismatch", "XAmzContentSHA256Mismatch"}
+
+
+def _b64(digest: bytes) -> str:
+    return base64.b64encode(digest).decode("ascii")
+
+
+class _HashingReader:
+    """The file as s3transfer reads it for a multipart upload, hashed on the way through.
+
+    It computes the whole-object SHA-256 and the SHA-256 of every part (cut at the same part size s3transfer
+    uses), so the file is read once. When the last byte has been read and the whole-object digest is not the
+    expected one, the read raises: s3transfer then aborts the upload before completing it, and nothing
+    replaces what the key held. A file that shrinks or grows while being read raises too.
+    """
+
+    def __init__(self, f: IO[bytes], size: int, part_size: int, expected: str, where: str):
+        self._f, self._size, self._part_size, self._expected, self._where = f, size, part_size, expected, where
+        self._whole = hashlib.sha256()
+        self._part = hashlib.sha256()
+        self._in_part = 0
+        self._read = 0
+        self.part_digests: list[bytes] = []
+
+    def read(self, amount: int = -1) -> bytes:
+        data = self._f.read(amount)
+        if not data and self._read < self._size:
+            raise IntegrityError(f"{self._where}: the file shrank to {self._read} bytes while being uploaded "
+                                 f"(expected {self._size}); the upload was aborted")
+        self._read += len(data)
+        if self._read > self._size:
+            raise IntegrityError(f"{self._where}: the file grew while being uploaded; the upload was aborted")
+        self._whole.update(data)
+        view = memoryview(data)
+        while view:
+            take = min(len(view), self._part_size - self._in_part)
+            self._part.update(view[:take])
+            self._in_part += take
+            view = view[take:]
+            if self._in_part == self._part_size:
+                self._close_part()
+        if data and self._read == self._size:
+            if self._in_part:
+                self._close_part()
+            actual = self._whole.hexdigest()
+            if actual != self._expected:
+                raise IntegrityError(f"{self._where}: the file read has SHA-256 {actual}, not the "
+                                     f"{self._expected} it was produced with; the upload was aborted")
+        return data
+
+    def _close_part(self) -> None:
+        self.part_digests.append(self._part.digest())
+        self._part = hashlib.sha256()
+        self._in_part = 0
+
+    def composite(self) -> str:
+        """S3's checksum of a multipart object: SHA-256 of the concatenated part digests, then '-<parts>'."""
+        return f"{_b64(hashlib.sha256(b''.join(self.part_digests)).digest())}-{len(self.part_digests)}"
+
+
+class S3Store:
+    """Objects in an S3 bucket below an optional prefix.
+
+    Files below `multipart_threshold` go up in one PutObject carrying the producer's SHA-256
+    (x-amz-checksum-sha256): the server recomputes it and refuses the bytes if they differ. Larger files go
+    through s3transfer as a multipart upload with ChecksumAlgorithm=SHA256: the server checks every part, and
+    then reports a composite checksum (SHA-256 of the part digests, "-N") rather than the object's SHA-256
+    (S3 has no full-object SHA-256 for multipart uploads). So the whole-object SHA-256 is compared with the
+    producer's while the parts are read, before the upload is completed; the composite the server reports is
+    compared with the one computed from the same reads; and the whole-object SHA-256 is kept in the object's
+    metadata (`sha256`) for head(), the ledger and no-op detection.
+    """
+
+    def __init__(self, settings: S3StoreSettings):
+        self.settings = settings
+        self.keys = settings.keys
+        self._base = f"{settings.prefix}/" if settings.prefix else ""
+        self._client_lock = threading.Lock()
+        self._client_pid: int | None = None
+        self._client = None
+
+    @property
+    def client(self):
+        """boto3 clients are not fork-safe: a Celery child or a process-pool worker builds its own."""
+        with self._client_lock:
+            if self._client_pid != os.getpid():
+                s = self.settings
+                self._client = boto3.session.Session(profile_name=s.profile).client(
+                    "s3", endpoint_url=s.endpoint_url, region_name=s.region,
+                    config=Config(retries={"mode": s.retry.mode, "total_max_attempts": s.retry.max_attempts},
+                                  connect_timeout=s.retry.connect_timeout, read_timeout=s.retry.read_timeout,
+                                  s3={"addressing_style": s.addressing_style},
+                                  max_pool_connections=s.max_concurrency + 4))
+                self._client_pid = os.getpid()
+            return self._client
+
+    def _full_key(self, key: str) -> str:
+        return self._base + check_key(key)
+
+    def describe(self, key: str) -> str:
+        return f"s3://{self.settings.bucket}/{self._base}{key}"
+
+    def _error(self, key: str, action: str, exc: Exception) -> StoreError:
+        if isinstance(exc, ClientError):
+            error = exc.response.get("Error", {})
+            cls = IntegrityError if error.get("Code") in _INTEGRITY_CODES else StoreError
+            return cls(f"{self.describe(key)}: {action} refused by the server: "
+                       f"{error.get('Code')}: {error.get('Message')}")
+        return StoreError(f"{self.describe(key)}: {action} failed: {exc}")
+
+    def _call(self, key: str, action: str, operation: str, **kwargs) -> dict:
+        try:
+            return getattr(self.client, operation)(Bucket=self.settings.bucket, Key=self._full_key(key), **kwargs)
+        except (BotoCoreError, ClientError) as exc:
+            raise self._error(key, action, exc) from None
+
+    def _head(self, key: str) -> dict | None:
+        """The raw HeadObject response (with the checksum S3 stored), or None when there is no object."""
+        try:
+            return self.client.head_object(Bucket=self.settings.bucket, Key=self._full_key(key),
+                                           ChecksumMode="ENABLED")
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+                return None
+            raise self._error(key, "head", exc) from None
+        except BotoCoreError as exc:
+            raise self._error(key, "head", exc) from None
+
+    def head(self, key: str) -> StoredObject | None:
+        r = self._head(key)
+        if r is None:
+            return None
+        metadata = r.get("Metadata", {})
+        return StoredObject(key=key, size=r["ContentLength"], sha256=metadata.get("sha256"),
+                            content_type=r.get("ContentType"), provenance=Provenance.from_metadata(metadata),
+                            etag=r.get("ETag"), version_id=r.get("VersionId"))
+
+    def exists(self, key: str) -> bool:
+        return self._head(key) is not None
+
+    def _unchanged(self, key: str, sha256: str, size: int) -> StoredObject | None:
+        current = self.head(key)
+        if current is not None and current.sha256 == sha256 and current.size == size:
+            return replace(current, unchanged=True)
+        return None
+
+    def put(self, key: str, path: Path, *, sha256: str | None = None, provenance: Provenance = Provenance(),
+            content_type: str | None = None) -> StoredObject:
+        _check_sha256(sha256)
+        content_type = content_type or content_type_for(key)
+        try:
+            f = open(path, "rb")
+        except OSError as exc:
+            raise StoreError(f"{self.describe(key)}: cannot read {path}: {exc.strerror}") from None
+        with f:
+            size = os.fstat(f.fileno()).st_size
+            if sha256 is None:
+                # Needed before sending: for the no-op check, and as the checksum a single PUT announces.
+                sha256 = sha256_stream(f)
+                f.seek(0)
+            done = self._unchanged(key, sha256, size)
+            if done:
+                return done
+            if size < self.settings.multipart_threshold:
+                return self._put_single(key, f, size, sha256, provenance, content_type)
+            return self._put_multipart(key, f, size, sha256, provenance, content_type)
+
+    def put_bytes(self, key: str, data: bytes, *, content_type: str,
+                  provenance: Provenance = Provenance()) -> StoredObject:
+        sha256 = hashlib.sha256(data).hexdigest()
+        return self._unchanged(key, sha256, len(data)) or self._put_single(
+            key, data, len(data), sha256, provenance, content_type)
+
+    def _put_single(self, key: str, body: IO[bytes] | bytes, size: int, sha256: str, provenance: Provenance,
+                    content_type: str) -> StoredObject:
+        announced = _b64(bytes.fromhex(sha256))
+        r = self._call(key, "put", "put_object", Body=body, ContentLength=size, ContentType=content_type,
+                       ChecksumSHA256=announced, Metadata={**provenance.to_metadata(), "sha256": sha256})
+        if r.get("ChecksumSHA256") != announced:
+            raise IntegrityError(f"{self.describe(key)}: the server reports SHA-256 {r.get('ChecksumSHA256')}, "
+                                 f"not the {announced} sent")
+        return StoredObject(key=key, size=size, sha256=sha256, content_type=content_type, provenance=provenance,
+                            etag=r.get("ETag"), version_id=r.get("VersionId"))
+
+    def _put_multipart(self, key: str, f: IO[bytes], size: int, sha256: str, provenance: Provenance,
+                       content_type: str) -> StoredObject:
+        s = self.settings
+        config = TransferConfig(multipart_threshold=s.multipart_threshold, multipart_chunksize=s.multipart_chunksize,
+                                max_request_concurrency=s.max_concurrency, max_bandwidth=s.max_bandwidth)
+        reader = _HashingReader(f, size, ChunksizeAdjuster().adjust_chunksize(s.multipart_chunksize, size),
+                                sha256, self.describe(key))
+        extra = {"ChecksumAlgorithm": "SHA256", "ContentType": content_type,
+                 "Metadata": {**provenance.to_metadata(), "sha256": sha256}}
+        # Leaving the TransferManager on any exception (KeyboardInterrupt included) cancels the transfer and
+        # aborts the multipart upload; a killed process leaves parts that abort_incomplete_uploads() removes.
+        try:
+            with TransferManager(self.client, config) as manager:
+                manager.upload(reader, s.bucket, self._full_key(key), extra_args=extra,
+                               subscribers=[_KnownSize(size)]).result()
+        except (BotoCoreError, ClientError) as exc:
+            raise self._error(key, "multipart upload", exc) from None
+        r = self._head(key)
+        reported = (r["ContentLength"], r.get("ChecksumSHA256")) if r else (None, None)
+        if reported != (size, reader.composite()):
+            self.delete(key)
+            raise IntegrityError(f"{self.describe(key)}: the server reports {reported[0]} bytes with checksum "
+                                 f"{reported[1]}, not the {size} bytes with {reader.composite()} sent; "
+                                 f"the object was deleted")
+        return StoredObject(key=key, size=size, sha256=sha256, content_type=content_type, provenance=provenance,
+                            etag=r.get("ETag"), version_id=r.get("VersionId"))
+
+    def get_bytes(self, key: str) -> bytes:
+        return self._call(key, "get", "get_object")["Body"].read()
+
+    def delete(self, key: str) -> bool:
+        existed = self.exists(key)
+        self._call(key, "delete", "delete_object")
+        return existed
+
+    def _paginate(self, operation: str, result: str, **kwargs) -> Iterator[dict]:
+        try:
+            for page in self.client.get_paginator(operation).paginate(Bucket=self.settings.bucket, **kwargs):
+                yield from page.get(result, [])
+        except (BotoCoreError, ClientError) as exc:
+            raise self._error("", operation, exc) from None
+
+    def list(self, prefix: str = "") -> Iterator[ListedObject]:
+        _check_list_prefix(prefix)
+        for o in self._paginate("list_objects_v2", "Contents", Prefix=self._base + prefix):
+            yield ListedObject(o["Key"][len(self._base):], o["Size"], o["LastModified"])
+
+    def abort_incomplete_uploads(self, older_than: timedelta = timedelta(days=1)) -> list[str]:
+        """Abort the multipart uploads under the prefix started more than `older_than` ago, and return their
+        keys. A process killed mid-upload leaves its parts behind (invisible, but billed); on AWS a bucket
+        lifecycle rule (AbortIncompleteMultipartUpload) does the same."""
+        cutoff = datetime.now(timezone.utc) - older_than
+        stale = [u for u in self._paginate("list_multipart_uploads", "Uploads")  # MinIO ignores partial Prefixes
+                 if u["Key"].startswith(self._base) and u["Initiated"] <= cutoff]
+        for upload in stale:
+            try:
+                self.client.abort_multipart_upload(Bucket=self.settings.bucket, Key=upload["Key"],
+                                                   UploadId=upload["UploadId"])
+            except (BotoCoreError, ClientError) as exc:
+                raise self._error(upload["Key"][len(self._base):], "abort", exc) from None
+        return [u["Key"][len(self._base):] for u in stale]
+
+
+class _KnownSize(BaseSubscriber):
+    """Tells s3transfer the size up front, so it reads the stream part by part instead of probing it."""
+
+    def __init__(self, size: int):
+        self.size = size
+
+    def on_queued(self, future, **kwargs):
+        future.meta.provide_transfer_size(self.size)
+
+
+def _check_list_prefix(prefix: str) -> None:
+    if prefix.rstrip("/"):
+        check_key(prefix.rstrip("/"))
+
+
+StoreSettings = Annotated[Union[LocalStoreSettings, S3StoreSettings], Field(discriminator="kind")]
+
+
+def open_store(settings: LocalStoreSettings | S3StoreSettings) -> Store:
+    if isinstance(settings, S3StoreSettings):
+        return S3Store(settings)
+    return LocalStore(settings)

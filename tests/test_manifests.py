@@ -1,0 +1,282 @@
+"""IIIF manifests and the pipeline collection: built from source metadata and deposited images, validated,
+deposited with the IIIF media types, stable from run to run."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+
+from connectors.base import LangValue, SourceObject
+from gcis_etl.errors import ConfigError, ManifestError
+from gcis_etl.iiif_validation import validate
+from gcis_etl.keys import KeyTemplates
+from gcis_etl.manifests import CollectionEntry, DepositedImage, ManifestSettings, Manifests
+from gcis_etl.settings import parse
+from gcis_etl.stores import LocalStore, LocalStoreSettings, S3Store
+from tests.conftest import s3_settings
+
+REPO = Path(__file__).resolve().parents[1]
+BASE = "https://iiif.example.org/manifests"
+SERVICE = "https://iiif.example.org/iiif/2"
+CONFIG = {
+    "manifest_base_url": BASE + "/", "image_service_base_url": SERVICE, "versions": ["3.0", "2.1"],
+    "label": ["dc:title", "title"], "summary": ["dc:description"],
+    "metadata": [{"field": "dc:creator", "label": {"en": "Creator", "fr": "Créateur"}},
+                 {"field": "dc:date", "label": "Date"}, {"field": "dc:identifier", "label": "Identifier"}],
+    "rights": {"field": "dc:rights", "label": "Rights"},
+    "required_statement": {"field": "credit", "label": {"en": "Credit line"}},
+}
+KEYS = KeyTemplates()
+
+
+def settings(**overrides) -> ManifestSettings:
+    return parse(ManifestSettings, {**CONFIG, **overrides}, "config.yaml", "pipelines.demo.manifests")
+
+
+def source_object(object_id: str = "IE 42/x", **metadata) -> SourceObject:
+    fields = {
+        "dc:title": (LangValue("La Joconde", "fr"), LangValue("Mona Lisa", "en")),
+        "dc:description": (LangValue("Portrait of Lisa Gherardini"),),
+        "dc:creator": (LangValue("Leonardo da Vinci"),),
+        "dc:date": (LangValue("1503"),),
+        "dc:identifier": (LangValue("INV 779"), LangValue("IE42")),
+        "dc:rights": (LangValue("https://creativecommons.org/publicdomain/zero/1.0/"),),
+        "credit": (LangValue("Gift of the artist", "en"),),
+    }
+    fields.update(metadata)
+    return SourceObject(id=object_id, modified=datetime(2026, 1, 2, tzinfo=timezone.utc), items=(),
+                        metadata={k: v for k, v in fields.items() if v is not None},
+                        source_url="https://dam.example.org/delivery/IE42")
+
+
+def image(sequence: int, width: int = 6000, height: int = 4000, object_id: str = "IE 42/x",
+          label: str | None = None) -> DepositedImage:
+    return DepositedImage(sequence=sequence, key=KEYS.image_key("demo", object_id, f"FL {sequence}", sequence, "tif"),
+                          width=width, height=height, label=label)
+
+
+@pytest.fixture
+def store(tmp_path) -> LocalStore:
+    return LocalStore(LocalStoreSettings(root=tmp_path / "store"))
+
+
+def documents() -> str:
+    """Every document built for a fixed input; a fresh interpreter prints the same (see the stability test)."""
+    manifests = Manifests(settings(), "demo", LocalStore(LocalStoreSettings(root=Path("unused"))))
+    images = [image(2, 3000, 2000, label="verso"), image(1, label="recto")]
+    built = {v: manifests.build(source_object(), images, v) for v in ("3.0", "2.1")}
+    built["collection"] = manifests.collection("3.0", [])
+    return json.dumps(built, ensure_ascii=False, indent=1)
+
+
+def test_single_image_manifest_3_0(store):
+    manifest = Manifests(settings(), "demo", store).build(source_object(), [image(1)], "3.0")
+    assert validate(manifest).ok, validate(manifest).errors
+
+    manifest_id = f"{BASE}/demo/IE~2042~2Fx/manifest-v3.json"
+    service_id = f"{SERVICE}/demo%2FIE~2042~2Fx%2FFL~201.tif"
+    assert manifest["@context"] == "http://iiif.io/api/presentation/3/context.json"
+    assert (manifest["id"], manifest["type"]) == (manifest_id, "Manifest")
+    assert manifest["label"] == {"fr": ["La Joconde"], "en": ["Mona Lisa"]}
+    [canvas] = manifest["items"]
+    assert canvas["id"] == f"{BASE}/demo/IE~2042~2Fx/manifest-v3/canvas/1"
+    assert (canvas["width"], canvas["height"]) == (6000, 4000)
+    [page] = canvas["items"]
+    [annotation] = page["items"]
+    assert (page["id"], annotation["id"]) == (f"{BASE}/demo/IE~2042~2Fx/manifest-v3/page/1",
+                                              f"{BASE}/demo/IE~2042~2Fx/manifest-v3/annotation/1")
+    assert (annotation["motivation"], annotation["target"]) == ("painting", canvas["id"])
+    body = annotation["body"]
+    assert body["id"] == f"{service_id}/full/full/0/default.jpg"
+    assert (body["type"], body["format"], body["width"], body["height"]) == ("Image", "image/jpeg", 6000, 4000)
+    assert body["service"] == [{"@id": service_id, "@type": "ImageService2",
+                                "profile": "http://iiif.io/api/image/2/level1.json"}]
+    thumbnail = {"id": f"{service_id}/full/400,/0/default.jpg", "type": "Image", "format": "image/jpeg",
+                 "width": 400, "height": 267, "service": body["service"]}
+    assert manifest["thumbnail"] == [thumbnail] and canvas["thumbnail"] == [thumbnail]
+
+
+def test_descriptive_metadata_follows_the_configured_mapping(store):
+    manifest = Manifests(settings(), "demo", store).build(source_object(), [image(1)], "3.0")
+    assert manifest["summary"] == {"none": ["Portrait of Lisa Gherardini"]}
+    assert manifest["metadata"] == [
+        {"label": {"en": ["Creator"], "fr": ["Créateur"]}, "value": {"none": ["Leonardo da Vinci"]}},
+        {"label": {"none": ["Date"]}, "value": {"none": ["1503"]}},
+        {"label": {"none": ["Identifier"]}, "value": {"none": ["INV 779", "IE42"]}},
+    ]
+    assert manifest["rights"] == "http://creativecommons.org/publicdomain/zero/1.0/"  # the form the schema wants
+    assert manifest["requiredStatement"] == {"label": {"en": ["Credit line"]}, "value": {"en": ["Gift of the artist"]}}
+    assert manifest["homepage"] == [{"id": "https://dam.example.org/delivery/IE42", "type": "Text",
+                                     "label": {"none": ["Source record"]}, "format": "text/html"}]
+
+
+def test_mapping_edge_cases(store):
+    manifests = Manifests(settings(default_language="en", label=["missing", "title"]), "demo", store)
+    obj = source_object(**{"title": (LangValue("Carte", "fr_CA"), LangValue("Map")),
+                           "dc:rights": (LangValue("All rights reserved by the museum"),),
+                           "dc:date": None, "credit": ()})
+    manifest = manifests.build(obj, [image(1)], "3.0")
+    assert validate(manifest).ok, validate(manifest).errors
+    assert manifest["label"] == {"fr-CA": ["Carte"], "en": ["Map"]}      # first configured field present
+    assert "rights" not in manifest and "requiredStatement" not in manifest
+    assert {"label": {"none": ["Rights"]}, "value": {"en": ["All rights reserved by the museum"]}} \
+        in manifest["metadata"]                                          # text that is not a rights URI
+    assert [m["label"] for m in manifest["metadata"]][1] == {"none": ["Identifier"]}  # absent fields are skipped
+
+    untitled = Manifests(settings(label=["nothing"]), "demo", store).build(source_object(), [image(1)], "3.0")
+    assert untitled["label"] == {"none": ["IE 42/x"]}
+    bare = Manifests(settings(homepage_label=None), "demo", store).build(source_object(), [image(1)], "3.0")
+    assert "homepage" not in bare
+
+
+def test_text_that_looks_like_html_stays_text(store):
+    obj = source_object(**{"dc:title": (LangValue("<script>alert(1)</script>"),),
+                           "dc:description": (LangValue("<unknown>"),)})
+    manifests = Manifests(settings(), "demo", store)
+    v3, v2 = (manifests.build(obj, [image(1)], v) for v in ("3.0", "2.1"))
+    assert v3["label"] == {"none": ["<span>&lt;script&gt;alert(1)&lt;/script&gt;</span>"]}
+    assert v2["description"] == "<span>&lt;unknown&gt;</span>"
+    assert validate(v3).ok and validate(v2).ok, (validate(v3).errors, validate(v2).errors)
+
+
+def test_multi_image_manifests_in_both_versions(store):
+    manifests = Manifests(settings(), "demo", store)
+    images = [image(3, 1200, 1600, label="back"), image(1, 6000, 4000, label="front"), image(2, 300, 500)]
+    v3 = manifests.build(source_object(), images, "3.0")
+    v2 = manifests.build(source_object(), images, "2.1")
+    assert validate(v3).ok and validate(v2).ok, (validate(v3).errors, validate(v2).errors)
+
+    assert [(c["label"], c["width"], c["height"]) for c in v3["items"]] == [
+        ({"none": ["front"]}, 6000, 4000), ({"none": ["2"]}, 300, 500), ({"none": ["back"]}, 1200, 1600)]
+    assert [c["thumbnail"][0]["id"].rsplit("/full/", 1)[1] for c in v3["items"]] == [
+        "400,/0/default.jpg", "300,/0/default.jpg", "400,/0/default.jpg"]
+
+    assert v2["@context"] == "http://iiif.io/api/presentation/2/context.json"
+    assert v2["@id"] == f"{BASE}/demo/IE~2042~2Fx/manifest-v2.json"
+    [sequence] = v2["sequences"]
+    canvases = sequence["canvases"]
+    assert [(c["label"], c["width"], c["height"]) for c in canvases] == [
+        ("front", 6000, 4000), ("2", 300, 500), ("back", 1200, 1600)]
+    resource = canvases[2]["images"][0]["resource"]
+    service_id = f"{SERVICE}/demo%2FIE~2042~2Fx%2FFL~203.tif"
+    assert resource["service"] == {"@context": "http://iiif.io/api/image/2/context.json", "@id": service_id,
+                                   "profile": "http://iiif.io/api/image/2/level1.json"}
+    assert (resource["@id"], resource["width"], resource["height"]) == (
+        f"{service_id}/full/full/0/default.jpg", 1200, 1600)
+    assert canvases[2]["images"][0]["on"] == canvases[2]["@id"] == f"{BASE}/demo/IE~2042~2Fx/manifest-v2/canvas/3"
+    assert v2["label"] == [{"@value": "La Joconde", "@language": "fr"}, {"@value": "Mona Lisa", "@language": "en"}]
+    assert v2["license"] == "http://creativecommons.org/publicdomain/zero/1.0/"
+    assert v2["attribution"] == [{"@value": "Gift of the artist", "@language": "en"}]
+    assert v2["related"]["@id"] == "https://dam.example.org/delivery/IE42"
+    assert v2["metadata"][0]["label"] == [{"@value": "Creator", "@language": "en"},
+                                          {"@value": "Créateur", "@language": "fr"}]
+
+
+def test_ids_are_stable_across_runs(store):
+    first = documents()
+    Manifests(settings(), "other", store).build(source_object("IE99"), [image(1, object_id="IE99")], "3.0")
+    assert documents() == first
+    fresh = subprocess.run([sys.executable, "-c", "from tests.test_manifests import documents; print(documents())"],
+                           cwd=REPO, capture_output=True, text=True, check=True)
+    assert fresh.stdout.rstrip("\n") == first
+
+
+@pytest.mark.parametrize("images, problem", [
+    ([], "no deposited image"),
+    ([image(1), image(1)], "share a sequence number"),
+    ([image(1, width=0)], "no real size"),
+])
+def test_impossible_manifests_are_errors(store, images, problem):
+    with pytest.raises(ManifestError, match=problem):
+        Manifests(settings(), "demo", store).build(source_object(), images, "3.0")
+
+
+def test_an_invalid_manifest_is_an_error_naming_the_problem_and_nothing_is_deposited(store):
+    manifests = Manifests(settings(), "demo", store)
+    bad_language = source_object(**{"dc:title": (LangValue("Titre", "français"),)})
+    with pytest.raises(ManifestError, match="demo/IE 42/x: not a valid IIIF Presentation 3.0 .*label.*français"):
+        manifests.publish(bad_language, [image(1)])
+    bad_url = SourceObject(id="IE1", modified=datetime(2026, 1, 1, tzinfo=timezone.utc), items=(),
+                           source_url="https://dam.example.org/a b\r\nSet-Cookie: x")
+    with pytest.raises(ManifestError, match="source URL .* is not an http"):
+        manifests.publish(bad_url, [image(1, object_id="IE1")])
+    assert list(store.list()) == []
+
+
+def test_publish_deposits_both_versions_and_a_second_publish_is_a_noop(store):
+    manifests = Manifests(settings(), "demo", store)
+    published = manifests.publish(source_object(), [image(1), image(2)])
+    assert [s.key for s in published.stored] == ["demo/IE~2042~2Fx/manifest-v3.json",
+                                                 "demo/IE~2042~2Fx/manifest-v2.json"]
+    assert [store.head(s.key).content_type for s in published.stored] == [
+        'application/ld+json;profile="http://iiif.io/api/presentation/3/context.json"',
+        'application/ld+json;profile="http://iiif.io/api/presentation/2/context.json"']
+    for s in published.stored:
+        assert validate(store.get_bytes(s.key)).ok
+    assert published.entry == CollectionEntry("IE 42/x", source_object().metadata["dc:title"])
+    again = manifests.publish(source_object(), [image(1), image(2)])
+    assert all(s.unchanged for s in again.stored)
+
+    assert manifests.withdraw("IE 42/x") == [s.key for s in published.stored]
+    assert list(store.list()) == []
+
+
+def test_manifests_are_deposited_in_s3_with_the_iiif_media_type_next_to_the_images(minio, s3_bucket, aws_env):
+    store = S3Store(s3_settings(minio, s3_bucket))
+    published = Manifests(settings(), "demo", store).publish(source_object(), [image(1)])
+    raw = minio.client().head_object(Bucket=s3_bucket, Key="iiif/access/" + published.stored[0].key)
+    assert raw["ContentType"] == 'application/ld+json;profile="http://iiif.io/api/presentation/3/context.json"'
+    assert published.stored[0].key.rsplit("/", 1)[0] == image(1).key.rsplit("/", 1)[0]
+    assert json.loads(store.get_bytes(published.stored[1].key))["@type"] == "sc:Manifest"
+
+
+def test_the_collection_follows_objects_added_and_removed(store):
+    manifests = Manifests(settings(collection_label={"en": "Demo collection"}), "demo", store)
+    a = manifests.publish(source_object("A"), [image(1, object_id="A")]).entry
+    b = manifests.publish(source_object("B", **{"dc:title": (LangValue("Bee"),)}), [image(1, object_id="B")]).entry
+    manifests.update_collection(added=[b, a])
+
+    v3 = json.loads(store.get_bytes("collections/demo-v3.json"))
+    v2 = json.loads(store.get_bytes("collections/demo-v2.json"))
+    assert validate(v3).ok and validate(v2).ok, (validate(v3).errors, validate(v2).errors)
+    assert (v3["id"], v3["label"]) == (f"{BASE}/collections/demo-v3.json", {"en": ["Demo collection"]})
+    assert v3["items"] == [
+        {"id": f"{BASE}/demo/A/manifest-v3.json", "type": "Manifest", "label": {"fr": ["La Joconde"],
+                                                                               "en": ["Mona Lisa"]}},
+        {"id": f"{BASE}/demo/B/manifest-v3.json", "type": "Manifest", "label": {"none": ["Bee"]}}]
+    assert [m["@id"] for m in v2["manifests"]] == [f"{BASE}/demo/A/manifest-v2.json", f"{BASE}/demo/B/manifest-v2.json"]
+    assert all(s.unchanged for s in manifests.update_collection(added=[a]))
+
+    relabelled = CollectionEntry("B", (LangValue("Abeille", "fr"),))
+    manifests.update_collection(added=[relabelled], removed=["A"])
+    v3 = json.loads(store.get_bytes("collections/demo-v3.json"))
+    assert v3["items"] == [{"id": f"{BASE}/demo/B/manifest-v3.json", "type": "Manifest",
+                            "label": {"fr": ["Abeille"]}}]
+    manifests.update_collection(removed=["B"])
+    empty = json.loads(store.get_bytes("collections/demo-v3.json"))
+    assert empty["items"] == [] and validate(empty).ok, validate(empty).errors
+
+
+def test_an_unreadable_collection_is_reported_and_left_alone(store):
+    store.put_bytes("collections/demo-v3.json", b'{"items": [{"no id": 1}]}', content_type="application/json")
+    with pytest.raises(ManifestError, match=r"collections/demo-v3.json: the deposited collection cannot be read"):
+        Manifests(settings(), "demo", store).update_collection(added=[CollectionEntry("A", (LangValue("A"),))])
+    assert store.get_bytes("collections/demo-v3.json") == b'{"items": [{"no id": 1}]}'
+
+
+@pytest.mark.parametrize("override, key", [
+    ({"manifest_base_url": "ftp://iiif.example.org"}, "manifest_base_url"),
+    ({"image_service_base_url": "https://iiif.example.org/iiif?x=1"}, "image_service_base_url"),
+    ({"versions": []}, "versions"),
+    ({"versions": ["3.0", "3.0"]}, "versions"),
+    ({"versions": ["4.0"]}, "versions.0"),
+    ({"metadata": [{"field": "dc:creator"}]}, "metadata.0.label"),
+    ({"thumbnail_width": 5}, "thumbnail_width"),
+])
+def test_bad_manifest_settings_name_the_key(override, key):
+    with pytest.raises(ConfigError, match=rf"config.yaml: pipelines\.demo\.manifests\.{key}"):
+        settings(**override)

@@ -1,0 +1,335 @@
+"""Stores: the local filesystem store and the S3 store against a real MinIO, integrity checked end to end."""
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from gcis_etl.errors import ConfigError, IntegrityError, StoreError
+from gcis_etl.keys import UnsafeKey
+from gcis_etl.settings import parse
+from gcis_etl.stores import (LocalStore, LocalStoreSettings, Provenance, S3Store, S3StoreSettings, open_store)
+
+from tests.conftest import MiB, s3_settings
+REPO = Path(__file__).resolve().parents[1]
+PROVENANCE = Provenance(source_id="IE 42/ü\nnext-line\udcff", source_checksum="md5:9e107d9d372bb6826bd81d3542a419d6",
+                        recipe="ptiff-jpeg-q90", recipe_digest="sha256:" + "ab" * 32, width=6000, height=4000)
+HOSTILE_KEYS = ["../escape.tif", "/etc/passwd", "a/../../b.tif", "p/o/x_pyr_1.tif", "p/o/a b.tif", "p/.meta/x.json",
+                "p//o.tif", "p/o/\x00.tif", "p/o/%2e%2e.tif"]
+
+
+def write(path: Path, data: bytes) -> tuple[Path, str]:
+    path.write_bytes(data)
+    return path, hashlib.sha256(data).hexdigest()
+
+
+def random_file(path: Path, size: int) -> tuple[Path, str]:
+    """A file of random bytes, written in pieces so a 100 MB one does not need 100 MB twice."""
+    digest = hashlib.sha256()
+    with open(path, "wb") as f:
+        left = size
+        while left:
+            block = os.urandom(min(left, 8 * MiB))
+            digest.update(block)
+            f.write(block)
+            left -= len(block)
+    return path, digest.hexdigest()
+
+
+@pytest.fixture
+def s3_store(minio, s3_bucket, aws_env) -> S3Store:
+    return open_store(s3_settings(minio, s3_bucket))
+
+
+@pytest.fixture
+def local_store(tmp_path) -> LocalStore:
+    return open_store(LocalStoreSettings(root=tmp_path / "store"))
+
+
+@pytest.fixture(params=["local", "s3"])
+def store(request):
+    return request.getfixturevalue(f"{request.param}_store")
+
+
+# ------------------------------------------------------------------------------------------- both stores
+
+
+def test_put_then_head_get_list_delete(store, tmp_path):
+    path, sha = write(tmp_path / "a.tif", b"II*\x00 pretend tiff")
+    stored = store.put("demo/IE1/FL1.tif", path, sha256=sha, provenance=PROVENANCE)
+    assert (stored.key, stored.size, stored.sha256, stored.unchanged) == ("demo/IE1/FL1.tif", 17, sha, False)
+
+    head = store.head("demo/IE1/FL1.tif")
+    assert (head.size, head.sha256, head.content_type) == (17, sha, "image/tiff")
+    assert head.provenance == PROVENANCE
+    assert store.get_bytes("demo/IE1/FL1.tif") == path.read_bytes()
+
+    store.put_bytes("demo/IE1/manifest-v3.json", b"{}", content_type="application/ld+json")
+    store.put_bytes("demo/IE10/manifest-v3.json", b"{}", content_type="application/ld+json")
+    store.put_bytes("other/IE1/manifest-v3.json", b"{}", content_type="application/ld+json")
+    assert [o.key for o in store.list("demo/IE1/")] == ["demo/IE1/FL1.tif", "demo/IE1/manifest-v3.json"]
+    assert [o.key for o in store.list("demo/IE1")] == ["demo/IE1/FL1.tif", "demo/IE1/manifest-v3.json",
+                                                       "demo/IE10/manifest-v3.json"]
+    assert [o.size for o in store.list("demo/IE1/")] == [17, 2]
+    assert len(list(store.list())) == 4
+
+    assert store.exists("demo/IE1/FL1.tif")
+    assert store.delete("demo/IE1/FL1.tif") is True
+    assert store.delete("demo/IE1/FL1.tif") is False
+    assert not store.exists("demo/IE1/FL1.tif") and store.head("demo/IE1/FL1.tif") is None
+    with pytest.raises(StoreError):
+        store.get_bytes("demo/IE1/FL1.tif")
+
+
+def test_same_content_again_is_a_noop_and_new_content_replaces(store, tmp_path):
+    path, sha = write(tmp_path / "a.tif", b"first version")
+    first = store.put("demo/IE1/FL1.tif", path, sha256=sha, provenance=PROVENANCE)
+    again = store.put("demo/IE1/FL1.tif", path)  # no digest given: computed while reading, same content
+    assert again.unchanged and again.sha256 == sha and again.etag == first.etag
+    assert again.provenance == PROVENANCE  # nothing was rewritten, not even the metadata
+
+    path2, sha2 = write(tmp_path / "b.tif", b"second, longer version")
+    replaced = store.put("demo/IE1/FL1.tif", path2, sha256=sha2)
+    assert not replaced.unchanged
+    assert store.head("demo/IE1/FL1.tif").sha256 == sha2
+    assert store.get_bytes("demo/IE1/FL1.tif") == b"second, longer version"
+
+
+def test_a_checksum_mismatch_stores_nothing_and_keeps_the_old_content(store, tmp_path):
+    path, sha = write(tmp_path / "a.tif", b"good content")
+    store.put("demo/IE1/FL1.tif", path, sha256=sha)
+    path.write_bytes(b"corrupted after the digest was taken")
+    with pytest.raises(IntegrityError, match="demo/IE1/FL1.tif"):
+        store.put("demo/IE1/FL1.tif", path, sha256=hashlib.sha256(b"what the encoder wrote").hexdigest())
+    with pytest.raises(IntegrityError):
+        store.put("demo/IE1/FL2.tif", path, sha256=sha)
+    assert store.get_bytes("demo/IE1/FL1.tif") == b"good content"
+    assert store.head("demo/IE1/FL2.tif") is None
+
+
+@pytest.mark.parametrize("key", HOSTILE_KEYS)
+def test_hostile_keys_are_refused_by_every_operation(store, tmp_path, key):
+    path, sha = write(tmp_path / "a.tif", b"data")
+    for operation in (lambda: store.put(key, path, sha256=sha), lambda: store.head(key),
+                      lambda: store.exists(key), lambda: store.delete(key), lambda: store.get_bytes(key),
+                      lambda: store.put_bytes(key, b"x", content_type="text/plain"), lambda: list(store.list(key))):
+        with pytest.raises(UnsafeKey):
+            operation()
+    assert [p for p in tmp_path.rglob("*") if p.is_file()] == [path]
+    assert list(store.list()) == []
+
+
+def test_a_missing_source_file_is_a_store_error(store, tmp_path):
+    with pytest.raises(StoreError, match="cannot read"):
+        store.put("demo/IE1/FL1.tif", tmp_path / "missing.tif")
+
+
+# ------------------------------------------------------------------------------------------- local store
+
+
+def test_local_store_writes_atomically_and_hides_its_bookkeeping(local_store, tmp_path):
+    path, sha = write(tmp_path / "a.tif", b"content")
+    local_store.put("demo/IE1/FL1.tif", path, sha256=sha)
+    with pytest.raises(IntegrityError):
+        local_store.put("demo/IE1/FL1.tif", path, sha256="0" * 64)
+    directory = tmp_path / "store" / "demo" / "IE1"
+    assert sorted(p.name for p in directory.iterdir()) == ["FL1.tif"]  # no temporary file left behind
+    assert [o.key for o in local_store.list()] == ["demo/IE1/FL1.tif"]  # sidecars are not objects
+
+
+def test_local_store_ignores_a_sidecar_describing_older_content(local_store, tmp_path):
+    """A crash between renaming the data and its sidecar must not make the old digest look current."""
+    path, sha = write(tmp_path / "a.tif", b"content")
+    local_store.put("demo/IE1/FL1.tif", path, sha256=sha)
+    replacement = tmp_path / "replacement"
+    replacement.write_bytes(b"other!!")  # same size, different bytes, new inode
+    os.replace(replacement, tmp_path / "store" / "demo" / "IE1" / "FL1.tif")
+    assert local_store.head("demo/IE1/FL1.tif").sha256 is None
+    again = local_store.put("demo/IE1/FL1.tif", path, sha256=sha)
+    assert not again.unchanged
+    assert local_store.get_bytes("demo/IE1/FL1.tif") == b"content"
+
+
+# ---------------------------------------------------------------------------------------------- S3 store
+
+
+def test_s3_object_carries_checksum_metadata_and_content_type(s3_store, minio, s3_bucket, tmp_path):
+    path, sha = write(tmp_path / "a.jp2", b"\x00\x00\x00\x0cjP  pretend jp2")
+    s3_store.put("demo/IE1/FL1.jp2", path, sha256=sha, provenance=PROVENANCE)
+    raw = minio.client().head_object(Bucket=s3_bucket, Key="iiif/access/demo/IE1/FL1.jp2", ChecksumMode="ENABLED")
+    assert raw["ContentType"] == "image/jp2"
+    assert raw["ChecksumSHA256"] == base64.b64encode(bytes.fromhex(sha)).decode()
+    assert raw["Metadata"]["sha256"] == sha
+    assert raw["Metadata"]["recipe"] == "ptiff-jpeg-q90" and raw["Metadata"]["width"] == "6000"
+    assert all(v.isascii() and v.isprintable() for v in raw["Metadata"].values())
+
+
+def test_multipart_upload_of_100_mb_is_verified_end_to_end(s3_store, minio, s3_bucket, tmp_path):
+    path, sha = random_file(tmp_path / "big.tif", 100 * MiB + 12345)
+    stored = s3_store.put("demo/IE1/big.tif", path, sha256=sha, provenance=PROVENANCE)
+    assert (stored.size, stored.sha256, stored.unchanged) == (100 * MiB + 12345, sha, False)
+
+    # What S3 itself reports: a composite of the SHA-256 of every 8 MiB part, which the test recomputes.
+    parts = []
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(8 * MiB), b""):
+            parts.append(hashlib.sha256(block).digest())
+    composite = base64.b64encode(hashlib.sha256(b"".join(parts)).digest()).decode() + f"-{len(parts)}"
+    client = minio.client()
+    raw = client.head_object(Bucket=s3_bucket, Key="iiif/access/demo/IE1/big.tif", ChecksumMode="ENABLED")
+    assert len(parts) == 13
+    assert (raw["ChecksumSHA256"], raw["ChecksumType"]) == (composite, "COMPOSITE")
+    assert raw["Metadata"]["sha256"] == sha
+
+    downloaded = hashlib.sha256()
+    for block in client.get_object(Bucket=s3_bucket, Key="iiif/access/demo/IE1/big.tif")["Body"].iter_chunks(MiB):
+        downloaded.update(block)
+    assert downloaded.hexdigest() == sha
+    assert s3_store.put("demo/IE1/big.tif", path, sha256=sha).unchanged
+
+
+def test_multipart_mismatch_aborts_the_upload_and_keeps_the_old_object(s3_store, minio, s3_bucket, tmp_path):
+    path, sha = random_file(tmp_path / "big.tif", 40 * MiB)
+    s3_store.put("demo/IE1/big.tif", path, sha256=sha)
+    other, _ = random_file(tmp_path / "other.tif", 40 * MiB)
+    with pytest.raises(IntegrityError, match="upload was aborted"):
+        s3_store.put("demo/IE1/big.tif", other, sha256=hashlib.sha256(b"what the encoder wrote").hexdigest())
+    client = minio.client()
+    assert client.list_multipart_uploads(Bucket=s3_bucket).get("Uploads", []) == []  # no orphan parts
+    assert s3_store.head("demo/IE1/big.tif").sha256 == sha
+    raw = client.head_object(Bucket=s3_bucket, Key="iiif/access/demo/IE1/big.tif", ChecksumMode="ENABLED")
+    assert raw["ContentLength"] == 40 * MiB and raw["Metadata"]["sha256"] == sha
+
+
+def test_the_server_checks_the_single_put_checksum(s3_store, minio, s3_bucket, tmp_path):
+    """The digest given is sent as x-amz-checksum-sha256 without re-reading: MinIO itself refuses the bytes."""
+    path, _ = write(tmp_path / "a.tif", b"bytes on disk")
+    with pytest.raises(IntegrityError, match="XAmzContentChecksumMismatch|BadDigest"):
+        s3_store.put("demo/IE1/FL1.tif", path, sha256=hashlib.sha256(b"bytes the encoder wrote").hexdigest())
+    assert minio.client().list_objects_v2(Bucket=s3_bucket).get("KeyCount") == 0
+
+
+CHILD = """
+import sys
+from pathlib import Path
+from gcis_etl.stores import S3Store, S3StoreSettings
+S3Store(S3StoreSettings.model_validate_json(sys.argv[1])).put(sys.argv[2], Path(sys.argv[3]))
+print("finished")
+"""
+
+
+def wait_for_parts(client, bucket: str, key: str, timeout: float = 30.0) -> str:
+    """The upload id of `key` once the server holds at least one of its parts."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for upload in client.list_multipart_uploads(Bucket=bucket).get("Uploads", []):
+            if upload["Key"] == key and client.list_parts(Bucket=bucket, Key=key,
+                                                          UploadId=upload["UploadId"]).get("Parts"):
+                return upload["UploadId"]
+        time.sleep(0.02)
+    raise AssertionError(f"no part of {key} reached the server within {timeout}s")
+
+
+def test_a_killed_upload_leaves_no_object(s3_store, minio, s3_bucket, tmp_path):
+    path, _ = random_file(tmp_path / "big.tif", 48 * MiB)
+    settings = s3_settings(minio, s3_bucket, max_bandwidth=8 * MiB, max_concurrency=1)  # ~6 s to upload
+    child = subprocess.Popen([sys.executable, "-c", CHILD, settings.model_dump_json(), "demo/IE1/big.tif", str(path)],
+                             cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    client = minio.client()
+    try:
+        upload_id = wait_for_parts(client, s3_bucket, "iiif/access/demo/IE1/big.tif")
+    finally:
+        child.send_signal(signal.SIGKILL)
+        out, err = child.communicate()
+    assert child.returncode == -signal.SIGKILL and "finished" not in out, err
+
+    assert s3_store.head("demo/IE1/big.tif") is None
+    assert list(s3_store.list()) == []
+    # The parts are invisible but billed until aborted; a fresh upload would be too young to touch.
+    assert s3_store.abort_incomplete_uploads(older_than=timedelta(hours=1)) == []
+    assert s3_store.abort_incomplete_uploads(older_than=timedelta(0)) == ["demo/IE1/big.tif"]
+    assert client.list_multipart_uploads(Bucket=s3_bucket).get("Uploads", []) == []
+    with pytest.raises(client.exceptions.NoSuchUpload):
+        client.list_parts(Bucket=s3_bucket, Key="iiif/access/demo/IE1/big.tif", UploadId=upload_id)
+
+
+def test_an_outage_mid_upload_is_retried_and_the_upload_succeeds(minio, s3_bucket, aws_env, tmp_path):
+    path, sha = random_file(tmp_path / "big.tif", 32 * MiB)
+    store = S3Store(s3_settings(minio, s3_bucket, max_bandwidth=16 * MiB, max_concurrency=2,
+                                retry={"mode": "standard", "max_attempts": 12, "connect_timeout": 2,
+                                       "read_timeout": 10}))
+    failures = []
+    store.client.meta.events.register(
+        "needs-retry.s3", lambda caught_exception=None, **kw: failures.append(caught_exception)
+        if caught_exception is not None else None)
+    outage_over = threading.Event()
+
+    def outage():
+        try:
+            wait_for_parts(minio.client(), s3_bucket, "iiif/access/demo/IE1/big.tif")
+        except AssertionError:  # the upload was over before it could be interrupted: the test fails below
+            outage_over.set()
+            return
+        minio.stop()
+        try:
+            time.sleep(2)
+        finally:
+            minio.start()
+            outage_over.set()
+
+    threading.Thread(target=outage, daemon=True).start()
+    try:
+        stored = store.put("demo/IE1/big.tif", path, sha256=sha)
+    finally:
+        assert outage_over.wait(60), "MinIO was not restarted"
+    assert failures, "no request failed: the outage did not happen during the upload"
+    assert stored.sha256 == sha and store.head("demo/IE1/big.tif").sha256 == sha
+    assert minio.client().list_multipart_uploads(Bucket=s3_bucket).get("Uploads", []) == []
+
+
+# ---------------------------------------------------------------------------------------- configuration
+
+
+def test_credentials_cannot_be_configured_and_never_appear_in_errors(minio, s3_bucket, aws_env, monkeypatch,
+                                                                   tmp_path):
+    with pytest.raises(ConfigError, match="store.aws_secret_access_key"):
+        parse(S3StoreSettings, {"bucket": s3_bucket, "aws_secret_access_key": "x"}, "config.yaml", "store")
+    with pytest.raises(ConfigError, match="store.endpoint_url"):
+        parse(S3StoreSettings, {"bucket": s3_bucket, "endpoint_url": "http://user:pw@127.0.0.1:9000"},
+              "config.yaml", "store")
+
+    secret = "wrong-secret-that-must-not-leak"
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", secret)
+    path, sha = write(tmp_path / "a.tif", b"data")
+    store = S3Store(s3_settings(minio, s3_bucket))
+    with pytest.raises(StoreError) as err:
+        store.put("demo/IE1/FL1.tif", path, sha256=sha)
+    assert "403" in str(err.value) and secret not in str(err.value)
+
+
+@pytest.mark.parametrize("override, key", [
+    ({"bucket": "Bad_Bucket"}, "store.bucket"),
+    ({"prefix": "iiif/../x"}, "store.prefix"),
+    ({"multipart_chunksize": 1024}, "store.multipart_chunksize"),
+    ({"retry": {"mode": "forever"}}, "store.retry.mode"),
+    ({"addressing_style": "dns"}, "store.addressing_style"),
+])
+def test_bad_s3_settings_name_the_key(minio, override, key):
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        s3_settings(minio, **{"bucket": "bucket", **override})
+
+
+def test_settings_round_trip_through_json_for_worker_processes(minio):
+    settings = s3_settings(minio, "bucket", max_bandwidth=1000)
+    assert S3StoreSettings.model_validate(json.loads(settings.model_dump_json())) == settings
