@@ -1,6 +1,7 @@
 """Source connectors: the registry that turns a pipeline's `source:` configuration into a Source.
 
-    source = open_source("rosetta", {"base_url": ..., "password": "<from ${ROSETTA_PASSWORD}>", ...}, name="rosetta-main")
+    source = open_source("rosetta", {"base_url": ..., "password": "<value of ${ROSETTA_PASSWORD}>", ...},
+                         name="rosetta-main")
 
 Modules are imported on demand, so a pipeline reading the filesystem never imports boto3 or requests.
 Opening a source validates its settings and touches no network: the first request happens on use.

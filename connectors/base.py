@@ -66,8 +66,11 @@ class Source(Protocol):
 
     name: str
 
-    def changes(self, since: datetime | None) -> Iterator[SourceObject]:
-        """Objects modified at or after `since` (all objects when None), oldest first where the source allows."""
+    def changes(self, since: datetime | None, until: datetime | None = None) -> Iterator[SourceObject]:
+        """Objects modified at or after `since` (all objects when None), oldest first where the source allows.
+
+        `until` (optional) closes the window, so a run can record exactly what it covered as its checkpoint.
+        """
 
     def get(self, object_ids: Iterable[str]) -> Iterator[SourceObject]:
         """Objects named explicitly (migrations, --object)."""

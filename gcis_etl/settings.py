@@ -14,6 +14,7 @@ from gcis_etl.errors import ConfigError
 M = TypeVar("M", bound=BaseModel)
 
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+_SECRET_KEY = re.compile(r"password|secret|token|credential|api_?key", re.IGNORECASE)
 
 
 class Settings(BaseModel):
@@ -59,6 +60,7 @@ def parse(model: type[M], data: Any, source: str, prefix: str = "") -> M:
         for err in exc.errors():
             key = ".".join(str(p) for p in (prefix, *err["loc"]) if p != "")
             got = err.get("input")
-            shown = "" if err["type"] == "missing" or isinstance(got, dict) else f" (got {got!r})"
+            secret = any(_SECRET_KEY.search(str(p)) for p in err["loc"])
+            shown = "" if err["type"] == "missing" or isinstance(got, dict) or secret else f" (got {got!r})"
             lines.append(f"{source}: {key or '<top>'}: {err['msg']}{shown}")
         raise ConfigError("\n".join(lines)) from None

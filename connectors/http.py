@@ -1,0 +1,198 @@
+"""The one resilient HTTP session every HTTP connector uses.
+
+Why our own loop rather than urllib3's Retry: the budget must span a request *and* the streaming of
+its body (a truncated download is retried by fetching.py within the same limits), 401 must be able
+to trigger a transparent re-login instead of a retry, some 500s are application answers (SOAP
+faults) that must not be retried, and every message must be scrubbed of credentials. urllib3's Retry
+does each of these partially or not at all.
+
+Retried: connection errors, connect/read timeouts, bodies ending early, and the policy's
+retry_statuses (429/5xx by default) honouring Retry-After. Not retried: 401 (AuthenticationFailed,
+after at most one re-login when the connector installed `on_unauthorized`), 403 (PermissionDenied),
+other 4xx (SourceRequestFailed with .status).
+"""
+from __future__ import annotations
+
+import email.utils
+import logging
+import os
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from typing import Callable, Iterator
+
+import requests
+from pydantic import Field
+from urllib3.exceptions import ReadTimeoutError
+
+from connectors.errors import (AuthenticationFailed, PermissionDenied, SourceRequestFailed,
+                               TransferInterrupted)
+from connectors.fetching import CHUNK_SIZE, Body
+from connectors.redaction import scrub, scrub_url
+from connectors.retry import RetryBudget, RetryPolicy
+from gcis_etl.settings import Settings
+
+log = logging.getLogger(__name__)
+
+_TRANSIENT = (requests.exceptions.ConnectionError, requests.exceptions.Timeout,
+              requests.exceptions.ChunkedEncodingError, requests.exceptions.ContentDecodingError)
+
+
+class HttpSourceSettings(Settings):
+    """What every HTTP connector's settings share."""
+
+    base_url: str = Field(pattern=r"^https?://[^/?#]+", description="scheme and host[:port], optional path prefix")
+    retry: RetryPolicy = RetryPolicy()
+    verify_tls: bool | str = Field(True, description="false, true, or the path of a CA bundle")
+    user_agent: str = "gcis-etl"
+
+
+class HttpSession:
+    """requests with bounded retries, timeouts, optional re-login on 401 and redacted errors."""
+
+    def __init__(self, settings: HttpSourceSettings):
+        self.settings = settings
+        self.policy = settings.retry
+        self.headers: dict[str, str] = {"User-Agent": settings.user_agent}
+        self.auth: requests.auth.AuthBase | None = None
+        self.on_unauthorized: Callable[[requests.Response], None] | None = None
+        self.relogin_statuses: frozenset[int] = frozenset({401})
+        self._session: requests.Session | None = None
+        self._pid = 0
+
+    def url(self, path: str) -> str:
+        return self.settings.base_url.rstrip("/") + "/" + path.lstrip("/")
+
+    @property
+    def session(self) -> requests.Session:
+        """One requests.Session per process: pooled sockets must not be shared across a fork."""
+        if self._session is None or self._pid != os.getpid():
+            self._session = requests.Session()
+            self._session.verify = self.settings.verify_tls
+            self._pid = os.getpid()
+        return self._session
+
+    def describe(self, method: str, url: str, params: dict | None = None) -> str:
+        prepared = requests.PreparedRequest()
+        prepared.prepare_url(url, params)
+        return f"{method} {scrub_url(prepared.url)}"
+
+    def request(self, method: str, url: str, *, params: dict | None = None, budget: RetryBudget | None = None,
+                accept_error: Callable[[requests.Response], bool] | None = None, relogin: bool = True,
+                stream: bool = False, headers: dict[str, str] | None = None, **kwargs) -> requests.Response:
+        """Send a request, retrying transient failures within `budget` (a fresh one per call by default).
+
+        `accept_error(response)` lets the caller take an error response as its answer (a SOAP fault).
+        """
+        counted = budget is not None  # a caller's budget has already counted this first attempt
+        budget = budget or RetryBudget(self.policy)
+        what = self.describe(method, url, params)
+        timeout = (self.policy.connect_timeout_seconds, self.policy.read_timeout_seconds)
+        relogged = False
+        while True:
+            if not counted:
+                budget.start_attempt()
+            counted = False
+            try:
+                response = self.session.request(
+                    method, url, params=params, headers={**self.headers, **(headers or {})}, auth=self.auth,
+                    timeout=timeout, stream=stream, **kwargs)
+            except requests.exceptions.SSLError as exc:
+                raise SourceRequestFailed(f"{what}: TLS failure ({_root_cause(exc)})") from None
+            except _TRANSIENT as exc:
+                budget.after_failure(f"{what}: {self._explain(exc)}")
+                continue
+            except requests.exceptions.RequestException as exc:
+                raise SourceRequestFailed(f"{what}: {type(exc).__name__}") from None
+            status = response.status_code
+            if status < 400 or (accept_error and accept_error(response)):
+                return response
+            reason = f"{what}: HTTP {status} {response.reason or ''}".rstrip()
+            if status in self.relogin_statuses and relogin and self.on_unauthorized and not relogged:
+                response.close()
+                self.on_unauthorized(response)
+                relogged = counted = True
+                continue
+            if status in self.policy.retry_statuses:
+                retry_after = _retry_after(response.headers.get("Retry-After"))
+                response.close()
+                budget.after_failure(reason, retry_after)
+                continue
+            hint = self._hint(response)
+            response.close()
+            if status == 401:
+                raise AuthenticationFailed(f"{reason}: the source refused the configured credentials{hint}")
+            if status == 403:
+                raise PermissionDenied(f"{reason}: the configured user is not allowed to do this{hint}")
+            raise SourceRequestFailed(f"{reason}{hint}", status)
+
+    @contextmanager
+    def download(self, url: str, budget: RetryBudget, params: dict | None = None) -> Iterator[Body]:
+        """Open a streamed GET for fetching.fetch_verified; errors while reading become TransferInterrupted."""
+        what = self.describe("GET", url, params)
+        response = self.request("GET", url, params=params, budget=budget, stream=True,
+                                headers={"Accept-Encoding": "identity"})
+        try:
+            length = response.headers.get("Content-Length", "")
+            yield Body(self._chunks(response, what), int(length) if length.isdigit() else None)
+        finally:
+            response.close()
+
+    def _chunks(self, response: requests.Response, what: str) -> Iterator[bytes]:
+        try:
+            yield from response.iter_content(CHUNK_SIZE)
+        except _TRANSIENT as exc:
+            raise TransferInterrupted(f"{what}: {self._explain(exc)}") from None
+
+    def _explain(self, exc: Exception) -> str:
+        if isinstance(exc, requests.exceptions.ConnectTimeout):
+            return f"connect timed out after {self.policy.connect_timeout_seconds:g}s"
+        if any(isinstance(e, (requests.exceptions.ReadTimeout, ReadTimeoutError, TimeoutError)) for e in _chain(exc)):
+            return f"read timed out after {self.policy.read_timeout_seconds:g}s"
+        if isinstance(exc, requests.exceptions.ChunkedEncodingError):
+            return f"response body ended early ({_root_cause(exc)})"
+        return f"connection failed ({_root_cause(exc)})"
+
+    @staticmethod
+    def _hint(response: requests.Response) -> str:
+        """A short, scrubbed excerpt of an error body: the source's own words help the operator."""
+        try:
+            head = next(response.iter_content(4096), b"")
+        except _TRANSIENT:
+            return ""
+        text = " ".join(head.decode(response.encoding or "utf-8", "replace").split())[:200]
+        return f": {scrub(text)}" if text else ""
+
+
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    """An exception and those it wraps (requests and urllib3 nest them in args, .reason and __cause__)."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield current
+        reason = getattr(current, "reason", None)
+        wrapped = current.args[0] if current.args and isinstance(current.args[0], BaseException) else None
+        current = (reason if isinstance(reason, BaseException) else None) or wrapped \
+            or current.__cause__ or current.__context__
+
+
+def _root_cause(exc: BaseException) -> str:
+    """The innermost exception's class name: informative, and free of URLs and credentials."""
+    return type(list(_chain(exc))[-1]).__name__
+
+
+def _retry_after(value: str | None) -> float | None:
+    """Retry-After as seconds: delta-seconds or an HTTP-date (RFC 9110 §10.2.3)."""
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=timezone.utc)
+    return max(0.0, (when - datetime.now(timezone.utc)).total_seconds())
+

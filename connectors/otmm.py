@@ -1,0 +1,403 @@
+"""OpenText Media Management: assets (or groups of assets sharing a field value) as objects, masters by REST.
+
+Follows reference/dam-apis.md §2. Session login (`POST /sessions`, then `otmmauthtoken` + `X-Requested-By`,
+and the JSESSIONID cookie) or an OAuth password grant; on 401 the connector logs in again once and
+repeats the request. Discovery is `search/text` paged with after/limit until total_hit_count, a
+folder walk, or an explicit id list. Everything the reference could not confirm is configuration:
+the last-modified search field and operator (without them, changes are found by comparing each
+asset's date_last_updated), which content is the master (`/contents`, the master rendition, or a
+named rendition such as the "Access Files" preview), and what content_checksum means.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Literal
+
+import requests
+from pydantic import Field, model_validator
+
+from connectors.base import FetchedFile, LangValue, SourceItem, SourceObject
+from connectors.errors import ObjectNotFound, SourceDataError, SourceRequestFailed
+from connectors.fetching import fetch_verified, fixity
+from connectors.grouping import natural_key
+from connectors.http import HttpSession, HttpSourceSettings
+from connectors.idlist import IdListSettings
+from connectors.redaction import Secret, register
+from connectors.timestamps import as_utc, parse_timestamp, within
+from gcis_etl.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+class SearchSettings(Settings):
+    """`search/text`. The last-modified field/operator ids are site configuration the reference could not confirm."""
+
+    method: Literal["POST", "GET"] = "POST"
+    keyword_query: str = "*"
+    modified_field_id: str | None = None
+    modified_operator_id: str | None = None
+    modified_value_format: str = "%Y-%m-%dT%H:%M:%SZ"
+    conditions: tuple[dict[str, Any], ...] = Field((), description="extra SearchScalarConditions, ANDed")
+    folder_filter: str | None = None
+    search_config_id: str | None = None
+    sort: str | None = None
+    page_size: int = Field(100, ge=1, le=10000)
+    load_type: str = "system"
+    level_of_detail: str = "slim"
+
+    @model_validator(mode="after")
+    def _pair(self) -> "SearchSettings":
+        if (self.modified_field_id is None) != (self.modified_operator_id is None):
+            raise ValueError("modified_field_id and modified_operator_id go together")
+        return self
+
+
+class FolderWalkSettings(Settings):
+    folder_id: str
+    recursive: bool = True
+    page_size: int = Field(100, ge=1)
+
+
+class GroupSettings(Settings):
+    """Assets sharing `field_id`'s value form one object, ordered by `sequence_field_id` (natural order)."""
+
+    field_id: str
+    sequence_field_id: str | None = None
+    operator_id: str = "ARTESIA.OPERATOR.CHAR.CONTAINS"
+
+
+class OtmmSettings(HttpSourceSettings):
+    api_path: str = "/otmmapi/v6"
+    auth: Literal["session", "oauth"] = "session"
+    username: str
+    password: Secret
+    client_id: str | None = None
+    client_secret: Secret | None = None
+    bearer_otmm_token: bool = Field(False, description="also send Authorization: Bearer otmmToken <digest>")
+    relogin_statuses: frozenset[int] = frozenset({401})
+    extra_headers: dict[str, str] = Field(default_factory=dict, description="e.g. X-OTMM-Locale: en_US")
+    discovery: Literal["search", "folder", "ids"] = "search"
+    search: SearchSettings = SearchSettings()
+    folder: FolderWalkSettings | None = None
+    id_list: IdListSettings = IdListSettings()
+    group: GroupSettings | None = Field(None, description="None: each asset is an object")
+    content: Literal["contents", "master", "rendition"] = "contents"
+    rendition: str = Field("preview", description="rendition_content.<rendition>_content when content=rendition")
+    contents_params: dict[str, str] = Field(default_factory=dict, description="e.g. disposition: attachment")
+    content_checksum: Literal["none", "md5"] = Field("none", description="what content_checksum is (undocumented)")
+    metadata_map: dict[str, str] = Field(default_factory=dict,
+                                         description="field id (or asset.<property>) -> manifest metadata key")
+    include_unmapped: bool = True
+    metadata_language: str | None = None
+    source_url_template: str | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "OtmmSettings":
+        if self.auth == "oauth" and not (self.client_id and self.client_secret):
+            raise ValueError("auth: oauth needs client_id and client_secret")
+        if self.discovery == "folder" and self.folder is None:
+            raise ValueError("discovery: folder needs a `folder:` section with folder_id")
+        if self.discovery == "ids" and not (self.id_list.file or self.id_list.ids):
+            raise ValueError("discovery: ids needs id_list.file or id_list.ids")
+        if not self.relogin_statuses <= {401, 403}:
+            raise ValueError("relogin_statuses may hold 401 and/or 403 only")
+        return self
+
+
+class OtmmSource:
+    def __init__(self, settings: OtmmSettings, name: str = "otmm"):
+        self.name = name
+        self.settings = settings
+        self.http = HttpSession(settings)
+        self.http.headers.update({"Accept": "application/json", **settings.extra_headers})
+        register(settings.password.get_secret_value(),
+                               settings.client_secret.get_secret_value() if settings.client_secret else None)
+        self.http.on_unauthorized = self._relogin
+        self.http.relogin_statuses = settings.relogin_statuses
+        self._token: str | None = None
+        self._login_lock = threading.Lock()
+        self._api = settings.base_url.rstrip("/") + "/" + settings.api_path.strip("/")
+
+    # --- the Source protocol ----------------------------------------------------------------------------
+
+    def changes(self, since: datetime | None = None, until: datetime | None = None) -> Iterator[SourceObject]:
+        since = as_utc(since) if since else None
+        until = as_utc(until) if until else None
+        groups_done: set[str] = set()
+        for summary in self._discover(since):
+            if summary.get("deleted"):
+                log.info("%s: asset %s is deleted; nothing to harvest", self.name, summary.get("asset_id"))
+                continue
+            if not within(_updated(summary), since, until):
+                continue
+            asset = self._asset(summary["asset_id"])
+            if not within(_updated(asset), since, until):
+                continue
+            if self.settings.group is None:
+                yield self._object(summary["asset_id"], [asset])
+                continue
+            key = self._group_value(asset) or asset["asset_id"]
+            if key not in groups_done:
+                groups_done.add(key)
+                yield self._group(key, asset)
+
+    def get(self, object_ids: Iterable[str]) -> Iterator[SourceObject]:
+        for object_id in object_ids:
+            if self.settings.group is None:
+                yield self._object(object_id, [self._asset(object_id)])
+                continue
+            members = self._group_members(object_id)
+            if not members:
+                raise ObjectNotFound(f"{self.name}: no asset has {self.settings.group.field_id} = {object_id!r}")
+            yield self._object(object_id, members)
+
+    def fetch(self, item: SourceItem, dest_dir: Path) -> FetchedFile:
+        params = self.settings.contents_params if self.settings.content == "contents" else None
+
+        def open_body(budget):
+            self._ensure_login()
+            return self.http.download(item.locator, budget, params=params)
+
+        return fetch_verified(item, Path(dest_dir), open_body, self.settings.retry)
+
+    # --- session ----------------------------------------------------------------------------------------
+
+    def _ensure_login(self) -> None:
+        if self._token is None:
+            with self._login_lock:
+                if self._token is None:
+                    self._login()
+
+    def _relogin(self, response: requests.Response) -> None:
+        """Called on 401: log in again unless another thread already did since this request was sent."""
+        if self._token is None or self._token in (response.request.headers.get("otmmauthtoken"),
+                                                  response.request.headers.get("Authorization", "").rpartition(" ")[2]):
+            with self._login_lock:
+                self._login()
+
+    def _login(self) -> None:
+        s = self.settings
+        credentials = {"username": s.username, "password": s.password.get_secret_value()}
+        if s.auth == "oauth":
+            data = self._json(self.http.request("POST", f"{self._api}/sessions/oauth2/token", relogin=False, data={
+                **credentials, "grant_type": "password", "client_id": s.client_id,
+                "client_secret": s.client_secret.get_secret_value()}), "OAuth token")
+            token = _path(data, "token_info", "oauth_token", "accessToken")
+            register(token)
+            self.http.headers["Authorization"] = f"Bearer {token}"
+        else:
+            session = _path(self._json(self.http.request("POST", f"{self._api}/sessions", relogin=False,
+                                                         data=credentials), "session"), "session_resource", "session")
+            token = str(_path(session, "message_digest"))
+            register(token)
+            self.http.headers.update({"X-Requested-By": str(_path(session, "id")), "otmmauthtoken": token})
+            if s.bearer_otmm_token:
+                self.http.headers["Authorization"] = f"Bearer otmmToken {token}"
+        self._token = token
+        log.info("%s: logged in to OTMM as %s (%s)", self.name, s.username, s.auth)
+
+    def _get(self, path: str, params: dict | None = None, what: str = "") -> Any:
+        self._ensure_login()
+        return self._json(self.http.request("GET", f"{self._api}/{path}", params=params), what or path)
+
+    def _json(self, response: requests.Response, what: str) -> Any:
+        try:
+            return response.json()
+        except ValueError:
+            raise SourceDataError(f"{self.name}: {what}: the response is not JSON") from None
+
+    # --- discovery --------------------------------------------------------------------------------------
+
+    def _discover(self, since: datetime | None) -> Iterator[dict]:
+        if self.settings.discovery == "search":
+            return self._search(self._conditions(since))
+        if self.settings.discovery == "folder":
+            return self._walk(self.settings.folder.folder_id)
+        return ({"asset_id": asset_id} for asset_id in self.settings.id_list.read())
+
+    def _conditions(self, since: datetime | None) -> list[dict]:
+        s = self.settings.search
+        conditions = [dict(c) for c in s.conditions]
+        if since and s.modified_field_id:
+            conditions.append({"type": "com.artesia.search.SearchScalarCondition",
+                               "metadata_field_id": s.modified_field_id,
+                               "relational_operator_id": s.modified_operator_id,
+                               "value": since.strftime(s.modified_value_format)})
+        for condition in conditions[1:]:
+            condition.setdefault("relational_operator", "and")
+        return conditions
+
+    def _search(self, conditions: list[dict]) -> Iterator[dict]:
+        s = self.settings.search
+        base = {"keyword_query": s.keyword_query, "load_type": s.load_type, "level_of_detail": s.level_of_detail,
+                "limit": str(s.page_size)}
+        for name, value in (("folder_filter", s.folder_filter), ("search_config_id", s.search_config_id),
+                            ("sort", s.sort)):
+            if value:
+                base[name] = value
+        if conditions:
+            base["search_condition_list"] = json.dumps({"search_condition_list": {"search_condition": conditions}})
+        after = 0
+        while True:
+            self._ensure_login()
+            params = {**base, "after": str(after)}
+            response = (self.http.request("POST", f"{self._api}/search/text", data=params) if s.method == "POST"
+                        else self.http.request("GET", f"{self._api}/search/text", params=params))
+            resource = _path(self._json(response, "search"), "search_result_resource")
+            result = _path(resource, "search_result")
+            assets = resource.get("asset_list") or [{"asset_id": i} for i in result.get("asset_id_list", [])]
+            yield from assets
+            hits = int(result.get("hit_count", len(assets)))
+            after += hits
+            if hits == 0 or after >= int(result.get("total_hit_count", 0)):
+                return
+
+    def _walk(self, folder_id: str) -> Iterator[dict]:
+        folder = self.settings.folder
+        after = 0
+        while True:
+            page = _path(self._get(f"folders/{folder_id}/children", {
+                "after": str(after), "limit": str(folder.page_size), "load_type": "system",
+                "level_of_detail": "slim"}), "folder_children").get("asset_list", [])
+            for child in page:
+                if child.get("data_type") == "CONTAINER":
+                    if folder.recursive:
+                        yield from self._walk(child["asset_id"])
+                else:
+                    yield child
+            if len(page) < folder.page_size:
+                return
+            after += len(page)
+
+    # --- objects ----------------------------------------------------------------------------------------
+
+    def _asset(self, asset_id: str) -> dict:
+        try:
+            asset = _path(self._get(f"assets/{asset_id}", {"load_type": "full", "level_of_detail": "full"},
+                                    f"asset {asset_id}"), "asset_resource", "asset")
+        except SourceRequestFailed as exc:
+            if exc.status == 404:
+                raise ObjectNotFound(f"{self.name}: no asset {asset_id} "
+                                     f"(or not visible to {self.settings.username})") from None
+            raise
+        if asset.get("deleted"):
+            raise ObjectNotFound(f"{self.name}: asset {asset_id} is deleted")
+        return asset
+
+    def _group_value(self, asset: dict) -> str | None:
+        values = _flatten(asset).get(self.settings.group.field_id, [])
+        return values[0] if values else None
+
+    def _group(self, key: str, asset: dict) -> SourceObject:
+        members = self._group_members(key) if self._group_value(asset) else [asset]
+        return self._object(key, members or [asset])
+
+    def _group_members(self, value: str) -> list[dict]:
+        group = self.settings.group
+        condition = {"type": "com.artesia.search.SearchScalarCondition", "metadata_field_id": group.field_id,
+                     "relational_operator_id": group.operator_id, "value": value}
+        members = [self._asset(s["asset_id"]) for s in self._search([condition])]
+        return [m for m in members if self._group_value(m) == value]
+
+    def _object(self, object_id: str, assets: list[dict]) -> SourceObject:
+        sequence_field = self.settings.group.sequence_field_id if self.settings.group else None
+
+        def order(asset: dict) -> tuple:
+            sequence = (_flatten(asset).get(sequence_field) or [""])[0] if sequence_field else ""
+            return natural_key(sequence), natural_key(asset.get("name", ""))
+
+        assets = sorted(assets, key=order)
+        items = tuple(self._item(asset, n) for n, asset in enumerate(assets, 1))
+        metadata: dict[str, list[LangValue]] = {}
+        for asset in assets:
+            for key, values in self._metadata(asset).items():
+                known = metadata.setdefault(key, [])
+                known += [v for v in values if v not in known]
+        modified = max([m for m in (_updated(a) for a in assets) if m] or [datetime.now(timezone.utc)])
+        template = self.settings.source_url_template
+        return SourceObject(id=object_id, modified=modified, items=items,
+                            metadata={k: tuple(v) for k, v in metadata.items()},
+                            source_url=template.format(id=object_id, base_url=self.settings.base_url.rstrip("/"))
+                            if template else None)
+
+    def _item(self, asset: dict, sequence: int) -> SourceItem:
+        s = self.settings
+        asset_id = asset["asset_id"]
+        if s.content == "rendition":
+            info = (asset.get("rendition_content") or {}).get(f"{s.rendition}_content")
+            if not info or not info.get("url"):
+                raise SourceDataError(f"{self.name}: asset {asset_id} has no {s.rendition} rendition")
+        else:
+            info = asset.get("master_content_info") or _path(asset, "asset_content_info", "master_content")
+        if s.content == "contents":
+            locator = f"{self._api}/assets/{asset_id}/contents"
+        else:
+            if not info.get("url"):
+                raise SourceDataError(f"{self.name}: asset {asset_id}: the {s.content} content has no url")
+            locator = s.base_url.rstrip("/") + "/" + info["url"].lstrip("/")
+        size = info.get("content_size")
+        checksum = info.get("content_checksum")
+        return SourceItem(
+            id=asset_id, sequence=sequence, original_name=info.get("name") or asset.get("name") or asset_id,
+            size=int(size) if isinstance(size, int) or str(size).isdigit() else None, modified=_updated(asset),
+            fixity=fixity(s.content_checksum, checksum) if s.content_checksum != "none" and checksum else None,
+            label=None, locator=locator, mime_type=info.get("mime_type") or asset.get("mime_type"))
+
+    def _metadata(self, asset: dict) -> dict[str, list[LangValue]]:
+        s = self.settings
+        fields = _flatten(asset)
+        fields.update({f"asset.{k}": [str(v)] for k, v in asset.items() if isinstance(v, (str, int, float))})
+        metadata: dict[str, list[LangValue]] = {}
+        for field_id, values in fields.items():
+            key = s.metadata_map.get(field_id)
+            if key is None and not (s.include_unmapped and not field_id.startswith("asset.")):
+                continue
+            for value in values:
+                metadata.setdefault(key or field_id, []).append(LangValue(value, s.metadata_language))
+        return metadata
+
+
+def _flatten(asset: dict) -> dict[str, list[str]]:
+    """metadata_element_list, nested categories and tables, as {field id: [values]} (display values first)."""
+    fields: dict[str, list[str]] = {}
+
+    def walk(elements: list, table: str | None) -> None:
+        for element in elements or []:
+            if not isinstance(element, dict):
+                continue
+            values = [_scalar(element.get("value"))] + [_scalar(v) for v in element.get("values") or []]
+            values = [v for v in values if v]
+            for field_id in filter(None, (element.get("id"), table)):
+                if values:
+                    fields.setdefault(field_id, []).extend(values)
+            is_table = str(element.get("type", "")).endswith("TableField")
+            walk(element.get("metadata_element_list"), element.get("id") if is_table else table)
+
+    walk(((asset.get("metadata") or {}).get("metadata_element_list")), None)
+    return fields
+
+
+def _scalar(wrapper: Any) -> str | None:
+    """A metadata value: {"value": {"value": x}} or {"value": {"display_value": x, "field_value": {...}}}."""
+    value = wrapper.get("value") if isinstance(wrapper, dict) else None
+    if isinstance(value, dict):
+        found = value.get("display_value") or value.get("value") or (value.get("field_value") or {}).get("value")
+        return None if found is None or isinstance(found, (dict, list)) else str(found).strip() or None
+    return None
+
+
+def _updated(asset: dict) -> datetime | None:
+    return parse_timestamp(asset.get("date_last_updated")) or parse_timestamp(asset.get("date_imported"))
+
+
+def _path(data: Any, *keys: str) -> Any:
+    """data[k1][k2]...; a missing key is a SourceDataError naming the path (the JSON shape changed)."""
+    for depth, key in enumerate(keys):
+        if not isinstance(data, dict) or key not in data:
+            raise SourceDataError(f"OTMM response lacks {'.'.join(keys[:depth + 1])}")
+        data = data[key]
+    return data

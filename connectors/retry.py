@@ -1,0 +1,74 @@
+"""How long and how often a source operation is retried: one policy for HTTP requests, downloads and S3.
+
+A budget counts attempts and elapsed time across everything done for one logical operation, so a
+download whose request is itself retried still stops within `max_total_seconds`.
+"""
+from __future__ import annotations
+
+import logging
+import random
+import time
+
+from pydantic import Field, model_validator
+
+from connectors.errors import SourceUnavailable
+from gcis_etl.errors import SourceError
+from gcis_etl.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+class RetryPolicy(Settings):
+    """Exponential backoff with jitter, bounded in attempts and in total time; timeouts for each request."""
+
+    max_attempts: int = Field(5, ge=1, le=100)
+    backoff_base_seconds: float = Field(1.0, ge=0)
+    backoff_max_seconds: float = Field(60.0, ge=0)
+    jitter: float = Field(0.5, ge=0, le=1, description="fraction of each delay drawn at random (1 = full jitter)")
+    max_total_seconds: float = Field(600.0, gt=0, description="no retry starts once waiting would exceed this")
+    connect_timeout_seconds: float = Field(10.0, gt=0)
+    read_timeout_seconds: float = Field(120.0, gt=0, description="longest silence allowed while reading")
+    retry_statuses: frozenset[int] = frozenset({429, 500, 502, 503, 504})
+
+    @model_validator(mode="after")
+    def _statuses_are_errors(self) -> "RetryPolicy":
+        bad = sorted(s for s in self.retry_statuses if not 400 <= s <= 599 or s in (401, 403))
+        if bad:
+            raise ValueError(f"retry_statuses may only hold 4xx/5xx codes other than 401/403, got {bad}")
+        return self
+
+    def backoff(self, retry_number: int) -> float:
+        """Delay before retry `retry_number` (1-based): base * 2^(n-1), capped, its `jitter` fraction random."""
+        full = min(self.backoff_max_seconds, self.backoff_base_seconds * 2 ** (retry_number - 1))
+        return full * (1 - self.jitter) + random.uniform(0, full * self.jitter)
+
+
+class RetryBudget:
+    """Attempts and time used so far by one operation; `after_failure` waits or gives up."""
+
+    def __init__(self, policy: RetryPolicy):
+        self.policy = policy
+        self.attempts = 0
+        self.started = time.monotonic()
+
+    def start_attempt(self) -> None:
+        self.attempts += 1
+
+    def after_failure(self, reason: str, retry_after: float | None = None,
+                      give_up: type[SourceError] = SourceUnavailable) -> None:
+        """Sleep before the next attempt, or raise `give_up` when attempts or total time are used up.
+
+        `reason` must already be free of credentials: it goes to the log and into the exception.
+        """
+        policy = self.policy
+        elapsed = time.monotonic() - self.started
+        if self.attempts >= policy.max_attempts:
+            raise give_up(f"{reason}; gave up after {self.attempts} attempt(s) in {elapsed:.1f}s")
+        delay = policy.backoff(self.attempts)
+        if retry_after is not None:
+            delay = max(delay, retry_after)
+        if elapsed + delay > policy.max_total_seconds:
+            raise give_up(f"{reason}; gave up after {self.attempts} attempt(s): waiting {delay:.1f}s more "
+                          f"would exceed max_total_seconds={policy.max_total_seconds:g}")
+        log.warning("%s; retrying in %.2fs (attempt %d of %d)", reason, delay, self.attempts + 1, policy.max_attempts)
+        time.sleep(delay)

@@ -1,0 +1,456 @@
+"""Ex Libris Rosetta: IEs discovered by OAI-PMH, SRU or a PID list; described by getIE's METS; fetched by delivery.
+
+Follows reference/dam-apis.md §1. What the reference marks as inferred or unverified is configuration:
+the preservation type selected (MODIFIED_MASTER), the SRU date index, the SOAPAction, the auth scheme
+word, the server's timezone for DNX dates. Credentials travel as Basic auth with the documented
+`{user}-institutionCode-{INST}:{password}` login on every request (SOAP, delivery, SRU, OAI).
+"""
+from __future__ import annotations
+
+import base64
+import logging
+import re
+import xml.etree.ElementTree as ET
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Iterable, Iterator, Literal
+from xml.sax.saxutils import escape
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+import requests
+from pydantic import Field, field_validator, model_validator
+
+from connectors.base import FetchedFile, Fixity, LangValue, SourceItem, SourceObject
+from connectors.errors import (ObjectNotFound, PermissionDenied, SourceDataError, SourceRequestFailed)
+from connectors.fetching import fetch_verified, fixity
+from connectors.http import HttpSession, HttpSourceSettings
+from connectors.idlist import IdListSettings
+from connectors.redaction import Secret, register, scrub
+from connectors.timestamps import as_utc, parse_timestamp, within
+from gcis_etl.errors import SourceError
+from gcis_etl.settings import Settings
+
+log = logging.getLogger(__name__)
+
+NS = {
+    "mets": "http://www.loc.gov/METS/",
+    "xlink": "http://www.w3.org/1999/xlink",
+    "xsi": "http://www.w3.org/2001/XMLSchema-instance",
+    "soap": "http://schemas.xmlsoap.org/soap/envelope/",
+    "oai": "http://www.openarchives.org/OAI/2.0/",
+    "srw": "http://www.loc.gov/zing/srw/",
+    "diag": "http://www.loc.gov/zing/srw/diagnostic/",
+    "dc": "http://purl.org/dc/elements/1.1/",
+}
+_PREFIXES = {"http://purl.org/dc/elements/1.1/": "dc", "http://purl.org/dc/terms/": "dcterms"}
+_XML_LANG = "{http://www.w3.org/XML/1998/namespace}lang"
+
+
+class OaiSettings(Settings):
+    """OAI-PMH (`/oaiprovider/request`): the documented "changed since" feed; IEs must be published to `set`."""
+
+    path: str = "/oaiprovider/request"
+    set: str | None = None
+    verb: Literal["ListIdentifiers", "ListRecords"] = "ListIdentifiers"
+    metadata_prefix: str = "oai_dc"
+    granularity: Literal["seconds", "days"] = "seconds"
+    identifier_pattern: str = Field(r"(IE\d+)$", description="regex; group 1 is the IE PID in the OAI identifier")
+
+
+class SruSettings(Settings):
+    """SRU searchRetrieve on a date index. The index name is not documented: read the site's explain document."""
+
+    path: str = "/search/permanent/ie/sru"
+    modified_index: str = Field(description="e.g. IE.objectCharacteristics.modificationDate (check ?service=explain)")
+    modified_format: str = "%Y-%m-%d %H:%M:%S"
+    query: str = Field("IE.generalIECharacteristics.status=ACTIVE", description="CQL selecting the IEs to harvest")
+    sort_by: str | None = None
+    page_size: int = Field(100, ge=1, le=10000)
+    max_records: int = Field(10000, ge=1, description="Rosetta caps a result set at 10,000")
+    auth_local: bool = True
+    pid_type: str = "PID"
+
+
+class RosettaSettings(HttpSourceSettings):
+    username: str
+    institution_code: str | None = Field(None, description="None when the username already carries it")
+    password: Secret
+    auth_scheme: Literal["Basic", "local"] = "Basic"
+    delivery_base_url: str | None = Field(None, pattern=r"^https?://[^/?#]+",
+                                          description="delivery/OAI/SRU host; default base_url")
+    discovery: Literal["oai", "sru", "pids"] = "oai"
+    oai: OaiSettings = OaiSettings()
+    sru: SruSettings | None = None
+    pid_list: IdListSettings = IdListSettings()
+    ie_service_path: str = "/dpsws/repository/IEWebServices"
+    soap_action: str = ""
+    get_ie_flags: int = Field(0, ge=0)
+    preservation_types: tuple[str, ...] = Field(("MODIFIED_MASTER",), min_length=1,
+                                                description="first type present wins; the spelling is inferred")
+    struct_map_type: str = "PHYSICAL"
+    missing_representation: Literal["error", "skip"] = "error"
+    fixity_preference: tuple[str, ...] = ("sha256", "sha1", "md5")
+    timezone: str = Field("UTC", description="zone of DNX dates, which carry no offset")
+    delivery_path: str = "/delivery/DeliveryManagerServlet"
+    delivery_params: dict[str, str] = Field(default_factory=dict, description="extra delivery query parameters")
+    source_url_template: str | None = "{delivery_base_url}/delivery/DeliveryManagerServlet?dps_pid={id}"
+    not_found_fault: str = r"(?i)does not exist|not found|no such|NotInPermanent"
+    ie_pid_pattern: str = r"^IE\d+$"
+
+    @field_validator("timezone")
+    @classmethod
+    def _known_zone(cls, value: str) -> str:
+        try:
+            ZoneInfo(value)
+        except (ZoneInfoNotFoundError, ValueError):
+            raise ValueError(f"unknown time zone {value!r}") from None
+        return value
+
+    @field_validator("not_found_fault", "ie_pid_pattern")
+    @classmethod
+    def _regex(cls, value: str) -> str:
+        try:
+            re.compile(value)
+        except re.error as exc:
+            raise ValueError(f"not a regular expression: {exc}") from None
+        return value
+
+    @model_validator(mode="after")
+    def _discovery_configured(self) -> "RosettaSettings":
+        if self.discovery == "sru" and self.sru is None:
+            raise ValueError("discovery: sru needs an `sru:` section with at least modified_index")
+        if self.discovery == "pids" and not (self.pid_list.file or self.pid_list.ids):
+            raise ValueError("discovery: pids needs pid_list.file or pid_list.ids")
+        if self.discovery == "oai" and not self.oai.set:
+            raise ValueError("discovery: oai needs oai.set (the published set of IEs to harvest)")
+        return self
+
+
+class _SchemeAuth(requests.auth.AuthBase):
+    """Basic credentials under a configurable scheme word ("Basic", or "local" as some Rosetta clients send)."""
+
+    def __init__(self, header: str):
+        self._header = header
+
+    def __call__(self, request: requests.PreparedRequest) -> requests.PreparedRequest:
+        request.headers["Authorization"] = self._header
+        return request
+
+    def __repr__(self) -> str:
+        return "<_SchemeAuth ***>"
+
+
+class RosettaSource:
+    """A Rosetta institution as a source of IEs whose selected representation's files are the masters."""
+
+    def __init__(self, settings: RosettaSettings, name: str = "rosetta"):
+        self.name = name
+        self.settings = settings
+        self.http = HttpSession(settings)
+        login = (f"{settings.username}-institutionCode-{settings.institution_code}"
+                 if settings.institution_code else settings.username)
+        password = settings.password.get_secret_value()
+        token = base64.b64encode(f"{login}:{password}".encode()).decode()
+        self.http.auth = _SchemeAuth(f"{settings.auth_scheme} {token}")
+        register(password, token)
+        self._zone = ZoneInfo(settings.timezone)
+        self._delivery_base = (settings.delivery_base_url or settings.base_url).rstrip("/")
+
+    # --- the Source protocol ----------------------------------------------------------------------------
+
+    def changes(self, since: datetime | None = None, until: datetime | None = None) -> Iterator[SourceObject]:
+        since = as_utc(since) if since else None
+        until = as_utc(until) if until else None
+        for pid, stamp in self._discover(since, until):
+            obj = self._describe(pid, stamp, explicit=False)
+            if obj is None:
+                continue
+            if self.settings.discovery == "pids" and not within(obj.modified, since, until):
+                continue
+            yield obj
+
+    def get(self, object_ids: Iterable[str]) -> Iterator[SourceObject]:
+        for pid in object_ids:
+            yield self._describe(pid.strip(), None, explicit=True)
+
+    def fetch(self, item: SourceItem, dest_dir: Path) -> FetchedFile:
+        return fetch_verified(item, Path(dest_dir), lambda budget: self.http.download(item.locator, budget),
+                              self.settings.retry)
+
+    # --- discovery --------------------------------------------------------------------------------------
+
+    def _discover(self, since: datetime | None, until: datetime | None) -> Iterator[tuple[str, datetime | None]]:
+        if self.settings.discovery == "oai":
+            return self._oai(since, until)
+        if self.settings.discovery == "sru":
+            return self._sru(since, until)
+        return ((pid, None) for pid in self.settings.pid_list.read())
+
+    def _oai(self, since: datetime | None, until: datetime | None) -> Iterator[tuple[str, datetime | None]]:
+        oai = self.settings.oai
+        fmt = "%Y-%m-%dT%H:%M:%SZ" if oai.granularity == "seconds" else "%Y-%m-%d"
+        params = {"verb": oai.verb, "metadataPrefix": oai.metadata_prefix, "set": oai.set}
+        if since:
+            params["from"] = since.strftime(fmt)
+        if until:
+            params["until"] = until.strftime(fmt)
+        url = self._delivery_base + "/" + oai.path.lstrip("/")
+        pattern = re.compile(oai.identifier_pattern)
+        tokens: set[str] = set()
+        while True:
+            root = _xml(self.http.request("GET", url, params=params).content, "OAI-PMH response")
+            error = root.find("oai:error", NS)
+            if error is not None:
+                if error.get("code") == "noRecordsMatch":
+                    return
+                raise SourceRequestFailed(
+                    f"OAI-PMH {oai.verb}: error {error.get('code')}: {(error.text or '').strip()}")
+            container = root.find(f"oai:{oai.verb}", NS)
+            if container is None:
+                raise SourceDataError(f"OAI-PMH {oai.verb}: the response has no <{oai.verb}> element")
+            for header in container.iter(f"{{{NS['oai']}}}header"):
+                identifier = (header.findtext("oai:identifier", "", NS)).strip()
+                match = pattern.search(identifier)
+                if not match:
+                    raise SourceDataError(f"OAI-PMH identifier {identifier!r} does not match "
+                                          f"oai.identifier_pattern {oai.identifier_pattern!r}")
+                if header.get("status") == "deleted":
+                    log.info("%s: %s is deleted in the OAI-PMH feed; nothing to harvest", self.name, match.group(1))
+                    continue
+                yield match.group(1), parse_timestamp(header.findtext("oai:datestamp", None, NS))
+            token = (container.findtext("oai:resumptionToken", "", NS) or "").strip()
+            if not token:
+                return
+            if token in tokens:
+                raise SourceDataError(f"OAI-PMH {oai.verb}: the server repeated resumptionToken {token!r}")
+            tokens.add(token)
+            params = {"verb": oai.verb, "resumptionToken": token}
+
+    def _sru(self, since: datetime | None, until: datetime | None) -> Iterator[tuple[str, datetime | None]]:
+        sru = self.settings.sru
+        clauses = [f"({sru.query})"] if sru.query else []
+        if since:
+            clauses.append(f'{sru.modified_index}>="{since.astimezone(self._zone).strftime(sru.modified_format)}"')
+        if until:
+            clauses.append(f'{sru.modified_index}<="{until.astimezone(self._zone).strftime(sru.modified_format)}"')
+        query = " and ".join(clauses) + (f" sortBy {sru.sort_by}" if sru.sort_by else "")
+        url = self._delivery_base + "/" + sru.path.lstrip("/")
+        start = 1
+        while True:
+            params = {"version": "1.2", "operation": "searchRetrieve", "query": query, "startRecord": str(start),
+                      "maximumRecords": str(sru.page_size), "recordSchema": "dc"}
+            if sru.auth_local:
+                params["auth"] = "local"
+            root = _xml(self.http.request("GET", url, params=params).content, "SRU response")
+            diagnostic = root.find(".//diag:diagnostic", NS)
+            if diagnostic is not None:
+                message, uri, details = (diagnostic.findtext(f"diag:{name}", "", NS)
+                                         for name in ("message", "uri", "details"))
+                raise SourceRequestFailed(f"SRU query {query!r}: {message} ({uri}) {details}".strip())
+            total = _int(root.findtext("srw:numberOfRecords", None, NS), "SRU numberOfRecords")
+            if start == 1 and total > sru.max_records:
+                raise SourceRequestFailed(
+                    f"SRU query {query!r} matches {total} IEs, more than the {sru.max_records} Rosetta returns: "
+                    "narrow the query, harvest with OAI-PMH, or migrate with an explicit PID list")
+            records = root.findall("srw:records/srw:record", NS)
+            for record in records:
+                yield self._sru_pid(record), None
+            following = root.findtext("srw:nextRecordPosition", None, NS)
+            start = _int(following, "SRU nextRecordPosition") if following else start + len(records)
+            if not records or start > total:
+                return
+
+    def _sru_pid(self, record: ET.Element) -> str:
+        xsi_type = f"{{{NS['xsi']}}}type"
+        for identifier in record.iter(f"{{{NS['dc']}}}identifier"):
+            value = (identifier.text or "").strip()
+            if identifier.get(xsi_type) == self.settings.sru.pid_type and re.match(self.settings.ie_pid_pattern, value):
+                return value
+        raise SourceDataError(f"SRU record without a dc:identifier of xsi:type {self.settings.sru.pid_type!r} "
+                              "holding an IE PID")
+
+    # --- object detail ----------------------------------------------------------------------------------
+
+    def _describe(self, pid: str, stamp: datetime | None, explicit: bool) -> SourceObject | None:
+        if not re.match(self.settings.ie_pid_pattern, pid):
+            raise ObjectNotFound(f"{pid!r} is not an IE PID (ie_pid_pattern {self.settings.ie_pid_pattern!r})")
+        mets = _xml(self._get_ie(pid).encode("utf-8"), f"{pid}: getIE METS")
+        document = _IeDocument(pid, mets, self.settings, self._zone)
+        group = document.representation()
+        if group is None:
+            wanted, found = " or ".join(self.settings.preservation_types), ", ".join(document.types()) or "none"
+            message = f"{pid}: no representation of preservation type {wanted} (found: {found})"
+            if explicit or self.settings.missing_representation == "error":
+                raise ObjectNotFound(message)
+            log.warning("%s: %s; skipped", self.name, message)
+            return None
+        items = tuple(document.items(group, self._delivery_url))
+        modified = max([m for m in (document.modified(), *(i.modified for i in items)) if m] or
+                       [stamp or datetime.now(timezone.utc)])
+        url = self.settings.source_url_template
+        return SourceObject(id=pid, modified=modified, items=items, metadata=document.metadata(),
+                            source_url=url.format(id=pid, delivery_base_url=self._delivery_base) if url else None)
+
+    def _get_ie(self, pid: str) -> str:
+        envelope = (f'<soap:Envelope xmlns:soap="{NS["soap"]}" xmlns:dps="http://dps.exlibris.com/"><soap:Body>'
+                    f"<dps:getIE><pdsHandle></pdsHandle><iePid>{escape(pid)}</iePid>"
+                    f"<flags>{self.settings.get_ie_flags}</flags></dps:getIE></soap:Body></soap:Envelope>")
+        response = self.http.request(
+            "POST", self.http.url(self.settings.ie_service_path), data=envelope.encode("utf-8"),
+            headers={"Content-Type": "text/xml; charset=utf-8", "SOAPAction": f'"{self.settings.soap_action}"'},
+            accept_error=_is_soap_fault)
+        body = _xml(response.content, f"{pid}: getIE response").find("soap:Body", NS)
+        fault = body.find("soap:Fault", NS) if body is not None else None
+        if fault is not None:
+            raise self._fault_error(pid, fault)
+        answer = next((e for e in (body if body is not None else []) if e.tag.endswith("getIEResponse")), None)
+        if answer is None or len(answer) == 0 or not (answer[0].text or "").strip():
+            raise SourceDataError(f"{pid}: getIE response carries no METS")
+        return answer[0].text
+
+    def _fault_error(self, pid: str, fault: ET.Element) -> SourceError:
+        text = (fault.findtext("faultstring") or "").strip()
+        detail = fault.find("detail")
+        exception = detail[0].tag.rpartition("}")[2] if detail is not None and len(detail) else ""
+        message = scrub(f"getIE {pid}: SOAP fault {exception or 'unknown'}: {text}")
+        if exception == "UserAuthorizeException":
+            return PermissionDenied(f"{message} (IEWebServices needs the Data Manager or Editor role)")
+        if re.search(self.settings.not_found_fault, f"{exception} {text}"):
+            return ObjectNotFound(message)
+        return SourceRequestFailed(message, 500)
+
+    def _delivery_url(self, file_pid: str) -> str:
+        prepared = requests.PreparedRequest()
+        prepared.prepare_url(self._delivery_base + "/" + self.settings.delivery_path.lstrip("/"),
+                             {"dps_pid": file_pid, "dps_func": "stream", **self.settings.delivery_params})
+        return prepared.url
+
+
+class _IeDocument:
+    """An IE's AIP METS: representations by preservation type, files in structMap order, DNX, DC."""
+
+    def __init__(self, pid: str, mets: ET.Element, settings: RosettaSettings, zone: ZoneInfo):
+        self.pid = pid
+        self.mets = mets
+        self.settings = settings
+        self.zone = zone
+        self.amd = {a.get("ID"): a for a in mets.findall("mets:amdSec", NS)}
+
+    def _dnx(self, admid: str | None, fallback: str) -> dict[str, list[dict[str, str]]]:
+        """DNX sections of an amdSec: {section id: [record {key id: value}]}; namespace-agnostic."""
+        amd = next((self.amd[i] for i in (admid or "").split() if i in self.amd), None) or self.amd.get(fallback)
+        sections: dict[str, list[dict[str, str]]] = {}
+        for section in (e for e in (amd.iter() if amd is not None else ()) if _local(e.tag) == "section"):
+            records = sections.setdefault(section.get("id", ""), [])
+            for record in (r for r in section if _local(r.tag) == "record"):
+                records.append({k.get("id", ""): (k.text or "").strip() for k in record if _local(k.tag) == "key"})
+        return sections
+
+    def _groups(self) -> list[tuple[ET.Element, str]]:
+        return [(g, _first(self._dnx(g.get("ADMID"), f"{g.get('ID')}-amd"), "generalRepCharacteristics",
+                           "preservationType")) for g in self.mets.findall("mets:fileSec/mets:fileGrp", NS)]
+
+    def types(self) -> list[str]:
+        return [t or "?" for _, t in self._groups()]
+
+    def representation(self) -> ET.Element | None:
+        groups = self._groups()
+        for wanted in self.settings.preservation_types:
+            matching = [g for g, t in groups if t == wanted]
+            if len(matching) > 1:
+                log.warning("%s: %d %s representations; taking the first, %s", self.pid, len(matching), wanted,
+                            matching[0].get("ID"))
+            if matching:
+                return matching[0]
+        return None
+
+    def items(self, group: ET.Element, delivery_url) -> Iterator[SourceItem]:
+        files = {f.get("ID"): f for f in group.findall("mets:file", NS)}
+        ordered = self._physical_order(group.get("ID", ""), files)
+        ordered += [(fid, None) for fid in files if fid not in {f for f, _ in ordered}]
+        for sequence, (file_id, div_label) in enumerate(ordered, 1):
+            element = files[file_id]
+            dnx = self._dnx(element.get("ADMID"), f"{file_id}-amd")
+            general = (dnx.get("generalFileCharacteristics") or [{}])[0]
+            locat = element.find("mets:FLocat", NS)
+            href = locat.get(f"{{{NS['xlink']}}}href", "") if locat is not None else ""
+            size = general.get("fileSizeBytes") or element.get("SIZE") or ""
+            yield SourceItem(
+                id=file_id, sequence=sequence,
+                original_name=general.get("fileOriginalName") or href.rpartition("/")[2] or file_id,
+                size=int(size) if size.isdigit() else None,
+                modified=parse_timestamp(_first(dnx, "objectCharacteristics", "modificationDate")
+                                         or general.get("fileModificationDate"), self.zone),
+                fixity=self._fixity(dnx.get("fileFixity", [])),
+                label=div_label or general.get("label") or None,
+                locator=delivery_url(file_id),
+                mime_type=general.get("fileMIMEType") or element.get("MIMETYPE"))
+
+    def _physical_order(self, rep_id: str, files: dict) -> list[tuple[str, str | None]]:
+        """(file id, div LABEL) in the order of the representation's structMap of the configured TYPE."""
+        maps = [m for m in self.mets.findall("mets:structMap", NS)
+                if (m.get("TYPE") or "").upper() == self.settings.struct_map_type.upper()]
+        maps.sort(key=lambda m: not (m.get("ID") or "").startswith(f"{rep_id}-"))
+        for struct_map in maps:
+            order = [(fptr.get("FILEID"), div.get("LABEL")) for div in struct_map.iter(f"{{{NS['mets']}}}div")
+                     for fptr in div.findall("mets:fptr", NS) if fptr.get("FILEID") in files]
+            if order:
+                seen: set[str] = set()
+                return [(f, label) for f, label in order if not (f in seen or seen.add(f))]
+        return []
+
+    def _fixity(self, records: list[dict[str, str]]) -> Fixity | None:
+        known = [f for f in (fixity(r.get("fixityType", ""), r.get("fixityValue", "")) for r in records) if f]
+        for algorithm in self.settings.fixity_preference:
+            for candidate in known:
+                if candidate.algorithm == algorithm:
+                    return candidate
+        return None
+
+    def modified(self) -> datetime | None:
+        dnx = self._dnx(None, "ie-amd")
+        return parse_timestamp(_first(dnx, "objectCharacteristics", "modificationDate")
+                               or _first(dnx, "objectCharacteristics", "creationDate"), self.zone)
+
+    def metadata(self) -> dict[str, tuple[LangValue, ...]]:
+        """The IE's descriptive DC (dmdSec ie-dmd) keyed "dc:title", "dcterms:created", ... in document order."""
+        values: dict[str, list[LangValue]] = {}
+        section = next((d for d in self.mets.findall("mets:dmdSec", NS) if d.get("ID") == "ie-dmd"), None)
+        data = section.find("mets:mdWrap/mets:xmlData", NS) if section is not None else None
+        for record in data if data is not None else ():
+            for element in record:
+                text = " ".join((element.text or "").split())
+                namespace, _, local = element.tag[1:].partition("}")
+                if text and local:
+                    key = f"{_PREFIXES[namespace]}:{local}" if namespace in _PREFIXES else local
+                    values.setdefault(key, []).append(LangValue(text, element.get(_XML_LANG)))
+        return {k: tuple(v) for k, v in values.items()}
+
+
+def _xml(data: bytes, what: str) -> ET.Element:
+    """Parse with the standard library, refusing DTDs (no entity expansion, no external entities)."""
+    if b"<!DOCTYPE" in data or b"<!ENTITY" in data:
+        raise SourceDataError(f"{what}: a document type declaration is not accepted")
+    try:
+        return ET.fromstring(data)
+    except ET.ParseError as exc:
+        raise SourceDataError(f"{what}: not well-formed XML ({exc})") from None
+
+
+def _is_soap_fault(response: requests.Response) -> bool:
+    return response.status_code == 500 and b"Fault" in response.content and b"Envelope" in response.content
+
+
+def _local(tag: str) -> str:
+    return tag.rpartition("}")[2] if isinstance(tag, str) else ""
+
+
+def _first(sections: dict[str, list[dict[str, str]]], section: str, key: str) -> str:
+    return next((r[key] for r in sections.get(section, []) if r.get(key)), "")
+
+
+def _int(text: str | None, what: str) -> int:
+    try:
+        return int((text or "").strip())
+    except ValueError:
+        raise SourceDataError(f"{what} is not a number: {text!r}") from None

@@ -1,0 +1,216 @@
+"""The filesystem source: folder and sidecar grouping, changes by modification time, verified fetch."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+from dataclasses import replace
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+
+from connectors import open_source
+from connectors.errors import FetchIntegrityError, ObjectNotFound
+from connectors.filesystem import FilesystemSource
+from gcis_etl.errors import ConfigError, SourceError
+from tests.emulators import FAST_RETRY
+from tests.emulators.catalogue import CORPUS
+
+JAN, MAR, JUN, JUL = (datetime(2024, m, 1, tzinfo=timezone.utc) for m in (1, 3, 6, 7))
+
+TREE = {
+    "ms-001/page10.tif": "rgb8-tiff-lzw/hopper_lzw.tif",
+    "ms-001/page2.tif": "rgb8-tiff-uncompressed/hopper.tif",
+    "ms-001/page1.jpg": "jpeg-baseline/flowers.jpeg",
+    "ms-001/notes.txt": "SOURCES.md",
+    "ms-001/.DS_Store": "README.md",
+    "ms-002/a.png": "png/png-rgb-64x56x8.png",
+    "ms-002/sub/b.tif": "gray8/gray.tif",
+    "loose.jpg": "gray8/hopper_gray.jpg",
+    ".trash/old.tif": "gray8/gray.tif",
+}
+
+
+def build(root: Path, tree: dict[str, str] = TREE, when: datetime = JAN) -> Path:
+    for relative, corpus in tree.items():
+        target = root / relative
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(CORPUS / corpus, target)
+        touch(target, when)
+    return root
+
+
+def touch(path: Path, when: datetime) -> None:
+    os.utime(path, (when.timestamp(), when.timestamp()))
+
+
+def source(root: Path, **overrides) -> FilesystemSource:
+    return open_source("filesystem", {"root": str(root), "retry": FAST_RETRY, **overrides}, name="fs-test")
+
+
+def test_each_folder_is_an_object_with_its_files_in_natural_order(tmp_path):
+    objects = {o.id: o for o in source(build(tmp_path)).changes(None)}
+    assert sorted(objects) == ["loose.jpg", "ms-001", "ms-002", "ms-002/sub"]
+    assert [i.id for i in objects["ms-001"].items] == ["ms-001/notes.txt", "ms-001/page1.jpg", "ms-001/page2.tif",
+                                                       "ms-001/page10.tif"]
+    assert [i.sequence for i in objects["ms-001"].items] == [1, 2, 3, 4]
+    page2 = objects["ms-001"].items[2]
+    assert page2.original_name == "page2.tif" and page2.size == (CORPUS / TREE["ms-001/page2.tif"]).stat().st_size
+    assert page2.modified == JAN and page2.fixity is None and page2.locator == str(tmp_path / "ms-001/page2.tif")
+    assert [i.id for i in objects["ms-002"].items] == ["ms-002/a.png"]
+    assert [i.id for i in objects["loose.jpg"].items] == ["loose.jpg"]
+
+
+def test_changes_follow_modification_times_oldest_first(tmp_path):
+    root = build(tmp_path)
+    touch(root / "ms-002/sub/b.tif", JUN)
+    touch(root / "ms-001/page2.tif", MAR)
+    fs = source(root)
+    changed = list(fs.changes(datetime(2024, 2, 1, tzinfo=timezone.utc)))
+    assert [o.id for o in changed] == ["ms-001", "ms-002/sub"]
+    assert [o.modified for o in changed] == [MAR, JUN]
+    assert len(changed[0].items) == 4  # the whole object, not just the changed file
+    assert [o.id for o in fs.changes(MAR, until=MAR)] == ["ms-001"]
+    assert list(fs.changes(JUL)) == []
+
+
+def test_explicit_ids(tmp_path):
+    fs = source(build(tmp_path))
+    assert [o.id for o in fs.get(["ms-002/sub", "loose.jpg"])] == ["ms-002/sub", "loose.jpg"]
+    with pytest.raises(ObjectNotFound, match="no object 'ms-404'"):
+        list(fs.get(["ms-404"]))
+
+
+def test_fetch_copies_and_verifies_the_size(tmp_path):
+    root = build(tmp_path / "masters")
+    fs = source(root)
+    (obj,) = fs.get(["ms-001"])
+    fetched = fs.fetch(obj.items[2], tmp_path / "scratch")
+    assert fetched.path.read_bytes() == (CORPUS / TREE["ms-001/page2.tif"]).read_bytes()
+    assert fetched.path.parent == tmp_path / "scratch" and not fetched.fixity_verified
+    with open(root / "ms-001/page10.tif", "ab") as grown:
+        grown.write(b"appended after listing")
+    with pytest.raises(FetchIntegrityError, match="the source records"):
+        fs.fetch(obj.items[3], tmp_path / "scratch")
+    assert sorted(p.name for p in (tmp_path / "scratch").iterdir()) == [fetched.path.name]
+
+
+CSV = """object_id,file,sequence,label,title@en,title@fr,creator
+2019.M.1,ms-001/page2.tif,2,Verso,Irises,Iris,Unknown
+2019.M.1,ms-001/page1.jpg,1,Recto,Irises,Iris,Unknown
+2019.M.1,ms-001/page10.tif,10,Detail,,,Studio
+84.PA.1,ms-002/a.png,,,Bust,,
+"""
+
+
+def test_a_csv_sidecar_names_objects_sequences_labels_and_metadata(tmp_path, caplog):
+    root = build(tmp_path)
+    (root / "objects.csv").write_text(CSV)
+    touch(root / "objects.csv", JAN)
+    with caplog.at_level(logging.WARNING, logger="connectors"):
+        objects = {o.id: o for o in source(root).changes(None)}
+    assert sorted(objects) == ["2019.M.1", "84.PA.1"]
+    irises = objects["2019.M.1"]
+    assert [(i.id, i.sequence, i.label) for i in irises.items] == [
+        ("ms-001/page1.jpg", 1, "Recto"), ("ms-001/page2.tif", 2, "Verso"), ("ms-001/page10.tif", 3, "Detail")]
+    assert {k: [(v.value, v.language) for v in vs] for k, vs in irises.metadata.items()} == {
+        "title": [("Irises", "en"), ("Iris", "fr")], "creator": [("Unknown", None), ("Studio", None)]}
+    assert "names no object for 3 file(s)" in caplog.text and "ms-001/notes.txt, ms-002/sub/b.tif" in caplog.text
+
+
+def test_editing_the_sidecar_changes_its_objects_unless_rows_carry_their_own_time(tmp_path):
+    root = build(tmp_path)
+    (root / "objects.csv").write_text(CSV)
+    touch(root / "objects.csv", JUN)
+    assert [o.modified for o in source(root).changes(MAR)] == [JUN, JUN]
+    header = "object_id,file,sequence,label,"
+    (root / "objects.csv").write_text(CSV.replace(header, header + "modified,")
+                                      .replace("Verso,", "Verso,2024-07-01T00:00:00Z,")
+                                      .replace("Recto,", "Recto,,").replace("Detail,", "Detail,,")
+                                      .replace("84.PA.1,ms-002/a.png,,,", "84.PA.1,ms-002/a.png,,,2024-01-01,"))
+    touch(root / "objects.csv", JUN)
+    assert [(o.id, o.modified) for o in source(root).changes(MAR)] == [("2019.M.1", JUL)]
+
+
+def test_a_json_sidecar_is_equivalent(tmp_path):
+    root = build(tmp_path)
+    (root / "objects.json").write_text(json.dumps({"objects": [
+        {"id": "2019.M.1", "metadata": {"title": [{"value": "Irises", "language": "en"}], "title@fr": "Iris",
+                                        "creator": ["Unknown", "Studio"]},
+         "items": [{"file": "ms-001/page2.tif", "sequence": 2, "label": "Verso"},
+                   {"file": "ms-001/page1.jpg", "sequence": 1, "label": "Recto"}]},
+        {"id": "84.PA.1", "modified": "2024-07-01T00:00:00+00:00", "items": [{"file": "ms-002/a.png"}]}]}))
+    objects = {o.id: o for o in source(root).changes(None)}
+    assert [i.label for i in objects["2019.M.1"].items] == ["Recto", "Verso"]
+    assert {k: [(v.value, v.language) for v in vs] for k, vs in objects["2019.M.1"].metadata.items()} == {
+        "title": [("Irises", "en"), ("Iris", "fr")], "creator": [("Unknown", None), ("Studio", None)]}
+    assert objects["84.PA.1"].modified == JUL
+
+
+def test_every_sidecar_problem_is_reported_with_its_row(tmp_path):
+    root = build(tmp_path)
+    (root / "objects.csv").write_text(
+        "object_id,file,sequence,label\n"
+        "a,ms-001/page1.jpg,1,\n"
+        "a,ms-001/missing.tif,2,\n"
+        "b,../../etc/passwd,1,\n"
+        "c,ms-001/page1.jpg,1,\n"
+        "d,ms-002/a.png,x,\n"
+        "e,ms-001/page2.tif,1,\n"
+        "e,ms-001/page10.tif,1,\n"
+        "f,ms-001/.DS_Store,,\n")
+    with pytest.raises(SourceError) as raised:
+        list(source(root).changes(None))
+    message = str(raised.value)
+    for expected in ("objects.csv row 6: sequence must be a whole number, got 'x'",
+                     "objects.csv row 3: file 'ms-001/missing.tif' does not exist",
+                     "objects.csv row 4: file '../../etc/passwd' must be a relative path inside the source",
+                     "objects.csv row 5: file 'ms-001/page1.jpg' already belongs to object 'a'",
+                     "objects.csv row 7: object 'e' repeats a sequence number",
+                     "objects.csv row 9: file 'ms-001/.DS_Store' does not exist (or is hidden)"):
+        assert expected in message
+
+
+def test_sidecar_format_errors_name_the_file(tmp_path):
+    root = build(tmp_path)
+    (root / "objects.csv").write_text("id,path\nx,y\n")
+    with pytest.raises(SourceError, match="objects.csv: missing column\\(s\\) file, object_id"):
+        list(source(root).changes(None))
+    (root / "objects.csv").unlink()
+    (root / "objects.json").write_text('{"objects": [{"id": "x", "items": [{"path": "loose.jpg"}]}]}')
+    with pytest.raises(SourceError, match="objects.json: objects.0.items.0.file: Field required"):
+        list(source(root).changes(None))
+
+
+def test_grouping_mode_is_configuration(tmp_path):
+    root = build(tmp_path)
+    (root / "objects.csv").write_text(CSV)
+    folders = source(root, grouping={"mode": "folder"})
+    assert sorted(o.id for o in folders.changes(None)) == ["loose.jpg", "ms-001", "ms-002", "ms-002/sub"]
+    assert "objects.csv" not in {i.id for o in folders.changes(None) for i in o.items}
+    (root / "objects.csv").unlink()
+    with pytest.raises(SourceError, match="grouping.mode is sidecar but none of objects.csv, objects.json exists"):
+        list(source(root, grouping={"mode": "sidecar"}).changes(None))
+
+
+def test_a_missing_root_and_bad_settings_are_clear_errors(tmp_path):
+    with pytest.raises(SourceError, match="is not a readable folder"):
+        list(source(tmp_path / "nowhere").changes(None))
+    with pytest.raises(ConfigError, match="grouping.mode: Input should be 'auto', 'folder' or 'sidecar'"):
+        source(tmp_path, grouping={"mode": "by-date"})
+    with pytest.raises(ConfigError, match="config.yaml: root: Field required"):
+        open_source("filesystem", {}, "fs")
+
+
+def test_linked_masters_are_followed_and_foreign_locators_refused(tmp_path):
+    root = build(tmp_path / "harvest", {"ms-001/page1.jpg": "jpeg-baseline/flowers.jpeg"})
+    (root / "ms-001/page2.tif").symlink_to(CORPUS / "gray8/gray.tif")
+    fs = source(root)
+    (obj,) = fs.get(["ms-001"])
+    assert [i.id for i in obj.items] == ["ms-001/page1.jpg", "ms-001/page2.tif"]
+    assert fs.fetch(obj.items[1], tmp_path / "scratch").path.read_bytes() == (CORPUS / "gray8/gray.tif").read_bytes()
+    forged = replace(obj.items[0], locator=str(root / ".." / "elsewhere.tif"))
+    with pytest.raises(SourceError, match="is not a file of this source"):
+        fs.fetch(forged, tmp_path / "scratch")

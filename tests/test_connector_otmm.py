@@ -1,0 +1,325 @@
+"""The OTMM connector over real HTTP against the OTMM emulator (tests/emulators/otmm.py)."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import traceback
+from datetime import datetime, timedelta, timezone
+
+import pytest
+import requests
+
+from connectors import open_source
+from connectors.errors import (AuthenticationFailed, FetchIntegrityError, ObjectNotFound, PermissionDenied,
+                               SourceDataError, SourceUnavailable)
+from connectors.otmm import OtmmSource
+from gcis_etl.errors import ConfigError
+from tests.emulators import FAST_RETRY
+from tests.emulators.catalogue import CORPUS
+from tests.emulators.faults import Fault
+from tests.emulators.otmm import API, MODIFIED_FIELD, ROOT, OtmmEmulator
+from tests.emulators.server import EmulatorServer
+from tests.servers import free_port, wait_for_port
+
+PASSWORD = "otmm-Secret-3"
+WRONG_PASSWORD = "not-the-Secret"
+NAMES = ["2019_M_1_recto.tif", "2019_M_1_verso.tif", "2019_M_1_detail.jpg", "84_PA_1.png", "2019_M_10.tif",
+         "86_XM_2.jpg"]
+GROUP = {"field_id": "GTRUST.FIELD.OBJECT NUMBER", "sequence_field_id": "GTRUST.FIELD.SEQUENCE"}
+SINCE_SERVER_SIDE = {"page_size": 2, "modified_field_id": MODIFIED_FIELD,
+                     "modified_operator_id": "ARTESIA.OPERATOR.DATE.IS ON OR AFTER"}
+
+
+@pytest.fixture
+def emulator():
+    with EmulatorServer(OtmmEmulator()) as server:
+        yield server
+
+
+def otmm(url: str, **overrides) -> OtmmSource:
+    options = {"base_url": url, "username": "tsuper", "password": PASSWORD, "retry": FAST_RETRY,
+               "search": {"page_size": 2}, **overrides}
+    return open_source("otmm", options, name="otmm-test")
+
+
+def asset_id(server: EmulatorServer, name: str) -> str:
+    return server.app.catalogue.by_name(name).asset_id
+
+
+def names(server: EmulatorServer, ids) -> list[str]:
+    by_id = {a.asset_id: a.name for a in server.app.catalogue.assets.values()}
+    return [by_id[i] for i in ids]
+
+
+def utc(text: str) -> datetime:
+    return datetime.fromisoformat(text).replace(tzinfo=timezone.utc)
+
+
+# --- session -------------------------------------------------------------------------------------------------
+
+def test_one_session_serves_every_call_with_digest_and_requested_by_headers(emulator):
+    source = otmm(emulator.url)
+    list(source.changes(None))
+    (login,) = emulator.requests(f"POST {API}/sessions")
+    assert login.form == {"username": ["tsuper"], "password": [PASSWORD]}
+    (session,) = emulator.app.sessions.values()
+    calls = emulator.requests(r"/(search|assets)/")
+    assert len(calls) == 3 + 6  # three search pages, six assets
+    assert all(c.headers["otmmauthtoken"] == session.digest and c.headers["X-Requested-By"] == str(session.id)
+               for c in calls)
+
+
+def test_an_expired_session_is_renewed_transparently(emulator, tmp_path):
+    source = otmm(emulator.url)
+    (obj,) = source.get([asset_id(emulator, "84_PA_1.png")])
+    emulator.app.expire_sessions()
+    assert source.fetch(obj.items[0], tmp_path).path.read_bytes() == (CORPUS / "png/png-rgb-64x56x8.png").read_bytes()
+    emulator.inject("search/text", Fault.http(401))
+    assert len(list(source.changes(None))) == 6
+    assert len(emulator.requests(f"POST {API}/sessions")) == 3
+
+
+def test_refused_credentials_fail_at_once_without_disclosing_them(emulator):
+    with pytest.raises(AuthenticationFailed, match="Invalid username or password") as raised:
+        list(otmm(emulator.url, password=WRONG_PASSWORD).changes(None))
+    assert len(emulator.requests(f"POST {API}/sessions")) == 1
+    assert WRONG_PASSWORD not in "".join(traceback.format_exception(raised.value))
+
+
+def test_a_session_refused_again_after_relogin_is_an_authentication_error(emulator):
+    emulator.inject("search/text", Fault.http(401), times=2)
+    with pytest.raises(AuthenticationFailed):
+        list(otmm(emulator.url).changes(None))
+    assert len(emulator.requests(f"POST {API}/sessions")) == 2
+
+
+def test_a_user_without_download_rights_gets_a_permission_error(emulator, tmp_path):
+    viewer = otmm(emulator.url, username="viewer", password="viewer-Secret-4")
+    (obj,) = viewer.get([asset_id(emulator, "84_PA_1.png")])
+    with pytest.raises(PermissionDenied, match="HTTP 403.*permission to download"):
+        viewer.fetch(obj.items[0], tmp_path)
+    assert len(emulator.requests("/contents")) == 1
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_oauth_password_grant_is_an_alternative(emulator, tmp_path):
+    source = otmm(emulator.url, auth="oauth", client_id="gcis-etl", client_secret="client-Secret-5")
+    (obj,) = source.get([asset_id(emulator, "84_PA_1.png")])
+    assert emulator.requests(f"POST {API}/sessions$") == []
+    (grant,) = emulator.requests("oauth2/token")
+    assert grant.form["grant_type"] == ["password"] and grant.form["client_id"] == ["gcis-etl"]
+    (token,) = emulator.app.tokens
+    assert emulator.requests("/assets/")[0].headers["Authorization"] == f"Bearer {token}"
+    emulator.app.expire_sessions()
+    assert source.fetch(obj.items[0], tmp_path).size == obj.items[0].size
+    assert len(emulator.requests("oauth2/token")) == 2
+    with pytest.raises(AuthenticationFailed, match="Invalid client"):
+        list(otmm(emulator.url, auth="oauth", client_id="gcis-etl", client_secret="wrong").changes(None))
+
+
+def test_the_otmm_token_can_also_go_in_the_authorization_header(emulator):
+    list(otmm(emulator.url, bearer_otmm_token=True, extra_headers={"X-OTMM-Locale": "en_US"}).changes(None))
+    (session,) = emulator.app.sessions.values()
+    call = emulator.requests("search/text")[0]
+    assert call.headers["Authorization"] == f"Bearer otmmToken {session.digest}"
+    assert call.headers["X-OTMM-Locale"] == "en_US"
+
+
+# --- discovery -----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("method", ["POST", "GET"])
+def test_search_pages_with_after_and_limit_until_the_total(emulator, method):
+    objects = list(otmm(emulator.url, search={"page_size": 2, "method": method}).changes(None))
+    assert sorted(names(emulator, [o.id for o in objects])) == sorted(NAMES)
+    pages = emulator.requests(f"{method} {API}/search/text")
+    assert [p.arg("after") for p in pages] == ["0", "2", "4"]
+    assert all(p.arg("limit") == "2" for p in pages)
+
+
+def test_incremental_search_with_a_server_side_date_condition(emulator):
+    objects = list(otmm(emulator.url, search=SINCE_SERVER_SIDE).changes(utc("2024-03-01 00:00:00")))
+    assert names(emulator, [o.id for o in objects]) == ["2019_M_1_detail.jpg", "2019_M_10.tif", "86_XM_2.jpg"]
+    pages = emulator.requests("search/text")
+    assert len(pages) == 2  # three hits: the server did the filtering
+    (condition,) = json.loads(pages[0].arg("search_condition_list"))["search_condition_list"]["search_condition"]
+    assert condition == {"type": "com.artesia.search.SearchScalarCondition", "metadata_field_id": MODIFIED_FIELD,
+                         "relational_operator_id": "ARTESIA.OPERATOR.DATE.IS ON OR AFTER",
+                         "value": "2024-03-01T00:00:00Z"}
+
+
+def test_incremental_search_without_a_date_field_compares_date_last_updated(emulator):
+    objects = list(otmm(emulator.url).changes(utc("2024-03-01 00:00:00")))
+    assert sorted(names(emulator, [o.id for o in objects])) == ["2019_M_10.tif", "2019_M_1_detail.jpg",
+                                                                "86_XM_2.jpg"]
+    assert len(emulator.requests("search/text")) == 3  # everything listed, filtered here
+    assert len(emulator.requests(r"GET /otmmapi/v6/assets/")) == 3  # only changed assets are described
+
+
+def test_an_edit_after_the_checkpoint_is_picked_up(emulator):
+    source = otmm(emulator.url, search=SINCE_SERVER_SIDE)
+    checkpoint = datetime.now(timezone.utc) - timedelta(seconds=5)
+    assert list(source.changes(checkpoint)) == []
+    emulator.app.catalogue.touch(asset_id(emulator, "84_PA_1.png"))
+    assert names(emulator, [o.id for o in source.changes(checkpoint)]) == ["84_PA_1.png"]
+
+
+def test_folder_walk_with_paging_and_recursion(emulator):
+    recursive = otmm(emulator.url, discovery="folder", folder={"folder_id": ROOT, "page_size": 2})
+    assert sorted(names(emulator, [o.id for o in recursive.changes(None)])) == sorted(NAMES[:5])
+    assert any(r.arg("after") == "2" for r in emulator.requests("/children"))
+    shallow = otmm(emulator.url, discovery="folder", folder={"folder_id": ROOT, "recursive": False})
+    assert sorted(names(emulator, [o.id for o in shallow.changes(None)])) == sorted(NAMES[:3])
+    assert names(emulator, [o.id for o in recursive.changes(utc("2024-03-15 00:00:00"))]) == ["2019_M_10.tif"]
+
+
+def test_explicit_asset_ids(emulator, tmp_path):
+    wanted = [asset_id(emulator, "86_XM_2.jpg"), asset_id(emulator, "84_PA_1.png")]
+    ids_file = tmp_path / "assets.txt"
+    ids_file.write_text(f"# batch\n{wanted[0]}\n\n{wanted[1]}  # bust\n")
+    source = otmm(emulator.url, discovery="ids", id_list={"file": str(ids_file)})
+    assert [o.id for o in source.changes(None)] == wanted
+    assert [o.id for o in source.changes(utc("2024-03-01 00:00:00"))] == wanted[:1]
+    assert [o.id for o in source.get(reversed(wanted))] == wanted[::-1]
+    with pytest.raises(ObjectNotFound, match="no asset 0{40}"):
+        list(source.get(["0" * 40]))
+    assert len(emulator.requests("0{40}")) == 1
+
+
+# --- objects -------------------------------------------------------------------------------------------------
+
+def test_assets_sharing_an_object_number_form_one_object_in_natural_sequence_order(emulator):
+    objects = {o.id: o for o in otmm(emulator.url, group=GROUP).changes(None)}
+    assert sorted(objects) == ["2019.M.1", "2019.M.10", "84.PA.1", "86.XM.2"]
+    irises = objects["2019.M.1"]
+    assert names(emulator, [i.id for i in irises.items]) == NAMES[:3]  # sequences 1, 2, 10
+    assert [i.sequence for i in irises.items] == [1, 2, 3]
+    assert irises.modified == utc("2024-03-01 10:00:00")
+    assert names(emulator, [i.id for i in objects["2019.M.10"].items]) == ["2019_M_10.tif"]
+
+
+def test_a_changed_member_brings_its_whole_group(emulator):
+    objects = list(otmm(emulator.url, group=GROUP).changes(utc("2024-02-15 00:00:00")))
+    assert sorted(o.id for o in objects) == ["2019.M.1", "2019.M.10", "86.XM.2"]
+    irises = next(o for o in objects if o.id == "2019.M.1")
+    assert len(irises.items) == 3  # recto and verso did not change, the detail did
+
+
+def test_explicit_group_ids(emulator):
+    (obj,) = otmm(emulator.url, group=GROUP).get(["2019.M.1"])
+    assert len(obj.items) == 3
+    with pytest.raises(ObjectNotFound, match="2019.M.999"):
+        list(otmm(emulator.url, group=GROUP).get(["2019.M.999"]))
+
+
+def test_metadata_is_flattened_and_mapped(emulator):
+    source = otmm(emulator.url, include_unmapped=False, metadata_language="en",
+                  source_url_template="{base_url}/otmm/ux-html/?p=asset&id={id}", metadata_map={
+        "GTRUST.FIELD.TITLE": "title", "GTRUST.FIELD.DEPARTMENT": "department",
+        "GTRUST.FIELD.KEYWORDS": "keywords", "asset.name": "file name"})
+    (obj,) = source.get([asset_id(emulator, "2019_M_1_recto.tif")])
+    assert {k: [(v.value, v.language) for v in vs] for k, vs in obj.metadata.items()} == {
+        "title": [("Irises", "en")], "department": [("Paintings", "en")],
+        "keywords": [("iris", "en"), ("flower", "en")], "file name": [("2019_M_1_recto.tif", "en")]}
+    assert obj.source_url == f"{emulator.url}/otmm/ux-html/?p=asset&id={obj.id}"
+
+
+def test_unmapped_fields_are_kept_under_their_field_ids(emulator):
+    (obj,) = otmm(emulator.url, metadata_map={"GTRUST.FIELD.TITLE": "title"}).get(
+        [asset_id(emulator, "84_PA_1.png")])
+    assert obj.metadata["title"][0].value == "Bust"
+    assert obj.metadata["GTRUST.FIELD.CREDIT LINE"][0].value.startswith("Digital image courtesy")
+    assert obj.metadata["ARTESIA.FIELD.ASSET NAME"][0].value == "84_PA_1.png"
+    assert "GTRUST.FIELD.TITLE" not in obj.metadata
+
+
+# --- content -------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("options, path, corpus", [
+    ({}, r"/assets/[0-9a-f]{40}/contents\?disposition=attachment", "rgb8-tiff-lzw/kodim02-lzw.tif"),
+    ({"content": "master"}, r"/renditions/", "rgb8-tiff-lzw/kodim02-lzw.tif"),
+    ({"content": "rendition"}, r"/renditions/", "gray8/hopper_gray.jpg"),
+    ({"content": "rendition", "rendition": "thumbnail"}, r"/renditions/", "png/png-rgb-64x56x8.png"),
+], ids=["contents", "master-rendition", "preview", "thumbnail"])
+def test_which_content_is_the_master_is_configuration(emulator, tmp_path, options, path, corpus):
+    source = otmm(emulator.url, contents_params={"disposition": "attachment"}, **options)
+    (obj,) = source.get([asset_id(emulator, "2019_M_1_recto.tif")])
+    expected = (CORPUS / corpus).read_bytes()
+    assert obj.items[0].size == len(expected)
+    fetched = source.fetch(obj.items[0], tmp_path)
+    assert fetched.path.read_bytes() == expected
+    assert len(emulator.requests(path)) == 1
+
+
+def test_a_missing_rendition_is_a_clear_error(emulator):
+    with pytest.raises(SourceDataError, match="has no pdf_preview rendition"):
+        list(otmm(emulator.url, content="rendition", rendition="pdf_preview").get(
+            [asset_id(emulator, "84_PA_1.png")]))
+
+
+def test_size_is_always_verified_and_the_checksum_when_configured(emulator, tmp_path):
+    recto = asset_id(emulator, "2019_M_1_recto.tif")
+    (plain,) = otmm(emulator.url).get([recto])
+    assert plain.items[0].fixity is None
+    emulator.inject("/contents", Fault.truncate(0.9), times=None)
+    with pytest.raises(SourceUnavailable, match="body ended early"):
+        otmm(emulator.url).fetch(plain.items[0], tmp_path)
+    emulator.faults.clear()
+    source = otmm(emulator.url, content_checksum="md5")
+    (checked,) = source.get([recto])
+    emulator.inject("/contents", Fault.corrupt())
+    fetched = source.fetch(checked.items[0], tmp_path)
+    assert fetched.fixity_verified
+    assert fetched.path.read_bytes() == (CORPUS / "rgb8-tiff-lzw/kodim02-lzw.tif").read_bytes()
+    emulator.inject("/contents", Fault.corrupt(), times=None)
+    with pytest.raises(FetchIntegrityError):
+        source.fetch(checked.items[0], tmp_path / "again")
+    assert list((tmp_path / "again").iterdir()) == []
+
+
+@pytest.mark.parametrize("fault", [Fault.http(429, retry_after=0), Fault.http(500), Fault.http(503), Fault.reset(),
+                                   Fault.truncate(0.5), Fault.slow(2)],
+                         ids=["429", "500", "503", "reset", "truncated", "slow"])
+def test_harvest_and_download_survive_transient_faults(emulator, tmp_path, fault):
+    emulator.inject("search/text", fault)
+    emulator.inject(r"GET /otmmapi/v6/assets/[0-9a-f]{40}\?", fault)
+    emulator.inject("/contents", fault)
+    source = otmm(emulator.url, retry={**FAST_RETRY, "read_timeout_seconds": 0.5})
+    objects = list(source.changes(None))
+    assert len(objects) == 6
+    fetched = source.fetch(objects[0].items[0], tmp_path)
+    assert fetched.size == objects[0].items[0].size
+    assert len(emulator.requests("search/text")) == 4 and len(emulator.requests("/contents")) == 2
+
+
+# --- settings and the emulator standalone --------------------------------------------------------------------
+
+def test_settings_are_validated_with_the_key_named():
+    base = {"base_url": "http://x", "username": "u", "password": "p"}
+    with pytest.raises(ConfigError, match="sources.dam: Value error, auth: oauth needs client_id and client_secret"):
+        open_source("otmm", {**base, "auth": "oauth"}, "dam", prefix="sources.dam")
+    with pytest.raises(ConfigError, match="search: Value error, modified_field_id and modified_operator_id go"):
+        open_source("otmm", {**base, "search": {"modified_field_id": MODIFIED_FIELD}}, "dam")
+    with pytest.raises(ConfigError, match="discovery: folder needs a `folder:` section"):
+        open_source("otmm", {**base, "discovery": "folder"}, "dam")
+    with pytest.raises(ConfigError, match="content: Input should be 'contents', 'master' or 'rendition'"):
+        open_source("otmm", {**base, "content": "access-file"}, "dam")
+    source = open_source("otmm", {**base, "password": "s3cret-value"}, "dam")
+    assert "s3cret-value" not in repr(source.settings)
+
+
+def test_the_emulator_runs_standalone():
+    port = free_port()
+    process = subprocess.Popen([sys.executable, "-m", "tests.emulators.otmm", "--port", str(port)],
+                               cwd=CORPUS.parents[1], stdout=subprocess.PIPE, text=True)
+    try:
+        wait_for_port(port, process)
+        url = f"http://127.0.0.1:{port}"
+        assert "OTMM emulator on" in process.stdout.readline()
+        assert len(list(otmm(url, group=GROUP).changes(None))) == 4
+        assert requests.post(f"{url}/_emulator/expire-sessions", timeout=5).status_code == 200
+        assert len(list(otmm(url).changes(utc("2024-05-01 00:00:00")))) == 1
+    finally:
+        process.terminate()
+        process.wait(10)
+        process.stdout.close()

@@ -1,0 +1,369 @@
+"""The Rosetta connector over real HTTP against the Rosetta emulator (tests/emulators/rosetta.py)."""
+from __future__ import annotations
+
+import base64
+import hashlib
+import logging
+import subprocess
+import sys
+import traceback
+from datetime import datetime, timedelta, timezone
+
+import pytest
+import requests
+
+from connectors import open_source
+from connectors.errors import (AuthenticationFailed, FetchIntegrityError, ObjectNotFound, PermissionDenied,
+                               SourceRequestFailed)
+from connectors.rosetta import RosettaSource
+from gcis_etl.errors import ConfigError
+from tests.emulators import FAST_RETRY
+from tests.emulators.catalogue import CORPUS
+from tests.emulators.faults import Fault
+from tests.emulators.rosetta import SRU_DATE_INDEX, RosettaEmulator
+from tests.emulators.server import EmulatorServer
+from tests.servers import free_port, wait_for_port
+
+PASSWORD = "harvest-Secret-1"
+OTHER_PASSWORD = "other-Secret-9"
+LIVE_IN_SET = ["IE1001", "IE1011", "IE1016", "IE1020", "IE1023"]
+SOAP = "POST /dpsws/repository/IEWebServices"
+
+
+@pytest.fixture
+def emulator():
+    with EmulatorServer(RosettaEmulator()) as server:
+        yield server
+
+
+def rosetta(url: str, **overrides) -> RosettaSource:
+    options = {"base_url": url, "username": "harvester", "institution_code": "INS00", "password": PASSWORD,
+               "oai": {"set": "gcis"}, "retry": FAST_RETRY, **overrides}
+    return open_source("rosetta", options, name="rosetta-test")
+
+
+def sru(url: str, **sru_overrides) -> RosettaSource:
+    return rosetta(url, discovery="sru", sru={"modified_index": SRU_DATE_INDEX, "page_size": 2,
+                                              "query": "IE.generalIECharacteristics.UserDefinedA=GCIS",
+                                              **sru_overrides})
+
+
+def utc(text: str) -> datetime:
+    return datetime.fromisoformat(text).replace(tzinfo=timezone.utc)
+
+
+# --- discovery -----------------------------------------------------------------------------------------------
+
+def test_oai_harvest_pages_through_resumption_tokens_and_skips_deleted_records(emulator):
+    objects = list(rosetta(emulator.url).changes(None))
+    assert [o.id for o in objects] == LIVE_IN_SET
+    pages = emulator.requests("verb=ListIdentifiers")
+    assert len(pages) == 3  # 6 records (one deleted), 2 per page
+    assert "resumptionToken=" not in pages[0].target and all("resumptionToken=" in p.target for p in pages[1:])
+    assert "IE1029" not in {r.arg("iePid") for r in emulator.requests(SOAP)}
+    assert len(emulator.requests(SOAP)) == 5
+
+
+def test_oai_list_records_verb_harvests_the_same_objects(emulator):
+    source = rosetta(emulator.url, oai={"set": "gcis", "verb": "ListRecords"})
+    assert [o.id for o in source.changes(None)] == LIVE_IN_SET
+    assert emulator.requests("verb=ListRecords")
+
+
+def test_incremental_harvest_returns_only_objects_changed_since(emulator):
+    source = rosetta(emulator.url)
+    assert [o.id for o in source.changes(utc("2024-03-01 00:00:00"))] == ["IE1016", "IE1020", "IE1023"]
+    assert "from=2024-03-01T00%3A00%3A00Z" in emulator.requests("verb=ListIdentifiers")[0].target
+    checkpoint = datetime.now(timezone.utc) - timedelta(seconds=5)
+    assert list(source.changes(checkpoint)) == []
+    emulator.app.catalogue.touch("IE1011")
+    changed = list(source.changes(checkpoint))
+    assert [o.id for o in changed] == ["IE1011"]
+    assert changed[0].modified >= checkpoint
+
+
+def test_until_closes_the_harvest_window(emulator):
+    objects = rosetta(emulator.url).changes(utc("2024-01-01 00:00:00"), until=utc("2024-03-01 08:00:00"))
+    assert [o.id for o in objects] == ["IE1001", "IE1011", "IE1016"]
+
+
+def test_sru_harvest_pages_with_start_record(emulator):
+    assert [o.id for o in sru(emulator.url).changes(None)] == LIVE_IN_SET
+    starts = [r.arg("startRecord") for r in emulator.requests("operation=searchRetrieve")]
+    assert starts == ["1", "3", "5"]
+    assert all(r.arg("maximumRecords") == "2" and r.arg("auth") == "local"
+               for r in emulator.requests("operation=searchRetrieve"))
+
+
+def test_sru_incremental_harvest_queries_the_configured_date_index(emulator):
+    objects = list(sru(emulator.url).changes(utc("2024-04-01 00:00:00")))
+    assert [o.id for o in objects] == ["IE1020", "IE1023"]
+    query = emulator.requests("operation=searchRetrieve")[0].arg("query")
+    assert f'{SRU_DATE_INDEX}>="2024-04-01 00:00:00"' in query
+
+
+def test_sru_result_beyond_rosettas_cap_is_refused_before_harvesting(emulator):
+    with pytest.raises(SourceRequestFailed, match="matches 5 IEs, more than the 3"):
+        next(sru(emulator.url, max_records=3).changes(None))
+    assert emulator.requests(SOAP) == []
+
+
+def test_sru_diagnostics_become_clear_errors(emulator):
+    with pytest.raises(SourceRequestFailed, match="Unsupported index.*IE.no.such.index"):
+        list(sru(emulator.url, modified_index="IE.no.such.index").changes(utc("2024-01-01 00:00:00")))
+
+
+def test_oai_protocol_errors_are_reported_and_empty_results_are_empty(emulator):
+    assert list(rosetta(emulator.url, oai={"set": "no-such-set"}).changes(None)) == []
+    with pytest.raises(SourceRequestFailed, match="cannotDisseminateFormat"):
+        list(rosetta(emulator.url, oai={"set": "gcis", "metadata_prefix": "marc21"}).changes(None))
+
+
+def test_pid_list_from_a_file_with_comments(emulator, tmp_path):
+    pids = tmp_path / "pids.txt"
+    pids.write_text("# migration batch 1\nIE1016\n\nIE1001  # irises\n")
+    source = rosetta(emulator.url, discovery="pids", pid_list={"file": str(pids), "ids": ["IE1020"]})
+    assert [o.id for o in source.changes(None)] == ["IE1020", "IE1016", "IE1001"]
+    assert [o.id for o in source.changes(utc("2024-02-01 00:00:00"))] == ["IE1020", "IE1016"]
+
+
+def test_explicit_ids_and_unknown_ones(emulator):
+    source = rosetta(emulator.url)
+    assert [o.id for o in source.get(["IE1020", "IE1001"])] == ["IE1020", "IE1001"]
+    with pytest.raises(ObjectNotFound, match="IE9999 does not exist"):
+        list(source.get(["IE9999"]))
+    assert len(emulator.requests(SOAP)) == 3  # an application fault is not retried
+    with pytest.raises(ObjectNotFound, match="not an IE PID"):
+        list(source.get(["FL1006"]))
+    assert len(emulator.requests(SOAP)) == 3
+
+
+# --- object detail -------------------------------------------------------------------------------------------
+
+def test_the_modified_master_is_chosen_among_three_representations_in_structmap_order(emulator):
+    (ie,) = rosetta(emulator.url).get(["IE1001"])
+    assert [i.id for i in ie.items] == ["FL1008", "FL1006", "FL1007"]  # physical order, not fileGrp order
+    assert [i.sequence for i in ie.items] == [1, 2, 3]
+    assert [i.label for i in ie.items] == ["Recto", "Verso", "Detail"]
+    assert [i.original_name for i in ie.items] == ["2019_M_1_recto.jpg", "2019_M_1_verso.jpg", "2019_M_1_detail.tif"]
+    assert [i.mime_type for i in ie.items] == ["image/jpeg", "image/jpeg", "image/tiff"]
+    corpus = [CORPUS / "icc-srgb/jpg-icc.jpg", CORPUS / "jpeg-baseline/flowers.jpeg",
+              CORPUS / "rgb8-tiff-jpeg/quad-jpeg.tif"]
+    assert [i.size for i in ie.items] == [p.stat().st_size for p in corpus]
+    assert [i.fixity.algorithm for i in ie.items] == ["sha256", "md5", "sha1"]  # sha1 preferred over md5
+    assert ie.items[2].fixity.value == hashlib.sha1(corpus[2].read_bytes()).hexdigest()
+    assert ie.modified == utc("2024-01-10 09:00:00")
+    assert all(i.modified == utc("2024-01-10 09:00:00") for i in ie.items)
+    assert all("dps_func=stream" in i.locator and f"dps_pid={i.id}" in i.locator for i in ie.items)
+
+
+def test_the_preservation_type_is_configuration(emulator):
+    (ie,) = rosetta(emulator.url, preservation_types=["PRESERVATION_MASTER"]).get(["IE1001"])
+    assert [i.id for i in ie.items] == ["FL1003", "FL1004"]
+    derivative = rosetta(emulator.url, preservation_types=["DERIVATIVE_COPY"])
+    with pytest.raises(ObjectNotFound, match="found: PRESERVATION_MASTER, MODIFIED_MASTER"):
+        list(derivative.get(["IE1001"]))  # getIE flag 0 leaves derivative copies out
+    (ie,) = rosetta(emulator.url, preservation_types=["DERIVATIVE_COPY"], get_ie_flags=32).get(["IE1001"])
+    assert [i.id for i in ie.items] == ["FL1010"]
+    assert "<flags>32</flags>" in emulator.requests(SOAP)[-1].body.decode()
+
+
+def test_preservation_types_are_tried_in_order(emulator):
+    source = rosetta(emulator.url, preservation_types=["MODIFIED_MASTER", "PRESERVATION_MASTER"])
+    assert [i.id for o in source.get(["IE1001", "IE1026"]) for i in o.items] == \
+        ["FL1008", "FL1006", "FL1007", "FL1028"]
+
+
+def test_the_struct_map_type_is_configuration(emulator):
+    (ie,) = rosetta(emulator.url, struct_map_type="LOGICAL").get(["IE1001"])
+    assert [i.id for i in ie.items] == ["FL1007", "FL1006", "FL1008"]
+
+
+def test_an_ie_without_the_wanted_representation(emulator, caplog):
+    with pytest.raises(ObjectNotFound, match="IE1026: no representation of preservation type MODIFIED_MASTER"):
+        list(rosetta(emulator.url, oai={"set": "other"}).changes(None))
+    skipping = rosetta(emulator.url, oai={"set": "other"}, missing_representation="skip")
+    with caplog.at_level(logging.WARNING, logger="connectors"):
+        assert list(skipping.changes(None)) == []
+    assert "IE1026" in caplog.text and "skipped" in caplog.text
+    with pytest.raises(ObjectNotFound):
+        list(skipping.get(["IE1026"]))  # named explicitly: always an error
+
+
+def test_descriptive_metadata_keeps_languages_and_order(emulator):
+    first, multilingual = rosetta(emulator.url).get(["IE1001", "IE1016"])
+    assert [(v.value, v.language) for v in multilingual.metadata["dc:title"]] == [("Le moulin", "fr"),
+                                                                                  ("The mill", "en")]
+    assert list(first.metadata) == ["dc:title", "dc:creator", "dcterms:created", "dc:identifier", "dc:rights"]
+    assert first.metadata["dcterms:created"][0].value == "ca. 1890"
+    assert first.source_url == f"{emulator.url}/delivery/DeliveryManagerServlet?dps_pid=IE1001"
+
+
+def test_dnx_dates_are_read_in_the_configured_time_zone(emulator):
+    (ie,) = rosetta(emulator.url, timezone="America/Los_Angeles").get(["IE1001"])
+    assert ie.modified == utc("2024-01-10 17:00:00")
+
+
+# --- download and auth ---------------------------------------------------------------------------------------
+
+def test_every_file_is_fetched_with_its_fixity_verified(emulator, tmp_path):
+    (ie,) = rosetta(emulator.url).get(["IE1001"])
+    source = rosetta(emulator.url)
+    for item, name in zip(ie.items, ["icc-srgb/jpg-icc.jpg", "jpeg-baseline/flowers.jpeg",
+                                     "rgb8-tiff-jpeg/quad-jpeg.tif"]):
+        fetched = source.fetch(item, tmp_path)
+        assert fetched.fixity_verified and fetched.path.read_bytes() == (CORPUS / name).read_bytes()
+    scheme, token = emulator.requests("DeliveryManagerServlet")[0].headers["Authorization"].split(" ")
+    assert scheme == "Basic"
+    assert base64.b64decode(token).decode() == f"harvester-institutionCode-INS00:{PASSWORD}"
+
+
+def test_the_auth_scheme_word_is_configuration(emulator):
+    list(rosetta(emulator.url, auth_scheme="local").get(["IE1011"]))
+    assert emulator.requests(SOAP)[0].headers["Authorization"].startswith("local ")
+
+
+def test_delivery_and_harvest_hosts_soap_action_and_delivery_parameters_are_configuration(tmp_path):
+    catalogue = RosettaEmulator().catalogue
+    with EmulatorServer(RosettaEmulator(catalogue)) as app_server, \
+            EmulatorServer(RosettaEmulator(catalogue)) as delivery_server:
+        source = rosetta(app_server.url, delivery_base_url=delivery_server.url, soap_action="getIE",
+                         delivery_params={"dps_custom_att_1": "staff"}, fixity_preference=["md5"])
+        (ie,) = source.changes(utc("2024-04-01 00:00:00"), until=utc("2024-04-02 00:00:00"))
+        assert source.fetch(ie.items[0], tmp_path).fixity_verified
+        (irises,) = source.get(["IE1001"])
+        assert irises.items[2].fixity.algorithm == "md5"  # FL1007 has SHA1 and MD5; md5 is the only preference
+        assert app_server.requests("oaiprovider|DeliveryManagerServlet") == []
+        assert len(delivery_server.requests("verb=ListIdentifiers")) == 1
+        (download,) = delivery_server.requests("DeliveryManagerServlet")
+        assert download.arg("dps_custom_att_1") == "staff" and download.arg("dps_pid") == "FL1022"
+        assert app_server.requests(SOAP)[0].headers["SOAPAction"] == '"getIE"'
+        assert ie.source_url.startswith(delivery_server.url)
+
+
+@pytest.mark.parametrize("fault", [Fault.http(429, retry_after=0), Fault.http(500), Fault.http(503),
+                                   Fault.reset(), Fault.truncate(0.4), Fault.slow(2)],
+                         ids=["429", "500", "503", "reset", "truncated", "slow"])
+def test_discovery_and_description_survive_transient_faults(emulator, fault):
+    emulator.inject("verb=ListIdentifiers", fault)
+    emulator.inject(SOAP, fault, times=2)
+    source = rosetta(emulator.url, retry={**FAST_RETRY, "read_timeout_seconds": 0.5})
+    assert [o.id for o in source.changes(None)] == LIVE_IN_SET
+    assert len(emulator.requests(SOAP)) == 7
+
+
+@pytest.mark.parametrize("fault", [Fault.truncate(0.5), Fault.corrupt(), Fault.http(503), Fault.reset(),
+                                   Fault.http(429, retry_after=0), Fault.slow(2)],
+                         ids=["truncated", "wrong-fixity", "503", "reset", "429", "slow"])
+def test_a_faulty_download_is_retried_until_verified(emulator, tmp_path, fault):
+    (ie,) = rosetta(emulator.url).get(["IE1020"])
+    emulator.inject("dps_pid=FL1022", fault)
+    fetched = rosetta(emulator.url, retry={**FAST_RETRY, "read_timeout_seconds": 0.5}).fetch(ie.items[0], tmp_path)
+    assert fetched.path.read_bytes() == (CORPUS / "rgb8-tiff-lzw/kodim02-lzw.tif").read_bytes()
+    assert len(emulator.requests("dps_pid=FL1022")) == 2
+    assert [p.name for p in tmp_path.iterdir()] == ["FL1022.tif"]
+
+
+def test_a_download_that_never_matches_its_fixity_is_never_handed_on(emulator, tmp_path):
+    (ie,) = rosetta(emulator.url).get(["IE1020"])
+    emulator.inject("dps_pid=FL1022", Fault.corrupt(), times=None)
+    with pytest.raises(FetchIntegrityError, match="FL1022: md5 .* does not match"):
+        rosetta(emulator.url).fetch(ie.items[0], tmp_path)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("options", [{"password": "wrong-password"}, {"institution_code": "INS99"},
+                                     {"institution_code": None}], ids=["password", "institution", "no-institution"])
+def test_refused_credentials_fail_at_once_and_are_not_disclosed(emulator, options):
+    source = rosetta(emulator.url, **options)
+    with pytest.raises(AuthenticationFailed) as raised:
+        list(source.get(["IE1001"]))
+    assert len(emulator.requests(SOAP)) == 1
+    text = "".join(traceback.format_exception(raised.value))
+    assert "wrong-password" not in text and PASSWORD not in text
+
+
+def test_a_user_without_the_role_gets_permission_errors(emulator, tmp_path):
+    (ie,) = rosetta(emulator.url).get(["IE1011"])
+    curator = rosetta(emulator.url, username="curator", password="curator-Secret-2")
+    with pytest.raises(PermissionDenied, match="UserAuthorizeException"):
+        list(curator.get(["IE1011"]))
+    with pytest.raises(PermissionDenied, match="HTTP 403"):
+        curator.fetch(ie.items[0], tmp_path)
+    assert len(emulator.requests("DeliveryManagerServlet")) == 1
+
+
+def test_injected_auth_faults_are_not_retried(emulator, tmp_path):
+    (ie,) = rosetta(emulator.url).get(["IE1011"])
+    emulator.inject("DeliveryManagerServlet", Fault.http(401))
+    with pytest.raises(AuthenticationFailed):
+        rosetta(emulator.url).fetch(ie.items[0], tmp_path)
+    emulator.inject("DeliveryManagerServlet", Fault.http(403))
+    with pytest.raises(PermissionDenied):
+        rosetta(emulator.url).fetch(ie.items[0], tmp_path)
+    assert len(emulator.requests("DeliveryManagerServlet")) == 2
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_credentials_stay_out_of_debug_logs_during_a_faulty_harvest(emulator, tmp_path, caplog):
+    emulator.inject(SOAP, Fault.http(503), times=3)
+    emulator.inject("DeliveryManagerServlet", Fault.truncate(), times=2)
+    with caplog.at_level(logging.DEBUG):
+        source = sru(emulator.url)
+        for obj in source.changes(None):
+            source.fetch(obj.items[0], tmp_path)
+        with pytest.raises(AuthenticationFailed) as raised:
+            list(rosetta(emulator.url, password=OTHER_PASSWORD).get(["IE1001"]))
+    assert caplog.text.count("retrying in") == 5  # the faults happened, so there was plenty to log
+    basic = base64.b64encode(f"harvester-institutionCode-INS00:{PASSWORD}".encode()).decode()
+    for text in (caplog.text, "".join(traceback.format_exception(raised.value))):
+        assert PASSWORD not in text and basic not in text and OTHER_PASSWORD not in text
+
+
+# --- settings ------------------------------------------------------------------------------------------------
+
+def test_settings_are_validated_with_the_key_named():
+    with pytest.raises(ConfigError, match=r"config.yaml: sources.main: Value error, discovery: oai needs oai.set"):
+        open_source("rosetta", {"base_url": "http://x", "username": "u", "password": "p"}, "main",
+                    prefix="sources.main")
+    with pytest.raises(ConfigError, match=r"sources.main.sru.modified_index: Field required"):
+        open_source("rosetta", {"base_url": "http://x", "username": "u", "password": "p", "discovery": "sru",
+                                "sru": {}}, "main", prefix="sources.main")
+    with pytest.raises(ConfigError, match="passwd: Extra inputs are not permitted"):
+        open_source("rosetta", {"base_url": "http://x", "username": "u", "password": "p", "passwd": "p",
+                                "oai": {"set": "s"}}, "main")
+    with pytest.raises(ConfigError, match="timezone: Value error, unknown time zone 'Mars/Olympus'"):
+        open_source("rosetta", {"base_url": "http://x", "username": "u", "password": "p", "oai": {"set": "s"},
+                                "timezone": "Mars/Olympus"}, "main")
+
+
+def test_the_password_is_never_shown_by_settings():
+    source = open_source("rosetta", {"base_url": "http://x", "username": "u", "password": 123456789,
+                                     "oai": {"set": "s"}}, "main")
+    assert source.settings.password.get_secret_value() == "123456789"
+    assert "123456789" not in repr(source.settings) and "123456789" not in str(source.settings)
+    with pytest.raises(ConfigError, match=r"password: Value error, still holds a \$\{VAR\} reference"):
+        open_source("rosetta", {"base_url": "http://x", "username": "u", "password": "${ROSETTA_PASSWORD}",
+                                "oai": {"set": "s"}}, "main")
+
+
+# --- the emulator standalone ---------------------------------------------------------------------------------
+
+def test_the_emulator_runs_standalone_with_a_fault_control_endpoint():
+    port = free_port()
+    process = subprocess.Popen([sys.executable, "-m", "tests.emulators.rosetta", "--port", str(port)],
+                               cwd=CORPUS.parents[1], stdout=subprocess.PIPE, text=True)
+    try:
+        wait_for_port(port, process)
+        url = f"http://127.0.0.1:{port}"
+        assert "Rosetta emulator on" in process.stdout.readline()
+        assert [o.id for o in rosetta(url).changes(utc("2024-04-01 00:00:00"))] == ["IE1020", "IE1023"]
+        control = requests.post(f"{url}/_emulator/faults", json={"pattern": "verb=Identify", "fault": "status",
+                                                                 "status": 503, "times": 1}, timeout=5)
+        assert control.status_code == 200
+        assert requests.get(f"{url}/oaiprovider/request?verb=Identify", timeout=5).status_code == 503
+        assert requests.get(f"{url}/oaiprovider/request?verb=Identify", timeout=5).status_code == 200
+    finally:
+        process.terminate()
+        process.wait(10)
+        process.stdout.close()
