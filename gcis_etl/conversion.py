@@ -150,30 +150,60 @@ def verify_in_child(path: str, expect) -> VerifyReport:
 
 
 def encode_in_child(job: EncodeJob) -> EncodeOutcome:
-    """The child's half: decode, normalise, carry metadata, encode, verify, hash."""
-    from gcis_etl.colour import normalise, srgb_profile
+    """The child's half: read metadata, decode, normalise, encode, verify, hash."""
+    from gcis_etl.colour import normalise
     from gcis_etl.decoding import open_master
+    from gcis_etl.jp2 import metadata_carrier
     from gcis_etl.metadata import carried_tags
-    from gcis_etl.ptiff import encode_ptiff
-    from gcis_etl.verification import Expectation, verify
 
     out = Path(job.output)
-    keep, exclude = job.recipe.metadata.keep, job.recipe.metadata.exclude
-    isolation.stage("reading metadata")
-    with tempfile.TemporaryDirectory(prefix="gcis-meta-") as scratch:
-        carried = carried_tags(job.info.path, keep, exclude, Path(scratch))
-    decoded = open_master(job.info, job.decoders, job.policy.strict)
-    isolation.stage(_PIXELS + decoded.decoder)
-    image = normalise(decoded.image, job.info, job.policy)
-    encoded = encode_ptiff(image, out, job.recipe, srgb_profile(), carried.tags)
-    isolation.stage("verifying the output")
-    report = verify(out, Expectation(width=image.width, height=image.height, tile=job.recipe.tile,
-                                     chroma=job.recipe.chroma, metadata=carried.values))
-    if not report.ok:
-        raise VerificationFailed("output failed verification: " + "; ".join(report.errors))
+    recipe = job.recipe
+    ptiff = recipe.encoder == "ptiff"
+    with tempfile.TemporaryDirectory(prefix="gcis-scratch-") as scratch:
+        isolation.stage("reading metadata")
+        metadata = (carried_tags if ptiff else metadata_carrier)(
+            job.info.path, recipe.metadata.keep, recipe.metadata.exclude, Path(scratch))
+        decoded = open_master(job.info, job.decoders, job.policy.strict)
+        isolation.stage(_PIXELS + decoded.decoder)  # pixels are read lazily, while encoding
+        image = normalise(decoded.image, job.info, job.policy)
+        encoded = (_encode_ptiff if ptiff else _encode_jp2)(image, out, recipe, metadata, Path(scratch))
+    if not encoded.report.ok:
+        raise VerificationFailed("output failed verification: " + "; ".join(encoded.report.errors))
     return EncodeOutcome(decoder=decoded.decoder, width=image.width, height=image.height,
-                         levels=len(encoded.levels), bytes=encoded.bytes, sha256=sha256_file(out),
-                         notes=decoded.notes + (("BigTIFF (over 4 GB)",) if encoded.bigtiff else ()),
+                         levels=encoded.levels, bytes=encoded.bytes, sha256=sha256_file(out),
+                         notes=decoded.notes + encoded.notes + encoded.report.warnings,
                          peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
 
 
+@dataclass(frozen=True)
+class _Encoded:
+    levels: int
+    bytes: int
+    notes: tuple[str, ...]
+    report: VerifyReport
+
+
+def _encode_ptiff(image, out: Path, recipe: Recipe, carried, scratch: Path) -> _Encoded:
+    from gcis_etl.colour import srgb_profile
+    from gcis_etl.ptiff import encode_ptiff
+    from gcis_etl.verification import Expectation, verify
+    encoded = encode_ptiff(image, out, recipe, srgb_profile(), carried.tags)
+    isolation.stage("verifying the output")
+    report = verify(out, Expectation(width=image.width, height=image.height, tile=recipe.tile,
+                                     chroma=recipe.chroma, metadata=carried.values))
+    return _Encoded(len(encoded.levels), encoded.bytes, ("BigTIFF (over 4 GB)",) if encoded.bigtiff else (),
+                    report)
+
+
+def _encode_jp2(image, out: Path, recipe: Recipe, metadata, scratch: Path) -> _Encoded:
+    """The uncompressed sRGB TIFF the encoder read stays in scratch until the pixels are compared."""
+    from gcis_etl.jp2 import encode_jp2
+    from gcis_etl.verification import Jp2Expectation, verify_jp2
+    encoded = encode_jp2(image, out, recipe, metadata, scratch)
+    isolation.stage("verifying the output")
+    jp2 = recipe.jp2
+    report = verify_jp2(out, Jp2Expectation(
+        width=image.width, height=image.height, levels=jp2.levels, layers=jp2.layers,
+        progression=jp2.progression, ht=jp2.ht, plt=encoded.plt,
+        min_psnr=float("inf") if jp2.lossless else 30.0, reference=encoded.reference, metadata=metadata.values))
+    return _Encoded(jp2.levels + 1, encoded.bytes, encoded.warnings, report)

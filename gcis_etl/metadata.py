@@ -111,15 +111,24 @@ class Carried:
     values: dict
 
 
-def carried_tags(master: str | Path, keep: tuple[str, ...], exclude: tuple[str, ...], scratch: Path) -> Carried:
-    """IFD entries holding the master's kept metadata, with ExifIFD ColorSpace = sRGB."""
+def selection(keep: tuple[str, ...], exclude: tuple[str, ...]) -> list[str]:
+    """exiftool arguments selecting the kept tags."""
+    return [f"-{tag}" for tag in keep] + [f"--{tag}" for tag in exclude]
+
+
+def write_carrier(master: str | Path, keep: tuple[str, ...], exclude: tuple[str, ...], carrier: Path) -> Path:
+    """A 1-pixel classic TIFF holding the master's kept tags as exiftool normalises them, ColorSpace = sRGB."""
     import numpy as np
     import tifffile
-    carrier = Path(scratch) / "metadata-carrier.tif"
     tifffile.imwrite(carrier, np.zeros((1, 1, 3), np.uint8), photometric="rgb", byteorder="<", metadata=None)
-    args = ["-m", "-q", "-n", "-overwrite_original", "-TagsFromFile", str(master)]
-    args += [f"-{tag}" for tag in keep] + [f"--{tag}" for tag in exclude]
-    exiftool_run(*args, *_COLOURSPACE_SRGB, str(carrier))
+    exiftool_run("-m", "-q", "-n", "-overwrite_original", "-TagsFromFile", str(master), *selection(keep, exclude),
+                 *_COLOURSPACE_SRGB, str(carrier))
+    return carrier
+
+
+def carried_tags(master: str | Path, keep: tuple[str, ...], exclude: tuple[str, ...], scratch: Path) -> Carried:
+    """IFD entries holding the master's kept metadata, with ExifIFD ColorSpace = sRGB."""
+    carrier = write_carrier(master, keep, exclude, Path(scratch) / "metadata-carrier.tif")
     try:
         return Carried(tags=read_ifd0_tags(carrier.read_bytes()), values=kept_tag_values(carrier, keep, exclude))
     finally:
@@ -163,6 +172,5 @@ def read_ifd0_tags(data: bytes) -> list:
 
 def kept_tag_values(path: str | Path, keep: tuple[str, ...], exclude: tuple[str, ...]) -> dict:
     """Tag -> value of the kept, non-structural metadata of a file, as exiftool reads it."""
-    args = [f"-{t}" for t in keep] + [f"--{t}" for t in exclude]
-    tags = exiftool_json(path, "-a", *args)
+    tags = exiftool_json(path, "-a", *selection(keep, exclude))
     return {k: v for k, v in tags.items() if k != "SourceFile" and k.split(":", 1)[-1] not in STRUCTURAL_NAMES}

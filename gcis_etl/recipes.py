@@ -28,10 +28,52 @@ class MetadataRule(Settings):
                                 "ICC_Profile:all", "Orientation")
 
 
+JP2_ENCODERS = ("kakadu", "openjpeg", "grok")
+_PTIFF_ONLY = ("tile", "quality", "chroma", "fast_dct", "encode_threads")
+_KDU_KEYS = {"Clevels": "levels", "Clayers": "layers", "Corder": "progression"}
+
+
+class Jp2Parameters(Settings):
+    """JPEG 2000 coding parameters, in Kakadu's terms; openjpeg/grok arguments are derived from them.
+
+    For kakadu, `kdu_args` is the exact vector passed to kdu_compress (the seed's parameter sets); the
+    structured fields then describe what verification expects and must agree with it."""
+
+    levels: int = Field(6, ge=1, le=32, description="wavelet decompositions (Clevels; opj/grk -n is levels+1)")
+    layers: int = Field(1, ge=1, le=64, description="quality layers (Clayers)")
+    precincts: tuple[tuple[int, int], ...] = ((256, 256), (256, 256), (128, 128))
+    code_block: tuple[int, int] = (64, 64)
+    progression: Literal["LRCP", "RLCP", "RPCL", "PCRL", "CPRL"] = "RPCL"
+    tiles: tuple[int, int] | None = Field((512, 512), description="None: the whole image is one tile")
+    rates: tuple[float, ...] = Field((), description="bits per pixel per layer (kdu -rate); () = lossless")
+    reversible: bool = Field(False, description="5-3 reversible wavelet (Creversible); with no rates: lossless")
+    plt: bool = Field(True, description="PLT markers (ORGgen_plt): packet lengths for fast random access")
+    tile_parts: Literal["R", "L", "C"] | None = Field("R", description="tile-part division (ORGtparts)")
+    sop: bool = True
+    eph: bool = True
+    ht: bool = Field(False, description="HTJ2K block coder (Part 15, Cmodes=HT)")
+    kdu_args: tuple[str, ...] = ()
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "Jp2Parameters":
+        if self.rates and not self.reversible and any(r <= 0 for r in self.rates):
+            raise ValueError("rates must be positive bits per pixel")
+        if not self.rates and not self.reversible:
+            raise ValueError("lossless coding (no rates) needs reversible: true")
+        for size in (*self.precincts, self.code_block):
+            if any(v < 4 or v & (v - 1) for v in size):
+                raise ValueError(f"precinct and code-block sizes must be powers of two >= 4, got {list(size)}")
+        return self
+
+    @property
+    def lossless(self) -> bool:
+        return self.reversible and not self.rates
+
+
 class Recipe(Settings):
     name: str
     description: str = ""
-    encoder: Literal["ptiff"] = "ptiff"
+    encoder: Literal["ptiff", "kakadu", "openjpeg", "grok"] = "ptiff"
     tile: int = Field(256, ge=16, le=4096, multiple_of=16)
     quality: int = Field(90, ge=1, le=100)
     chroma: Literal["4:2:0", "4:4:4"] = "4:2:0"
@@ -39,17 +81,57 @@ class Recipe(Settings):
     encode_threads: int = Field(1, ge=1, le=16, description="tile-encoding threads beside the decoder")
     extension: str = ".tif"
     metadata: MetadataRule = MetadataRule()
+    jp2: Jp2Parameters | None = Field(None, description="required for the JPEG 2000 encoders, refused for ptiff")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _jp2_extension(cls, data: object) -> object:
+        if isinstance(data, dict) and data.get("encoder") in JP2_ENCODERS and "extension" not in data:
+            return {**data, "extension": ".jp2"}
+        return data
 
     @model_validator(mode="after")
-    def _extension_has_dot(self) -> "Recipe":
+    def _fields_match_encoder(self) -> "Recipe":
         if not self.extension.startswith("."):
             raise ValueError(f"extension must start with a dot, got {self.extension!r}")
+        if self.encoder == "ptiff":
+            if self.jp2 is not None:
+                raise ValueError("jp2: applies only to the encoders " + ", ".join(JP2_ENCODERS))
+            return self
+        misplaced = sorted(set(_PTIFF_ONLY) & self.model_fields_set)
+        if misplaced:
+            raise ValueError(f"{', '.join(misplaced)}: apply only to encoder ptiff, not {self.encoder}")
+        if self.jp2 is None:
+            raise ValueError(f"jp2: parameters are required for encoder {self.encoder}")
+        if self.extension != ".jp2":
+            raise ValueError(f"extension must be .jp2 for encoder {self.encoder}, got {self.extension!r}")
+        if self.encoder == "kakadu":
+            _check_kdu_args(self.jp2)
+        elif self.jp2.kdu_args:
+            raise ValueError(f"jp2.kdu_args: applies only to encoder kakadu, not {self.encoder}")
+        elif self.jp2.layers > 1 and len(self.jp2.rates) != self.jp2.layers:
+            raise ValueError(f"jp2.rates: {self.encoder} needs one rate per layer ({self.jp2.layers}), "
+                             f"got {len(self.jp2.rates)}")
         return self
 
     @property
     def digest(self) -> str:
-        canonical = json.dumps(self.model_dump(mode="json", exclude={"description"}), sort_keys=True)
+        # exclude_none: recipes without a jp2 section keep the digests they had before it existed
+        canonical = json.dumps(self.model_dump(mode="json", exclude={"description"}, exclude_none=True),
+                               sort_keys=True)
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+def _check_kdu_args(jp2: Jp2Parameters) -> None:
+    """The verbatim kdu_compress vector must say what the structured fields (used to verify) say."""
+    if not jp2.kdu_args:
+        raise ValueError("jp2.kdu_args: the kdu_compress parameters are required for encoder kakadu")
+    given = dict(a.split("=", 1) for a in jp2.kdu_args if a.split("=", 1)[0] in _KDU_KEYS)
+    for key, field in _KDU_KEYS.items():
+        if key in given and given[key] != str(getattr(jp2, field)):
+            raise ValueError(f"jp2.kdu_args: {key}={given[key]} disagrees with jp2.{field}: {getattr(jp2, field)}")
+    if jp2.ht != any(a.startswith("Cmodes=") and "HT" in a for a in jp2.kdu_args):
+        raise ValueError(f"jp2.kdu_args: Cmodes=HT {'missing' if jp2.ht else 'present'} but jp2.ht is {jp2.ht}")
 
 
 def recipe_dirs() -> list[Path]:

@@ -1,0 +1,159 @@
+"""The JPEG 2000 encoders: kdu_compress (licensed, used when installed), opj_compress and grk_compress.
+
+Every encoder reads an uncompressed 8-bit sRGB TIFF written from the normalised image into scratch, never
+the master: stock kdu_compress reads only uncompressed TIFF, and a TIFF without an ICC profile makes all
+three write an enumerated sRGB colour box (opj_compress would drop a profile anyway). Argument vectors are
+lists; the kakadu one is the recipe's `kdu_args` verbatim.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from gcis_etl import isolation
+from gcis_etl.errors import ConversionFailed, RejectedMaster
+from gcis_etl.metadata import exiftool_run, kept_tag_values, selection, write_carrier
+from gcis_etl.recipes import Recipe
+
+KDU_ENV = "GCIS_KDU_COMPRESS"
+TOOLS = {"kakadu": "kdu_compress", "openjpeg": "opj_compress", "grok": "grk_compress"}
+INPUT_BITS_PER_PIXEL = 24  # the normalised image: 3 x 8 bits; opj/grk take ratios, kakadu bits per pixel
+GROK_PLT_WITH_RATES = ("grk_compress 10.0.5 segfaults when PLT markers (-L) are combined with rates (-r): "
+                       "PLT markers dropped")
+_SECONDS_BASE, _SECONDS_PER_MEGAPIXEL = 120.0, 4.0  # opj_compress runs at ~4 MP/s: a wide margin
+
+
+@dataclass(frozen=True)
+class Jp2Command:
+    argv: tuple[str, ...]
+    plt: bool  # whether the output will carry PLT markers
+    warnings: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class EncodedJp2:
+    bytes: int
+    plt: bool
+    warnings: tuple[str, ...]
+    reference: Path  # the uncompressed sRGB TIFF encoded, kept in scratch for verification
+
+
+def kdu_compress_path() -> str | None:
+    """The kdu_compress binary: $GCIS_KDU_COMPRESS, else kdu_compress on PATH; None when not installed."""
+    configured = os.environ.get(KDU_ENV)
+    if configured:
+        return configured if os.access(configured, os.X_OK) else None
+    return shutil.which(TOOLS["kakadu"])
+
+
+def build_command(recipe: Recipe, source: Path, output: Path, binary: str | None = None) -> Jp2Command:
+    """The encoder's argument vector for `source` (uncompressed sRGB TIFF) -> `output` (.jp2)."""
+    jp2 = recipe.jp2
+    binary = binary or TOOLS[recipe.encoder]
+    io = ["-i", str(source), "-o", str(output)]
+    if recipe.encoder == "kakadu":
+        return Jp2Command((binary, *io, *jp2.kdu_args), plt=jp2.plt)
+    opj = recipe.encoder == "openjpeg"
+    args = ["-n", str(jp2.levels + 1), "-b", _pair(jp2.code_block), "-p", jp2.progression]
+    if jp2.precincts:
+        args += ["-c", ",".join(f"[{_pair(p)}]" for p in jp2.precincts)]
+    if jp2.tiles:
+        args += ["-t", _pair(jp2.tiles)]
+    if jp2.tile_parts:
+        args += ["-TP" if opj else "-u", jp2.tile_parts]
+    if jp2.sop:
+        args.append("-SOP" if opj else "-S")
+    if jp2.eph:
+        args.append("-EPH" if opj else "-E")
+    if not jp2.reversible:
+        args.append("-I")
+    if jp2.rates:
+        args += ["-r", ",".join(_ratio(r) for r in sorted(jp2.rates))]
+    if jp2.ht:
+        if opj:
+            raise ConversionFailed("opj_compress cannot write HTJ2K; use encoder grok or kakadu")
+        args += ["-M", "64"]
+    warnings: tuple[str, ...] = ()
+    if jp2.plt:
+        if not opj and jp2.rates:
+            warnings = (GROK_PLT_WITH_RATES,)
+        else:
+            args.append("-PLT" if opj else "-L")
+    return Jp2Command((binary, *io, *args), plt=jp2.plt and not warnings, warnings=warnings)
+
+
+def _pair(size: tuple[int, int]) -> str:
+    return f"{size[0]},{size[1]}"
+
+
+def _ratio(bits_per_pixel: float) -> str:
+    """Kakadu's bits per pixel as opj/grk's compression ratio (ascending rates -> descending ratios)."""
+    return f"{INPUT_BITS_PER_PIXEL / bits_per_pixel:g}"
+
+
+def encode_jp2(image, out_path: Path, recipe: Recipe, metadata: Jp2Metadata, scratch: Path) -> EncodedJp2:
+    """Write `image` (normalised, 8-bit sRGB, no profile) as a JP2 with the master's kept metadata."""
+    import pyvips
+    binary = kdu_compress_path() if recipe.encoder == "kakadu" else shutil.which(TOOLS[recipe.encoder])
+    if binary is None:
+        where = f" (set {KDU_ENV} to its path)" if recipe.encoder == "kakadu" else ""
+        raise ConversionFailed(f"{TOOLS[recipe.encoder]} not installed{where}")
+    source = scratch / "normalised-srgb.tif"
+    try:
+        image.tiffsave(str(source), compression="none", strip=True,
+                       bigtiff=image.width * image.height * 3 > 2 ** 32 - 2 ** 26)
+    except pyvips.Error as exc:
+        raise RejectedMaster(f"corrupt or truncated image data: {str(exc.message).strip()}") from None
+    # the encoders choose the format by extension, and the caller's temporary name ends in .partial
+    encoded = scratch / "encoded.jp2"
+    command = build_command(recipe, source, encoded, binary)
+    isolation.stage(f"encoding with {Path(binary).name}")
+    run_encoder(command.argv, timeout=_SECONDS_BASE + _SECONDS_PER_MEGAPIXEL * image.width * image.height / 1e6)
+    isolation.stage("writing metadata")
+    carry_metadata(metadata, encoded, recipe.metadata.keep, recipe.metadata.exclude)
+    shutil.move(encoded, out_path)
+    with open(out_path, "rb+") as f:
+        os.fsync(f.fileno())
+    return EncodedJp2(bytes=out_path.stat().st_size, plt=command.plt, warnings=command.warnings, reference=source)
+
+
+def run_encoder(argv: tuple[str, ...], timeout: float) -> None:
+    """Run the encoder; its crash, time-out or error is this master's ConversionFailed with the reason."""
+    tool = Path(argv[0]).name
+    try:
+        proc = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, errors="replace",
+                              timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise ConversionFailed(f"{tool} timed out after {timeout:.0f} s") from None
+    except OSError as exc:
+        raise ConversionFailed(f"{tool} could not be started: {exc.strerror}") from None
+    if proc.returncode < 0:
+        raise ConversionFailed(f"{tool} crashed: {signal.Signals(-proc.returncode).name}")
+    # opj_compress reports some argument errors on stdout with exit status 0 and writes nothing
+    output = Path(argv[argv.index("-o") + 1])
+    if proc.returncode or not output.is_file() or output.stat().st_size == 0:
+        lines = [ln for ln in (proc.stderr + proc.stdout).splitlines() if ln.strip()]
+        raise ConversionFailed(f"{tool} failed (exit {proc.returncode}): {lines[-1].strip() if lines else 'no output'}")
+
+
+@dataclass(frozen=True)
+class Jp2Metadata:
+    carrier: Path  # a 1-pixel TIFF holding the kept tags, copied into the JP2 once it exists
+    values: dict   # kept tag -> value, as exiftool reads them from the carrier: what verification expects
+
+
+def metadata_carrier(master: str, keep: tuple[str, ...], exclude: tuple[str, ...], scratch: Path) -> Jp2Metadata:
+    """The kept tags, normalised by exiftool into a TIFF carrier as on the PTIFF path (rationals rounded,
+    ColorSpace = sRGB, exclusions applied), so the JP2 and the PTIFF carry the same values."""
+    carrier = write_carrier(master, keep, exclude, scratch / "metadata-carrier.tif")
+    return Jp2Metadata(carrier, kept_tag_values(carrier, keep, exclude))
+
+
+def carry_metadata(metadata: Jp2Metadata, jp2: Path, keep: tuple[str, ...], exclude: tuple[str, ...]) -> None:
+    """exiftool writes the carrier's tags into the JP2's EXIF and XMP boxes, in place."""
+    exiftool_run("-m", "-q", "-n", "-overwrite_original", "-TagsFromFile", str(metadata.carrier),
+                 *selection(keep, exclude), str(jp2))
