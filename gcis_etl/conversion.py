@@ -198,12 +198,12 @@ def _encode_ptiff(image, out: Path, recipe: Recipe, carried, scratch: Path) -> _
 def _encode_jp2(image, out: Path, recipe: Recipe, metadata, scratch: Path) -> _Encoded:
     """The uncompressed sRGB TIFF the encoder read stays in scratch until the pixels are compared."""
     from gcis_etl.jp2 import encode_jp2
-    from gcis_etl.verification import Jp2Expectation, verify_jp2
+    from gcis_etl.verification import LOSSLESS, Jp2Expectation, verify_jp2
     encoded = encode_jp2(image, out, recipe, metadata, scratch)
     isolation.stage("verifying the output")
     jp2 = recipe.jp2
     report = verify_jp2(out, Jp2Expectation(
         width=image.width, height=image.height, levels=jp2.levels, layers=jp2.layers,
         progression=jp2.progression, ht=jp2.ht, plt=encoded.plt,
-        min_psnr=float("inf") if jp2.lossless else 30.0, reference=encoded.reference, metadata=metadata.values))
+        min_psnr=LOSSLESS if jp2.lossless else 30.0, reference=encoded.reference, metadata=metadata.values))
     return _Encoded(jp2.levels + 1, encoded.bytes, encoded.warnings, report)

@@ -128,7 +128,7 @@ def metadata_differences(expected: dict, path: Path) -> list[str]:
 # --- JPEG 2000 -------------------------------------------------------------------------------------
 _HT_RSIZ = 0x4000  # Rsiz bit 14: the codestream uses HTJ2K (Part 15) capabilities
 _CODESTREAM = "properties/contiguousCodestreamBox"
-_LOSSLESS_PSNR = float("inf")
+LOSSLESS = float("inf")  # min_psnr meaning "pixels identical"
 
 
 @dataclass(frozen=True)
@@ -223,7 +223,7 @@ def _jp2_pixel_errors(path: Path, expect: Jp2Expectation) -> list[str]:
         return errors
     with Image.open(expect.reference) as ref:
         reference = np.asarray(ref.convert("RGB"))
-    if expect.min_psnr == _LOSSLESS_PSNR:
+    if expect.min_psnr == LOSSLESS:
         if not np.array_equal(decoded, reference):
             errors.append("lossless recipe but the decoded pixels differ from the normalised image")
         return errors
