@@ -1,4 +1,4 @@
-"""Command line: a thin click layer over the library (every command calls one library function)."""
+"""Commands on single files: inspect, convert, verify, recipes, demo."""
 from __future__ import annotations
 
 import json
@@ -7,39 +7,8 @@ from pathlib import Path
 
 import click
 
+from gcis_etl.cli import EXIT_ITEM_FAILED, EXIT_OK, _config, _fail_config, main
 from gcis_etl.errors import ConfigError
-
-EXIT_OK, EXIT_ITEM_FAILED, EXIT_USAGE = 0, 1, 2
-
-
-def _fail_config(exc: ConfigError) -> None:
-    click.echo(f"configuration error:\n{exc}", err=True)
-    sys.exit(EXIT_USAGE)
-
-
-def _config(ctx: click.Context):
-    from gcis_etl.config import load_config
-    try:
-        return load_config(ctx.obj)
-    except ConfigError as exc:
-        _fail_config(exc)
-
-
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
-@click.version_option(package_name="gcis-etl")
-@click.option("--config", "config_file", type=click.Path(dir_okay=False), envvar="GCIS_CONFIG",
-              help="Configuration file (default: ./config.yaml, else built-in defaults). Env: GCIS_CONFIG.")
-@click.pass_context
-def main(ctx: click.Context, config_file: str | None) -> None:
-    """gcis-etl: masters from the DAMs in, verified IIIF access masters out.
-
-    \b
-    Start with:
-      gcis-etl inspect master.tif          what is this file, and will it be accepted?
-      gcis-etl convert master.tif out.tif  make a verified pyramidal TIFF access master
-      gcis-etl verify out.tif              does a file meet the access-master contract?
-    """
-    ctx.obj = config_file
 
 
 @main.command()
@@ -182,7 +151,7 @@ def demo(ctx: click.Context, out: str) -> None:
     """Convert the bundled sample masters (samples/) and print where the outputs are."""
     from gcis_etl.conversion import convert as convert_master
     from gcis_etl.isolation import IsolatedProcess
-    samples = Path(__file__).resolve().parent.parent / "samples" / "masters"
+    samples = Path(__file__).resolve().parents[2] / "samples" / "masters"
     masters = sorted(p for p in samples.rglob("*") if p.is_file())
     out_dir = Path(out)
     cfg = _config(ctx)
@@ -197,17 +166,3 @@ def demo(ctx: click.Context, out: str) -> None:
             click.echo(f"{result.status.value:9} {master.parent.name}/{master.name:32} {detail}")
     click.echo(f"\naccess masters are in {out_dir.resolve()}")
     sys.exit(EXIT_ITEM_FAILED if failures else EXIT_OK)
-
-
-@click.command(context_settings={"help_option_names": ["-h", "--help"], "ignore_unknown_options": True})
-@click.argument("script")
-@click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def migrate_main(script: str, args: tuple[str, ...]) -> None:
-    """Run a migration script from migrations/ (by name or path) with its own arguments.
-
-    \b
-    Example:
-      gcis-migrate initial_load --help
-    """
-    from gcis_etl.migration import run_script
-    sys.exit(run_script(script, list(args)))

@@ -1,0 +1,69 @@
+"""Command line: a thin click layer over the library (every command calls one library function).
+
+One module per command family registers its commands on `main`: imaging (inspect, convert, verify,
+recipes), pipelines (harvest, status, retry, report, config), cache (the iipsrv access-master cache).
+"""
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+
+import click
+
+from gcis_etl.errors import ConfigError
+
+EXIT_OK, EXIT_ITEM_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+def _fail_config(exc: ConfigError) -> None:
+    click.echo(f"configuration error:\n{exc}", err=True)
+    sys.exit(EXIT_USAGE)
+
+
+def _config(ctx: click.Context):
+    from gcis_etl.config import load_config
+    try:
+        return load_config(ctx.obj)
+    except ConfigError as exc:
+        _fail_config(exc)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(package_name="gcis-etl")
+@click.option("--config", "config_file", type=click.Path(dir_okay=False), envvar="GCIS_CONFIG",
+              help="Configuration file (default: ./config.yaml, else built-in defaults). Env: GCIS_CONFIG.")
+@click.pass_context
+def main(ctx: click.Context, config_file: str | None) -> None:
+    """gcis-etl: masters from the DAMs in, verified IIIF access masters out.
+
+    \b
+    Start with:
+      gcis-etl inspect master.tif          what is this file, and will it be accepted?
+      gcis-etl convert master.tif out.tif  make a verified pyramidal TIFF access master
+      gcis-etl verify out.tif              does a file meet the access-master contract?
+    """
+    ctx.obj = config_file
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"], "ignore_unknown_options": True})
+@click.argument("script")
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def migrate_main(script: str, args: tuple[str, ...]) -> None:
+    """Run a migration script from migrations/ (by name or path) with its own arguments.
+
+    \b
+    Example:
+      gcis-migrate initial_load --help
+    """
+    from gcis_etl.migration import run_script
+    sys.exit(run_script(script, list(args)))
+
+
+def _register() -> None:
+    for module in COMMAND_MODULES:
+        importlib.import_module(f"gcis_etl.cli.{module}")
+
+
+COMMAND_MODULES = ("imaging",)
+_register()
