@@ -1,21 +1,50 @@
-"""config.yaml: the imaging policy and process limits (pipelines, stores and sources join it later).
+"""config.yaml: imaging policy, process limits, where state lives, and the named pipelines.
 
 Looked up as --config, then $GCIS_CONFIG, then ./config.yaml; without any file the built-in defaults
-(the product policy) apply. Errors name the file, the key path and what was expected.
+(the product policy, no pipelines) apply. Relative paths in the file are relative to the file's folder,
+so a cron job finds the same ledger and masters whatever its working directory. Errors name the file,
+the key path and what was expected; ${VAR} references are filled from the environment.
 """
 from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field
 
 from gcis_etl.errors import ConfigError
+from gcis_etl.pipelines import Pipeline, PipelineSettings, RunSettings, pipeline_settings
 from gcis_etl.policy import ImagingPolicy, IsolationSettings
 from gcis_etl.settings import Settings, interpolate_env, parse, read_yaml
+
+
+class LedgerSettings(Settings):
+    path: Path | None = Field(None, description="default: <state_dir>/ledger.sqlite")
+    journal_mode: Literal["wal", "delete", "truncate"] = Field(
+        "wal", description="'delete' where WAL cannot work (network filesystems)")
+    busy_timeout_seconds: float = Field(30, gt=0)
 
 
 class Config(Settings):
     imaging: ImagingPolicy = ImagingPolicy()
     isolation: IsolationSettings = IsolationSettings()
+    state_dir: Path = Field(Path("var/state"), description="ledger, run locks, run reports, scratch")
+    ledger: LedgerSettings = LedgerSettings()
+    defaults: RunSettings = RunSettings()
+    pipelines: dict[str, PipelineSettings] = {}
+    source_file: str = "<built-in defaults>"
+
+    @property
+    def ledger_path(self) -> Path:
+        return self.ledger.path or self.state_dir / "ledger.sqlite"
+
+    def pipeline(self, name: str) -> Pipeline:
+        try:
+            return Pipeline(name, self.pipelines[name], self.source_file)
+        except KeyError:
+            known = ", ".join(sorted(self.pipelines)) or "none configured"
+            raise ConfigError(f"{self.source_file}: no pipeline {name!r} (pipelines: {known})") from None
 
 
 def config_path(explicit: str | Path | None = None) -> Path | None:
@@ -33,7 +62,46 @@ def load_config(path: str | Path | None = None) -> Config:
         return Config()
     data = read_yaml(found)
     if data is None:
-        return Config()
+        data = {}
     if not isinstance(data, dict):
         raise ConfigError(f"{found}: expected a mapping at the top level")
-    return parse(Config, interpolate_env(data, ""), str(found))
+    source = str(found)
+    data = interpolate_env(_anchored(data, found.resolve().parent), "")
+    pipelines = data.pop("pipelines", None) or {}
+    if not isinstance(pipelines, dict):
+        raise ConfigError(f"{source}: pipelines: expected a mapping of pipeline name to settings")
+    top = parse(Config, data, source)
+    inherited = {key: data.get(key) or {} for key in ("defaults", "imaging", "isolation")}
+    for key, value in inherited.items():
+        if not isinstance(value, dict):
+            raise ConfigError(f"{source}: {key}: expected a mapping")
+    parsed = {name: pipeline_settings(str(name), settings, inherited["defaults"], inherited["imaging"],
+                                      inherited["isolation"], source)
+              for name, settings in pipelines.items()}
+    return top.model_copy(update={"pipelines": parsed, "source_file": source})
+
+
+def _anchored(data: dict, base: Path) -> dict:
+    """Make the file's relative paths relative to its folder (only keys that are paths by definition)."""
+    def anchor(value: Any) -> Any:
+        return str(base / value) if isinstance(value, str) and value and not Path(value).is_absolute() else value
+
+    data = dict(data)
+    data["state_dir"] = anchor(data.get("state_dir", "var/state"))
+    if isinstance(data.get("ledger"), dict) and "path" in data["ledger"]:
+        data["ledger"] = {**data["ledger"], "path": anchor(data["ledger"]["path"])}
+    pipelines = data.get("pipelines")
+    if isinstance(pipelines, dict):
+        data["pipelines"] = {name: _anchored_pipeline(p, anchor) for name, p in pipelines.items()}
+    return data
+
+
+def _anchored_pipeline(pipeline: Any, anchor) -> Any:
+    if not isinstance(pipeline, dict):
+        return pipeline
+    pipeline = dict(pipeline)
+    for section, kinds in (("source", ("filesystem",)), ("store", ("local",))):
+        part = pipeline.get(section)
+        if isinstance(part, dict) and part.get("kind") in kinds and "root" in part:
+            pipeline[section] = {**part, "root": anchor(part["root"])}
+    return pipeline

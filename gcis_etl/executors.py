@@ -1,0 +1,86 @@
+"""Executors run ItemTasks and hand back ItemResults; `executor:` in config.yaml picks one.
+
+- `local` (default, no broker): `concurrency` worker threads in this process, each driving its own conversion
+  child process (isolation.py). Decoding and encoding happen only in those children, so this is a process
+  pool where it matters, and fetching and uploading overlap with conversion in the threads.
+- `celery`: tasks go to a broker and run on any number of machines (gcis_etl.worker).
+
+The caller plans in its own thread (listing, ledger decisions) and submits one task at a time; submit waits
+only while every slot is busy, so a backlog of millions of items streams through a bounded window.
+"""
+from __future__ import annotations
+
+import queue
+import threading
+from pathlib import Path
+from typing import Iterator, Protocol
+
+from gcis_etl.pipelines import Pipeline
+from gcis_etl.work import ItemResult, ItemTask, Worker
+
+
+class Executor(Protocol):
+    def submit(self, task: ItemTask) -> list[ItemResult]:
+        """Start `task` as soon as a slot is free; return the results that finished meanwhile."""
+
+    def drain(self) -> Iterator[ItemResult]:
+        """The results of every task still running, as they finish."""
+
+    def close(self) -> None:
+        """Release workers (after drain)."""
+
+
+class LocalExecutor:
+    def __init__(self, pipelines: dict[str, Pipeline], concurrency: int, scratch: Path):
+        self.pipelines = pipelines
+        self.scratch = scratch
+        self._todo: queue.Queue = queue.Queue()
+        self._done: queue.Queue = queue.Queue()
+        self._slots = threading.Semaphore(concurrency)
+        self._running = 0
+        self._threads = [threading.Thread(target=self._work, name=f"gcis-worker-{n}", daemon=True)
+                         for n in range(concurrency)]
+        for thread in self._threads:
+            thread.start()
+
+    def submit(self, task: ItemTask) -> list[ItemResult]:
+        self._slots.acquire()
+        self._running += 1
+        self._todo.put(task)
+        return self._finished(block=False)
+
+    def drain(self) -> Iterator[ItemResult]:
+        while self._running:
+            yield from self._finished(block=True)
+
+    def close(self) -> None:
+        for _ in self._threads:
+            self._todo.put(None)
+        for thread in self._threads:
+            thread.join()
+
+    def _finished(self, block: bool) -> list[ItemResult]:
+        results = []
+        try:
+            results.append(self._done.get(block=block))
+            while True:
+                results.append(self._done.get_nowait())
+        except queue.Empty:
+            pass
+        self._running -= len(results)
+        return results
+
+    def _work(self) -> None:
+        with Worker(self.pipelines, self.scratch) as worker:
+            while (task := self._todo.get()) is not None:
+                try:
+                    self._done.put(worker.process(task))
+                finally:
+                    self._slots.release()
+
+
+def open_executor(kind: str, pipelines: dict[str, Pipeline], concurrency: int, scratch: Path) -> Executor:
+    if kind == "celery":
+        from gcis_etl.worker import CeleryExecutor
+        return CeleryExecutor(pipelines, concurrency, scratch)
+    return LocalExecutor(pipelines, concurrency, scratch)

@@ -1,0 +1,117 @@
+"""Named pipelines: a source → a recipe → a store → manifests, with the policy and limits they run under.
+
+`defaults:` at the top of config.yaml holds what every pipeline inherits; a pipeline may override any of
+it, and may override single keys of the top-level `imaging:` and `isolation:` sections (merged key by
+key, so `imaging: {max_megapixels: 400}` keeps the rest of the product policy).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import timedelta
+from functools import cached_property
+from typing import Any, Literal
+
+from pydantic import Field, field_validator
+
+from connectors import Source, open_source, settings_model
+from gcis_etl.errors import ConfigError
+from gcis_etl.manifests import ManifestSettings, Manifests
+from gcis_etl.policy import ImagingPolicy, IsolationSettings
+from gcis_etl.recipes import DEFAULT_RECIPE, Recipe, load_recipe
+from gcis_etl.settings import Settings, parse
+from gcis_etl.stores import Store, StoreSettings, open_store
+
+PIPELINE_NAME = r"^[a-z0-9][a-z0-9_-]{0,62}$"  # used in store keys, lock and report file names
+
+
+class SourceSettings(Settings):
+    """`kind` picks the connector; every other key is that connector's own (validated on load)."""
+
+    model_config = Settings.model_config | {"extra": "allow"}
+    kind: str
+
+    @property
+    def options(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
+
+
+class RunSettings(Settings):
+    """How a pipeline's runs go: what `defaults:` sets for all pipelines and each may override."""
+
+    recipe: str = DEFAULT_RECIPE
+    executor: Literal["local", "celery"] = "local"
+    concurrency: int = Field(2, ge=1, le=256, description="items converted at once (local executor: processes)")
+    max_attempts: int = Field(3, ge=1, le=100, description="tries of a failing item before it waits for `retry`")
+    overlap_seconds: float = Field(300, ge=0, description="re-list this far before the checkpoint (clock skew)")
+    max_run_minutes: float | None = Field(None, gt=0, description="stop taking new items after this long")
+
+
+class PipelineSettings(RunSettings):
+    source: SourceSettings
+    store: StoreSettings
+    manifests: ManifestSettings | None = None
+    imaging: ImagingPolicy = ImagingPolicy()
+    isolation: IsolationSettings = IsolationSettings()
+
+    @field_validator("recipe")
+    @classmethod
+    def _known_recipe(cls, name: str) -> str:
+        try:
+            load_recipe(name)
+        except ConfigError as exc:
+            raise ValueError(str(exc).splitlines()[0]) from None
+        return name
+
+
+def pipeline_settings(name: str, data: Any, defaults: dict, imaging: dict, isolation: dict,
+                      source: str) -> PipelineSettings:
+    """Validate one pipeline after merging what it inherits; errors name `pipelines.<name>.<key>`."""
+    prefix = f"pipelines.{name}"
+    if not re.match(PIPELINE_NAME, name):
+        raise ConfigError(f"{source}: {prefix}: a pipeline name is lower-case letters, digits, '-' and '_' "
+                          f"(at most 63, starting with a letter or digit)")
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: {prefix}: expected a mapping with at least source: (got {data!r})")
+    merged = {**defaults, **data,
+              "imaging": {**imaging, **(data.get("imaging") or {})},
+              "isolation": {**isolation, **(data.get("isolation") or {})}}
+    settings = parse(PipelineSettings, merged, source, prefix)
+    try:
+        model = settings_model(settings.source.kind)
+    except ConfigError as exc:
+        raise ConfigError(f"{source}: {prefix}.source.kind: {exc}") from None
+    parse(model, settings.source.options, source, f"{prefix}.source")
+    return settings
+
+
+@dataclass
+class Pipeline:
+    """A configured pipeline's parts, opened on first use (opening touches no network)."""
+
+    name: str
+    settings: PipelineSettings
+    config_file: str = "config.yaml"
+
+    @cached_property
+    def source(self) -> Source:
+        return open_source(self.settings.source.kind, self.settings.source.options, name=self.name,
+                           config_file=self.config_file, prefix=f"pipelines.{self.name}.source")
+
+    @cached_property
+    def store(self) -> Store:
+        return open_store(self.settings.store)
+
+    @cached_property
+    def recipe(self) -> Recipe:
+        return load_recipe(self.settings.recipe)
+
+    @cached_property
+    def manifests(self) -> Manifests | None:
+        if self.settings.manifests is None:
+            return None
+        return Manifests(self.settings.manifests, self.name, self.store)
+
+    @property
+    def overlap(self) -> timedelta:
+        return timedelta(seconds=self.settings.overlap_seconds)

@@ -1,0 +1,201 @@
+"""One source item through fetch → convert → deposit: the unit every executor runs (local pool, Celery task).
+
+A task carries names, not objects (pipeline, recipe, the item's source record), so it can cross a process or
+a broker; the worker resolves them against its own config.yaml, where the secrets come from its environment.
+Processing is idempotent: an item whose access master is already in the store, made from the same source
+version with the same recipe, is recognised from the stored object's provenance and not converted again —
+what makes a redelivered Celery task or a re-run after kill -9 cheap and free of duplicates.
+"""
+from __future__ import annotations
+
+import logging
+import shutil
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field, replace
+from datetime import datetime
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+from connectors.base import Fixity, SourceItem
+from connectors.errors import AuthenticationFailed, PermissionDenied
+from gcis_etl.errors import GcisError, SourceError, StoreError
+from gcis_etl.isolation import IsolatedProcess
+from gcis_etl.models import Status
+from gcis_etl.pipelines import Pipeline
+from gcis_etl.stores import Provenance
+
+log = logging.getLogger(__name__)
+
+
+class Outcome(str, Enum):
+    DEPOSITED = "deposited"  # converted, verified and in the store (or found there already, identical)
+    SKIPPED = "skipped"      # unchanged since it was settled: nothing to do
+    REJECTED = "rejected"    # the master breaks policy or cannot be decoded; waits for the source to change
+    FAILED = "failed"        # something else went wrong; retried up to the pipeline's max_attempts
+
+
+@dataclass(frozen=True)
+class ItemTask:
+    pipeline: str
+    object_id: str
+    item: SourceItem
+    recipe: str
+    recipe_digest: str
+    attempt: int = 1
+
+    @property
+    def fingerprint(self) -> str:
+        return fingerprint(self.item)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe (for a broker)."""
+        data = asdict(self)
+        data["item"]["modified"] = self.item.modified.isoformat() if self.item.modified else None
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ItemTask:
+        item = dict(data["item"])
+        item["modified"] = datetime.fromisoformat(item["modified"]) if item["modified"] else None
+        item["fixity"] = Fixity(**item["fixity"]) if item["fixity"] else None
+        return cls(**{**data, "item": SourceItem(**item)})
+
+
+@dataclass(frozen=True)
+class ItemResult:
+    """What became of one task; the ledger records it."""
+
+    pipeline: str
+    object_id: str
+    item_id: str
+    sequence: int
+    outcome: Outcome
+    fingerprint: str
+    recipe: str
+    recipe_digest: str
+    attempt: int
+    reason: str | None = None
+    key: str | None = None
+    sha256: str | None = None
+    bytes: int | None = None
+    width: int | None = None
+    height: int | None = None
+    master_sha256: str | None = None
+    seconds: float = 0.0
+    transient: bool = False  # a failure that may well pass on its own (outage, timeout)
+    warnings: tuple[str, ...] = field(default_factory=tuple)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["outcome"] = self.outcome.value
+        data["warnings"] = list(self.warnings)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ItemResult:
+        return cls(**{**data, "outcome": Outcome(data["outcome"]), "warnings": tuple(data.get("warnings", ()))})
+
+
+def fingerprint(item: SourceItem) -> str:
+    """The source's version of an item: its fixity when the source has one, else its size and modification time."""
+    if item.fixity is not None:
+        return f"{item.fixity.algorithm}:{item.fixity.value}"
+    modified = item.modified.isoformat() if item.modified else "?"
+    return f"size:{item.size};modified:{modified}"
+
+
+_PERMANENT_SOURCE_ERRORS = (AuthenticationFailed, PermissionDenied)
+
+
+class Worker:
+    """Processes tasks for the pipelines of one config, in one thread or process, with its own conversion child.
+
+    The child process (isolation.py) does all decoding and encoding: this process never loads libvips, so it
+    can be forked, threaded or run as a Celery worker without libvips' thread pool in the way.
+    """
+
+    def __init__(self, pipelines: dict[str, Pipeline], scratch: Path):
+        self.pipelines = pipelines
+        self.scratch = scratch
+        self._children: dict[str, IsolatedProcess] = {}
+
+    def close(self) -> None:
+        for child in self._children.values():
+            child.close()
+        self._children.clear()
+
+    def __enter__(self) -> Worker:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _child(self, pipeline: Pipeline) -> IsolatedProcess:
+        if pipeline.name not in self._children:
+            self._children[pipeline.name] = IsolatedProcess(pipeline.settings.isolation)
+        return self._children[pipeline.name]
+
+    def process(self, task: ItemTask) -> ItemResult:
+        """Never raises for a bad item or an outage: the result says what happened and why."""
+        started = time.monotonic()
+        base = ItemResult(task.pipeline, task.object_id, task.item.id, task.item.sequence, Outcome.FAILED,
+                          task.fingerprint, task.recipe, task.recipe_digest, task.attempt)
+        try:
+            result = self._process(task, base)
+        except SourceError as exc:
+            result = replace(base, reason=f"fetching: {exc}",
+                             transient=not isinstance(exc, _PERMANENT_SOURCE_ERRORS))
+        except StoreError as exc:
+            result = replace(base, reason=f"depositing: {exc}", transient=True)
+        except GcisError as exc:
+            result = replace(base, reason=str(exc))
+        except OSError as exc:
+            result = replace(base, reason=f"{type(exc).__name__}: {exc}", transient=True)
+        except Exception as exc:  # a bug must cost one item, never the batch or the worker
+            log.exception("internal error on %s/%s", task.object_id, task.item.id)
+            result = replace(base, reason=f"internal error: {type(exc).__name__}: {exc}")
+        return replace(result, seconds=time.monotonic() - started)
+
+    def _process(self, task: ItemTask, base: ItemResult) -> ItemResult:
+        from gcis_etl.conversion import convert
+        pipeline = self.pipelines[task.pipeline] if task.pipeline in self.pipelines else None
+        if pipeline is None:
+            return replace(base, reason=f"pipeline {task.pipeline!r} is not in this worker's configuration")
+        recipe = pipeline.recipe if pipeline.recipe.name == task.recipe else _load(task.recipe)
+        if recipe.digest != task.recipe_digest:
+            return replace(base, reason=f"recipe {task.recipe!r} here has digest {recipe.digest}, the task was "
+                                        f"planned with {task.recipe_digest}: deploy the same recipes everywhere")
+        store = pipeline.store
+        key = store.keys.image_key(task.pipeline, task.object_id, task.item.id, task.item.sequence,
+                                   recipe.extension.lstrip("."))
+        done = store.head(key)
+        if done is not None and done.sha256 and done.provenance.source_checksum == task.fingerprint \
+                and done.provenance.recipe_digest == recipe.digest and done.provenance.width:
+            return replace(base, outcome=Outcome.DEPOSITED, key=key, sha256=done.sha256, bytes=done.size,
+                           width=done.provenance.width, height=done.provenance.height,
+                           warnings=("already in the store from the same source version and recipe",))
+        self.scratch.mkdir(parents=True, exist_ok=True)
+        scratch = Path(tempfile.mkdtemp(prefix="item-", dir=self.scratch))
+        try:
+            fetched = pipeline.source.fetch(task.item, scratch)
+            output = scratch / f"access{recipe.extension}"
+            converted = convert(fetched.path, output, recipe, pipeline.settings.imaging, worker=self._child(pipeline))
+            common = dict(master_sha256=fetched.sha256, warnings=converted.warnings)
+            if converted.status is Status.REJECTED:
+                return replace(base, outcome=Outcome.REJECTED, reason=converted.reason, **common)
+            if converted.status is Status.FAILED:
+                return replace(base, reason=converted.reason, **common)
+            stored = store.put(key, output, sha256=converted.sha256, provenance=Provenance(
+                source_id=f"{task.object_id}/{task.item.id}", source_checksum=task.fingerprint,
+                recipe=recipe.name, recipe_digest=recipe.digest, width=converted.width, height=converted.height))
+            return replace(base, outcome=Outcome.DEPOSITED, key=key, sha256=stored.sha256, bytes=stored.size,
+                           width=converted.width, height=converted.height, **common)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _load(recipe: str):
+    from gcis_etl.recipes import load_recipe
+    return load_recipe(recipe)
