@@ -52,6 +52,7 @@ def _child_main(conn: Connection, settings: dict) -> None:
     limit = settings["memory_limit_mb"] * 1024 * 1024
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when the child stops
+    _die_with_parent()
     os.environ["VIPS_CONCURRENCY"] = str(settings["vips_concurrency"])  # before any job imports libvips
     while True:
         try:
@@ -69,6 +70,18 @@ def _child_main(conn: Connection, settings: dict) -> None:
             conn.send(("error", ConversionFailed(f"out of memory (limit {settings['memory_limit_mb']} MB)")))
         except Exception as exc:  # the job's failure, reported to the parent; the child lives on
             conn.send(("error", exc if _picklable(exc) else ConversionFailed(f"{type(exc).__name__}: {exc}")))
+
+
+def _die_with_parent() -> None:
+    """A parent killed with -9 must not leave a conversion burning a core (Linux: PR_SET_PDEATHSIG). It fires
+    when the parent *thread* that started this process ends, so a process is owned by one long-lived thread."""
+    import ctypes
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
+    except (OSError, AttributeError):
+        return
+    if os.getppid() == 1:  # the parent died before prctl took effect
+        os._exit(1)
 
 
 def _picklable(exc: Exception) -> bool:

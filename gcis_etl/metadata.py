@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import atexit
 import threading
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,18 +21,29 @@ _process: exiftool.ExifToolHelper | None = None
 
 def _exiftool() -> exiftool.ExifToolHelper:
     global _process
-    if _process is None or not _process.running:
+    if _process is None or not _running():
+        _shutdown()
         _process = exiftool.ExifToolHelper(common_args=[], check_execute=False)
         _process.run()
         atexit.register(_shutdown)
     return _process
 
 
+def _running() -> bool:
+    """PyExifTool gives exiftool PR_SET_PDEATHSIG: it dies with the *thread* that started it, which is normal in
+    a worker pool; its `running` then warns on every check. Such a death just means: start another."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return _process is not None and _process.running
+
+
 def _shutdown() -> None:
     global _process
-    if _process is not None and _process.running:
-        _process.terminate()
-    _process = None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        if _running():
+            _process.terminate()
+        _process = None
 
 
 def exiftool_json(path: str | Path, *args: str) -> dict:

@@ -64,3 +64,14 @@ def parse(model: type[M], data: Any, source: str, prefix: str = "") -> M:
             shown = "" if err["type"] == "missing" or isinstance(got, dict) or secret else f" (got {got!r})"
             lines.append(f"{source}: {key or '<top>'}: {err['msg']}{shown}")
         raise ConfigError("\n".join(lines)) from None
+
+
+def masked(value: Any, key: str = "") -> Any:
+    """A copy of plain settings data with every secret-named key's value replaced, for printing."""
+    if isinstance(value, dict):
+        return {k: masked(v, str(k)) for k, v in value.items()}
+    if isinstance(value, list):
+        return [masked(v, key) for v in value]
+    if _SECRET_KEY.search(key) and value not in (None, ""):
+        return "********"
+    return value

@@ -65,5 +65,5 @@ def _register() -> None:
         importlib.import_module(f"gcis_etl.cli.{module}")
 
 
-COMMAND_MODULES = ("imaging",)
+COMMAND_MODULES = ("imaging", "pipelines")
 _register()

@@ -1,4 +1,4 @@
-"""Commands on single files: inspect, convert, verify, recipes, demo."""
+"""Commands on single files: inspect, convert, verify, recipes."""
 from __future__ import annotations
 
 import json
@@ -141,28 +141,3 @@ def recipes() -> None:
                 click.echo(f"{recipe.name:24} {recipe.digest}  {recipe.description[:70]}")
             except ConfigError as exc:
                 click.echo(f"{path.stem:24} INVALID: {exc}")
-
-
-@main.command()
-@click.option("--out", default="var/demo", show_default=True, type=click.Path(file_okay=False),
-              help="Where the access masters are written.")
-@click.pass_context
-def demo(ctx: click.Context, out: str) -> None:
-    """Convert the bundled sample masters (samples/) and print where the outputs are."""
-    from gcis_etl.conversion import convert as convert_master
-    from gcis_etl.isolation import IsolatedProcess
-    samples = Path(__file__).resolve().parents[2] / "samples" / "masters"
-    masters = sorted(p for p in samples.rglob("*") if p.is_file())
-    out_dir = Path(out)
-    cfg = _config(ctx)
-    failures = 0
-    with IsolatedProcess(cfg.isolation) as worker:
-        for master in masters:
-            result = convert_master(master, out_dir / master.parent.name / f"{master.stem}.tif",
-                                    policy=cfg.imaging, worker=worker)
-            failures += not result.ok
-            detail = (f"{result.width}x{result.height}, {result.levels} levels, {result.bytes:,} bytes"
-                      if result.ok else result.reason)
-            click.echo(f"{result.status.value:9} {master.parent.name}/{master.name:32} {detail}")
-    click.echo(f"\naccess masters are in {out_dir.resolve()}")
-    sys.exit(EXIT_ITEM_FAILED if failures else EXIT_OK)

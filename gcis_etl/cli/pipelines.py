@@ -1,0 +1,314 @@
+"""Commands on configured pipelines: harvest (the cron job), status, retry, report, config check."""
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import threading
+from datetime import datetime, timedelta, timezone
+
+import click
+
+from gcis_etl.cli import EXIT_ITEM_FAILED, EXIT_OK, EXIT_USAGE, _config, main
+from gcis_etl.errors import ConfigError, GcisError
+
+EXIT_LOCKED = 3
+
+
+class When(click.ParamType):
+    """An ISO date/time (UTC unless it says otherwise) or an age: 90m, 36h, 7d."""
+
+    name = "when"
+    _UNITS = {"m": "minutes", "h": "hours", "d": "days"}
+
+    def convert(self, value, param, ctx) -> datetime:
+        if isinstance(value, datetime):
+            return value
+        text = str(value).strip()
+        if text[:-1].isdigit() and text[-1:] in self._UNITS:
+            return datetime.now(timezone.utc) - timedelta(**{self._UNITS[text[-1]]: int(text[:-1])})
+        try:
+            parsed = datetime.fromisoformat(text)
+        except ValueError:
+            self.fail(f"{value!r} is neither an ISO date/time (2026-11-01, 2026-11-01T08:00) nor an age (36h, 7d)")
+        return parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)
+
+
+def _pipelines(cfg, names: tuple[str, ...]) -> list[str]:
+    if not cfg.pipelines:
+        raise click.UsageError(f"{cfg.source_file} configures no pipelines")
+    for name in names:
+        cfg.pipeline(name)
+    return list(names) or sorted(cfg.pipelines)
+
+
+def _stop_on_signals() -> threading.Event:
+    """First SIGINT/SIGTERM: finish the items in flight, record everything, exit. A second Ctrl-C: stop now."""
+    stop = threading.Event()
+
+    def handler(signum, frame):
+        if stop.is_set() and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        stop.set()
+        click.echo("\nstopping after the items in flight (Ctrl-C again to abandon them)", err=True)
+
+    signal.signal(signal.SIGINT, handler)
+    signal.signal(signal.SIGTERM, handler)
+    return stop
+
+
+def _logging(log_json: bool, verbose: int) -> None:
+    from gcis_etl.logs import configure
+    configure(log_json, verbose)
+
+
+def _run(ctx: click.Context, names: tuple[str, ...], options, log_json: bool, verbose: int) -> None:
+    from gcis_etl.harvest import harvest
+    from gcis_etl.locks import LockHeld
+    from gcis_etl.progress import progress_for
+    _logging(log_json, verbose)
+    cfg = _config(ctx)
+    try:
+        selected = _pipelines(cfg, names)
+    except ConfigError as exc:
+        raise click.UsageError(str(exc)) from None
+    stop = _stop_on_signals()
+    code = EXIT_OK
+    for name in selected:
+        progress = progress_for(name)
+        try:
+            report = harvest(cfg, name, options, progress, stop)
+        except LockHeld as exc:
+            progress.clear()
+            click.echo(str(exc), err=True)
+            code = max(code, EXIT_LOCKED)
+            continue
+        except ConfigError as exc:
+            progress.clear()
+            click.echo(f"configuration error:\n{exc}", err=True)
+            sys.exit(EXIT_USAGE)
+        except GcisError as exc:
+            progress.clear()
+            click.echo(f"{name}: run stopped: {exc} (everything settled so far is recorded; run again)", err=True)
+            code = max(code, EXIT_ITEM_FAILED)
+            continue
+        progress.clear()
+        if options.dry_run:
+            for planned in report.planned:
+                click.echo(f"{planned.action:8} {planned.object_id}/{planned.item_id}: {planned.reason}")
+            click.echo(f"{name}: would process {report.counts['process']} items, skip {report.counts['skip']} "
+                       f"(since {report.since or 'the beginning'})")
+            continue
+        click.echo(report.summary())
+        code = max(code, report.exit_code)
+        if stop.is_set():
+            break
+    sys.exit(code)
+
+
+_COMMON = [
+    click.option("--log-json", is_flag=True, help="Log one JSON object per line on stderr (for log shippers)."),
+    click.option("-v", "--verbose", count=True, help="-v: a log line per item; -vv: debug."),
+]
+
+
+def _common(command):
+    for option in reversed(_COMMON):
+        command = option(command)
+    return command
+
+
+@main.command()
+@click.argument("pipelines", nargs=-1)
+@click.option("--dry-run", is_flag=True, help="List what would be processed or skipped, and why; change nothing.")
+@click.option("--since", type=When(), help="Look at changes since this time instead of the checkpoint "
+                                           "(the checkpoint is then left where it is).")
+@click.option("--limit", type=click.IntRange(min=1), help="Process at most this many items (skips do not count).")
+@click.option("--object", "object_ids", multiple=True, metavar="ID",
+              help="Only this object (repeatable); the checkpoint is left where it is.")
+@click.option("--force", is_flag=True, help="Process items even when unchanged (e.g. after a recipe change).")
+@click.option("--max-minutes", type=click.FloatRange(min=0, min_open=True),
+              help="Take no new item after this many minutes (the pipeline's max_run_minutes otherwise).")
+@_common
+@click.pass_context
+def harvest(ctx: click.Context, pipelines: tuple[str, ...], dry_run: bool, since, limit, object_ids, force: bool,
+            max_minutes, log_json: bool, verbose: int) -> None:
+    """Bring the store up to date with the sources: the cron job. All pipelines when none is named.
+
+    For each pipeline: the source's changes since the last checkpoint are fetched, converted, verified and
+    deposited; each object's manifest is published once all its items are settled; the collection and the
+    checkpoint follow. Unchanged items are skipped, rejected ones wait for the source to change, failed ones
+    are retried up to max_attempts. A report (JSON, and CSV of the problems) is written next to the ledger.
+
+    Exit codes: 0 all deposited or skipped; 1 some items rejected or failed (or the source failed);
+    2 configuration or usage error; 3 another run holds the pipeline's lock (nothing was done).
+
+    \b
+    Examples:
+      gcis-etl harvest                          every pipeline, from its checkpoint
+      gcis-etl harvest museum --dry-run         what would be done
+      gcis-etl harvest library --since 7d --limit 100
+      */15 * * * *  gcis-etl --config /etc/gcis/config.yaml harvest --log-json --max-minutes 14
+    """
+    from gcis_etl.harvest import HarvestOptions
+    _run(ctx, pipelines, HarvestOptions(dry_run=dry_run, since=since, limit=limit, object_ids=tuple(object_ids),
+                                        force=force, max_run_minutes=max_minutes), log_json, verbose)
+
+
+@main.command()
+@click.pass_context
+def demo(ctx: click.Context) -> None:
+    """Harvest every configured pipeline (the shipped config.yaml: the bundled sample masters into ./var/)
+    and say where the access masters, manifests and run reports are. Run it twice: the second run has
+    nothing to do.
+    """
+    from gcis_etl.harvest import HarvestOptions
+    try:
+        _run(ctx, (), HarvestOptions(), False, 0)
+    except SystemExit as exit_:
+        cfg = _config(ctx)
+        for name in sorted(cfg.pipelines):
+            pipeline = cfg.pipeline(name)
+            where = pipeline.store.describe("")
+            click.echo(f"\n{name}: access masters and manifests under {where}")
+            if pipeline.manifests is not None:
+                for version in pipeline.manifests.settings.versions:
+                    click.echo(f"  collection (IIIF {version}): "
+                               f"{pipeline.store.describe(pipeline.manifests.collection_key(version))}")
+        click.echo(f"run reports: {cfg.ledger_path.parent / 'reports'}; `gcis-etl status` sums up the ledger")
+        raise exit_
+
+
+@main.command()
+@click.argument("pipelines", nargs=-1)
+@click.option("--failed/--no-failed", default=True, show_default=True,
+              help="Retry failed items (their attempts start again).")
+@click.option("--rejected", is_flag=True, help="Also convert rejected items again (after a policy change).")
+@click.option("--object", "object_ids", multiple=True, metavar="ID", help="Only this object (repeatable).")
+@_common
+@click.pass_context
+def retry(ctx: click.Context, pipelines: tuple[str, ...], failed: bool, rejected: bool, object_ids, log_json: bool,
+          verbose: int) -> None:
+    """Process failed (and, with --rejected, rejected) items again now, with a fresh set of attempts.
+
+    \b
+    Examples:
+      gcis-etl retry museum                     every failed item of the pipeline
+      gcis-etl retry museum --object IE12345    one object
+      gcis-etl retry museum --rejected          after relaxing the imaging policy
+    """
+    from gcis_etl.harvest import HarvestOptions
+    from gcis_etl.ledger import Ledger
+    cfg = _config(ctx)
+    targets = {}
+    with Ledger.open(cfg) as ledger:
+        for name in _pipelines(cfg, pipelines):
+            ids = set(object_ids)
+            if not ids:
+                statuses = (["failed"] if failed else []) + (["rejected"] if rejected else [])
+                ids = {o for status in statuses for o in ledger.objects_with(name, status)}
+            if failed:
+                for object_id in ids:
+                    ledger.reset_attempts(name, object_id)
+            if ids:
+                targets[name] = tuple(sorted(ids))
+    if not targets:
+        click.echo("nothing to retry")
+        sys.exit(EXIT_OK)
+    for name, ids in targets.items():
+        click.echo(f"{name}: retrying {len(ids)} objects")
+    codes = []
+    for name, ids in targets.items():
+        try:
+            _run(ctx, (name,), HarvestOptions(object_ids=ids, redo_rejected=rejected), log_json, verbose)
+        except SystemExit as exit_:
+            codes.append(exit_.code or 0)
+    sys.exit(max(codes))
+
+
+@main.command()
+@click.argument("pipelines", nargs=-1)
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per pipeline.")
+@click.pass_context
+def status(ctx: click.Context, pipelines: tuple[str, ...], as_json: bool) -> None:
+    """Checkpoint, item counts, last run and recent problems of each pipeline.
+
+    \b
+    Example:
+      gcis-etl status museum
+    """
+    from gcis_etl.ledger import Ledger
+    cfg = _config(ctx)
+    with Ledger.open(cfg) as ledger:
+        for name in _pipelines(cfg, pipelines):
+            checkpoint = ledger.checkpoint(name)
+            runs = ledger.runs(name, limit=1)
+            problems = ledger.items(name, status="failed")[:10] + ledger.items(name, status="rejected")[:10]
+            state = {"pipeline": name, "checkpoint": checkpoint.isoformat() if checkpoint else None,
+                     "items": ledger.counts(name),
+                     "last_run": {"run_id": runs[0].run_id, "status": runs[0].status, "started": runs[0].started,
+                                  "finished": runs[0].finished, **runs[0].counts} if runs else None,
+                     "problems": [{"object_id": p.object_id, "item_id": p.item_id, "status": p.status,
+                                   "attempts": p.attempts, "reason": p.reason} for p in problems]}
+            if as_json:
+                click.echo(json.dumps(state))
+                continue
+            counts = ", ".join(f"{n} {status}" for status, n in state["items"].items())
+            click.echo(f"{name}\n  checkpoint: {state['checkpoint'] or 'none (the next run reads everything)'}"
+                       f"\n  items: {counts}")
+            if runs:
+                run = runs[0]
+                click.echo(f"  last run: {run.run_id} {run.status}, started {run.started}, "
+                           + ", ".join(f"{n} {k}" for k, n in run.counts.items()))
+            for p in state["problems"]:
+                click.echo(f"  {p['status']}: {p['object_id']}/{p['item_id']} "
+                           f"(attempts {p['attempts']}): {p['reason']}")
+
+
+@main.command()
+@click.argument("run_id", required=False, type=int)
+@click.option("--pipeline", help="The latest run of this pipeline (when RUN_ID is not given).")
+@click.option("--json", "as_json", is_flag=True, help="The full report as JSON.")
+@click.pass_context
+def report(ctx: click.Context, run_id: int | None, pipeline: str | None, as_json: bool) -> None:
+    """The report of a run (the latest when RUN_ID is not given), rebuilt from the ledger.
+
+    \b
+    Examples:
+      gcis-etl report                 the latest run of any pipeline
+      gcis-etl report 42 --json | jq '.problems[] | .reason'
+    """
+    from gcis_etl.ledger import Ledger
+    from gcis_etl.reports import report_from_ledger
+    cfg = _config(ctx)
+    with Ledger.open(cfg) as ledger:
+        run = ledger.run(run_id) if run_id is not None else next(iter(ledger.runs(pipeline, limit=1)), None)
+        if run is None:
+            raise click.UsageError(f"no run {run_id}" if run_id is not None else "no run recorded yet")
+        result = report_from_ledger(ledger, run)
+    click.echo(json.dumps(result.to_dict(), indent=2) if as_json else result.summary())
+    sys.exit(result.exit_code)
+
+
+@main.group()
+def config() -> None:
+    """Inspect the configuration."""
+
+
+@config.command("check")
+@click.pass_context
+def config_check(ctx: click.Context) -> None:
+    """Validate the configuration and print it resolved (defaults filled in, secrets masked).
+
+    Exit code 0 when valid, 2 otherwise (the error names the file, the key and what was expected).
+
+    \b
+    Example:
+      OTMM_PASSWORD=... gcis-etl --config /etc/gcis/config.yaml config check
+    """
+    import yaml
+
+    from gcis_etl.settings import masked
+    cfg = _config(ctx)
+    data = masked(cfg.model_dump(mode="json", exclude={"source_file"}))
+    click.echo(f"# {cfg.source_file}: valid\n" + yaml.safe_dump(data, sort_keys=False, allow_unicode=True))

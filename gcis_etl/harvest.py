@@ -1,0 +1,314 @@
+"""A harvest run of one pipeline: changes since the checkpoint → plan against the ledger → executor → ledger →
+per-object manifests → the collection → the checkpoint.
+
+Why it is safe to kill at any point: item results are committed as they arrive; an item in flight when the
+run dies is redone next time (processing is idempotent, so at worst it is converted again, never deposited
+twice); a manifest is published only once all its object's items are settled and recorded as such; the
+collection lists the objects the ledger says are published but not yet listed; and the checkpoint moves only
+at the end of a complete run, never past an object that still has an unsettled item.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import shutil
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timedelta
+from typing import Iterator
+
+from connectors.base import LangValue, SourceItem, SourceObject
+from gcis_etl.config import Config
+from gcis_etl.executors import Executor, open_executor
+from gcis_etl.ledger import COUNTED, ItemRecord, Ledger, now
+from gcis_etl.locks import RunLock
+from gcis_etl.manifests import CollectionEntry, DepositedImage
+from gcis_etl.pipelines import Pipeline
+from gcis_etl.reports import PlannedItem, RunReport, report_from_ledger, write_report
+from gcis_etl.work import ItemResult, ItemTask, Outcome, fingerprint
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class HarvestOptions:
+    dry_run: bool = False
+    since: datetime | None = None          # instead of the checkpoint (the checkpoint is then left alone)
+    limit: int | None = None               # items to process (skipped ones do not count)
+    object_ids: tuple[str, ...] = ()       # only these objects (the checkpoint is left alone)
+    force: bool = False                    # process even unchanged or rejected items
+    redo_rejected: bool = False            # process rejected items again (after a policy change)
+    max_run_minutes: float | None = None   # overrides the pipeline's
+    recipe: str | None = None              # overrides the pipeline's (migrations)
+    retry_failed: bool = True              # also revisit objects with failed items still within max_attempts
+
+
+@dataclass(frozen=True)
+class Decision:
+    process: bool
+    reason: str
+    outcome: Outcome = Outcome.SKIPPED  # what the run records when it does not process the item
+
+
+def decide(record: ItemRecord | None, item_fingerprint: str, recipe_digest: str, max_attempts: int,
+           force: bool = False, redo_rejected: bool = False) -> Decision:
+    """Whether an item needs work, from what the ledger knows of it."""
+    if record is None:
+        return Decision(True, "new")
+    if record.fingerprint != item_fingerprint:
+        return Decision(True, "changed in the source")
+    if force:
+        return Decision(True, "forced")
+    if redo_rejected and record.status == "rejected":
+        return Decision(True, "rejected before; asked to try again")
+    if record.status == "failed":
+        if record.attempts < max_attempts:
+            return Decision(True, f"retry {record.attempts + 1} of {max_attempts}")
+        return Decision(False, f"failed {record.attempts} times (last: {record.reason}); "
+                               f"`gcis-etl retry` tries again", Outcome.FAILED)
+    if record.status == "rejected":
+        return Decision(False, f"rejected before ({record.reason}); waits for the source to change")
+    if record.recipe_digest != recipe_digest:
+        return Decision(False, f"unchanged; deposited with recipe {record.recipe} ({record.recipe_digest}): "
+                               f"--force or the reencode migration re-derives it")
+    return Decision(False, "unchanged")
+
+
+@dataclass
+class _PendingObject:
+    obj: SourceObject
+    waiting: set[str] = field(default_factory=set)
+    complete: bool = True  # every item was planned (a stop or a limit can cut an object short)
+
+
+class Progress:
+    """Receives what a run does; the CLI draws it (a bar on a terminal, JSON log lines otherwise)."""
+
+    def planned(self, obj: SourceObject, tasks: int) -> None: ...
+    def item(self, object_id: str, item_id: str, outcome: str, reason: str | None) -> None: ...
+    def note(self, message: str) -> None: ...
+
+
+class Harvest:
+    def __init__(self, config: Config, pipeline: Pipeline, options: HarvestOptions, ledger: Ledger,
+                 progress: Progress, stop: threading.Event):
+        self.config = config
+        self.pipeline = pipeline
+        self.options = options
+        self.ledger = ledger
+        self.progress = progress
+        self.stop = stop
+        self.recipe = pipeline.recipe if options.recipe is None else _load_recipe(options.recipe)
+        self.counts = {name: 0 for name in COUNTED}
+        self.manifests_published = 0
+        self.pending: dict[str, _PendingObject] = {}
+        self.unsettled: list[datetime] = []  # modified times of objects left with unsettled items
+        self.submitted = 0
+        self.run_id = 0
+        minutes = options.max_run_minutes or pipeline.settings.max_run_minutes
+        self.deadline = time.monotonic() + minutes * 60 if minutes else None
+        self.cut_short: str | None = None
+
+    # ------------------------------------------------------------------------------------ listing
+
+    def window(self) -> tuple[datetime | None, datetime]:
+        until = now()
+        if self.options.since is not None:
+            return self.options.since, until
+        checkpoint = self.ledger.checkpoint(self.pipeline.name)
+        return (checkpoint - self.pipeline.overlap if checkpoint else None), until
+
+    def objects(self, since: datetime | None, until: datetime) -> Iterator[SourceObject]:
+        source = self.pipeline.source
+        seen: set[str] = set()
+        listing = source.get(self.options.object_ids) if self.options.object_ids else source.changes(since, until)
+        for obj in listing:
+            seen.add(obj.id)
+            yield obj
+        if self.options.object_ids or not self.options.retry_failed:
+            return
+        retry = [object_id for object_id in self.ledger.objects_with(self.pipeline.name, "failed")
+                 if object_id not in seen]
+        if retry:
+            self.progress.note(f"revisiting {len(retry)} objects with failed items")
+            yield from source.get(retry)
+
+    # ----------------------------------------------------------------------------------- planning
+
+    def plan(self, obj: SourceObject) -> Iterator[tuple[SourceItem, Decision, ItemTask | None]]:
+        settings = self.pipeline.settings
+        for item in obj.items:
+            record = self.ledger.item(self.pipeline.name, obj.id, item.id)
+            decision = decide(record, fingerprint(item), self.recipe.digest, settings.max_attempts,
+                              self.options.force, self.options.redo_rejected)
+            attempt = record.attempts + 1 if record and record.status == "failed" else 1
+            task = ItemTask(self.pipeline.name, obj.id, item, self.recipe.name, self.recipe.digest, attempt)
+            yield item, decision, (task if decision.process else None)
+
+    def should_stop(self) -> bool:
+        if self.cut_short:
+            return True
+        if self.stop.is_set():
+            self.cut_short = "stopped on request"
+        elif self.deadline is not None and time.monotonic() > self.deadline:
+            self.cut_short = "stopped at the run time limit"
+        elif self.options.limit is not None and self.submitted >= self.options.limit:
+            self.cut_short = f"stopped at the limit of {self.options.limit} items"
+        return self.cut_short is not None
+
+    # ------------------------------------------------------------------------------------ running
+
+    def dry_run(self, since: datetime | None, until: datetime) -> list[PlannedItem]:
+        return [PlannedItem(obj.id, item.id, "process" if task else "skip", decision.reason)
+                for obj in self.objects(since, until) for item, decision, task in self.plan(obj)]
+
+    def execute(self, executor: Executor, since: datetime | None, until: datetime) -> None:
+        for obj in self.objects(since, until):
+            if self.should_stop():
+                break
+            pending = self.pending.setdefault(obj.id, _PendingObject(obj))
+            tasks = 0
+            for item, decision, task in self.plan(obj):
+                if task is None:
+                    self._count(obj.id, item.id, decision.outcome.value, decision.reason)
+                    self.ledger.record_unprocessed(self.run_id, obj.id, item.id, decision.outcome.value,
+                                                   decision.reason)
+                    continue
+                if self.should_stop():
+                    pending.complete = False
+                    break
+                pending.waiting.add(task.item.id)
+                tasks += 1
+                self.submitted += 1
+                for result in executor.submit(task):
+                    self.settle(result)
+            self.progress.planned(obj, tasks)
+            if not pending.waiting and pending.complete:
+                self.object_settled(obj.id)
+        for result in executor.drain():
+            self.settle(result)
+        for pending in list(self.pending.values()):  # cut short: these stay for the next run
+            self.unsettled.append(pending.obj.modified)
+
+    def settle(self, result: ItemResult) -> None:
+        pending = self.pending[result.object_id]
+        item = next(i for i in pending.obj.items if i.id == result.item_id)
+        self.ledger.record(self.run_id, result, item.modified)
+        self._count(result.object_id, result.item_id, result.outcome.value, result.reason)
+        pending.waiting.discard(result.item_id)
+        if not pending.waiting and pending.complete:
+            self.object_settled(result.object_id)
+
+    def _count(self, object_id: str, item_id: str, outcome: str, reason: str | None) -> None:
+        self.counts[outcome] += 1
+        self.progress.item(object_id, item_id, outcome, reason)
+        if outcome in ("rejected", "failed"):
+            log.warning("%s %s/%s: %s", outcome, object_id, item_id, reason)
+
+    def object_settled(self, object_id: str) -> None:
+        """All items have an outcome: publish the manifest when every item is deposited or rejected."""
+        pending = self.pending.pop(object_id)
+        obj = pending.obj
+        records = {r.item_id: r for r in self.ledger.items(self.pipeline.name, obj.id)}
+        items = [(item, records.get(item.id)) for item in obj.items]
+        if any(record is None or record.status == "failed" for _, record in items):
+            if any(record and record.status == "failed" and record.attempts < self.pipeline.settings.max_attempts
+                   for _, record in items):
+                self.unsettled.append(obj.modified)
+            return
+        manifests = self.pipeline.manifests
+        images = [DepositedImage(item.sequence, record.output_key, record.width, record.height, item.label)
+                  for item, record in items if record.status == "deposited"]
+        if manifests is None or not images:
+            return
+        label = [[v.value, v.language] for v in manifests.label_of(obj)]
+        digest = _manifest_fingerprint(obj, images, manifests.settings.model_dump_json())
+        known = self.ledger.object(self.pipeline.name, obj.id)
+        if known is not None and known.manifest_fingerprint == digest:
+            return
+        manifests.publish(obj, images)
+        self.ledger.record_manifest(self.pipeline.name, obj.id, obj.modified, label, digest)
+        self.manifests_published += 1
+
+    def update_collection(self) -> None:
+        manifests = self.pipeline.manifests
+        waiting = self.ledger.awaiting_collection(self.pipeline.name)
+        if manifests is None or not waiting:
+            return
+        manifests.update_collection(
+            CollectionEntry(o.object_id, tuple(LangValue(v, lang) for v, lang in json.loads(o.label)))
+            for o in waiting)
+        self.ledger.mark_in_collection(self.pipeline.name, [o.object_id for o in waiting])
+
+    def next_checkpoint(self, since: datetime | None, until: datetime) -> datetime | None:
+        """Only a complete run over the checkpoint's own window moves it, and never past an unsettled object."""
+        if self.cut_short or self.options.since is not None or self.options.object_ids:
+            return None
+        target = min([until, *self.unsettled])
+        current = self.ledger.checkpoint(self.pipeline.name)
+        return target if current is None or target > current else None
+
+
+def harvest(config: Config, name: str, options: HarvestOptions = HarvestOptions(),
+            progress: Progress | None = None, stop: threading.Event | None = None,
+            executor: Executor | None = None) -> RunReport:
+    """Run one pipeline once. Raises LockHeld when another run holds the pipeline; ConfigError, SourceError for
+    problems that stop the whole run (the ledger then keeps everything settled so far)."""
+    pipeline = config.pipeline(name)
+    progress = progress or Progress()
+    stop = stop or threading.Event()
+    reports = config.ledger_path.parent / "reports"
+    with Ledger.open(config) as ledger:
+        run = Harvest(config, pipeline, options, ledger, progress, stop)
+        if options.dry_run:
+            since, until = run.window()
+            planned = run.dry_run(since, until)
+            return RunReport(name, None, "dry-run", None, None, _iso(since), _iso(until), None,
+                             {"process": sum(p.action == "process" for p in planned),
+                              "skip": sum(p.action == "skip" for p in planned)}, 0, planned=planned)
+        with RunLock(config.state_dir / "locks" / f"{name}.lock", f"pipeline {name!r}"):
+            since, until = run.window()
+            run.run_id = ledger.begin_run(name, since, until, _options(options))
+            scratch = config.state_dir / "scratch" / name
+            shutil.rmtree(scratch, ignore_errors=True)  # left by a killed run; we hold the lock
+            own = executor is None
+            executor = executor or open_executor(pipeline.settings.executor, {name: pipeline},
+                                                 pipeline.settings.concurrency, scratch)
+            try:
+                run.execute(executor, since, until)
+            except BaseException as exc:  # the source or the store failed as a whole, or a second Ctrl-C
+                for result in executor.drain():
+                    run.settle(result)
+                ledger.finish_run(run.run_id, "crashed", run.counts, run.manifests_published, None,
+                                  f"{type(exc).__name__}: {exc}")
+                raise
+            finally:
+                if own:
+                    executor.close()
+            run.update_collection()
+            checkpoint = run.next_checkpoint(since, until)
+            if checkpoint is not None:
+                ledger.set_checkpoint(name, checkpoint, run.run_id)
+            ledger.finish_run(run.run_id, "stopped" if run.cut_short else "completed", run.counts,
+                              run.manifests_published, checkpoint, run.cut_short)
+            return write_report(report_from_ledger(ledger, ledger.run(run.run_id)), reports)
+
+
+def _manifest_fingerprint(obj: SourceObject, images: list[DepositedImage], settings: str) -> str:
+    document = {"object": asdict(obj) | {"items": None}, "images": [asdict(i) for i in images], "settings": settings}
+    return hashlib.sha256(json.dumps(document, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _options(options: HarvestOptions) -> dict:
+    return {k: v for k, v in asdict(options).items() if v not in (None, (), False)}
+
+
+def _iso(value: datetime | None) -> str | None:
+    return value.isoformat() if value else None
+
+
+def _load_recipe(name: str):
+    from gcis_etl.recipes import load_recipe
+    return load_recipe(name)

@@ -1,0 +1,325 @@
+"""The ledger: what became of every source item, run by run, and how far each pipeline's checkpoint has got.
+
+SQLite, in WAL mode by default (readers such as `gcis-etl status` never block a running harvest; several
+pipelines may run at once against one file). Every result is committed as it arrives, so a killed run
+loses at most the items in flight, which the next run redoes (item processing is idempotent).
+
+Item rows hold the item's settled state: `deposited`, `rejected` or `failed` (with attempts for the current
+source version). What a run did with each item, `skipped` included, is in `run_items`.
+"""
+from __future__ import annotations
+
+import json
+import sqlite3
+from dataclasses import dataclass, fields
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterator
+
+from gcis_etl.work import ItemResult, Outcome
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS items (
+    pipeline TEXT NOT NULL, object_id TEXT NOT NULL, item_id TEXT NOT NULL, sequence INTEGER NOT NULL,
+    fingerprint TEXT NOT NULL, source_modified TEXT, master_sha256 TEXT,
+    recipe TEXT NOT NULL, recipe_digest TEXT NOT NULL,
+    status TEXT NOT NULL CHECK (status IN ('deposited', 'skipped', 'rejected', 'failed')),
+    output_key TEXT, sha256 TEXT, bytes INTEGER, width INTEGER, height INTEGER,
+    reason TEXT, attempts INTEGER NOT NULL DEFAULT 0, transient INTEGER NOT NULL DEFAULT 0,
+    first_seen TEXT NOT NULL, updated TEXT NOT NULL, last_run INTEGER,
+    PRIMARY KEY (pipeline, object_id, item_id)
+);
+CREATE INDEX IF NOT EXISTS items_status ON items (pipeline, status);
+CREATE TABLE IF NOT EXISTS objects (
+    pipeline TEXT NOT NULL, object_id TEXT NOT NULL, modified TEXT NOT NULL,
+    label TEXT NOT NULL DEFAULT '[]', manifest_fingerprint TEXT, published TEXT,
+    in_collection INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (pipeline, object_id)
+);
+CREATE TABLE IF NOT EXISTS runs (
+    run_id INTEGER PRIMARY KEY AUTOINCREMENT, pipeline TEXT NOT NULL,
+    started TEXT NOT NULL, finished TEXT,
+    status TEXT NOT NULL CHECK (status IN ('running', 'completed', 'stopped', 'crashed', 'dry-run')),
+    since TEXT, until TEXT, checkpoint_after TEXT, options TEXT NOT NULL DEFAULT '{}',
+    deposited INTEGER NOT NULL DEFAULT 0, skipped INTEGER NOT NULL DEFAULT 0,
+    rejected INTEGER NOT NULL DEFAULT 0, failed INTEGER NOT NULL DEFAULT 0,
+    manifests INTEGER NOT NULL DEFAULT 0, note TEXT
+);
+CREATE TABLE IF NOT EXISTS run_items (
+    run_id INTEGER NOT NULL, object_id TEXT NOT NULL, item_id TEXT NOT NULL,
+    outcome TEXT NOT NULL, reason TEXT, seconds REAL, at TEXT NOT NULL,
+    PRIMARY KEY (run_id, object_id, item_id)
+);
+CREATE TABLE IF NOT EXISTS checkpoints (
+    pipeline TEXT PRIMARY KEY, checkpoint TEXT NOT NULL, run_id INTEGER, updated TEXT NOT NULL
+);
+"""
+
+COUNTED = ("deposited", "skipped", "rejected", "failed")
+
+
+def now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def _ts(value: datetime | None) -> str | None:
+    return value.astimezone(timezone.utc).isoformat() if value else None
+
+
+def _dt(value: str | None) -> datetime | None:
+    return datetime.fromisoformat(value) if value else None
+
+
+@dataclass(frozen=True)
+class ItemRecord:
+    pipeline: str
+    object_id: str
+    item_id: str
+    sequence: int
+    fingerprint: str
+    source_modified: str | None
+    master_sha256: str | None
+    recipe: str
+    recipe_digest: str
+    status: str
+    output_key: str | None
+    sha256: str | None
+    bytes: int | None
+    width: int | None
+    height: int | None
+    reason: str | None
+    attempts: int
+    transient: int
+    first_seen: str
+    updated: str
+    last_run: int | None
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    run_id: int
+    pipeline: str
+    started: str
+    finished: str | None
+    status: str
+    since: str | None
+    until: str | None
+    checkpoint_after: str | None
+    options: str
+    deposited: int
+    skipped: int
+    rejected: int
+    failed: int
+    manifests: int
+    note: str | None
+
+    @property
+    def counts(self) -> dict[str, int]:
+        return {name: getattr(self, name) for name in COUNTED}
+
+
+@dataclass(frozen=True)
+class RunItem:
+    run_id: int
+    object_id: str
+    item_id: str
+    outcome: str
+    reason: str | None
+    seconds: float | None
+    at: str
+
+
+@dataclass(frozen=True)
+class ObjectRecord:
+    pipeline: str
+    object_id: str
+    modified: str
+    label: str  # JSON [[value, language], ...]: what the collection lists
+    manifest_fingerprint: str | None
+    published: str | None
+    in_collection: int
+
+
+def _columns(cls) -> str:
+    return ", ".join(f.name for f in fields(cls))
+
+
+class Ledger:
+    def __init__(self, path: Path, journal_mode: str = "wal", busy_timeout_seconds: float = 30):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self.db = sqlite3.connect(path, timeout=busy_timeout_seconds)
+        self.db.execute(f"PRAGMA journal_mode={journal_mode}")
+        self.db.execute("PRAGMA synchronous=NORMAL")  # with WAL: consistent after any crash, durable per commit
+        self.db.executescript(SCHEMA)
+
+    @classmethod
+    def open(cls, config) -> Ledger:
+        return cls(config.ledger_path, config.ledger.journal_mode, config.ledger.busy_timeout_seconds)
+
+    def close(self) -> None:
+        self.db.close()
+
+    def __enter__(self) -> Ledger:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _one(self, cls, sql: str, *args: Any):
+        row = self.db.execute(f"SELECT {_columns(cls)} FROM {sql}", args).fetchone()
+        return cls(*row) if row else None
+
+    def _all(self, cls, sql: str, *args: Any) -> list:
+        return [cls(*row) for row in self.db.execute(f"SELECT {_columns(cls)} FROM {sql}", args)]
+
+    # ------------------------------------------------------------------------------------------- runs
+
+    def begin_run(self, pipeline: str, since: datetime | None, until: datetime | None, options: dict,
+                  dry_run: bool = False) -> int:
+        """Runs left 'running' by a process that is gone (we hold the pipeline's lock) become 'crashed'."""
+        with self.db:
+            self.db.execute("UPDATE runs SET status='crashed' WHERE pipeline=? AND status='running'", (pipeline,))
+            cursor = self.db.execute(
+                "INSERT INTO runs (pipeline, started, status, since, until, options) VALUES (?,?,?,?,?,?)",
+                (pipeline, _ts(now()), "dry-run" if dry_run else "running", _ts(since), _ts(until),
+                 json.dumps(options, sort_keys=True, default=str)))
+        return cursor.lastrowid
+
+    def finish_run(self, run_id: int, status: str, counts: dict[str, int], manifests: int,
+                   checkpoint: datetime | None, note: str | None = None) -> None:
+        with self.db:
+            self.db.execute(
+                "UPDATE runs SET finished=?, status=?, deposited=?, skipped=?, rejected=?, failed=?, manifests=?, "
+                "checkpoint_after=?, note=? WHERE run_id=?",
+                (_ts(now()), status, *(counts.get(name, 0) for name in COUNTED), manifests, _ts(checkpoint),
+                 note, run_id))
+
+    def run(self, run_id: int) -> RunRecord | None:
+        return self._one(RunRecord, "runs WHERE run_id=?", run_id)
+
+    def runs(self, pipeline: str | None = None, limit: int = 10) -> list[RunRecord]:
+        if pipeline is None:
+            return self._all(RunRecord, "runs ORDER BY run_id DESC LIMIT ?", limit)
+        return self._all(RunRecord, "runs WHERE pipeline=? ORDER BY run_id DESC LIMIT ?", pipeline, limit)
+
+    def run_items(self, run_id: int, outcome: str | None = None) -> list[RunItem]:
+        if outcome is None:
+            return self._all(RunItem, "run_items WHERE run_id=? ORDER BY at", run_id)
+        return self._all(RunItem, "run_items WHERE run_id=? AND outcome=? ORDER BY at", run_id, outcome)
+
+    # ------------------------------------------------------------------------------------------ items
+
+    def item(self, pipeline: str, object_id: str, item_id: str) -> ItemRecord | None:
+        return self._one(ItemRecord, "items WHERE pipeline=? AND object_id=? AND item_id=?",
+                         pipeline, object_id, item_id)
+
+    def items(self, pipeline: str, object_id: str | None = None, status: str | None = None) -> list[ItemRecord]:
+        sql, args = "items WHERE pipeline=?", [pipeline]
+        if object_id is not None:
+            sql, args = sql + " AND object_id=?", args + [object_id]
+        if status is not None:
+            sql, args = sql + " AND status=?", args + [status]
+        return self._all(ItemRecord, sql + " ORDER BY object_id, sequence, item_id", *args)
+
+    def record(self, run_id: int, result: ItemResult, source_modified: datetime | None) -> ItemRecord:
+        """Store one result and what the run did; a failure counts an attempt of the current source version."""
+        previous = self.item(result.pipeline, result.object_id, result.item_id)
+        same_version = previous is not None and previous.fingerprint == result.fingerprint \
+            and previous.recipe_digest == result.recipe_digest
+        attempts = (previous.attempts if same_version and previous.status == "failed" else 0) + 1 \
+            if result.outcome is Outcome.FAILED else 0
+        stamp = _ts(now())
+        with self.db:
+            self.db.execute(
+                "INSERT INTO items (pipeline, object_id, item_id, sequence, fingerprint, source_modified, "
+                "master_sha256, recipe, recipe_digest, status, output_key, sha256, bytes, width, height, reason, "
+                "attempts, transient, first_seen, updated, last_run) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?) "
+                "ON CONFLICT (pipeline, object_id, item_id) DO UPDATE SET sequence=excluded.sequence, "
+                "fingerprint=excluded.fingerprint, source_modified=excluded.source_modified, "
+                "master_sha256=coalesce(excluded.master_sha256, items.master_sha256), recipe=excluded.recipe, "
+                "recipe_digest=excluded.recipe_digest, status=excluded.status, "
+                "output_key=coalesce(excluded.output_key, items.output_key), "
+                "sha256=CASE WHEN excluded.status='deposited' THEN excluded.sha256 ELSE items.sha256 END, "
+                "bytes=CASE WHEN excluded.status='deposited' THEN excluded.bytes ELSE items.bytes END, "
+                "width=coalesce(excluded.width, items.width), height=coalesce(excluded.height, items.height), "
+                "reason=excluded.reason, attempts=excluded.attempts, transient=excluded.transient, "
+                "updated=excluded.updated, last_run=excluded.last_run",
+                (result.pipeline, result.object_id, result.item_id, result.sequence, result.fingerprint,
+                 _ts(source_modified), result.master_sha256, result.recipe, result.recipe_digest,
+                 result.outcome.value, result.key, result.sha256, result.bytes, result.width, result.height,
+                 result.reason, attempts, int(result.transient), stamp, stamp, run_id))
+            self._run_item(run_id, result.object_id, result.item_id, result.outcome.value, result.reason,
+                           result.seconds, stamp)
+        return self.item(result.pipeline, result.object_id, result.item_id)
+
+    def record_unprocessed(self, run_id: int, object_id: str, item_id: str, outcome: str, reason: str) -> None:
+        """An item the run decided not to process (unchanged, rejected before, out of attempts)."""
+        with self.db:
+            self._run_item(run_id, object_id, item_id, outcome, reason, 0.0, _ts(now()))
+
+    def _run_item(self, run_id: int, object_id: str, item_id: str, outcome: str, reason: str | None,
+                  seconds: float, stamp: str) -> None:
+        self.db.execute("INSERT INTO run_items (run_id, object_id, item_id, outcome, reason, seconds, at) "
+                        "VALUES (?,?,?,?,?,?,?) ON CONFLICT (run_id, object_id, item_id) DO UPDATE SET "
+                        "outcome=excluded.outcome, reason=excluded.reason, seconds=excluded.seconds, at=excluded.at",
+                        (run_id, object_id, item_id, outcome, reason, seconds, stamp))
+
+    def reset_attempts(self, pipeline: str, object_id: str | None = None) -> int:
+        """`gcis-etl retry`: failed items get a fresh set of attempts."""
+        sql, args = "UPDATE items SET attempts=0 WHERE pipeline=? AND status='failed'", [pipeline]
+        if object_id is not None:
+            sql, args = sql + " AND object_id=?", args + [object_id]
+        with self.db:
+            return self.db.execute(sql, args).rowcount
+
+    def counts(self, pipeline: str) -> dict[str, int]:
+        rows = self.db.execute("SELECT status, count(*) FROM items WHERE pipeline=? GROUP BY status", (pipeline,))
+        return {name: 0 for name in COUNTED} | dict(rows.fetchall())
+
+    def objects_with(self, pipeline: str, status: str) -> list[str]:
+        return [row[0] for row in self.db.execute(
+            "SELECT DISTINCT object_id FROM items WHERE pipeline=? AND status=? ORDER BY object_id",
+            (pipeline, status))]
+
+    # ---------------------------------------------------------------------------------------- objects
+
+    def object(self, pipeline: str, object_id: str) -> ObjectRecord | None:
+        return self._one(ObjectRecord, "objects WHERE pipeline=? AND object_id=?", pipeline, object_id)
+
+    def record_manifest(self, pipeline: str, object_id: str, modified: datetime, label: list[list[str | None]],
+                        fingerprint: str) -> None:
+        """The object's manifest is deposited; it still has to be added to the collection."""
+        with self.db:
+            self.db.execute(
+                "INSERT INTO objects (pipeline, object_id, modified, label, manifest_fingerprint, published, "
+                "in_collection) VALUES (?,?,?,?,?,?,0) ON CONFLICT (pipeline, object_id) DO UPDATE SET "
+                "modified=excluded.modified, label=excluded.label, manifest_fingerprint=excluded.manifest_fingerprint, "
+                "published=excluded.published, in_collection=0",
+                (pipeline, object_id, _ts(modified), json.dumps(label), fingerprint, _ts(now())))
+
+    def awaiting_collection(self, pipeline: str) -> list[ObjectRecord]:
+        return self._all(ObjectRecord, "objects WHERE pipeline=? AND in_collection=0 AND published IS NOT NULL "
+                                       "ORDER BY object_id", pipeline)
+
+    def mark_in_collection(self, pipeline: str, object_ids: list[str]) -> None:
+        with self.db:
+            self.db.executemany("UPDATE objects SET in_collection=1 WHERE pipeline=? AND object_id=?",
+                                [(pipeline, object_id) for object_id in object_ids])
+
+    # ------------------------------------------------------------------------------------- checkpoint
+
+    def checkpoint(self, pipeline: str) -> datetime | None:
+        row = self.db.execute("SELECT checkpoint FROM checkpoints WHERE pipeline=?", (pipeline,)).fetchone()
+        return _dt(row[0]) if row else None
+
+    def set_checkpoint(self, pipeline: str, checkpoint: datetime, run_id: int) -> None:
+        with self.db:
+            self.db.execute("INSERT INTO checkpoints (pipeline, checkpoint, run_id, updated) VALUES (?,?,?,?) "
+                            "ON CONFLICT (pipeline) DO UPDATE SET checkpoint=excluded.checkpoint, "
+                            "run_id=excluded.run_id, updated=excluded.updated",
+                            (pipeline, _ts(checkpoint), run_id, _ts(now())))
+
+    def pipelines(self) -> Iterator[str]:
+        for row in self.db.execute("SELECT DISTINCT pipeline FROM runs ORDER BY pipeline"):
+            yield row[0]

@@ -1,0 +1,39 @@
+"""One run per pipeline at a time: a non-blocking flock, released by the kernel however the holder dies."""
+from __future__ import annotations
+
+import fcntl
+import os
+from pathlib import Path
+
+from gcis_etl.errors import GcisError
+
+
+class LockHeld(GcisError):
+    """Another run of the pipeline holds its lock (cron started the next run before the last one ended)."""
+
+
+class RunLock:
+    def __init__(self, path: Path, what: str):
+        self.path = path
+        self.what = what
+        self._fd: int | None = None
+
+    def __enter__(self) -> RunLock:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "another process"
+            os.close(fd)
+            raise LockHeld(f"{self.what} is already running (pid {holder}; lock {self.path}): "
+                           f"nothing was done") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._fd = fd
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None

@@ -1,0 +1,102 @@
+"""Run reports: a JSON summary and a CSV of the items that did not end well, written next to the ledger.
+
+Built from the ledger alone, so `gcis-etl report RUN` gives the same document for any past run, including one
+that crashed before it could write its own.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from gcis_etl.ledger import COUNTED, Ledger, RunItem, RunRecord
+
+PROBLEMS = ("rejected", "failed")
+
+
+@dataclass(frozen=True)
+class PlannedItem:
+    """What a dry run would do with an item."""
+
+    object_id: str
+    item_id: str
+    action: str  # process | skip
+    reason: str
+
+
+@dataclass
+class RunReport:
+    pipeline: str
+    run_id: int | None
+    status: str
+    started: str | None
+    finished: str | None
+    since: str | None
+    until: str | None
+    checkpoint_after: str | None
+    counts: dict[str, int]
+    manifests: int
+    note: str | None = None
+    problems: list[RunItem] = field(default_factory=list)
+    planned: list[PlannedItem] = field(default_factory=list)
+    json_path: str | None = None
+    csv_path: str | None = None
+
+    @property
+    def exit_code(self) -> int:
+        """0: everything deposited or skipped; 1: some items rejected or failed."""
+        return 1 if any(self.counts.get(name) for name in PROBLEMS) else 0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def summary(self) -> str:
+        counts = ", ".join(f"{self.counts.get(name, 0)} {name}" for name in COUNTED)
+        lines = [f"{self.pipeline}: run {self.run_id} {self.status}: {counts}; {self.manifests} manifests published"]
+        if not any(self.counts.values()):
+            lines.append(f"  nothing changed in the source since {self.since or 'the beginning'}")
+        if self.checkpoint_after:
+            lines.append(f"  checkpoint now {self.checkpoint_after}")
+        if self.note:
+            lines.append(f"  note: {self.note}")
+        for problem in self.problems[:10]:
+            lines.append(f"  {problem.outcome}: {problem.object_id}/{problem.item_id}: {problem.reason}")
+        if len(self.problems) > 10:
+            lines.append(f"  ... and {len(self.problems) - 10} more (see {self.csv_path or 'the CSV report'})")
+        if self.json_path:
+            lines.append(f"  report: {self.json_path}")
+        return "\n".join(lines)
+
+
+def report_from_ledger(ledger: Ledger, run: RunRecord) -> RunReport:
+    problems = [item for name in PROBLEMS for item in ledger.run_items(run.run_id, name)]
+    return RunReport(pipeline=run.pipeline, run_id=run.run_id, status=run.status, started=run.started,
+                     finished=run.finished, since=run.since, until=run.until, checkpoint_after=run.checkpoint_after,
+                     counts=run.counts, manifests=run.manifests, note=run.note, problems=problems)
+
+
+def write_report(report: RunReport, directory: Path) -> RunReport:
+    """Write `<pipeline>-run<N>.json` and `<pipeline>-run<N>-problems.csv` atomically."""
+    directory.mkdir(parents=True, exist_ok=True)
+    stem = f"{report.pipeline}-run{report.run_id}"
+    report.json_path = str(directory / f"{stem}.json")
+    report.csv_path = str(directory / f"{stem}-problems.csv")
+    text = io.StringIO()
+    writer = csv.writer(text)
+    writer.writerow(["object_id", "item_id", "outcome", "reason", "seconds", "at"])
+    for item in report.problems:
+        writer.writerow([item.object_id, item.item_id, item.outcome, item.reason, item.seconds, item.at])
+    _atomic_write(Path(report.csv_path), text.getvalue())
+    _atomic_write(Path(report.json_path), json.dumps(report.to_dict(), indent=2) + "\n")
+    return report
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    with os.fdopen(fd, "w") as out:
+        out.write(text)
+    os.replace(tmp, path)
