@@ -66,7 +66,10 @@ def load_config(path: str | Path | None = None) -> Config:
     if not isinstance(data, dict):
         raise ConfigError(f"{found}: expected a mapping at the top level")
     source = str(found)
-    data = interpolate_env(_anchored(data, found.resolve().parent), "")
+    try:
+        data = interpolate_env(_anchored(data, found.resolve().parent), "")
+    except ConfigError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
     pipelines = data.pop("pipelines", None) or {}
     if not isinstance(pipelines, dict):
         raise ConfigError(f"{source}: pipelines: expected a mapping of pipeline name to settings")

@@ -1,0 +1,3 @@
+from gcis_etl.cli import main
+
+main()

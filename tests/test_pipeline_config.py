@@ -1,0 +1,142 @@
+"""config.yaml with pipelines: a table of broken configurations, each with the message an operator should see."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gcis_etl.config import load_config
+from gcis_etl.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parent.parent
+
+GOOD_PIPELINE = {
+    "source": {"kind": "filesystem", "root": "masters"},
+    "store": {"kind": "local", "root": "store"},
+    "manifests": {"manifest_base_url": "https://iiif.example.org/store",
+                  "image_service_base_url": "https://iiif.example.org/iiif"},
+}
+
+
+def write(tmp_path: Path, data) -> Path:
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(data) if not isinstance(data, str) else data)
+    return path
+
+
+def with_pipeline(**changes) -> dict:
+    pipeline = {**GOOD_PIPELINE, **changes}
+    return {"pipelines": {"museum": {k: v for k, v in pipeline.items() if v is not None}}}
+
+
+BROKEN = [
+    ("no source", with_pipeline(source=None), "pipelines.museum.source: Field required"),
+    ("no store", with_pipeline(store=None), "pipelines.museum.store: Field required"),
+    ("unknown connector", with_pipeline(source={"kind": "dropbox"}),
+     "pipelines.museum.source.kind: unknown source connector 'dropbox'; known: filesystem, otmm, rosetta, s3"),
+    ("connector option missing", with_pipeline(source={"kind": "filesystem"}),
+     "pipelines.museum.source.root: Field required"),
+    ("connector option misspelt", with_pipeline(source={"kind": "filesystem", "root": "m", "grupping": {}}),
+     "pipelines.museum.source.grupping: Extra inputs are not permitted"),
+    ("unknown store kind", with_pipeline(store={"kind": "ftp"}),
+     "pipelines.museum.store: Input tag 'ftp' found using 'kind' does not match any of the expected tags"),
+    ("bad bucket name", with_pipeline(store={"kind": "s3", "bucket": "Not_A_Bucket"}),
+     "pipelines.museum.store.s3.bucket: String should match pattern"),
+    ("unknown recipe", with_pipeline(recipe="ptiff-jpeg-q95"), "pipelines.museum.recipe: Value error, recipe 'ptiff-jpeg-q95' not found"),
+    ("bad executor", with_pipeline(executor="threads"),
+     "pipelines.museum.executor: Input should be 'local' or 'celery' (got 'threads')"),
+    ("zero concurrency", with_pipeline(concurrency=0),
+     "pipelines.museum.concurrency: Input should be greater than or equal to 1 (got 0)"),
+    ("manifest URL without scheme", with_pipeline(manifests={**GOOD_PIPELINE["manifests"],
+                                                             "manifest_base_url": "iiif.example.org"}),
+     "pipelines.museum.manifests.manifest_base_url: Value error, must be an http(s) URL"),
+    ("pipeline imaging override", with_pipeline(imaging={"max_megapixels": -1}),
+     "pipelines.museum.imaging.max_megapixels: Input should be greater than 0 (got -1)"),
+    ("bad pipeline name", {"pipelines": {"Museum Collection": GOOD_PIPELINE}},
+     "pipelines.Museum Collection: a pipeline name is lower-case letters"),
+    ("pipeline not a mapping", {"pipelines": {"museum": "rosetta"}},
+     "pipelines.museum: expected a mapping with at least source:"),
+    ("pipelines not a mapping", {"pipelines": ["museum"]}, "pipelines: expected a mapping of pipeline name"),
+    ("bad default", {"defaults": {"max_attempts": 0}, **with_pipeline()},
+     "defaults.max_attempts: Input should be greater than or equal to 1 (got 0)"),
+    ("default inherited, then wrong", {"defaults": {"overlap_seconds": "soon"}, **with_pipeline()},
+     "defaults.overlap_seconds: Input should be a valid number"),
+    ("bad journal mode", {"ledger": {"journal_mode": "memory"}}, "ledger.journal_mode: Input should be 'wal'"),
+    ("unknown top-level key", {"pipeline": {}}, "pipeline: Extra inputs are not permitted"),
+    ("missing secret", with_pipeline(source={"kind": "otmm", "base_url": "https://otmm.example.org",
+                                              "username": "etl", "password": "${GCIS_TEST_UNSET_PASSWORD}"}),
+     "pipelines.museum.source.password: environment variable GCIS_TEST_UNSET_PASSWORD is not set"),
+    ("not YAML", "pipelines: [unclosed", "not valid YAML"),
+]
+
+
+@pytest.mark.parametrize("data, expected", [(d, e) for _, d, e in BROKEN], ids=[name for name, _, _ in BROKEN])
+def test_broken_config_is_refused_with_file_key_and_expectation(tmp_path, data, expected, monkeypatch):
+    monkeypatch.delenv("GCIS_TEST_UNSET_PASSWORD", raising=False)
+    path = write(tmp_path, data)
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    message = str(caught.value)
+    assert expected in message
+    assert str(path) in message
+
+
+def test_pipeline_inherits_defaults_and_overrides_single_policy_keys(tmp_path):
+    data = {"imaging": {"max_megapixels": 500, "strict": False}, "isolation": {"timeout_seconds": 60},
+            "defaults": {"concurrency": 3, "max_attempts": 5},
+            "pipelines": {"museum": {**GOOD_PIPELINE, "max_attempts": 2, "imaging": {"max_megapixels": 200}},
+                          "library": GOOD_PIPELINE}}
+    cfg = load_config(write(tmp_path, data))
+    museum, library = cfg.pipelines["museum"], cfg.pipelines["library"]
+    assert (museum.concurrency, museum.max_attempts) == (3, 2)
+    assert (library.concurrency, library.max_attempts) == (3, 5)
+    assert museum.imaging.max_megapixels == 200 and museum.imaging.strict is False  # merged key by key
+    assert library.imaging.max_megapixels == 500
+    assert museum.isolation.timeout_seconds == 60
+
+
+def test_relative_paths_are_relative_to_the_config_file(tmp_path, monkeypatch):
+    folder = tmp_path / "etc"
+    folder.mkdir()
+    monkeypatch.chdir(tmp_path)  # a cron job's working directory is not the config's
+    cfg = load_config(write(folder, with_pipeline()))
+    assert cfg.state_dir == folder / "var/state"
+    assert cfg.ledger_path == folder / "var/state/ledger.sqlite"
+    assert cfg.pipelines["museum"].store.root == folder / "store"
+    assert Path(cfg.pipelines["museum"].source.options["root"]) == folder / "masters"
+
+
+def test_config_check_prints_the_resolved_config_with_secrets_masked(tmp_path):
+    secret = "s3cr3t-Value-42"
+    data = with_pipeline(source={"kind": "otmm", "base_url": "https://otmm.example.org", "username": "etl",
+                                 "password": "${GCIS_TEST_PASSWORD}"})
+    path = write(tmp_path, data)
+    env = {"GCIS_TEST_PASSWORD": secret, "PATH": "/usr/bin:/bin"}
+    done = subprocess.run([sys.executable, "-m", "gcis_etl.cli", "--config", str(path), "config", "check"],
+                          capture_output=True, text=True, env=env, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    assert secret not in done.stdout + done.stderr
+    resolved = yaml.safe_load(done.stdout)
+    assert resolved["pipelines"]["museum"]["source"]["password"] == "********"
+    assert resolved["pipelines"]["museum"]["source"]["username"] == "etl"
+    assert resolved["pipelines"]["museum"]["recipe"] == "ptiff-jpeg-q90"  # defaults filled in
+
+
+def test_config_check_exits_2_and_names_the_key(tmp_path):
+    path = write(tmp_path, with_pipeline(concurrency="many"))
+    done = subprocess.run([sys.executable, "-m", "gcis_etl.cli", "--config", str(path), "config", "check"],
+                          capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 2
+    assert f"{path}: pipelines.museum.concurrency: Input should be a valid integer" in done.stderr
+
+
+def test_the_shipped_config_is_valid_and_harvests_the_samples():
+    cfg = load_config(ROOT / "config.yaml")
+    samples = cfg.pipeline("samples")
+    assert samples.settings.source.kind == "filesystem"
+    assert Path(samples.settings.source.options["root"]) == ROOT / "samples/masters"
+    assert samples.settings.store.root == ROOT / "var/store"
+    assert samples.manifests is not None
