@@ -43,6 +43,8 @@ class HarvestOptions:
     max_run_minutes: float | None = None   # overrides the pipeline's
     recipe: str | None = None              # overrides the pipeline's (migrations)
     retry_failed: bool = True              # also revisit objects with failed items still within max_attempts
+    full: bool = False                     # list the whole source whatever the checkpoint, like a first run
+    reencode: str | None = None            # re-derive what was deposited with this recipe (by name)
 
 
 @dataclass(frozen=True)
@@ -53,7 +55,7 @@ class Decision:
 
 
 def decide(record: ItemRecord | None, item_fingerprint: str, recipe_digest: str, max_attempts: int,
-           force: bool = False, redo_rejected: bool = False) -> Decision:
+           force: bool = False, redo_rejected: bool = False, reencode: str | None = None) -> Decision:
     """Whether an item needs work, from what the ledger knows of it."""
     if record is None:
         return Decision(True, "new")
@@ -71,6 +73,8 @@ def decide(record: ItemRecord | None, item_fingerprint: str, recipe_digest: str,
     if record.status == "rejected":
         return Decision(False, f"rejected before ({record.reason}); waits for the source to change")
     if record.recipe_digest != recipe_digest:
+        if record.recipe == reencode:
+            return Decision(True, f"deposited with recipe {record.recipe} ({record.recipe_digest}); re-deriving")
         return Decision(False, f"unchanged; deposited with recipe {record.recipe} ({record.recipe_digest}): "
                                f"--force or the reencode migration re-derives it")
     return Decision(False, "unchanged")
@@ -117,13 +121,15 @@ class Harvest:
         until = now()
         if self.options.since is not None:
             return self.options.since, until
-        checkpoint = self.ledger.checkpoint(self.pipeline.name)
+        checkpoint = None if self.options.full else self.ledger.checkpoint(self.pipeline.name)
         return (checkpoint - self.pipeline.overlap if checkpoint else None), until
 
-    def objects(self, since: datetime | None, until: datetime) -> Iterator[SourceObject]:
+    def objects(self, since: datetime | None) -> Iterator[SourceObject]:
         source = self.pipeline.source
         seen: set[str] = set()
-        listing = source.get(self.options.object_ids) if self.options.object_ids else source.changes(since, until)
+        # No upper bound: an object modified during the run (or stamped ahead by a skewed clock) is taken now;
+        # the checkpoint stays at the run's start, so the next run sees it again and skips it as unchanged.
+        listing = source.get(self.options.object_ids) if self.options.object_ids else source.changes(since)
         for obj in listing:
             seen.add(obj.id)
             yield obj
@@ -142,7 +148,7 @@ class Harvest:
         for item in obj.items:
             record = self.ledger.item(self.pipeline.name, obj.id, item.id)
             decision = decide(record, fingerprint(item), self.recipe.digest, settings.max_attempts,
-                              self.options.force, self.options.redo_rejected)
+                              self.options.force, self.options.redo_rejected, self.options.reencode)
             attempt = record.attempts + 1 if record and record.status == "failed" else 1
             task = ItemTask(self.pipeline.name, obj.id, item, self.recipe.name, self.recipe.digest, attempt)
             yield item, decision, (task if decision.process else None)
@@ -162,10 +168,10 @@ class Harvest:
 
     def dry_run(self, since: datetime | None, until: datetime) -> list[PlannedItem]:
         return [PlannedItem(obj.id, item.id, "process" if task else "skip", decision.reason)
-                for obj in self.objects(since, until) for item, decision, task in self.plan(obj)]
+                for obj in self.objects(since) for item, decision, task in self.plan(obj)]
 
     def execute(self, executor: Executor, since: datetime | None, until: datetime) -> None:
-        for obj in self.objects(since, until):
+        for obj in self.objects(since):
             if self.should_stop():
                 break
             pending = self.pending.setdefault(obj.id, _PendingObject(obj))

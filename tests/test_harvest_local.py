@@ -1,0 +1,238 @@
+"""`gcis-etl harvest` on a filesystem source into a local store: the embedded default's shape, end to end."""
+from __future__ import annotations
+
+import csv
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gcis_etl.config import load_config
+from gcis_etl.harvest import HarvestOptions, decide, harvest
+from gcis_etl.iiif_validation import require_valid
+from gcis_etl.ledger import Ledger
+from gcis_etl.verification import verify
+
+ROOT = Path(__file__).resolve().parent.parent
+CORPUS = ROOT / "tests" / "corpus"
+
+# object folder -> corpus files (a rejected master among good ones, a whole rejected object)
+OBJECTS = {
+    "book-1": ["rgb8-tiff-lzw/hopper_lzw.tif", "gray8/hopper_gray.jpg", "truncated/truncated.jpg"],
+    "print-2": ["cmyk-jpeg/pil_sample_cmyk.jpg"],
+    "photo-3": ["icc-adobergb/sample.jpg", "exif-orientation/hopper_orientation_5.jpg"],
+    "bad-4": ["multipage-tiff/multipage.tiff", "zero-byte/empty.tif"],
+}
+
+
+def expected_verdicts() -> dict[str, str]:
+    with open(CORPUS / "MANIFEST.csv", newline="") as f:
+        return {row["local_path"]: row["expected"] for row in csv.DictReader(f)}
+
+
+LAST_YEAR = time.time() - 365 * 86400  # masters last touched long before the first run
+
+
+@pytest.fixture
+def site(tmp_path):
+    """A config.yaml beside its masters, store and state, as an operator would lay it out."""
+    masters = tmp_path / "masters"
+    for folder, files in OBJECTS.items():
+        (masters / folder).mkdir(parents=True)
+        for n, relative in enumerate(files, 1):
+            shutil.copy(CORPUS / relative, masters / folder / f"p{n}-{Path(relative).name}")
+            os.utime(masters / folder / f"p{n}-{Path(relative).name}", (LAST_YEAR, LAST_YEAR))
+    config = {"defaults": {"concurrency": 2},
+              "pipelines": {"museum": {
+                  "source": {"kind": "filesystem", "root": "masters"},
+                  "store": {"kind": "local", "root": "store"},
+                  "manifests": {"manifest_base_url": "https://iiif.example.org/store",
+                                "image_service_base_url": "https://iiif.example.org/iiif",
+                                "versions": ["3.0", "2.1"]}}}}
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    return tmp_path
+
+
+def cli(site: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "gcis_etl.cli", "--config", str(site / "config.yaml"), *args],
+                          capture_output=True, text=True, cwd=site, timeout=300)
+
+
+def ledger_rows(site: Path) -> dict[tuple[str, str], dict]:
+    cfg = load_config(site / "config.yaml")
+    with Ledger.open(cfg) as ledger:
+        return {(r.object_id, r.item_id): r.__dict__ for r in ledger.items("museum")}
+
+
+def corpus_of(item_id: str) -> str:
+    folder, name = item_id.split("/")
+    index = int(name.split("-", 1)[0][1:]) - 1
+    return OBJECTS[folder][index]
+
+
+def test_first_run_settles_every_item_as_the_corpus_says_and_publishes_valid_manifests(site):
+    done = cli(site, "harvest")
+    assert done.returncode == 1, done.stderr  # some masters were rejected
+    assert "run 1 completed: 5 deposited, 0 skipped, 3 rejected, 0 failed; 3 manifests published" in done.stdout
+
+    rows = ledger_rows(site)
+    listed = {(folder, f"{folder}/p{n}-{Path(r).name}") for folder, files in OBJECTS.items()
+              for n, r in enumerate(files, 1)}
+    assert set(rows) == listed
+    verdicts = expected_verdicts()
+    store = site / "store"
+    for (object_id, item_id), row in rows.items():
+        expected = verdicts[corpus_of(item_id)]
+        if expected == "reject":
+            assert row["status"] == "rejected" and row["reason"], item_id
+            assert row["output_key"] is None
+        else:
+            assert row["status"] == "deposited", (item_id, row["reason"])
+            report = verify(store / row["output_key"])
+            assert report.ok, report.errors
+            assert (report.width, report.height) == (row["width"], row["height"])
+            assert row["sha256"] and row["bytes"] == (store / row["output_key"]).stat().st_size
+    for object_id in ("book-1", "print-2", "photo-3"):
+        for version in ("3", "2"):
+            document = json.loads((store / f"museum/{object_id}/manifest-v{version}.json").read_text())
+            require_valid(document, object_id)
+        canvases = json.loads((store / f"museum/{object_id}/manifest-v3.json").read_text())["items"]
+        deposited = sorted(r["sequence"] for (o, _), r in rows.items() if o == object_id
+                           and r["status"] == "deposited")
+        assert len(canvases) == len(deposited)
+    assert not (store / "museum/bad-4").exists()  # nothing deposited, no manifest
+    collection = json.loads((store / "collections/museum-v3.json").read_text())
+    require_valid(collection, "collection")
+    assert sorted(i["id"].split("/")[-2] for i in collection["items"]) == ["book-1", "photo-3", "print-2"]
+
+    reports = sorted((site / "var/state/reports").glob("museum-run1*"))
+    assert [p.name for p in reports] == ["museum-run1-problems.csv", "museum-run1.json"]
+    with open(reports[0], newline="") as f:
+        problems = list(csv.DictReader(f))
+    assert sorted(p["item_id"] for p in problems) == sorted(i for (_, i), r in rows.items()
+                                                            if r["status"] == "rejected")
+    assert json.loads(reports[1].read_text())["counts"] == {"deposited": 5, "skipped": 0, "rejected": 3,
+                                                           "failed": 0}
+
+
+def test_second_run_skips_everything_and_a_changed_master_is_the_only_work(site):
+    assert cli(site, "harvest").returncode == 1
+    store_before = {p: p.stat().st_mtime_ns for p in (site / "store").rglob("*") if p.is_file()}
+
+    again = cli(site, "harvest", "--since", "2000-01-01")  # every object listed again
+    assert again.returncode == 0, again.stdout + again.stderr  # rejected items are skipped, not re-rejected
+    assert "0 deposited, 8 skipped, 0 rejected, 0 failed; 0 manifests published" in again.stdout
+    assert {p: p.stat().st_mtime_ns for p in (site / "store").rglob("*") if p.is_file()} == store_before
+
+    changed = site / "masters/photo-3/p1-sample.jpg"
+    shutil.copy(CORPUS / "jpeg-progressive/bentheim_pulver_turm.jpg", changed)
+    os.utime(changed, (time.time() + 5, time.time() + 5))
+    third = cli(site, "harvest", "-v")
+    assert third.returncode == 0, third.stderr
+    assert "1 deposited, 1 skipped, 0 rejected, 0 failed; 1 manifests published" in third.stdout
+    assert "deposited photo-3/photo-3/p1-sample.jpg" in third.stderr  # -v: one log line per item
+    rows = ledger_rows(site)
+    assert rows[("photo-3", "photo-3/p1-sample.jpg")]["last_run"] == 3
+    assert all(r["last_run"] == 1 for k, r in rows.items() if k[0] != "photo-3")
+
+
+def test_dry_run_lists_the_plan_and_changes_nothing(site):
+    done = cli(site, "harvest", "--dry-run")
+    assert done.returncode == 0, done.stderr
+    assert "process  book-1/book-1/p1-hopper_lzw.tif: new" in done.stdout
+    assert "museum: would process 8 items, skip 0" in done.stdout
+    assert not (site / "store").exists()
+    with Ledger.open(load_config(site / "config.yaml")) as ledger:
+        assert ledger.runs("museum") == [] and ledger.items("museum") == []
+
+
+def test_limit_stops_early_and_leaves_the_checkpoint_for_the_next_run(site):
+    done = cli(site, "harvest", "--limit", "2")
+    assert done.returncode in (0, 1), done.stdout + done.stderr  # 1 when one of the two was a reject
+    assert "run 1 stopped" in done.stdout and "stopped at the limit of 2 items" in done.stdout
+    cfg = load_config(site / "config.yaml")
+    with Ledger.open(cfg) as ledger:
+        assert ledger.checkpoint("museum") is None
+        assert sum(ledger.counts("museum").values()) == 2
+    rest = cli(site, "harvest")
+    assert "run 2 completed" in rest.stdout, rest.stderr
+    counts = json.loads((site / "var/state/reports/museum-run2.json").read_text())["counts"]
+    assert counts["skipped"] == 2 and counts["deposited"] + counts["rejected"] == 6 and counts["failed"] == 0
+    with Ledger.open(cfg) as ledger:
+        assert ledger.counts("museum") == {"deposited": 5, "skipped": 0, "rejected": 3, "failed": 0}
+        assert ledger.checkpoint("museum") is not None
+
+
+def test_object_option_harvests_only_that_object_and_keeps_the_checkpoint(site):
+    done = cli(site, "harvest", "--object", "print-2")
+    assert "1 deposited, 0 skipped, 0 rejected, 0 failed; 1 manifests published" in done.stdout, done.stderr
+    with Ledger.open(load_config(site / "config.yaml")) as ledger:
+        assert ledger.checkpoint("museum") is None
+        assert {r.object_id for r in ledger.items("museum")} == {"print-2"}
+
+
+def test_status_and_report_summarise_the_ledger(site):
+    cli(site, "harvest")
+    status = cli(site, "status", "--json")
+    assert status.returncode == 0, status.stderr
+    state = json.loads(status.stdout)
+    assert state["items"] == {"deposited": 5, "skipped": 0, "rejected": 3, "failed": 0}
+    assert state["last_run"]["run_id"] == 1 and state["checkpoint"]
+    assert {p["item_id"] for p in state["problems"]} == {"book-1/p3-truncated.jpg", "bad-4/p1-multipage.tiff",
+                                                         "bad-4/p2-empty.tif"}
+    report = cli(site, "report", "--json")
+    assert report.returncode == 1  # the run had rejections
+    assert json.loads(report.stdout)["counts"]["rejected"] == 3
+    unknown = cli(site, "harvest", "library")
+    assert unknown.returncode == 2 and "no pipeline 'library'" in unknown.stderr
+
+
+def test_demo_on_the_shipped_config_harvests_the_samples_then_has_nothing_to_do(tmp_path):
+    shutil.copytree(ROOT / "samples", tmp_path / "samples")
+    shutil.copy(ROOT / "config.yaml", tmp_path / "config.yaml")
+    first = subprocess.run([sys.executable, "-m", "gcis_etl.cli", "demo"], capture_output=True, text=True,
+                           cwd=tmp_path, timeout=300)
+    assert first.returncode == 0, first.stderr
+    assert "5 deposited, 0 skipped, 0 rejected, 0 failed; 4 manifests published" in first.stdout
+    assert f"access masters and manifests under {tmp_path / 'var/store'}" in first.stdout
+    second = subprocess.run([sys.executable, "-m", "gcis_etl.cli", "demo"], capture_output=True, text=True,
+                            cwd=tmp_path, timeout=300)
+    assert second.returncode == 0, second.stderr
+    assert "0 deposited" in second.stdout and "0 rejected, 0 failed; 0 manifests published" in second.stdout
+
+
+class _Record:
+    def __init__(self, **values):
+        defaults = dict(fingerprint="md5:1", recipe="r", recipe_digest="d1", status="deposited", attempts=0,
+                        reason=None)
+        self.__dict__.update(defaults | values)
+
+
+@pytest.mark.parametrize("record, kwargs, process, reason", [
+    (None, {}, True, "new"),
+    (_Record(fingerprint="md5:0"), {}, True, "changed in the source"),
+    (_Record(), {}, False, "unchanged"),
+    (_Record(recipe_digest="d0"), {}, False, "--force or the reencode migration"),
+    (_Record(), {"force": True}, True, "forced"),
+    (_Record(status="rejected", reason="bad"), {}, False, "waits for the source to change"),
+    (_Record(status="rejected"), {"redo_rejected": True}, True, "asked to try again"),
+    (_Record(status="failed", attempts=2), {}, True, "retry 3 of 3"),
+    (_Record(status="failed", attempts=3), {}, False, "`gcis-etl retry` tries again"),
+])
+def test_decide(record, kwargs, process, reason):
+    decision = decide(record, "md5:1", "d1", 3, **kwargs)
+    assert decision.process is process
+    assert reason in decision.reason
+
+
+def test_library_harvest_returns_the_report(site):
+    cfg = load_config(site / "config.yaml")
+    report = harvest(cfg, "museum", HarvestOptions(object_ids=("book-1",)))
+    assert report.counts == {"deposited": 2, "skipped": 0, "rejected": 1, "failed": 0}
+    assert report.exit_code == 1 and report.json_path and Path(report.json_path).is_file()
