@@ -17,6 +17,19 @@ def verify(path, expect=None) -> VerifyReport:
         return worker.call(verify_in_child, str(path), expect)
 
 
+_PIPELINE = {"load_config": "gcis_etl.config", "Config": "gcis_etl.config", "harvest": "gcis_etl.harvest",
+             "HarvestOptions": "gcis_etl.harvest"}
+
+
+def __getattr__(name: str):
+    """Pipeline names load on first use: connectors import gcis_etl.errors, and the pipeline imports connectors."""
+    if name in _PIPELINE:
+        import importlib
+        return getattr(importlib.import_module(_PIPELINE[name]), name)
+    raise AttributeError(f"module 'gcis_etl' has no attribute {name!r}")
+
+
 __all__ = ["inspect", "convert", "verify", "check_decoding", "load_recipe", "Recipe", "ImageInfo",
+           "load_config", "Config", "harvest", "HarvestOptions",
            "ConversionResult", "VerifyReport", "Status", "Verdict", "GcisError", "ConfigError",
            "RejectedMaster", "ConversionFailed", "VerificationFailed"]
