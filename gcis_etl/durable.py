@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import tempfile
 from pathlib import Path
 from typing import IO
 
@@ -28,3 +29,16 @@ def sha256_stream(f: IO[bytes]) -> str:
 def sha256_file(path: str | Path) -> str:
     with open(path, "rb") as f:
         return sha256_stream(f)
+
+
+def atomic_write(path: Path, text: str) -> None:
+    """Replace `path` with `text` so a reader sees the old or the new content, never a part of it."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as out:
+            out.write(text)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, path)
+    finally:
+        Path(tmp).unlink(missing_ok=True)

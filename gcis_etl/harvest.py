@@ -20,16 +20,20 @@ from datetime import datetime, timedelta
 from typing import Iterator
 
 from connectors.base import LangValue, SourceItem, SourceObject
+from connectors.errors import ObjectNotFound
 from gcis_etl.config import Config
+from gcis_etl.errors import ManifestError
 from gcis_etl.executors import Executor, open_executor
 from gcis_etl.ledger import COUNTED, ItemRecord, Ledger, now
-from gcis_etl.locks import RunLock
+from gcis_etl.locks import pipeline_lock
 from gcis_etl.manifests import CollectionEntry, DepositedImage
 from gcis_etl.pipelines import Pipeline
 from gcis_etl.reports import PlannedItem, RunReport, report_from_ledger, write_report
 from gcis_etl.work import ItemResult, ItemTask, Outcome, fingerprint
 
 log = logging.getLogger(__name__)
+
+MANIFEST = "(manifest)"  # stands for the item id where the run reports an object's manifest problem
 
 
 @dataclass(frozen=True)
@@ -131,6 +135,8 @@ class Harvest:
         # the checkpoint stays at the run's start, so the next run sees it again and skips it as unchanged.
         listing = source.get(self.options.object_ids) if self.options.object_ids else source.changes(since)
         for obj in listing:
+            if obj.id in seen:  # listed twice (a repeated id, an offset-paged search that shifted): once is enough
+                continue
             seen.add(obj.id)
             yield obj
         if self.options.object_ids or not self.options.retry_failed:
@@ -139,7 +145,13 @@ class Harvest:
                  if object_id not in seen]
         if retry:
             self.progress.note(f"revisiting {len(retry)} objects with failed items")
-            yield from source.get(retry)
+        for object_id in retry:
+            try:
+                (obj,) = source.get([object_id])
+            except ObjectNotFound as exc:  # withdrawn since: it must not stop every run from now on
+                self.progress.note(f"not revisiting {object_id}: {exc}")
+                continue
+            yield obj
 
     # ----------------------------------------------------------------------------------- planning
 
@@ -234,7 +246,13 @@ class Harvest:
         known = self.ledger.object(self.pipeline.name, obj.id)
         if known is not None and known.manifest_fingerprint == digest:
             return
-        manifests.publish(obj, images)
+        try:
+            manifests.publish(obj, images)
+        except ManifestError as exc:  # the object's metadata: it waits for the source to change, the run goes on
+            reason = f"manifest not published: {exc}"
+            self._count(obj.id, MANIFEST, Outcome.REJECTED.value, reason)
+            self.ledger.record_unprocessed(self.run_id, obj.id, MANIFEST, Outcome.REJECTED.value, reason)
+            return
         self.ledger.record_manifest(self.pipeline.name, obj.id, obj.modified, label, digest)
         self.manifests_published += 1
 
@@ -274,7 +292,10 @@ def harvest(config: Config, name: str, options: HarvestOptions = HarvestOptions(
             return RunReport(name, None, "dry-run", None, None, _iso(since), _iso(until), None,
                              {"process": sum(p.action == "process" for p in planned),
                               "skip": sum(p.action == "skip" for p in planned)}, 0, planned=planned)
-        with RunLock(config.state_dir / "locks" / f"{name}.lock", f"pipeline {name!r}"):
+        with pipeline_lock(config.state_dir, name):
+            last = next(iter(ledger.runs(name, limit=1)), None)
+            if last is not None and last.status == "running":  # killed: we hold the lock, it is gone
+                _abort_uploads(pipeline, last.run_id, progress)
             since, until = run.window()
             run.run_id = ledger.begin_run(name, since, until, _options(options))
             scratch = config.state_dir / "scratch" / name
@@ -300,6 +321,16 @@ def harvest(config: Config, name: str, options: HarvestOptions = HarvestOptions(
             ledger.finish_run(run.run_id, "stopped" if run.cut_short else "completed", run.counts,
                               run.manifests_published, checkpoint, run.cut_short)
             return write_report(report_from_ledger(ledger, ledger.run(run.run_id)), reports)
+
+
+def _abort_uploads(pipeline: Pipeline, run_id: int, progress: Progress) -> None:
+    """A run killed mid-upload leaves its multipart parts in S3: never completed, invisible, but billed."""
+    abort = getattr(pipeline.store, "abort_incomplete_uploads", None)
+    keys = pipeline.store.keys.image_prefix(pipeline.name)  # not another pipeline's uploads in a shared store
+    aborted = abort(older_than=timedelta(0), keys=keys) if abort is not None else []
+    if aborted:
+        progress.note(f"aborted {len(aborted)} incomplete uploads left by run {run_id}, which was killed: "
+                      f"{', '.join(aborted)}")
 
 
 def _manifest_fingerprint(obj: SourceObject, images: list[DepositedImage], settings: str) -> str:

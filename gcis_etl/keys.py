@@ -120,6 +120,13 @@ class KeyTemplates(Settings):
         return self._render(self.image, pipeline=pipeline, object_id=object_id, item_id=item_id,
                             sequence=sequence, ext=ext)
 
+    def image_prefix(self, pipeline: str) -> str:
+        """What every image key of the pipeline starts with ("" when the template does not start with it)."""
+        head = self.image.split("{", 1)[0]
+        if not self.image.startswith(head + "{pipeline}"):
+            return head
+        return head + escape_identifier(pipeline) + self.image[len(head) + len("{pipeline}"):].split("{", 1)[0]
+
     def manifest_key(self, pipeline: str, object_id: str, version: int) -> str:
         return self._render(self.manifest, pipeline=pipeline, object_id=object_id, version=version)
 

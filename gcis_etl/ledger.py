@@ -222,6 +222,18 @@ class Ledger:
             sql, args = sql + " AND status=?", args + [status]
         return self._all(ItemRecord, sql + " ORDER BY object_id, sequence, item_id", *args)
 
+    def iter_items(self, pipeline: str, where: str = "1", args: tuple = (), page: int = 1000) -> Iterator[ItemRecord]:
+        """The pipeline's items matching the SQL condition `where`, in (object_id, item_id) order, a page at a
+        time: no read transaction stays open while the caller works (a migration running harvests meanwhile)."""
+        after = ("", "")
+        while True:
+            rows = self._all(ItemRecord, f"items WHERE pipeline=? AND ({where}) AND (object_id, item_id) > (?, ?) "
+                                         f"ORDER BY object_id, item_id LIMIT ?", pipeline, *args, *after, page)
+            yield from rows
+            if len(rows) < page:
+                return
+            after = (rows[-1].object_id, rows[-1].item_id)
+
     def record(self, run_id: int, result: ItemResult, source_modified: datetime | None) -> ItemRecord:
         """Store one result and what the run did; a failure counts an attempt of the current source version."""
         previous = self.item(result.pipeline, result.object_id, result.item_id)
@@ -297,6 +309,18 @@ class Ledger:
                 "modified=excluded.modified, label=excluded.label, manifest_fingerprint=excluded.manifest_fingerprint, "
                 "published=excluded.published, in_collection=0",
                 (pipeline, object_id, _ts(modified), json.dumps(label), fingerprint, _ts(now())))
+
+    def published(self, pipeline: str, page: int = 1000) -> Iterator[str]:
+        """Ids of the pipeline's objects whose manifests are deposited, in order, a page at a time."""
+        after = ""
+        while True:
+            rows = [row[0] for row in self.db.execute(
+                "SELECT object_id FROM objects WHERE pipeline=? AND published IS NOT NULL AND object_id > ? "
+                "ORDER BY object_id LIMIT ?", (pipeline, after, page))]
+            yield from rows
+            if len(rows) < page:
+                return
+            after = rows[-1]
 
     def awaiting_collection(self, pipeline: str) -> list[ObjectRecord]:
         return self._all(ObjectRecord, "objects WHERE pipeline=? AND in_collection=0 AND published IS NOT NULL "

@@ -37,3 +37,8 @@ class RunLock:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+
+
+def pipeline_lock(state_dir: Path, pipeline: str) -> RunLock:
+    """The lock every run of a pipeline takes: harvests, retries and migrations alike."""
+    return RunLock(state_dir / "locks" / f"{pipeline}.lock", f"pipeline {pipeline!r}")

@@ -1,12 +1,57 @@
-"""Running migration scripts: modules in migrations/ (or any path) exposing main(args) -> exit code."""
+"""Migration scripts and the context they run in.
+
+A script is a module in migrations/ (or any .py path) whose `main(args) -> exit code` is made by @migration:
+
+    @migration(__doc__)
+    @click.option("--pipeline", "name", required=True)
+    def main(ctx: MigrationContext, name: str) -> None:
+        ctx.harvest(name, full=True)
+
+@migration adds the options every script shares (--config, --dry-run, --log-json, -v), loads the
+configuration, makes the first Ctrl-C or SIGTERM a clean stop, and ends with the report: a summary on stdout
+and, unless --dry-run, a JSON summary and a CSV of the problems and destructive actions in <state_dir>/reports.
+Exit codes are those of `gcis-etl harvest`: 0 done; 1 some items or keys failed or were rejected, or the
+migration stopped on an error; 2 configuration or usage error; 3 another run holds the pipeline.
+
+Work that is a harvest goes through harvest(), where the ledger decides what is already settled: re-running a
+migration continues where the last run stopped. Other work (copying between stores) uses the stores and the
+ledger directly.
+"""
 from __future__ import annotations
 
+import csv
 import importlib.util
+import inspect
+import json
+import logging
+import math
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO, Any, Callable
 
 import click
+import yaml
+
+from gcis_etl.config import Config, load_config
+from gcis_etl.durable import atomic_write
+from gcis_etl.errors import ConfigError, GcisError
+from gcis_etl.harvest import HarvestOptions, harvest
+from gcis_etl.ledger import Ledger, now
+from gcis_etl.locks import LockHeld, RunLock, pipeline_lock
+from gcis_etl.pipelines import Pipeline
+from gcis_etl.reports import PROBLEMS as RUN_PROBLEMS
+from gcis_etl.reports import RunReport, report_from_ledger
+from gcis_etl.settings import Settings, interpolate_env, parse, read_yaml
+from gcis_etl.stores import LocalStoreSettings, S3StoreSettings, StoreSettings
+
+log = logging.getLogger(__name__)
 
 MIGRATIONS = Path(__file__).resolve().parent.parent / "migrations"
+EXIT_OK, EXIT_ITEM_FAILED, EXIT_USAGE, EXIT_LOCKED = 0, 1, 2, 3  # as gcis_etl.cli and `gcis-etl harvest`
+PROBLEMS = (*RUN_PROBLEMS, "missing")
 
 
 def available() -> list[str]:
@@ -20,8 +65,295 @@ def run_script(script: str, args: list[str]) -> int:
     if not path.is_file():
         names = ", ".join(available()) or "none yet"
         click.echo(f"no migration script {script!r} (available: {names})", err=True)
-        return 2
+        return EXIT_USAGE
     spec = importlib.util.spec_from_file_location(f"gcis_migration_{path.stem}", path)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the script is being loaded
     spec.loader.exec_module(module)
     return int(module.main(args) or 0)
+
+
+# ------------------------------------------------------------------------------------------------- report
+
+
+@dataclass(frozen=True)
+class Event:
+    subject: str  # a store key, or object/item
+    outcome: str
+    reason: str = ""
+
+
+class MigrationReport:
+    """What a migration did: counts by outcome, the harvest runs it made, the first problems, and (written as
+    they happen, so a move of millions of keys holds only counts in memory) a CSV row for every problem and
+    every listed action such as a deletion."""
+
+    SHOWN = 10
+
+    def __init__(self, script: str, dry_run: bool, directory: Path):
+        self.script = script
+        self.directory = directory
+        self.started = now().isoformat()
+        self.finished: str | None = None
+        self.status = "dry-run" if dry_run else "completed"
+        self.counts: dict[str, int] = {}
+        self.runs: list[int] = []
+        self.problems: list[Event] = []
+        self.notes: list[str] = []
+        stem = f"{script}-{now().strftime('%Y%m%dT%H%M%S-%f')}"
+        self.json_path = None if dry_run else directory / f"{stem}.json"
+        self.csv_path = None if dry_run else directory / f"{stem}.csv"
+        self._csv: IO[str] | None = None
+        self._lock = threading.Lock()
+
+    def event(self, subject: str, outcome: str, reason: str = "", listed: bool = True) -> None:
+        """Count `outcome` for `subject` and log it; problems, and listed outcomes, also go to the CSV."""
+        log.info("%s %s%s", outcome, subject, f": {reason}" if reason else "",
+                 extra={"script": self.script, "subject": subject, "outcome": outcome})
+        with self._lock:
+            self.counts[outcome] = self.counts.get(outcome, 0) + 1
+            problem = outcome in PROBLEMS
+            if problem and len(self.problems) < self.SHOWN:
+                self.problems.append(Event(subject, outcome, reason))
+            if (problem or listed) and self.csv_path is not None:
+                self._row([subject, outcome, reason, now().isoformat()])
+
+    def add(self, outcome: str, n: int) -> None:
+        with self._lock:
+            self.counts[outcome] = self.counts.get(outcome, 0) + n
+
+    def add_run(self, run: RunReport) -> None:
+        """A harvest run made by the migration (it wrote its own report; here its counts and first problems)."""
+        for outcome, n in run.counts.items():
+            self.add(f"would {outcome}" if run.status == "dry-run" else outcome, n)
+        if run.run_id is not None:
+            self.runs.append(run.run_id)
+            self.add("manifests published", run.manifests)
+        for item in run.problems[:self.SHOWN - len(self.problems)]:
+            self.problems.append(Event(f"{item.object_id}/{item.item_id}", item.outcome, item.reason or ""))
+        if run.status == "stopped":
+            self.status = "stopped"
+            self.notes.append(f"{run.pipeline}: run {run.run_id}: {run.note}; run again to continue")
+
+    def stop(self, status: str, note: str) -> None:
+        self.status = status
+        self.notes.append(note)
+
+    @property
+    def exit_code(self) -> int:
+        stopped_on_error = self.status == "stopped on an error"
+        return EXIT_ITEM_FAILED if stopped_on_error or any(self.counts.get(p) for p in PROBLEMS) else EXIT_OK
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"script": self.script, "status": self.status, "started": self.started, "finished": self.finished,
+                "counts": self.counts, "harvest_runs": self.runs, "notes": self.notes,
+                "problems": [vars(p) for p in self.problems],
+                "csv_path": str(self.csv_path) if self._csv else None}
+
+    def summary(self) -> str:
+        counts = ", ".join(f"{n} {outcome}" for outcome, n in self.counts.items() if n) or "nothing to do"
+        lines = [f"{self.script}: {self.status}: {counts}"]
+        if self.runs:
+            lines.append(f"  harvest runs {self.runs[0]}..{self.runs[-1]} (`gcis-etl report RUN` for each)"
+                         if len(self.runs) > 1 else f"  harvest run {self.runs[0]} (`gcis-etl report {self.runs[0]}`)")
+        lines += [f"  note: {note}" for note in self.notes]
+        lines += [f"  {p.outcome}: {p.subject}: {p.reason}" for p in self.problems]
+        if self._csv:
+            lines.append(f"  one line per problem, deletion or kept key: {self.csv_path}")
+        if self.json_path:
+            lines.append(f"  report: {self.json_path}")
+        return "\n".join(lines)
+
+    def finish(self) -> None:
+        self.finished = now().isoformat()
+        if self._csv:
+            self._csv.close()
+        if self.json_path:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            atomic_write(self.json_path, json.dumps(self.to_dict(), indent=2) + "\n")
+
+    def _row(self, row: list[str]) -> None:
+        if self._csv is None:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            self._csv = open(self.csv_path, "w", newline="", buffering=1)
+            csv.writer(self._csv).writerow(["subject", "outcome", "reason", "at"])
+        csv.writer(self._csv).writerow(row)
+
+
+# ------------------------------------------------------------------------------------------------ context
+
+
+@dataclass
+class Budget:
+    """--limit (items) and --max-minutes across every harvest run of a migration: each run gets what is left.
+    Without --max-minutes there is no time limit (a pipeline's max_run_minutes is a cron limit)."""
+
+    limit: int | None = None
+    minutes: float | None = None
+    started: float = field(default_factory=time.monotonic)
+    processed: int = 0
+
+    def minutes_left(self) -> float:
+        return math.inf if self.minutes is None else self.minutes - (time.monotonic() - self.started) / 60
+
+    def exhausted(self) -> bool:
+        return self.minutes_left() <= 0 or (self.limit is not None and self.processed >= self.limit)
+
+    def options(self, **options: Any) -> HarvestOptions:
+        limit = None if self.limit is None else self.limit - self.processed
+        return HarvestOptions(limit=limit, max_run_minutes=self.minutes_left(), **options)
+
+    def spend(self, run: RunReport) -> None:
+        self.processed += sum(run.counts.get(outcome, 0) for outcome in ("deposited", "rejected", "failed"))
+
+
+@dataclass
+class MigrationContext:
+    """What a script works with: the configuration, the ledger, stores, harvest runs, the report."""
+
+    config: Config
+    report: MigrationReport
+    dry_run: bool = False
+    verbose: int = 0
+    stop: threading.Event = field(default_factory=threading.Event)
+    budget: Budget = field(default_factory=Budget)
+
+    def pipeline(self, name: str) -> Pipeline:
+        return self.config.pipeline(name)
+
+    def ledger(self) -> Ledger:
+        return Ledger.open(self.config)
+
+    def lock(self, name: str) -> RunLock:
+        """The pipeline's run lock (the one harvest takes), for work that must not overlap a harvest."""
+        return pipeline_lock(self.config.state_dir, name)
+
+    def scratch(self, name: str) -> Path:
+        """Room for temporary files of this script on pipeline `name` (created by whoever writes there)."""
+        return self.config.state_dir / "scratch" / f"{self.report.script}-{name}"
+
+    def harvest(self, name: str, **options: Any) -> bool:
+        """One harvest run of pipeline `name` with `options` (HarvestOptions fields) within the budget, added to
+        the report; False when the migration should go no further (stopped, out of budget, run cut short)."""
+        from gcis_etl.progress import progress_for
+        if self.stop.is_set() or self.budget.exhausted():
+            return False
+        progress = progress_for(name)
+        with self.ledger() as ledger:
+            last = next((r.run_id for r in ledger.runs(name, limit=1)), 0)
+        try:
+            run = harvest(self.config, name, self.budget.options(dry_run=self.dry_run, **options), progress,
+                          self.stop)
+        except GcisError:
+            with self.ledger() as ledger:  # what the run settled before it crashed counts too
+                for crashed in ledger.runs(name, limit=1):
+                    if crashed.run_id > last:
+                        self.report.add_run(report_from_ledger(ledger, crashed))
+            raise
+        finally:
+            progress.clear()
+        self.report.add_run(run)
+        self.budget.spend(run)
+        if self.verbose:
+            for planned in run.planned:
+                click.echo(f"{planned.action:8} {planned.object_id}/{planned.item_id}: {planned.reason}")
+        return run.status in ("completed", "dry-run") and not self.stop.is_set() and not self.budget.exhausted()
+
+
+# ------------------------------------------------------------------------------------------------- stores
+
+
+class _StoreSpec(Settings):
+    store: StoreSettings
+
+
+def store_settings(spec: str, option: str) -> LocalStoreSettings | S3StoreSettings:
+    """A store given on the command line: a YAML/JSON file, or an inline mapping, written like a pipeline's
+    `store:` section (optionally under a top-level `store:` key). A relative local root is relative to the
+    file's folder (to the working directory when inline), as in config.yaml."""
+    path = Path(spec)
+    if path.is_file():
+        data, source, base = read_yaml(path), str(path), path.resolve().parent
+    else:
+        try:
+            data = yaml.safe_load(spec)
+        except yaml.YAMLError:
+            data = None
+        source, base = option, Path.cwd()
+        if not isinstance(data, dict):
+            raise click.BadParameter(f"{spec!r} is neither a file nor a mapping such as "
+                                     f"'{{kind: s3, bucket: NAME, prefix: PREFIX}}'", param_hint=option)
+    if isinstance(data, dict) and set(data) == {"store"}:
+        data = data["store"]
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: expected a store mapping (kind: local or s3, ...)")
+    data = interpolate_env(data, "store")
+    if data.get("kind") == "local" and isinstance(data.get("root"), str) and not Path(data["root"]).is_absolute():
+        data = {**data, "root": str(base / data["root"])}
+    return parse(_StoreSpec, {"store": data}, source).store
+
+
+# ------------------------------------------------------------------------------------------------ scripts
+
+
+def _common_options() -> list[click.Parameter]:
+    return [
+        click.Option(["--config", "config_file"], type=click.Path(dir_okay=False), envvar="GCIS_CONFIG",
+                     help="Configuration file (default: ./config.yaml). Env: GCIS_CONFIG."),
+        click.Option(["--dry-run"], is_flag=True, help="Say what would be done; change nothing."),
+        click.Option(["--log-json"], is_flag=True, help="Log one JSON object per line on stderr."),
+        click.Option(["-v", "--verbose"], count=True, help="-v: a line per item or key; -vv: debug."),
+    ]
+
+
+def migration(help_text: str) -> Callable[[Callable[..., None]], Callable[[list[str]], int]]:
+    """Make a script's `main(args) -> exit code` from `function(ctx, **its click options)`."""
+
+    def decorate(function: Callable[..., None]) -> Callable[[list[str]], int]:
+        script = Path(inspect.getfile(function)).stem
+
+        def callback(config_file: str | None, dry_run: bool, log_json: bool, verbose: int, **options: Any) -> int:
+            from gcis_etl.cli.pipelines import stop_on_signals
+            from gcis_etl.logs import configure
+            configure(log_json, verbose)
+            config = load_config(config_file)
+            ctx = MigrationContext(config, MigrationReport(script, dry_run, config.state_dir / "reports"),
+                                   dry_run, verbose, stop_on_signals())
+            code = None
+            try:
+                function(ctx, **options)
+            except LockHeld as exc:
+                ctx.report.stop("stopped", str(exc))
+                code = EXIT_LOCKED
+            except ConfigError:
+                raise
+            except GcisError as exc:
+                ctx.report.stop("stopped on an error", f"{type(exc).__name__}: {exc} (everything settled so far "
+                                                        f"is recorded: remove the cause and run again)")
+            if ctx.stop.is_set() and ctx.report.status == "completed":
+                ctx.report.stop("stopped", "stopped on request: run again to continue")
+            ctx.report.finish()
+            click.echo(ctx.report.summary())
+            return ctx.report.exit_code if code is None else code
+
+        params = _common_options() + list(reversed(getattr(function, "__click_params__", [])))
+        command = click.Command(script, callback=callback, params=params, help=help_text,
+                                context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+
+        def main(args: list[str]) -> int:
+            try:
+                return command.main(args, prog_name=f"gcis-migrate {script}", standalone_mode=False)
+            except click.ClickException as exc:
+                exc.show()
+                return EXIT_USAGE
+            except ConfigError as exc:
+                click.echo(f"configuration error:\n{exc}", err=True)
+                return EXIT_USAGE
+            except click.Abort:
+                click.echo("aborted", err=True)
+                return EXIT_ITEM_FAILED
+
+        main.command = command
+        return main
+
+    return decorate

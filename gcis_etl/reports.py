@@ -8,11 +8,10 @@ from __future__ import annotations
 import csv
 import io
 import json
-import os
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from gcis_etl.durable import atomic_write
 from gcis_etl.ledger import COUNTED, Ledger, RunItem, RunRecord
 
 PROBLEMS = ("rejected", "failed")
@@ -90,13 +89,6 @@ def write_report(report: RunReport, directory: Path) -> RunReport:
     writer.writerow(["object_id", "item_id", "outcome", "reason", "seconds", "at"])
     for item in report.problems:
         writer.writerow([item.object_id, item.item_id, item.outcome, item.reason, item.seconds, item.at])
-    _atomic_write(Path(report.csv_path), text.getvalue())
-    _atomic_write(Path(report.json_path), json.dumps(report.to_dict(), indent=2) + "\n")
+    atomic_write(Path(report.csv_path), text.getvalue())
+    atomic_write(Path(report.json_path), json.dumps(report.to_dict(), indent=2) + "\n")
     return report
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with os.fdopen(fd, "w") as out:
-        out.write(text)
-    os.replace(tmp, path)

@@ -558,13 +558,13 @@ class S3Store:
         for o in self._paginate("list_objects_v2", "Contents", Prefix=self._base + prefix):
             yield ListedObject(o["Key"][len(self._base):], o["Size"], o["LastModified"])
 
-    def abort_incomplete_uploads(self, older_than: timedelta = timedelta(days=1)) -> list[str]:
-        """Abort the multipart uploads under the prefix started more than `older_than` ago, and return their
-        keys. A process killed mid-upload leaves its parts behind (invisible, but billed); on AWS a bucket
-        lifecycle rule (AbortIncompleteMultipartUpload) does the same."""
+    def abort_incomplete_uploads(self, older_than: timedelta = timedelta(days=1), keys: str = "") -> list[str]:
+        """Abort the multipart uploads of keys starting with `keys` started more than `older_than` ago, and
+        return their keys. A process killed mid-upload leaves its parts behind (invisible, but billed); on AWS
+        a bucket lifecycle rule (AbortIncompleteMultipartUpload) does the same."""
         cutoff = datetime.now(timezone.utc) - older_than
         stale = [u for u in self._paginate("list_multipart_uploads", "Uploads")  # MinIO ignores partial Prefixes
-                 if u["Key"].startswith(self._base) and u["Initiated"] <= cutoff]
+                 if u["Key"].startswith(self._base + keys) and u["Initiated"] <= cutoff]
         for upload in stale:
             try:
                 self.client.abort_multipart_upload(Bucket=self.settings.bucket, Key=upload["Key"],

@@ -183,10 +183,12 @@ class Worker:
             output = scratch / f"access{recipe.extension}"
             converted = convert(fetched.path, output, recipe, pipeline.settings.imaging, worker=self._child(pipeline))
             common = dict(master_sha256=fetched.sha256, warnings=converted.warnings)
+            # the scratch path changes every run: name the master as the source does
+            reason = (converted.reason or "").replace(str(fetched.path), task.item.original_name) or None
             if converted.status is Status.REJECTED:
-                return replace(base, outcome=Outcome.REJECTED, reason=converted.reason, **common)
+                return replace(base, outcome=Outcome.REJECTED, reason=reason, **common)
             if converted.status is Status.FAILED:
-                return replace(base, reason=converted.reason, **common)
+                return replace(base, reason=reason, **common)
             stored = store.put(key, output, sha256=converted.sha256, provenance=Provenance(
                 source_id=f"{task.object_id}/{task.item.id}", source_checksum=task.fingerprint,
                 recipe=recipe.name, recipe_digest=recipe.digest, width=converted.width, height=converted.height))

@@ -42,7 +42,7 @@ def _pipelines(cfg, names: tuple[str, ...]) -> list[str]:
     return list(names) or sorted(cfg.pipelines)
 
 
-def _stop_on_signals() -> threading.Event:
+def stop_on_signals() -> threading.Event:
     """First SIGINT/SIGTERM: finish the items in flight, record everything, exit. A second Ctrl-C: stop now."""
     stop = threading.Event()
 
@@ -72,7 +72,7 @@ def _run(ctx: click.Context, names: tuple[str, ...], options, log_json: bool, ve
         selected = _pipelines(cfg, names)
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from None
-    stop = _stop_on_signals()
+    stop = stop_on_signals()
     code = EXIT_OK
     for name in selected:
         progress = progress_for(name)

@@ -1,0 +1,176 @@
+"""Copy a pipeline's access masters, manifests and collections to another store, verified end to end.
+
+Every key the ledger knows for the pipeline (each item's access master, each published object's manifests,
+the collections) is copied from the source store (default: the pipeline's configured store) to the target
+store (default: the configured one). The bytes read must have the SHA-256 that the ledger and the source
+store recorded; the target verifies the SHA-256 it receives, and what it reports afterwards must match.
+Keys do not change (they are relative to a store's root or prefix), so the ledger stays valid as it is.
+Re-running continues where the last run stopped: keys already in the target with the same SHA-256 are not
+copied again. The pipeline is locked while keys are copied, so no harvest deposits into the old store meanwhile.
+
+\b
+A move, step by step:
+  1. gcis-migrate move_store --pipeline museum --to-store new-store.yaml
+     copy and verify (run again until it reports no problem)
+  2. point the pipeline's store: in config.yaml, and iipsrv, at the new store
+  3. gcis-migrate move_store --pipeline museum --from-store old-store.yaml --delete-source
+     verify every key in the new store again, then delete it from the old one
+
+\b
+A store is a YAML/JSON file or an inline mapping, written like a pipeline's store: section:
+  --to-store '{kind: s3, bucket: iiif-new, prefix: access, region: us-east-1}'
+  --to-store '{kind: local, root: /srv/iiif/store}'
+
+--delete-source refuses to delete from the store the pipeline is configured with. Both stores must place
+objects alike (the same keys: templates). Manifests are copied byte for byte: their ids and image service URLs
+come from the pipeline's manifests: settings, not from the store.
+
+\b
+Exit codes: 0 done; 1 some keys failed or are missing, or stopped on an error (run again);
+2 configuration or usage error; 3 another run holds the pipeline.
+"""
+from __future__ import annotations
+
+import hashlib
+import tempfile
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
+from dataclasses import dataclass
+from itertools import islice
+from pathlib import Path
+from typing import Iterator
+
+import click
+
+from gcis_etl.errors import GcisError, IntegrityError
+from gcis_etl.ledger import Ledger
+from gcis_etl.migration import MigrationContext, migration, store_settings
+from gcis_etl.pipelines import Pipeline
+from gcis_etl.stores import Store, open_store
+
+
+@migration(__doc__)
+@click.option("--pipeline", "name", required=True, help="The pipeline whose deposits move.")
+@click.option("--to-store", "to_spec", metavar="STORE", help="The target (default: the configured store).")
+@click.option("--from-store", "from_spec", metavar="STORE", help="The source (default: the configured store).")
+@click.option("--delete-source", is_flag=True, help="Delete each key from the source once verified in the target.")
+@click.option("--concurrency", type=click.IntRange(1, 64), default=4, show_default=True,
+              help="Keys copied at once.")
+@click.option("--limit", type=click.IntRange(min=1), help="Look at no more than this many keys (a trial).")
+def main(ctx: MigrationContext, name: str, to_spec: str | None, from_spec: str | None, delete_source: bool,
+         concurrency: int, limit: int | None) -> None:
+    pipeline = ctx.pipeline(name)
+    configured = pipeline.settings.store
+    source = store_settings(from_spec, "--from-store") if from_spec else configured
+    target = store_settings(to_spec, "--to-store") if to_spec else configured
+    if source == target:
+        raise click.UsageError("the source and the target are the same store: give --to-store or --from-store")
+    if source.keys != target.keys:
+        raise click.UsageError("the two stores place objects differently (their keys: templates differ); "
+                               "a move keeps every key as it is: give the target the same keys:")
+    if delete_source and source == configured:
+        raise click.UsageError(f"--delete-source would delete from the store pipeline {name!r} uses: point its "
+                               f"store: at the new store first, then give the old one as --from-store")
+    move = Move(ctx, open_store(source), open_store(target), delete_source, ctx.scratch(name))
+    with ctx.ledger() as ledger, nullcontext() if ctx.dry_run else ctx.lock(name):
+        move.run(islice(pipeline_keys(ledger, pipeline), limit), concurrency)
+    if target != configured and not ctx.dry_run and ctx.report.exit_code == 0 and not ctx.stop.is_set():
+        ctx.report.notes.append(f"next: point pipelines.{name}.store in {ctx.config.source_file} (and iipsrv) at "
+                                f"the new store, then run with --from-store OLD --delete-source")
+
+
+@dataclass(frozen=True)
+class StoreKey:
+    key: str
+    sha256: str | None  # what the ledger recorded, for access masters
+    required: bool      # the ledger says it is deposited: absent from the source is a problem
+
+
+def pipeline_keys(ledger: Ledger, pipeline: Pipeline) -> Iterator[StoreKey]:
+    """Access masters (the last deposit of every item: a failed re-derivation still serves the old one), then
+    manifests, then the collections: what refers to an object goes after it."""
+    for record in ledger.iter_items(pipeline.name, "output_key IS NOT NULL"):
+        yield StoreKey(record.output_key, record.sha256, record.status == "deposited")
+    manifests = pipeline.manifests
+    if manifests is None:
+        return
+    published = False
+    for object_id in ledger.published(pipeline.name):
+        published = True
+        for version in manifests.settings.versions:
+            yield StoreKey(manifests.manifest_key(object_id, version), None, True)
+    for version in manifests.settings.versions:
+        yield StoreKey(manifests.collection_key(version), None, published)
+
+
+class Move:
+    def __init__(self, ctx: MigrationContext, source: Store, target: Store, delete_source: bool, scratch: Path):
+        self.ctx = ctx
+        self.source = source
+        self.target = target
+        self.delete_source = delete_source
+        self.scratch = scratch
+
+    def run(self, keys: Iterator[StoreKey], concurrency: int) -> None:
+        """A bounded window of keys in flight: millions of keys never sit in memory at once."""
+        with ThreadPoolExecutor(concurrency, thread_name_prefix="gcis-move") as pool:
+            window: deque = deque()
+            for key in keys:
+                if self.ctx.stop.is_set():
+                    break
+                window.append(pool.submit(self.move, key))
+                if len(window) >= 2 * concurrency:
+                    window.popleft().result()
+            for future in window:
+                future.result()
+
+    def move(self, item: StoreKey) -> None:
+        report = self.ctx.report
+        try:
+            outcome, reason = self.copy(item)
+        except GcisError as exc:  # this key fails; the others go on
+            report.event(item.key, "failed", str(exc))
+            return
+        if outcome is None:
+            return
+        report.event(item.key, outcome, reason, listed=outcome == "replaced")
+        if self.delete_source and outcome in ("copied", "replaced", "present", "would copy"):
+            if self.ctx.dry_run:
+                report.event(item.key, "would delete from the source", listed=False)
+            elif self.source.delete(item.key):
+                report.event(item.key, "deleted from the source", self.source.describe(item.key))
+
+    def copy(self, item: StoreKey) -> tuple[str | None, str]:
+        """(outcome, reason): copied, replaced (other content was there), present (already there, same SHA-256),
+        missing; None when a key that need not exist does not."""
+        here = self.source.head(item.key)
+        there = self.target.head(item.key)
+        expected = item.sha256 or (here.sha256 if here else None)
+        if here is None:
+            if there is not None and there.sha256 and (item.sha256 is None or there.sha256 == item.sha256):
+                return "present", "already moved (not in the source any more)"
+            return ("missing", f"not in {self.source.describe(item.key)}") if item.required else (None, "")
+        if item.sha256 and here.sha256 and here.sha256 != item.sha256:
+            raise IntegrityError(f"{self.source.describe(item.key)} has SHA-256 {here.sha256}, the ledger "
+                                 f"recorded {item.sha256}: not copied")
+        if there is not None and expected and there.sha256 == expected and there.size == here.size:
+            return "present", ""
+        if self.ctx.dry_run:
+            return "would copy", ""
+        data = self.source.get_bytes(item.key)
+        actual = hashlib.sha256(data).hexdigest()
+        if expected and actual != expected:
+            raise IntegrityError(f"{self.source.describe(item.key)}: read {len(data)} bytes with SHA-256 {actual}, "
+                                 f"not the recorded {expected}: not copied")
+        self.scratch.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=self.scratch) as f:
+            f.write(data)
+            f.flush()
+            self.target.put(item.key, Path(f.name), sha256=actual, provenance=here.provenance,
+                            content_type=here.content_type)
+        stored = self.target.head(item.key)
+        if stored is None or stored.sha256 != actual or stored.size != len(data):
+            raise IntegrityError(f"{self.target.describe(item.key)}: the target reports "
+                                 f"{stored and stored.sha256} after the copy, not {actual}")
+        return ("copied", "") if there is None else ("replaced", f"the target held SHA-256 {there.sha256}")

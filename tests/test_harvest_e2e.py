@@ -1,0 +1,120 @@
+"""End to end over the real parts: emulated Rosetta and OTMM over HTTP → `gcis-etl harvest` → MinIO.
+
+What a complete run must leave is derived from the emulator's catalogue (what the source lists) and the corpus
+MANIFEST.csv (what each master deserves), then compared with the ledger, the bucket, the manifests and the
+collections.
+"""
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+
+from tests.emulators.otmm import OtmmEmulator
+from tests.emulators.rosetta import RosettaCatalogue, RosettaEmulator
+
+pytest.register_assert_rewrite("tests.harvests")  # before the import: its checks explain their failures too
+from tests.harvests import (corpus_verdicts, ie, otmm_expected, otmm_source, rosetta_expected,  # noqa: E402
+                            rosetta_source, serving)
+
+pytest_plugins = ("tests.harvests",)  # the `rig` fixture
+
+
+def corpus_catalogue() -> RosettaCatalogue:
+    """Every corpus file, one IE per corpus folder (so objects mix accepted and rejected masters, and some
+    share a modification time), plus an IE outside the harvested set and a deleted one."""
+    folders: dict[str, list[str]] = {}
+    for relative in corpus_verdicts():
+        folders.setdefault(relative.split("/")[0], []).append(relative)
+    entities, number = [], 10000
+    for n, (folder, files) in enumerate(sorted(folders.items())):
+        entities.append(ie(number, f"2024-01-{1 + n % 20:02d} 10:00:00", *files, title=folder))
+        number += len(files) + 10
+    entities.append(ie(number, "2024-02-01 10:00:00", "png/exif.png", sets={"other"}))
+    entities.append(ie(number + 10, "2024-02-01 10:00:00", "png/exif.png", deleted=True))
+    return RosettaCatalogue(entities)
+
+
+def test_rosetta_corpus_harvest_deposits_every_accepted_master_and_rejects_the_rest(rig):
+    catalogue = corpus_catalogue()
+    expected = rosetta_expected(catalogue)
+    assert sorted(expected.outcomes.values()).count("rejected") == list(corpus_verdicts().values()).count("reject")
+    with serving(RosettaEmulator(catalogue)) as emulator:
+        rig.write(rosetta_source(emulator.url))
+        run = rig.cli("harvest")
+        assert run.returncode == 1, run.stderr  # items were rejected: cron must hear of it
+        assert f"{rig.pipeline}: run 1 completed" in run.stdout
+        rig.check_final_state(expected)
+        with rig.ledger() as ledger:
+            records = {(r.object_id, r.item_id): r for r in ledger.items(rig.pipeline)}
+            assert all(r.sequence == expected.order[o].index(i) + 1 for (o, i), r in records.items())
+            assert len(ledger.run_items(1)) == len(expected.outcomes)  # each item once
+            assert ledger.run(1).status == "completed" and ledger.checkpoint(rig.pipeline) is not None
+
+        rejected = {key: r.reason for key, r in records.items() if r.status == "rejected"}
+        with open(rig.root / "state" / "reports" / f"{rig.pipeline}-run1-problems.csv", newline="") as f:
+            problems = {(row["object_id"], row["item_id"]): row["reason"] for row in csv.DictReader(f)}
+        assert problems == rejected  # every reason reaches the curator's report
+        shown = dict(line.removeprefix("  rejected: ").split(": ", 1) for line in run.stdout.splitlines()
+                     if line.startswith("  rejected: "))
+        assert len(shown) == 10 and all(rejected[tuple(item.split("/"))] == reason for item, reason in shown.items())
+        assert f"and {len(rejected) - 10} more" in run.stdout
+
+        status = json.loads(rig.cli("status", "--json").stdout)
+        assert status["items"] == {"deposited": len(expected.outcomes) - len(rejected), "skipped": 0,
+                                   "rejected": len(rejected), "failed": 0}
+        assert status["last_run"]["status"] == "completed"
+
+
+def test_otmm_asset_groups_become_manifests(rig):
+    emulator_app = OtmmEmulator()
+    expected = otmm_expected(emulator_app.catalogue)
+    assert len(expected.order) == 4 and len(expected.order["2019.M.1"]) == 3
+    with serving(emulator_app) as emulator:
+        rig.write(otmm_source(emulator.url))
+        run = rig.cli("harvest")
+        assert run.returncode == 0, run.stderr
+        assert "6 deposited, 0 skipped, 0 rejected, 0 failed; 4 manifests published" in run.stdout
+        rig.check_final_state(expected)
+        manifest = rig.document(f"{rig.pipeline}/2019.M.1/manifest-v3.json")
+        assert manifest["label"] == {"none": ["Irises"]}
+        assert [c["label"] for c in manifest["items"]] == [{"none": [str(n)]} for n in (1, 2, 3)]
+
+        # OTMM gives no checksum: an asset's version is its size and modification time.
+        recto, verso, detail = expected.order["2019.M.1"]
+        emulator_app.catalogue.touch(recto)
+        run = rig.cli("harvest")
+        assert run.returncode == 0 and "1 deposited, 2 skipped, 0 rejected, 0 failed" in run.stdout, run.stderr
+        with rig.ledger() as ledger:
+            assert {(i.item_id, i.outcome) for i in ledger.run_items(2)} == {
+                (recto, "deposited"), (verso, "skipped"), (detail, "skipped")}  # the group, and nothing else
+        rig.check_final_state(expected)
+
+
+def test_an_object_whose_metadata_makes_an_invalid_manifest_is_reported_and_the_run_goes_on(rig):
+    catalogue = RosettaCatalogue([
+        ie(6000, "2024-01-01 10:00:00", "rgb8-tiff-uncompressed/hopper.tif"),
+        ie(6010, "2024-01-02 10:00:00", "gray8/gray.tif", "png/png-rgb-64x56x8.png"),
+        ie(6020, "2024-01-03 10:00:00", "jpeg-baseline/flowers.jpeg"),
+    ])
+    catalogue.entities["IE6010"].dc = [("dc:title", "Misfiled", "en gb")]  # not a language tag
+    expected = rosetta_expected(catalogue)
+    with serving(RosettaEmulator(catalogue)) as emulator:
+        rig.write(rosetta_source(emulator.url))
+        run = rig.cli("harvest")
+        assert run.returncode == 1, run.stderr  # a curator must act
+        assert "run 1 completed: 4 deposited, 0 skipped, 1 rejected, 0 failed; 2 manifests published" in run.stdout
+        assert "rejected: IE6010/(manifest): manifest not published: " in run.stdout and "'en gb'" in run.stdout
+        with rig.ledger() as ledger:
+            assert {(r.object_id, r.item_id): r.status for r in ledger.items(rig.pipeline)} == expected.outcomes
+        unpublished = [f"{rig.pipeline}/IE6010/manifest-v{v}.json" for v in ("3", "2")]
+        assert rig.keys() == sorted(set(rig.expected_keys(expected)) - set(unpublished))
+        rig.check_collections(["IE6000", "IE6020"])
+
+        catalogue.entities["IE6010"].dc = [("dc:title", "Misfiled", "en-GB")]  # the curator's fix
+        catalogue.touch("IE6010")
+        run = rig.cli("harvest")
+        assert run.returncode == 0 and "0 deposited, 2 skipped, 0 rejected, 0 failed; 1 manifests published" \
+            in run.stdout, run.stderr
+        rig.check_final_state(expected)

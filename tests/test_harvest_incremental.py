@@ -1,0 +1,189 @@
+"""Incremental harvests: what changed in the emulated source is processed, and only that; rejected items wait for
+the source to change; failed ones are retried up to max_attempts, then wait for `gcis-etl retry`; the
+checkpoint never lets a later run skip an item (overlap window, failures, runs cut short)."""
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from tests.emulators.catalogue import CorpusFile
+from tests.emulators.faults import Fault
+from tests.emulators.rosetta import RosettaCatalogue, RosettaEmulator
+
+pytest.register_assert_rewrite("tests.harvests")  # before the import: its checks explain their failures too
+from tests.harvests import ie, rosetta_expected, rosetta_source, serving  # noqa: E402
+
+pytest_plugins = ("tests.harvests",)  # the `rig` fixture
+
+
+NOTHING = {"deposited": 0, "skipped": 0, "rejected": 0, "failed": 0}
+
+
+def catalogue() -> RosettaCatalogue:
+    return RosettaCatalogue([
+        ie(5000, "2024-01-10 09:00:00", "rgb8-tiff-uncompressed/hopper.tif", "jpeg-baseline/flowers.jpeg"),
+        ie(5010, "2024-02-01 12:30:00", "png/png-rgb-64x56x8.png"),
+        ie(5020, "2024-03-01 08:00:00", "truncated/truncated.jpg", "gray8/gray.tif"),
+    ])
+
+
+def stamp(moment: datetime) -> str:
+    return moment.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def outcomes(rig, run_id: int) -> dict[tuple[str, str], str]:
+    with rig.ledger() as ledger:
+        return {(i.object_id, i.item_id): i.outcome for i in ledger.run_items(run_id)}
+
+
+def test_the_next_run_processes_exactly_what_changed(rig):
+    source = catalogue()
+    with serving(RosettaEmulator(source)) as emulator:
+        rig.write(rosetta_source(emulator.url))
+        assert rig.harvest().counts == {"deposited": 4, "skipped": 0, "rejected": 1, "failed": 0}
+        assert rig.harvest().counts == NOTHING
+        replaced = rig.client.head_object(Bucket=rig.bucket, Key=f"iiif/{rig.image_key('IE5000', 'FL5003')}")
+
+        # A curator replaces one master of IE5000, edits IE5010's description only, and adds IE5030.
+        source.entities["IE5000"].reps[0].files[1].source = CorpusFile("jpeg-baseline/jpg-rgb-594x522x8-baseline.jpg")
+        source.touch("IE5000")
+        source.touch("IE5010")
+        source.entities["IE5030"] = ie(5030, stamp(datetime.now(timezone.utc)), "gray8/minisblack-1c-8b.tiff")
+        run = rig.harvest()
+        assert outcomes(rig, run.run_id) == {("IE5000", "FL5002"): "skipped", ("IE5000", "FL5003"): "deposited",
+                                             ("IE5010", "FL5012"): "skipped", ("IE5030", "FL5032"): "deposited"}
+        assert run.counts == {"deposited": 2, "skipped": 2, "rejected": 0, "failed": 0}
+        fetched = [r.arg("dps_pid") for r in emulator.requests("DeliveryManagerServlet")]
+        assert {pid: fetched.count(pid) for pid in set(fetched)} == {"FL5002": 1, "FL5003": 2, "FL5012": 1,
+                                                                     "FL5022": 1, "FL5023": 1, "FL5032": 1}
+
+        rig.check_final_state(rosetta_expected(source))
+        now = rig.client.head_object(Bucket=rig.bucket, Key=f"iiif/{rig.image_key('IE5000', 'FL5003')}")
+        assert now["Metadata"]["sha256"] != replaced["Metadata"]["sha256"]
+        canvas = rig.document(f"{rig.pipeline}/IE5000/manifest-v3.json")["items"][1]
+        assert (canvas["width"], canvas["height"]) == (594, 522)
+
+
+def test_a_rejected_item_waits_for_the_source_to_change(rig):
+    source = catalogue()
+    with serving(RosettaEmulator(source)) as emulator:
+        rig.write(rosetta_source(emulator.url))
+        rig.harvest()
+        assert len(rig.document(f"{rig.pipeline}/IE5020/manifest-v3.json")["items"]) == 1  # the other image
+
+        source.touch("IE5020")  # metadata edited, the same broken master
+        run = rig.harvest()
+        assert outcomes(rig, run.run_id) == {("IE5020", "FL5022"): "skipped", ("IE5020", "FL5023"): "skipped"}
+        with rig.ledger() as ledger:
+            (item,) = [i for i in ledger.run_items(run.run_id) if i.item_id == "FL5022"]
+            assert item.reason.startswith("rejected before (corrupt or truncated")
+            assert ledger.item(rig.pipeline, "IE5020", "FL5022").status == "rejected"
+        assert len(emulator.requests("dps_pid=FL5022")) == 1
+
+        source.entities["IE5020"].reps[0].files[0].source = CorpusFile("rgb8-tiff-lzw/hopper_lzw.tif")
+        source.touch("IE5020")
+        run = rig.harvest()
+        assert outcomes(rig, run.run_id) == {("IE5020", "FL5022"): "deposited", ("IE5020", "FL5023"): "skipped"}
+        rig.check_final_state(rosetta_expected(source))
+        assert len(rig.document(f"{rig.pipeline}/IE5020/manifest-v3.json")["items"]) == 2
+
+
+def test_a_failing_item_is_retried_max_attempts_times_then_waits_for_retry(rig):
+    source = catalogue()
+    failing = source.entities["IE5010"]
+    with serving(RosettaEmulator(source)) as emulator:
+        rig.write(rosetta_source(emulator.url), max_attempts=2)
+        emulator.inject("dps_pid=FL5012", Fault.http(503), times=None)  # outlasts the connector's own retries
+
+        run = rig.cli("harvest")
+        assert run.returncode == 1 and "3 deposited, 0 skipped, 1 rejected, 1 failed" in run.stdout, run.stderr
+        with rig.ledger() as ledger:
+            item = ledger.item(rig.pipeline, "IE5010", "FL5012")
+            assert (item.status, item.attempts, item.transient) == ("failed", 1, 1)
+            assert "503" in item.reason
+            assert ledger.checkpoint(rig.pipeline) <= failing.modified  # the next run lists IE5010 again
+        assert "dam/IE5010/manifest-v3.json" not in rig.keys()  # an object with a failed item waits
+
+        run = rig.cli("harvest")
+        assert run.returncode == 1, run.stderr
+        assert outcomes(rig, 2) == {("IE5010", "FL5012"): "failed", ("IE5020", "FL5022"): "skipped",
+                                    ("IE5020", "FL5023"): "skipped"}  # listed again from the held checkpoint
+        with rig.ledger() as ledger:
+            assert ledger.item(rig.pipeline, "IE5010", "FL5012").attempts == 2
+
+        emulator.faults.clear()  # the source is fine again, but the item has had its attempts
+        fetches = len(emulator.requests("dps_pid=FL5012"))
+        run = rig.cli("harvest")
+        assert run.returncode == 1, run.stderr
+        assert "failed: IE5010/FL5012: failed 2 times (last: fetching:" in run.stdout
+        assert "`gcis-etl retry` tries again" in run.stdout
+        assert len(emulator.requests("dps_pid=FL5012")) == fetches
+
+        run = rig.cli("retry")
+        assert run.returncode == 0, run.stderr
+        assert "dam: retrying 1 objects" in run.stdout and "1 deposited" in run.stdout
+        rig.check_final_state(rosetta_expected(source))
+
+        run = rig.cli("harvest")
+        assert run.returncode == 0 and "0 deposited, 0 skipped, 0 rejected, 0 failed" in run.stdout, run.stderr
+
+
+def test_the_overlap_window_catches_late_and_equal_timestamps(rig):
+    source = catalogue()
+    with serving(RosettaEmulator(source)) as emulator:
+        rig.write(rosetta_source(emulator.url), overlap_seconds=300)
+        rig.harvest()
+        with rig.ledger() as ledger:
+            checkpoint = ledger.checkpoint(rig.pipeline)
+
+        # Objects stamped at or before the checkpoint that the first run could not see: the source's clock
+        # lags ours, or an edit stamped before the run's window closed became visible after the listing.
+        source.entities["IE5040"] = ie(5040, stamp(checkpoint - timedelta(seconds=120)), "gray8/gray.tif")
+        source.entities["IE5050"] = ie(5050, stamp(checkpoint), "png/png-rgb-64x56x8.png")
+        run = rig.harvest()
+        assert outcomes(rig, run.run_id) == {("IE5040", "FL5042"): "deposited", ("IE5050", "FL5052"): "deposited"}
+        assert datetime.fromisoformat(run.since) == checkpoint - timedelta(seconds=300)
+        rig.check_final_state(rosetta_expected(source))
+
+
+def test_a_run_cut_short_leaves_the_checkpoint_and_the_next_run_finishes(rig):
+    source = catalogue()
+    with serving(RosettaEmulator(source)) as emulator:
+        rig.write(rosetta_source(emulator.url))
+        run = rig.harvest(limit=2)
+        assert run.status == "stopped" and run.checkpoint_after is None
+        assert run.counts == {"deposited": 2, "skipped": 0, "rejected": 0, "failed": 0}
+        with rig.ledger() as ledger:
+            assert ledger.checkpoint(rig.pipeline) is None
+        run = rig.harvest()
+        assert outcomes(rig, run.run_id) == {("IE5000", "FL5002"): "skipped", ("IE5000", "FL5003"): "skipped",
+                                             ("IE5010", "FL5012"): "deposited", ("IE5020", "FL5022"): "rejected",
+                                             ("IE5020", "FL5023"): "deposited"}
+        rig.check_final_state(rosetta_expected(source))
+
+
+def test_an_object_with_failed_items_that_left_the_source_does_not_stop_the_runs(rig):
+    source = catalogue()
+    with serving(RosettaEmulator(source)) as emulator:
+        rig.write(rosetta_source(emulator.url))
+        emulator.inject("dps_pid=FL5012", Fault.http(503), times=None)
+        assert rig.harvest().counts["failed"] == 1
+        source.entities["IE5010"].deleted = True  # withdrawn before its item could be retried
+        source.touch("IE5020")
+        run = rig.harvest()
+        assert run.status == "completed"
+        assert outcomes(rig, run.run_id) == {("IE5020", "FL5022"): "skipped", ("IE5020", "FL5023"): "skipped"}
+        with rig.ledger() as ledger:
+            assert ledger.checkpoint(rig.pipeline) > source.entities["IE5020"].modified
+
+
+def test_an_object_listed_twice_in_one_run_is_processed_once(rig):
+    source = catalogue()
+    with serving(RosettaEmulator(source)) as emulator:
+        rig.write(rosetta_source(emulator.url, discovery="pids", pid_list={"ids": ["IE5000", "IE5010", "IE5000"]}))
+        run = rig.harvest()
+        assert run.status == "completed"
+        assert outcomes(rig, run.run_id) == {("IE5000", "FL5002"): "deposited", ("IE5000", "FL5003"): "deposited",
+                                             ("IE5010", "FL5012"): "deposited"}
+        assert len(emulator.requests("DeliveryManagerServlet")) == 3

@@ -1,0 +1,39 @@
+"""Two overlapping harvests of one pipeline (cron started the next before the last ended): one runs, the other
+exits 3 at once, saying so, and touches nothing."""
+from __future__ import annotations
+
+import pytest
+
+from tests.emulators.rosetta import RosettaCatalogue, RosettaEmulator
+
+pytest.register_assert_rewrite("tests.harvests")  # before the import: its checks explain their failures too
+from tests.harvests import PATIENT_RETRY, Gate, ie, rosetta_source, serving, wait_for  # noqa: E402
+
+pytest_plugins = ("tests.harvests",)  # the `rig` fixture
+
+
+def test_a_second_harvest_of_a_running_pipeline_exits_3_and_changes_nothing(rig):
+    catalogue = RosettaCatalogue([ie(4000, "2024-01-01 10:00:00", "rgb8-tiff-uncompressed/hopper.tif")])
+    gate = Gate(RosettaEmulator(catalogue), "DeliveryManagerServlet")  # the first run stays busy fetching
+    with serving(gate) as emulator:
+        rig.write(rosetta_source(emulator.url, retry=PATIENT_RETRY))
+        first = rig.start("harvest")
+        wait_for(lambda: gate.held, "the first run is fetching", first)
+        requests = len(emulator.requests())
+
+        second = rig.cli("harvest")
+        assert second.returncode == 3
+        assert f"pipeline '{rig.pipeline}' is already running (pid {first.pid}; lock " in second.stderr
+        assert "nothing was done" in second.stderr and second.stdout == ""
+        assert rig.peek("SELECT run_id, status FROM runs") == [(1, "running")]
+        assert len(emulator.requests()) == requests  # the second run did not even list the source
+
+        gate.open()
+        out, err = first.communicate(timeout=120)
+        assert first.returncode == 0, err
+        assert f"{rig.pipeline}: run 1 completed: 1 deposited" in out
+        assert rig.statuses() == {("IE4000", "FL4002"): "deposited"}
+
+        third = rig.cli("harvest")  # the lock went with the first run
+        assert third.returncode == 0, third.stderr
+        assert rig.peek("SELECT run_id, status FROM runs") == [(1, "completed"), (2, "completed")]

@@ -1,0 +1,325 @@
+"""Migration scripts, run as an operator runs them (`gcis-migrate NAME ...` in a subprocess) on a few tiny
+masters: a filesystem source, a local store, and MinIO as the target of a move."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import unquote
+
+import pytest
+import yaml
+
+from gcis_etl.ledger import Ledger
+from gcis_etl.locks import RunLock
+from gcis_etl.migration import run_script
+from tests.conftest import CORPUS
+
+BIN = Path(sys.executable).parent
+MASTERS = {"a/p1.png": "png/png-rgb-64x56x8.png", "a/p2.jpg": "gray8/hopper_gray.jpg",
+           "b/x.jpg": "metadata-rich/XMP.jpg", "c/y.tif": "palette/palette-1c-4b.tiff"}
+MANIFESTS = {"manifest_base_url": "https://iiif.example.org/store",
+             "image_service_base_url": "https://iiif.example.org/iiif"}
+SERVICE = MANIFESTS["image_service_base_url"] + "/"
+PIPELINE = "museum"
+
+
+@dataclass
+class Site:
+    """A config.yaml with one pipeline over a folder of masters, and its state, in a temporary folder."""
+
+    root: Path
+
+    @property
+    def config(self) -> Path:
+        return self.root / "config.yaml"
+
+    def configure(self, store: dict) -> None:
+        pipeline = {"source": {"kind": "filesystem", "root": "masters"}, "store": store, "manifests": MANIFESTS}
+        self.config.write_text(yaml.safe_dump({"state_dir": "state", "defaults": {"concurrency": 1},
+                                               "pipelines": {PIPELINE: pipeline}}))
+
+    def run(self, program: str, *args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([str(BIN / program), *args], capture_output=True, text=True, cwd=self.root,
+                              timeout=180, env={**os.environ, "GCIS_CONFIG": str(self.config)})
+
+    def migrate(self, script: str, *args: str) -> subprocess.CompletedProcess:
+        return self.run("gcis-migrate", script, *args)
+
+    def ledger(self) -> Ledger:
+        return Ledger(self.root / "state" / "ledger.sqlite")
+
+    def items(self) -> dict[str, tuple[str, str, str]]:
+        """item id -> (status, recipe, output key)"""
+        with self.ledger() as ledger:
+            return {r.item_id: (r.status, r.recipe, r.output_key) for r in ledger.items(PIPELINE)}
+
+    def runs(self) -> int:
+        with self.ledger() as ledger:
+            return len(ledger.runs(PIPELINE, limit=1000))
+
+    @property
+    def store(self) -> Path:
+        return self.root / "store"
+
+    def stored(self) -> dict[str, bytes]:
+        """Every object in the local store (sidecars and temporary files aside)."""
+        return {p.relative_to(self.store).as_posix(): p.read_bytes() for p in sorted(self.store.rglob("*"))
+                if p.is_file() and not any(part.startswith(".") for part in p.relative_to(self.store).parts)}
+
+
+@pytest.fixture
+def site(tmp_path) -> Site:
+    for name, corpus in MASTERS.items():
+        (tmp_path / "masters" / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(CORPUS / corpus, tmp_path / "masters" / name)
+    site = Site(tmp_path)
+    site.configure({"kind": "local", "root": "store"})
+    return site
+
+
+def ok(proc: subprocess.CompletedProcess, code: int = 0) -> str:
+    assert proc.returncode == code, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    return proc.stdout
+
+
+def report_of(out: str) -> dict:
+    """The JSON report a script names on its last line."""
+    return json.loads(Path(out.strip().rsplit("report: ", 1)[1]).read_text())
+
+
+def image_references(stored: dict[str, bytes]) -> set[str]:
+    """The store keys the deposited v3 manifests show as images."""
+    keys = set()
+    for key, data in stored.items():
+        if key.endswith("manifest-v3.json"):
+            for canvas in json.loads(data)["items"]:
+                body = canvas["items"][0]["items"][0]["body"]
+                keys.add(unquote(body["service"][0]["@id"].removeprefix(SERVICE)))  # ImageService2
+    return keys
+
+
+# ---------------------------------------------------------------------------------------------- scripts
+
+
+@pytest.mark.parametrize("script, says", [("initial_load", "--ids"), ("reencode", "--from-recipe"),
+                                          ("move_store", "--delete-source")])
+def test_each_script_shows_its_usage(script, says, capsys):
+    assert run_script(script, ["--help"]) == 0
+    shown = capsys.readouterr().out
+    assert f"Usage: gcis-migrate {script}" in shown and says in shown and "--dry-run" in shown
+    assert "Exit codes" in shown
+
+
+def test_an_unknown_script_is_a_usage_error_listing_the_scripts(site):
+    proc = site.migrate("no_such_script")
+    assert proc.returncode == 2
+    assert "initial_load" in proc.stderr and "reencode" in proc.stderr and "move_store" in proc.stderr
+
+
+def test_a_migration_never_overlaps_a_run_of_its_pipeline(site):
+    with RunLock(site.root / "state" / "locks" / f"{PIPELINE}.lock", "a harvest"):
+        for proc in (site.migrate("initial_load", "--pipeline", PIPELINE),
+                     site.migrate("move_store", "--pipeline", PIPELINE, "--to-store", "{kind: local, root: other}")):
+            assert proc.returncode == 3 and "is already running" in proc.stdout
+    assert site.items() == {} and not site.store.exists() and not (site.root / "other").exists()
+
+
+# ----------------------------------------------------------------------------------------- initial_load
+
+
+def test_initial_load_dry_run_then_resumes_after_a_limit_and_sets_the_checkpoint(site):
+    assert "4 would process" in ok(site.migrate("initial_load", "--pipeline", PIPELINE, "--dry-run"))
+    assert site.items() == {} and not site.store.exists()
+
+    ok(site.migrate("initial_load", "--pipeline", PIPELINE, "--limit", "2"))
+    first = site.items()
+    assert [status for status, _, _ in first.values()] == ["deposited", "deposited"]
+    with site.ledger() as ledger:
+        assert ledger.checkpoint(PIPELINE) is None  # cut short: the backlog is not covered yet
+
+    out = ok(site.migrate("initial_load", "--pipeline", PIPELINE))
+    assert "2 deposited, 2 skipped" in out
+    with site.ledger() as ledger:
+        assert ledger.counts(PIPELINE)["deposited"] == 4
+        assert ledger.checkpoint(PIPELINE) is not None
+        last = ledger.runs(PIPELINE, limit=1)[0]
+        assert {i.item_id for i in ledger.run_items(last.run_id, "skipped")} == set(first)
+    assert image_references(site.stored()) == {key for _, _, key in site.items().values()}
+    assert "collections/museum-v3.json" in site.stored()
+
+    assert "4 skipped" in ok(site.migrate("initial_load", "--pipeline", PIPELINE))
+    assert site.items().keys() == MASTERS.keys()
+
+
+def test_initial_load_takes_what_the_incremental_harvest_does_not_see(site):
+    ok(site.run("gcis-etl", "harvest"))
+    with site.ledger() as ledger:
+        checkpoint = ledger.checkpoint(PIPELINE)
+    late = site.root / "masters" / "d" / "old.jpg"  # an object older than the checkpoint, added afterwards
+    late.parent.mkdir()
+    shutil.copy(CORPUS / "gray8/hopper_gray.jpg", late)
+    os.utime(late, (978307200, 978307200))  # 2001
+    ok(site.run("gcis-etl", "harvest"))
+    assert "d/old.jpg" not in site.items()
+
+    assert "1 deposited, 4 skipped" in ok(site.migrate("initial_load", "--pipeline", PIPELINE))
+    assert site.items()["d/old.jpg"][0] == "deposited"
+    with site.ledger() as ledger:
+        assert ledger.checkpoint(PIPELINE) > checkpoint
+
+
+def test_initial_load_from_an_id_list(site):
+    (site.root / "ids.csv").write_text("object_id,title\nb,Bee\nc,Sea\nb,Bee\n")
+    ok(site.migrate("initial_load", "--pipeline", PIPELINE, "--ids", "ids.csv"))
+    assert set(site.items()) == {"b/x.jpg", "c/y.tif"}
+    with site.ledger() as ledger:
+        assert ledger.checkpoint(PIPELINE) is None
+
+    runs = site.runs()
+    assert "2 objects already loaded" in ok(site.migrate("initial_load", "--pipeline", PIPELINE, "--ids", "ids.csv"))
+    assert site.runs() == runs  # nothing asked of the source again
+
+    (site.root / "ids.txt").write_text("# one per line\na\nzzz\n")
+    proc = site.migrate("initial_load", "--pipeline", PIPELINE, "--ids", "ids.txt")
+    assert proc.returncode == 1 and "no object 'zzz'" in proc.stdout and "2 deposited" in proc.stdout
+    assert {"a/p1.png", "a/p2.jpg"} <= set(site.items())  # what came before the bad id is kept
+
+    (site.root / "wrong.csv").write_text("pid\nb\n")
+    proc = site.migrate("initial_load", "--pipeline", PIPELINE, "--ids", "wrong.csv")
+    assert proc.returncode == 2 and "no column 'object_id' (columns: pid)" in proc.stderr
+
+
+# --------------------------------------------------------------------------------------------- reencode
+
+
+def test_reencode_with_the_same_extension_replaces_in_place_and_resumes(site):
+    ok(site.migrate("initial_load", "--pipeline", PIPELINE))
+    before = site.stored()
+    args = ("--pipeline", PIPELINE, "--from-recipe", "ptiff-jpeg-q90", "--to-recipe", "ptiff-jpeg-q90-444")
+
+    assert "4 would process" in ok(site.migrate("reencode", *args, "--dry-run"))
+    assert site.stored() == before and {r for _, r, _ in site.items().values()} == {"ptiff-jpeg-q90"}
+
+    ok(site.migrate("reencode", *args, "--limit", "1"))
+    recipes = [recipe for _, recipe, _ in site.items().values()]
+    assert sorted(recipes) == ["ptiff-jpeg-q90", "ptiff-jpeg-q90", "ptiff-jpeg-q90", "ptiff-jpeg-q90-444"]
+
+    out = ok(site.migrate("reencode", *args))
+    assert "3 deposited, 1 skipped" in out  # the item re-derived first is not done again
+    items = site.items()
+    assert {(status, recipe) for status, recipe, _ in items.values()} == {("deposited", "ptiff-jpeg-q90-444")}
+    after = site.stored()
+    assert after.keys() == before.keys()
+    for _, _, key in items.values():
+        assert after[key] != before[key]
+        sidecar = json.loads((site.store / ".meta" / f"{key}.json").read_text())
+        assert sidecar["provenance"]["recipe"] == "ptiff-jpeg-q90-444"
+    assert "nothing to do" in ok(site.migrate("reencode", *args))
+
+
+def test_reencode_to_another_extension_deletes_old_keys_once_no_manifest_refers_to_them(site):
+    ok(site.migrate("initial_load", "--pipeline", PIPELINE))
+    args = ("--pipeline", PIPELINE, "--from-recipe", "ptiff-jpeg-q90", "--to-recipe", "jp2-openjpeg-lossless")
+    before = site.stored()
+    assert "4 old access masters to delete" in ok(site.migrate("reencode", *args, "--dry-run", "--batch-size", "2"))
+    assert site.stored() == before
+    blocked = site.store / "museum" / "a" / "a~2Fp2.jpg.jp2"
+    blocked.mkdir()  # the deposit of one item of object a fails
+
+    ok(site.migrate("reencode", *args), code=1)
+    stored = site.stored()
+    assert {"museum/a/a~2Fp1.png.jp2", "museum/a/a~2Fp1.png.tif", "museum/a/a~2Fp2.jpg.tif"} <= stored.keys()
+    assert image_references(stored) <= stored.keys()  # a's manifest still shows the old ones: they stay
+    assert "museum/c/c~2Fy.tif.tif" not in stored and "museum/c/c~2Fy.tif.jp2" in stored
+    assert (site.root / "state" / "migrations" / "reencode-museum.json").is_file()
+
+    blocked.rmdir()
+    out = ok(site.migrate("reencode", *args))
+    assert "1 deposited" in out and "2 old access masters deleted" in out
+    stored = site.stored()
+    images = {key for key in stored if not key.endswith(".json")}
+    assert images == {key for _, _, key in site.items().values()} and all(k.endswith(".jp2") for k in images)
+    assert image_references(stored) == images
+    assert not (site.root / "state" / "migrations" / "reencode-museum.json").exists()
+    deleted = Path(report_of(out)["csv_path"]).read_text()
+    assert "museum/a/a~2Fp1.png.tif,old access masters deleted" in deleted
+
+
+def test_reencode_keep_old_leaves_the_old_keys_listed(site):
+    ok(site.migrate("initial_load", "--pipeline", PIPELINE))
+    out = ok(site.migrate("reencode", "--from-recipe", "ptiff-jpeg-q90", "--to-recipe", "jp2-openjpeg-lossless",
+                          "--keep-old"))
+    assert "4 old access masters kept" in out
+    assert Path(report_of(out)["csv_path"]).read_text().count("old access masters kept") == 4
+    stored = site.stored()
+    assert sum(key.endswith(".tif") for key in stored) == 4 and sum(key.endswith(".jp2") for key in stored) == 4
+    assert all(key.endswith(".jp2") for key in image_references(stored))
+    assert "set `recipe: jp2-openjpeg-lossless`" in out
+
+
+# ------------------------------------------------------------------------------------------- move_store
+
+
+def s3_store(minio, bucket: str) -> dict:
+    return {"kind": "s3", "bucket": bucket, "prefix": "iiif", "endpoint_url": minio.endpoint, "region": "us-east-1",
+            "addressing_style": "path"}
+
+
+def bucket_objects(minio, bucket: str) -> dict[str, bytes]:
+    client = minio.client()
+    listed = client.list_objects_v2(Bucket=bucket).get("Contents", [])
+    return {o["Key"].removeprefix("iiif/"): client.get_object(Bucket=bucket, Key=o["Key"])["Body"].read()
+            for o in listed}
+
+
+def test_move_store_copies_verified_resumes_and_deletes_the_source_only_after_the_switch(site, minio, s3_bucket,
+                                                                                       aws_env):
+    ok(site.migrate("initial_load", "--pipeline", PIPELINE))
+    local = site.stored()
+    target = site.root / "new-store.yaml"
+    target.write_text(yaml.safe_dump(s3_store(minio, s3_bucket)))
+
+    assert "8 would copy" in ok(site.migrate("move_store", "--pipeline", PIPELINE, "--to-store", str(target),
+                                             "--dry-run"))
+    assert bucket_objects(minio, s3_bucket) == {}
+
+    assert "3 copied" in ok(site.migrate("move_store", "--pipeline", PIPELINE, "--to-store", str(target),
+                                         "--limit", "3"))
+    assert len(bucket_objects(minio, s3_bucket)) == 3
+    out = ok(site.migrate("move_store", "--pipeline", PIPELINE, "--to-store", str(target)))
+    assert "3 present, 5 copied" in out and "--delete-source" in out
+    assert bucket_objects(minio, s3_bucket) == local
+    with site.ledger() as ledger:
+        for record in ledger.items(PIPELINE):
+            assert hashlib.sha256(local[record.output_key]).hexdigest() == record.sha256
+
+    proc = site.migrate("move_store", "--pipeline", PIPELINE, "--to-store", str(target), "--delete-source")
+    assert proc.returncode == 2 and "store pipeline 'museum' uses" in proc.stderr
+    assert site.stored() == local
+
+    site.configure(s3_store(minio, s3_bucket))  # the switch: the ledger's keys stay valid in the new store
+    assert "0 deposited, 4 skipped" in ok(site.run("gcis-etl", "harvest"))
+    out = ok(site.migrate("move_store", "--pipeline", PIPELINE, "--from-store", "{kind: local, root: store}",
+                          "--delete-source"))
+    assert "8 present, 8 deleted from the source" in out
+    assert site.stored() == {} and bucket_objects(minio, s3_bucket) == local
+
+
+def test_move_store_refuses_an_object_whose_bytes_are_not_what_was_recorded(site, minio, s3_bucket, aws_env):
+    ok(site.migrate("initial_load", "--pipeline", PIPELINE))
+    damaged = site.store / "museum" / "b" / "b~2Fx.jpg.tif"
+    data = bytearray(damaged.read_bytes())
+    data[-1] ^= 0xFF
+    with open(damaged, "r+b") as f:  # in place: same file, same size, the sidecar still vouches for it
+        f.write(data)
+    proc = site.migrate("move_store", "--pipeline", PIPELINE, "--to-store", json.dumps(s3_store(minio, s3_bucket)))
+    assert proc.returncode == 1
+    assert "failed: museum/b/b~2Fx.jpg.tif:" in proc.stdout and "not the recorded" in proc.stdout
+    moved = bucket_objects(minio, s3_bucket)
+    assert "museum/b/b~2Fx.jpg.tif" not in moved and len(moved) == 7
