@@ -11,18 +11,23 @@ MINIO := $(TOOLS_BIN)/minio
 export GCIS_MINIO_BIN := $(MINIO)
 
 # Debian 12 packages: libvips + its headers (pyvips is built against them), exiftool, LittleCMS tools,
-# JPEG 2000 encoders, ImageMagick and libvips' CLI (benchmarks), Redis (Celery broker), iipsrv + lighttpd.
+# JPEG 2000 encoders, ImageMagick and libvips' CLI (benchmarks), Redis (Celery broker), iipsrv + lighttpd,
+# Chromium (Mirador in the consumer tests), libmagic (the IIIF Image API validator).
 SYSTEM_PACKAGES := build-essential pkg-config python3-venv python3-dev libvips-dev libvips-tools \
 	libimage-exiftool-perl liblcms2-utils libopenjp2-tools grokj2k-tools imagemagick \
-	redis-server iipimage-server lighttpd
+	redis-server iipimage-server lighttpd chromium libmagic1
 
-.PHONY: demo test bench system-deps python-deps minio clean
+.PHONY: demo test bench serve system-deps python-deps minio mirador clean
 
 demo: system-deps python-deps
 	$(VENV)/bin/gcis-etl demo
 
-test: system-deps python-deps minio
+test: system-deps python-deps minio mirador
 	$(PY) -m pytest
+
+# The consumer on loopback: sync the cache, then lighttpd + iipsrv (and Mirador at /viewer/) until Ctrl-C.
+serve: system-deps python-deps mirador
+	deploy/iipsrv/serve
 
 bench: system-deps python-deps
 	$(PY) bench/convert.py
@@ -50,6 +55,12 @@ $(MINIO):
 	@command -v go >/dev/null || { echo "Go is needed to build MinIO for the tests"; exit 1; }
 	mkdir -p $(TOOLS_BIN)
 	GOBIN=$(TOOLS_BIN) go install github.com/minio/minio@$(MINIO_VERSION)
+
+# Mirador (npm registry, pinned by version and integrity) for the consumer tests and `make serve`.
+# npm comes with Node.js; Debian's npm package only when there is none (it conflicts with NodeSource's nodejs).
+mirador:
+	@command -v npm >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends npm; }
+	deploy/iipsrv/install-mirador
 
 clean:
 	rm -rf $(VENV) var build *.egg-info

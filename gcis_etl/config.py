@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from gcis_etl.cache import CacheSettings
 from gcis_etl.errors import ConfigError
 from gcis_etl.pipelines import Pipeline, PipelineSettings, RunSettings, pipeline_settings
 from gcis_etl.policy import ImagingPolicy, IsolationSettings
@@ -33,6 +34,7 @@ class Config(Settings):
     ledger: LedgerSettings = LedgerSettings()
     defaults: RunSettings = RunSettings()
     pipelines: dict[str, PipelineSettings] = {}
+    cache: CacheSettings = CacheSettings()
     source_file: str = "<built-in defaults>"
 
     @property
@@ -93,6 +95,14 @@ def _anchored(data: dict, base: Path) -> dict:
     data["state_dir"] = anchor(data.get("state_dir", "var/state"))
     if isinstance(data.get("ledger"), dict) and "path" in data["ledger"]:
         data["ledger"] = {**data["ledger"], "path": anchor(data["ledger"]["path"])}
+    cache = data.get("cache") or {}
+    if isinstance(cache, dict):
+        server = cache.get("server") or {}
+        if isinstance(server, dict):
+            defaults = {"run_dir": "var/iipsrv", "access_log": "var/iipsrv/access.log"}
+            server = {**server, **{key: anchor(server.get(key, default)) for key, default in
+                                   (*defaults.items(), ("documents_root", None)) if server.get(key, default)}}
+        data["cache"] = {**cache, "dir": anchor(cache.get("dir", "var/iipsrv-cache")), "server": server}
     pipelines = data.get("pipelines")
     if isinstance(pipelines, dict):
         data["pipelines"] = {name: _anchored_pipeline(p, anchor) for name, p in pipelines.items()}

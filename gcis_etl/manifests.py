@@ -12,8 +12,10 @@ Identifiers:
   ``/page/{sequence}``, ``/annotation/{sequence}``;
 - image service id = ``{image_service_base_url}/{identifier}`` where the identifier is the access master's
   store key (relative to the store prefix: the iipsrv cache mirrors the store below it, so for iipsrv 1.1 it
-  is the file name relative to FILESYSTEM_PREFIX), percent-encoded as the Image API requires, so its ``/``
-  become ``%2F``. Keys only contain URL-unreserved characters otherwise (see keys.py).
+  is the file name relative to FILESYSTEM_PREFIX), with its ``/`` kept literal. The Image API asks for them
+  as ``%2F``, but iipsrv 1.1 decodes the identifier and answers with a literal ``/`` in info.json's ``@id``;
+  clients and the IIIF validator require that ``@id`` to equal the service id, so the manifests say what the
+  server says. Keys only contain URL-unreserved characters otherwise (see keys.py).
 
 3.0 manifests are built with iiif-prezi3 (the IIIF community's library, which checks them against its model of
 the schema as they are built). It has no 2.x model and the older iiif-prezi factory is built for authoring by
@@ -136,7 +138,7 @@ class Manifests:
         return f"{self.settings.manifest_base_url}/{self.manifest_key(object_id, version)}"
 
     def image_service_id(self, image: DepositedImage) -> str:
-        return f"{self.settings.image_service_base_url}/{quote(image.key, safe='')}"
+        return f"{self.settings.image_service_base_url}/{quote(image.key, safe='/')}"
 
     # ------------------------------------------------------------------------------------------ content
 

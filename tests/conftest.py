@@ -64,3 +64,67 @@ def s3_settings(minio, bucket: str, **overrides):
             "region": "us-east-1", "addressing_style": "path",
             "multipart_threshold": 8 * MiB, "multipart_chunksize": 8 * MiB, **overrides}
     return parse(S3StoreSettings, data, "test-config.yaml", "store")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# iipsrv consumer (issue #8; helpers in tests/consumer.py): images and manifests deposited in MinIO, the
+# access-master cache synced from there, and lighttpd + iipsrv serving it on 127.0.0.1.
+
+
+@pytest.fixture(scope="session")
+def iiif_port() -> int:
+    """Chosen before anything is deposited: the manifests name the image service's URL."""
+    return free_port()
+
+
+@pytest.fixture(scope="session")
+def deposited(minio, tmp_path_factory, iiif_port):
+    """Access masters and manifests in a public-read MinIO bucket, as a harvest leaves them. Built by
+    tests/consumer.py deposit_by_library: the one place to switch to `gcis-etl harvest` on the emulators."""
+    import json as json_module
+
+    from gcis_etl.stores import S3Store
+    from tests.consumer import deposit_by_library
+    bucket = f"e2e-{uuid.uuid4().hex[:12]}"
+    client = minio.client()
+    client.create_bucket(Bucket=bucket)
+    client.put_bucket_policy(Bucket=bucket, Policy=json_module.dumps({
+        "Version": "2012-10-17",
+        "Statement": [{"Effect": "Allow", "Principal": {"AWS": ["*"]}, "Action": ["s3:GetObject"],
+                       "Resource": [f"arn:aws:s3:::{bucket}/*"]}]}))
+    settings = s3_settings(minio, bucket)
+    with pytest.MonkeyPatch.context() as mp:  # credentials reach this store's client only
+        mp.setenv("AWS_ACCESS_KEY_ID", minio.access_key)
+        mp.setenv("AWS_SECRET_ACCESS_KEY", minio.secret_key)
+        store = S3Store(settings)
+        return deposit_by_library(store, tmp_path_factory.mktemp("deposit"),
+                                  manifest_base_url=f"{minio.endpoint}/{bucket}/{settings.prefix}",
+                                  image_service_base_url=f"http://127.0.0.1:{iiif_port}/iiif")
+
+
+def cache_settings(root: Path, port: int = 0, **server):
+    """Cache and server settings below `root`, validated as config.yaml `cache:` would be."""
+    from gcis_etl.cache import CacheSettings
+    from gcis_etl.settings import parse
+    return parse(CacheSettings, {"dir": str(root / "cache"), "server": {
+        "port": port, "run_dir": str(root / "run"), "access_log": str(root / "run" / "access.log"), **server}},
+        "test-config.yaml", "cache")
+
+
+@pytest.fixture(scope="session")
+def synced_cache(deposited, tmp_path_factory, iiif_port):
+    """The cache after one `cache sync` from the deposit (nothing failed)."""
+    from gcis_etl.cache import sync
+    settings = cache_settings(tmp_path_factory.mktemp("consumer"), iiif_port)
+    result = sync(settings, [deposited.source])
+    assert not result.failed, result.failed
+    return settings
+
+
+@pytest.fixture(scope="session")
+def consumer(synced_cache):
+    """lighttpd + iipsrv (deploy/iipsrv/demo.conf, which includes lighttpd.conf) serving the synced cache."""
+    from gcis_etl.iipsrv import Consumer
+    with Consumer(synced_cache.server, synced_cache.images_dir, demo=True) as running:
+        yield running
+# ---------------------------------------------------------------------------------------------------------

@@ -78,7 +78,7 @@ def test_single_image_manifest_3_0(store):
     assert validate(manifest).ok, validate(manifest).errors
 
     manifest_id = f"{BASE}/demo/IE~2042~2Fx/manifest-v3.json"
-    service_id = f"{SERVICE}/demo%2FIE~2042~2Fx%2FFL~201.tif"
+    service_id = f"{SERVICE}/demo/IE~2042~2Fx/FL~201.tif"
     assert manifest["@context"] == "http://iiif.io/api/presentation/3/context.json"
     assert (manifest["id"], manifest["type"]) == (manifest_id, "Manifest")
     assert manifest["label"] == {"fr": ["La Joconde"], "en": ["Mona Lisa"]}
@@ -162,7 +162,7 @@ def test_multi_image_manifests_in_both_versions(store):
     assert [(c["label"], c["width"], c["height"]) for c in canvases] == [
         ("front", 6000, 4000), ("2", 300, 500), ("back", 1200, 1600)]
     resource = canvases[2]["images"][0]["resource"]
-    service_id = f"{SERVICE}/demo%2FIE~2042~2Fx%2FFL~203.tif"
+    service_id = f"{SERVICE}/demo/IE~2042~2Fx/FL~203.tif"
     assert resource["service"] == {"@context": "http://iiif.io/api/image/2/context.json", "@id": service_id,
                                    "profile": "http://iiif.io/api/image/2/level1.json"}
     assert (resource["@id"], resource["width"], resource["height"]) == (

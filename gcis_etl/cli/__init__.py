@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import importlib
 import sys
-from pathlib import Path
 
 import click
 
@@ -46,7 +45,8 @@ def main(ctx: click.Context, config_file: str | None) -> None:
     ctx.obj = config_file
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"], "ignore_unknown_options": True})
+@click.command(context_settings={"help_option_names": ["-h", "--help"], "ignore_unknown_options": True,
+                                "allow_interspersed_args": False})
 @click.argument("script")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def migrate_main(script: str, args: tuple[str, ...]) -> None:
@@ -65,5 +65,5 @@ def _register() -> None:
         importlib.import_module(f"gcis_etl.cli.{module}")
 
 
-COMMAND_MODULES = ("imaging", "pipelines")
+COMMAND_MODULES = ("imaging", "pipelines", "cache")
 _register()

@@ -1,0 +1,519 @@
+"""The access-master cache iipsrv reads: a local mirror of the access masters in the stores.
+
+iipsrv reads files only (not S3), so the access masters are copied next to it. Layout of `cache.dir`:
+
+- ``images/<key>``: the access masters at their store keys. iipsrv's FILESYSTEM_PREFIX is this folder, so
+  an image's IIIF identifier is its store key.
+- ``incoming/``: copies being made. Same filesystem as ``images/``, so moving a finished copy there is
+  one atomic rename: iipsrv never sees a half-written file.
+- ``state.sqlite``: what each cached file is (key, source, SHA-256, size, what the store listing said, the
+  file's inode and mtime) and when it was last accessed, plus how far the access log has been read.
+- ``lock``: one sync, prune or purge at a time.
+
+sync: an object whose store listing (size, modified) and cached file (inode, size, mtime) are as recorded
+is unchanged, with no request. Otherwise its HEAD gives the SHA-256 recorded when it was deposited; when
+the cached copy already has it, nothing is copied. Otherwise the object is downloaded into ``incoming/``,
+hashed, compared, fsync'ed and renamed over the old copy. A mismatch leaves the old copy serving.
+
+prune: evicts by last access, which is the latest of (a) the last request for the image in the web
+server's access log, (b) the file's atime and (c) when it was synced. The access log is exact; atime is
+kept by the kernel only coarsely (relatime: at most once a day per file; noatime: never; tiles iipsrv serves
+from its memory cache do not read the file at all), but it is a lower bound, as is the sync time, so the
+latest of the three is the best estimate whichever are available.
+
+An evicted image is remembered, and sync does not copy it back just because it is still in the store (that
+would undo the prune). It copies it back once the access log shows a request for it after its eviction:
+iipsrv answers 404 for that request, and the image is served again after the next sync (cron interval).
+Without an access log, evicted images stay out until purged and deposited again.
+
+purge: removes the cached copies (and the records) of images no longer in their store, or of given keys.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import sqlite3
+import time
+import uuid
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Iterable, Sequence
+from urllib.parse import unquote, urlsplit
+
+from boto3.s3.transfer import TransferConfig
+from botocore.exceptions import BotoCoreError, ClientError
+from pydantic import ByteSize, field_validator
+
+from gcis_etl.durable import fsync_dir, sha256_file
+from gcis_etl.errors import GcisError, IntegrityError, StoreError
+from gcis_etl.iipsrv import ServerSettings, reload
+from gcis_etl.keys import check_key
+from gcis_etl.locks import RunLock
+from gcis_etl.settings import Settings
+from gcis_etl.stores import CHUNK, ListedObject, LocalStore, S3Store, Store
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS images (
+    key TEXT PRIMARY KEY, source TEXT NOT NULL, sha256 TEXT NOT NULL, size INTEGER NOT NULL,
+    listed_modified TEXT NOT NULL, inode INTEGER NOT NULL, mtime_ns INTEGER NOT NULL,
+    synced REAL NOT NULL, last_access REAL NOT NULL, evicted REAL, wanted INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX IF NOT EXISTS images_source ON images (source, key);
+CREATE TABLE IF NOT EXISTS access_log (
+    id INTEGER PRIMARY KEY CHECK (id = 1), inode INTEGER NOT NULL, offset INTEGER NOT NULL
+);
+"""
+
+# deploy/iipsrv/lighttpd.conf: accesslog.format = "%{%s}t %h \"%r\" %>s %b"
+_LOG_LINE = re.compile(rb'^(\d+) \S+ "(?:GET|HEAD) (\S+) [^"]*" \d{3} ')
+
+
+class CacheSettings(Settings):
+    """config.yaml `cache:`: where the cache is, what it mirrors, its limits, and the server reading it."""
+
+    dir: Path = Path("var/iipsrv-cache")
+    pipelines: tuple[str, ...] | None = None    # whose access masters are mirrored; all pipelines if unset
+    extensions: tuple[str, ...] = (".tif", ".tiff", ".jp2")  # what counts as an access master in a store
+    max_bytes: ByteSize | None = None           # `prune` default: e.g. 500G
+    max_age: timedelta | None = None            # `prune` default: e.g. 30d (since the last access)
+    server: ServerSettings = ServerSettings()
+
+    @field_validator("extensions")
+    @classmethod
+    def _extensions(cls, extensions: tuple[str, ...]) -> tuple[str, ...]:
+        if not extensions or not all(re.fullmatch(r"\.[a-z0-9]+", e) for e in extensions):
+            raise ValueError("give at least one lower-case extension with its dot, e.g. [.tif, .jp2]")
+        return extensions
+
+    @property
+    def images_dir(self) -> Path:
+        return self.dir / "images"
+
+
+@dataclass(frozen=True)
+class CacheSource:
+    """Where one pipeline's access masters are: a store and the key prefix its images share."""
+
+    name: str
+    store: Store
+    prefix: str = ""
+
+
+@dataclass(frozen=True)
+class Failure:
+    source: str
+    key: str | None   # None: the source as a whole (its listing failed)
+    reason: str
+
+
+@dataclass(frozen=True)
+class SyncResult:
+    copied: tuple[str, ...]
+    replaced: tuple[str, ...]  # of the copied, those iipsrv may have had before (changed, or evicted and back)
+    adopted: tuple[str, ...]   # already in the cache with the right content, now recorded (after a crash)
+    unchanged: int
+    evicted: int               # not copied: evicted by prune and not requested since
+    gone: tuple[str, ...]      # cached, no longer in the store: removed if purge_gone, else left to `purge`
+    failed: tuple[Failure, ...]
+    bytes_copied: int
+    reloaded: bool             # the iipsrv processes were restarted (after a replacement or removal)
+    seconds: float
+
+
+@dataclass(frozen=True)
+class Evicted:
+    key: str
+    size: int
+    last_access: float        # epoch seconds
+
+
+@dataclass(frozen=True)
+class PruneResult:
+    evicted: tuple[Evicted, ...]
+    kept: int
+    kept_bytes: int
+
+    @property
+    def freed_bytes(self) -> int:
+        return sum(e.size for e in self.evicted)
+
+
+@dataclass(frozen=True)
+class PurgeResult:
+    removed: tuple[str, ...]
+    not_cached: tuple[str, ...]   # keys asked for that the cache did not hold
+    freed_bytes: int
+    reloaded: bool                # the iipsrv processes were restarted (they may have had a removed image)
+
+
+@dataclass(frozen=True)
+class _Record:
+    key: str
+    source: str
+    sha256: str
+    size: int
+    listed_modified: str
+    inode: int
+    mtime_ns: int
+    synced: float
+    last_access: float
+    evicted: float | None = None   # when prune removed the file (the record stays: see the module docstring)
+    wanted: bool = False           # requested since it was evicted (the access log has a later line for it)
+
+    def matches(self, st: os.stat_result) -> bool:
+        """The cached file is still the one recorded (nothing replaced or edited it)."""
+        return (st.st_ino, st.st_size, st.st_mtime_ns) == (self.inode, self.size, self.mtime_ns)
+
+
+class _State:
+    """state.sqlite. WAL and a commit per change: a killed sync loses at most the record of the file it had
+    just renamed into place, and the next sync adopts that file after hashing it."""
+
+    def __init__(self, path: Path):
+        self.db = sqlite3.connect(path, isolation_level=None)
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=NORMAL")
+        self.db.executescript(SCHEMA)
+
+    def close(self) -> None:
+        self.db.close()
+
+    def get(self, key: str) -> _Record | None:
+        row = self.db.execute("SELECT * FROM images WHERE key = ?", (key,)).fetchone()
+        return _Record(*row) if row else None
+
+    def all(self) -> list[_Record]:
+        return [_Record(*row) for row in self.db.execute("SELECT * FROM images ORDER BY key")]
+
+    def put(self, record: _Record) -> None:
+        self.db.execute("INSERT OR REPLACE INTO images VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                        (record.key, record.source, record.sha256, record.size, record.listed_modified,
+                         record.inode, record.mtime_ns, record.synced, record.last_access, record.evicted,
+                         record.wanted))
+
+    def relisted(self, key: str, listed_modified: str) -> None:
+        self.db.execute("UPDATE images SET listed_modified = ? WHERE key = ?", (listed_modified, key))
+
+    def remove(self, key: str) -> None:
+        self.db.execute("DELETE FROM images WHERE key = ?", (key,))
+
+    def evict(self, key: str, at: float) -> None:
+        self.db.execute("UPDATE images SET evicted = ?, wanted = 0 WHERE key = ?", (at, key))
+
+    def keys(self, source: str, prefix: str) -> set[str]:
+        rows = self.db.execute("SELECT key FROM images WHERE source = ? AND substr(key, 1, ?) = ?",
+                               (source, len(prefix), prefix))
+        return {key for (key,) in rows}
+
+    def accessed(self, latest: dict[str, float]) -> None:
+        """Requests read from the access log. The log is read in order, so a request for an evicted image
+        read now came after the prune that evicted it (lighttpd's clock in the log lags by up to a second,
+        which is why this does not compare times)."""
+        with self.db:
+            self.db.executemany("UPDATE images SET last_access = max(last_access, ?), "
+                                "wanted = (evicted IS NOT NULL) WHERE key = ?",
+                                [(at, key) for key, at in latest.items()])
+
+    def log_position(self) -> tuple[int, int]:
+        row = self.db.execute("SELECT inode, offset FROM access_log WHERE id = 1").fetchone()
+        return row or (-1, 0)
+
+    def set_log_position(self, inode: int, offset: int) -> None:
+        self.db.execute("INSERT OR REPLACE INTO access_log VALUES (1, ?, ?)", (inode, offset))
+
+
+class _Cache:
+    """The cache directory, locked, with its state open: what sync, prune and purge work on."""
+
+    def __init__(self, settings: CacheSettings, action: str):
+        self.settings = settings
+        self.images = settings.images_dir
+        self.incoming = settings.dir / "incoming"
+        self._lock = RunLock(settings.dir / "lock", f"a cache {action} on {settings.dir}")
+        self.state: _State | None = None
+
+    def __enter__(self) -> _Cache:
+        self._lock.__enter__()
+        try:
+            self.images.mkdir(parents=True, exist_ok=True)
+            self.incoming.mkdir(parents=True, exist_ok=True)
+            self.state = _State(self.settings.dir / "state.sqlite")
+        except BaseException:
+            self._lock.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.state.close()
+        self._lock.__exit__()
+
+    def path(self, key: str) -> Path:
+        return self.images / check_key(key)
+
+    def delete_file(self, key: str) -> int:
+        """Delete the cached file (and folders it leaves empty); the bytes freed. iipsrv answers 404 from then
+        on (it stats the file on every request), though browsers and CDNs keep what they got for max-age."""
+        path = self.path(key)
+        try:
+            size = path.stat().st_size
+            path.unlink()
+        except FileNotFoundError:
+            return 0
+        for parent in path.parents:
+            if parent == self.images:
+                break
+            try:
+                parent.rmdir()
+            except OSError:  # not empty
+                break
+        return size
+
+    def read_access_log(self) -> None:
+        """Fold the access log's new lines into last_access. A rotated log (another inode, or shorter than
+        where reading stopped) is read from its start; what the old file got after the last read is lost,
+        which only makes those images look older than they are (atime and sync time still count)."""
+        try:
+            f = open(self.settings.server.access_log, "rb")
+        except FileNotFoundError:
+            return
+        with f:
+            st = os.fstat(f.fileno())
+            inode, offset = self.state.log_position()
+            if inode != st.st_ino or offset > st.st_size:
+                offset = 0
+            f.seek(offset)
+            latest: dict[str, float] = {}
+            for line in f:
+                if not line.endswith(b"\n"):  # still being written: read it next time
+                    break
+                offset += len(line)
+                match = _LOG_LINE.match(line)
+                if match:
+                    for key in _keys_of(match.group(2).decode("ascii", "replace"), self.settings.server.prefix):
+                        latest[key] = max(latest.get(key, 0.0), float(match.group(1)))
+        self.state.accessed(latest)
+        self.state.set_log_position(st.st_ino, offset)
+
+
+def _keys_of(target: str, prefix: str) -> tuple[str, ...]:
+    """The keys an Image API request may name: `{key}/info.json`, `{key}/{region}/{size}/{rotation}/{quality}`
+    or `{key}` itself (iipsrv decodes %2F, so either form of the identifier counts)."""
+    path = unquote(urlsplit(target).path)
+    if not path.startswith(prefix + "/"):
+        return ()
+    identifier = path[len(prefix) + 1:]
+    return identifier.removesuffix("/info.json"), identifier.rsplit("/", 4)[0], identifier
+
+
+# ---------------------------------------------------------------------------------------------------- sync
+
+
+def sync(settings: CacheSettings, sources: Sequence[CacheSource], *, purge_gone: bool = False) -> SyncResult:
+    """Copy the new or changed access masters of `sources` into the cache, and the evicted ones requested
+    since their eviction (see the module docstring); with `purge_gone`, remove the cached images no longer
+    in their store, as `purge` does. iipsrv is restarted when an image it may hold was replaced or removed."""
+    started = time.monotonic()
+    copied, replaced, adopted, gone, failed = [], [], [], [], []
+    unchanged = evicted = bytes_copied = 0
+    with _Cache(settings, "sync") as cache:
+        for leftover in cache.incoming.iterdir():  # copies a killed sync left behind
+            leftover.unlink()
+        cache.read_access_log()
+        for source in sources:
+            seen: set[str] = set()
+            try:
+                for listed in source.store.list(source.prefix):
+                    if not listed.key.lower().endswith(settings.extensions):
+                        continue
+                    seen.add(listed.key)
+                    try:
+                        outcome, size = _sync_one(cache, source, listed)
+                    except GcisError as exc:
+                        failed.append(Failure(source.name, listed.key, str(exc)))
+                        continue
+                    if outcome in ("copied", "replaced"):
+                        copied.append(listed.key)
+                        bytes_copied += size
+                        if outcome == "replaced":
+                            replaced.append(listed.key)
+                    elif outcome == "adopted":
+                        adopted.append(listed.key)
+                    elif outcome == "evicted":
+                        evicted += 1
+                    else:
+                        unchanged += 1
+            except StoreError as exc:
+                failed.append(Failure(source.name, None, f"listing failed, sync of this source stopped: {exc}"))
+                continue
+            missing = sorted(cache.state.keys(source.name, source.prefix) - seen)
+            for key in missing if purge_gone else ():
+                cache.delete_file(key)
+                cache.state.remove(key)
+            gone.extend(missing)
+    reloaded = _reload(settings, failed) if replaced or (purge_gone and gone) else False
+    return SyncResult(tuple(copied), tuple(replaced), tuple(adopted), unchanged, evicted, tuple(gone),
+                      tuple(failed), bytes_copied, reloaded, time.monotonic() - started)
+
+
+def _reload(settings: CacheSettings, failed: list[Failure]) -> bool:
+    try:
+        return reload(settings.server)
+    except GcisError as exc:
+        failed.append(Failure("iipsrv", None, f"{exc}: it may serve replaced images with their old size"))
+        return False
+
+
+def _sync_one(cache: _Cache, source: CacheSource, listed: ListedObject) -> tuple[str, int]:
+    """'unchanged', 'evicted', 'adopted', 'copied' or 'replaced' (with the bytes copied); a GcisError says
+    why not."""
+    key = listed.key
+    path = cache.path(key)
+    modified = listed.modified.isoformat()
+    record = cache.state.get(key)
+    if record is not None and record.source != source.name:
+        raise StoreError(f"{key} is also cached from {record.source!r}: one iipsrv serves one key space, "
+                         f"so keys must be unique across the stores it mirrors")
+    if record is not None and record.evicted is not None and not record.wanted:
+        return "evicted", 0
+    st = _stat(path)
+    intact = record is not None and st is not None and record.matches(st)
+    if intact and (record.size, record.listed_modified) == (listed.size, modified):
+        return "unchanged", 0
+    head = source.store.head(key)
+    if head is None:
+        raise StoreError(f"{source.store.describe(key)} was deleted while the cache was syncing")
+    if head.sha256 is None:
+        raise IntegrityError(f"{source.store.describe(key)} has no SHA-256 recorded (not deposited by gcis-etl): "
+                             f"a copy could not be verified, so none was made")
+    if intact and record.sha256 == head.sha256:
+        cache.state.relisted(key, modified)
+        return "unchanged", 0
+    if st is not None and not intact and sha256_file(path) == head.sha256:
+        _record(cache, source, key, head.sha256, modified, path.stat(), record)
+        return "adopted", 0
+    tmp = cache.incoming / f"{uuid.uuid4().hex}.partial"
+    try:
+        _download(source.store, key, tmp)
+        size, sha256 = tmp.stat().st_size, sha256_file(tmp)
+        if (size, sha256) != (head.size, head.sha256):
+            raise IntegrityError(f"{source.store.describe(key)}: the copy has {size} bytes with SHA-256 {sha256}, "
+                                 f"the store recorded {head.size} bytes with {head.sha256}; the cache keeps "
+                                 f"{'its previous copy' if st else 'no copy'}")
+        os.chmod(tmp, 0o644)
+        _newer_than(tmp, st.st_mtime if st else record.mtime_ns / 1e9 if record else None)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(tmp, path)
+        fsync_dir(path.parent)
+    except OSError as exc:
+        raise StoreError(f"{cache.settings.dir}: cannot write the copy of {key}: {exc.strerror}") from None
+    finally:
+        tmp.unlink(missing_ok=True)
+    _record(cache, source, key, head.sha256, modified, path.stat(), record)
+    return ("copied" if record is None else "replaced"), size
+
+
+def _record(cache: _Cache, source: CacheSource, key: str, sha256: str, modified: str, st: os.stat_result,
+            previous: _Record | None) -> None:
+    now = time.time()
+    last_access = max(now, previous.last_access) if previous else now
+    cache.state.put(_Record(key, source.name, sha256, st.st_size, modified, st.st_ino, st.st_mtime_ns, now,
+                            last_access))
+
+
+def _newer_than(path: Path, previous: float | None) -> None:
+    """iipsrv's Last-Modified is the file's mtime in whole seconds, and it answers 304 to an If-Modified-Since
+    that is not older: a copy replacing another within the same second would be "not modified" for clients
+    that hold the old one. Such a copy gets the next second."""
+    mtime = path.stat().st_mtime
+    if previous is not None and int(mtime) <= int(previous):
+        os.utime(path, (mtime, int(previous) + 1))
+
+
+def _download(store: Store, key: str, dest: Path) -> None:
+    """Stream the object into `dest` and fsync it (get_bytes would hold a whole pyramid in memory)."""
+    with open(dest, "wb") as out:
+        if isinstance(store, LocalStore):
+            try:
+                with open(store.root / check_key(key), "rb") as src:
+                    shutil.copyfileobj(src, out, CHUNK)
+            except FileNotFoundError:
+                raise StoreError(f"{store.describe(key)} was deleted while the cache was syncing") from None
+        elif isinstance(store, S3Store):
+            s = store.settings
+            config = TransferConfig(multipart_threshold=s.multipart_threshold,
+                                    multipart_chunksize=s.multipart_chunksize, max_concurrency=s.max_concurrency)
+            try:
+                store.client.download_fileobj(s.bucket, store._full_key(key), out, Config=config)
+            except (BotoCoreError, ClientError) as exc:
+                raise StoreError(f"{store.describe(key)}: download failed: {exc}") from None
+        else:
+            raise StoreError(f"{store.describe(key)}: the cache cannot read from a {type(store).__name__}")
+        out.flush()
+        os.fsync(out.fileno())
+
+
+def _stat(path: Path) -> os.stat_result | None:
+    try:
+        return path.stat()
+    except FileNotFoundError:
+        return None
+
+
+# --------------------------------------------------------------------------------------------------- prune
+
+
+def prune(settings: CacheSettings, *, max_bytes: int | None = None, max_age: timedelta | None = None,
+          now: float | None = None) -> PruneResult:
+    """Evict the images not accessed within `max_age`, then the least recently accessed ones until the cache
+    holds at most `max_bytes`."""
+    now = time.time() if now is None else now
+    with _Cache(settings, "prune") as cache:
+        cache.read_access_log()
+        cached = []
+        for record in cache.state.all():
+            if record.evicted is not None:
+                continue
+            st = _stat(cache.path(record.key))
+            if st is None:  # deleted by hand: the next sync copies it again
+                cache.state.remove(record.key)
+                continue
+            cached.append(Evicted(record.key, st.st_size, max(record.last_access, st.st_atime, record.synced)))
+        cached.sort(key=lambda c: (c.last_access, c.key))
+        total = sum(c.size for c in cached)
+        evicted = []
+        for candidate in cached:
+            too_old = max_age is not None and candidate.last_access < now - max_age.total_seconds()
+            too_big = max_bytes is not None and total > max_bytes
+            if too_old or too_big:
+                cache.delete_file(candidate.key)
+                cache.state.evict(candidate.key, now)
+                total -= candidate.size
+                evicted.append(candidate)
+    return PruneResult(tuple(evicted), len(cached) - len(evicted), total)
+
+
+# --------------------------------------------------------------------------------------------------- purge
+
+
+def purge(settings: CacheSettings, sources: Sequence[CacheSource], keys: Iterable[str] = ()) -> PurgeResult:
+    """Remove the cached copies and records of `keys` (store keys, or identifiers as IIIF URLs have them);
+    without keys, of every image of `sources` that is no longer in its store."""
+    keys = [check_key(unquote(k).strip("/")) for k in keys]
+    with _Cache(settings, "purge") as cache:
+        if keys:
+            targets = keys
+        else:
+            targets = []
+            for source in sources:
+                listed = {o.key for o in source.store.list(source.prefix)}
+                targets.extend(sorted(cache.state.keys(source.name, source.prefix) - listed))
+        removed, not_cached, freed = [], [], 0
+        for key in targets:
+            size = cache.delete_file(key)
+            known = cache.state.get(key) is not None
+            cache.state.remove(key)
+            (removed if size or known else not_cached).append(key)
+            freed += size
+    return PurgeResult(tuple(removed), tuple(not_cached), freed, reload(settings.server) if removed else False)

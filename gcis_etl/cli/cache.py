@@ -1,0 +1,226 @@
+"""Commands on the iipsrv consumer: the access-master cache (sync, prune, purge) and the demo server (serve)."""
+from __future__ import annotations
+
+import json
+import signal
+import sys
+from dataclasses import asdict
+from datetime import timedelta
+
+import click
+from pydantic import ByteSize, TypeAdapter, ValidationError
+
+from gcis_etl.cli import EXIT_ITEM_FAILED, EXIT_OK, _config, main
+from gcis_etl.cli.pipelines import EXIT_LOCKED
+from gcis_etl.errors import ConfigError, GcisError
+
+
+class _Parsed(click.ParamType):
+    """A value parsed the way config.yaml parses it (pydantic), so '500G' or '30d' mean the same in both."""
+
+    def __init__(self, kind: type, name: str, hint: str):
+        self.adapter = TypeAdapter(kind)
+        self.name = name
+        self.hint = hint
+
+    def convert(self, value, param, ctx):
+        try:
+            return self.adapter.validate_python(value)
+        except ValidationError:
+            self.fail(f"{value!r} is not {self.hint}", param, ctx)
+
+
+SIZE = _Parsed(ByteSize, "size", "a size such as 500G, 20GiB or 1000000")
+AGE = _Parsed(timedelta, "age", "an age such as 30d, 12:00:00 or P1DT12H")
+
+
+def _human(n: int) -> str:
+    for unit in ("B", "kB", "MB", "GB"):
+        if n < 1000:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} TB"
+
+
+def _setup(ctx: click.Context, names: tuple[str, ...]):
+    """The cache settings and the sources (stores and key prefixes) of the selected pipelines."""
+    from gcis_etl.cache import CacheSource
+    cfg = _config(ctx)
+    selected = list(names) or list(cfg.cache.pipelines or sorted(cfg.pipelines))
+    try:
+        pipelines = [cfg.pipeline(name) for name in selected]
+    except ConfigError as exc:
+        raise click.UsageError(str(exc)) from None
+    return cfg, [CacheSource(p.name, p.store, p.settings.store.keys.image_prefix(p.name)) for p in pipelines]
+
+
+def _run(action, *args, **kwargs):
+    """Call the library; a lock held by another cache command or a store failure ends the command."""
+    from gcis_etl.locks import LockHeld
+    try:
+        return action(*args, **kwargs)
+    except LockHeld as exc:
+        click.echo(str(exc), err=True)
+        sys.exit(EXIT_LOCKED)
+    except GcisError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(EXIT_ITEM_FAILED)
+
+
+@main.group()
+def cache() -> None:
+    """The access-master cache iipsrv reads (iipsrv cannot read S3), and the demo consumer.
+
+    Settings: config.yaml `cache:` (where the cache is, which pipelines it mirrors, prune limits, and the
+    lighttpd/iipsrv settings). The web server configuration is deploy/iipsrv/lighttpd.conf.
+
+    \b
+    Example (cron, after harvest):
+      */10 * * * *  gcis-etl --config /etc/gcis/config.yaml cache sync --purge
+      30 3 * * *    gcis-etl --config /etc/gcis/config.yaml cache prune
+    """
+
+
+@cache.command()
+@click.option("--pipeline", "-p", "names", multiple=True, help="Only these pipelines (repeatable).")
+@click.option("--purge", "purge_gone", is_flag=True,
+              help="Also remove the cached images no longer in their store (as `cache purge` does, without "
+                   "listing the stores a second time).")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
+@click.pass_context
+def sync(ctx: click.Context, names: tuple[str, ...], purge_gone: bool, as_json: bool) -> None:
+    """Copy new or changed access masters from the pipelines' stores into the cache.
+
+    Each copy is downloaded beside the cache, checked against the SHA-256 recorded when it was deposited
+    and renamed into place, so iipsrv never reads a half-written file. Only what changed since the last
+    sync is copied. Images `prune` evicted come back once the access log shows a request for them.
+    Exit code 0, or 1 when any image could not be copied (the others are).
+
+    \b
+    Example:
+      gcis-etl cache sync --purge --pipeline samples
+    """
+    from gcis_etl.cache import sync as sync_cache
+    cfg, sources = _setup(ctx, names)
+    result = _run(sync_cache, cfg.cache, sources, purge_gone=purge_gone)
+    if as_json:
+        click.echo(json.dumps(asdict(result)))
+    else:
+        click.echo(f"copied {len(result.copied)} ({_human(result.bytes_copied)}), unchanged {result.unchanged}, "
+                   f"adopted {len(result.adopted)}, evicted and not requested {result.evicted}, "
+                   f"failed {len(result.failed)} in {result.seconds:.1f}s")
+        if result.gone and purge_gone:
+            click.echo(f"removed {len(result.gone)} cached image(s) no longer in their store")
+        elif result.gone:
+            click.echo(f"{len(result.gone)} cached image(s) no longer in their store: `gcis-etl cache purge` "
+                       f"(or `sync --purge`) removes them")
+        for failure in result.failed:
+            click.echo(f"  failed: {failure.source}: {failure.key or '(whole source)'}: {failure.reason}",
+                       err=True)
+    sys.exit(EXIT_ITEM_FAILED if result.failed else EXIT_OK)
+
+
+@cache.command()
+@click.option("--max-bytes", type=SIZE, help="Evict until the cache holds at most this much (default: "
+                                             "cache.max_bytes).")
+@click.option("--max-age", type=AGE, help="Evict what was not accessed for this long (default: cache.max_age).")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
+@click.pass_context
+def prune(ctx: click.Context, max_bytes: int | None, max_age: timedelta | None, as_json: bool) -> None:
+    """Evict the least recently accessed images from the cache.
+
+    Last access is the latest of: the web server's access log (exact), the file's atime (coarse: relatime
+    updates it at most daily, noatime never) and the time it was synced. Evicted images stay in their store;
+    the next sync copies one back once it is requested again.
+
+    \b
+    Example:
+      gcis-etl cache prune --max-bytes 500G --max-age 90d
+    """
+    from gcis_etl.cache import prune as prune_cache
+    cfg = _config(ctx)
+    max_bytes = max_bytes if max_bytes is not None else cfg.cache.max_bytes
+    max_age = max_age if max_age is not None else cfg.cache.max_age
+    if max_bytes is None and max_age is None:
+        raise click.UsageError("nothing to prune by: give --max-bytes and/or --max-age "
+                               "(or set cache.max_bytes / cache.max_age in the configuration)")
+    result = _run(prune_cache, cfg.cache, max_bytes=max_bytes, max_age=max_age)
+    if as_json:
+        click.echo(json.dumps({**asdict(result), "freed_bytes": result.freed_bytes}))
+    else:
+        click.echo(f"evicted {len(result.evicted)} ({_human(result.freed_bytes)}); "
+                   f"kept {result.kept} ({_human(result.kept_bytes)})")
+    sys.exit(EXIT_OK)
+
+
+@cache.command()
+@click.argument("keys", nargs=-1)
+@click.option("--pipeline", "-p", "names", multiple=True, help="Only these pipelines (without KEYS).")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
+@click.pass_context
+def purge(ctx: click.Context, keys: tuple[str, ...], names: tuple[str, ...], as_json: bool) -> None:
+    """Remove cached images: those no longer in their store, or the KEYS given.
+
+    A KEY is a store key or the identifier of a IIIF URL (samples/obj/1.tif or samples%2Fobj%2F1.tif).
+    iipsrv answers 404 for a purged image at once; a purged image still in its store is copied again by
+    the next sync.
+
+    \b
+    Example:
+      gcis-etl cache purge                           # every image deleted from its store
+      gcis-etl cache purge samples/IE42/FL7.tif      # one image, now
+    """
+    from gcis_etl.cache import purge as purge_cache
+    cfg, sources = _setup(ctx, names)
+    result = _run(purge_cache, cfg.cache, sources, keys)
+    if as_json:
+        click.echo(json.dumps(asdict(result)))
+    else:
+        click.echo(f"removed {len(result.removed)} ({_human(result.freed_bytes)})")
+        for key in result.not_cached:
+            click.echo(f"  not cached: {key}")
+    sys.exit(EXIT_OK)
+
+
+@cache.command()
+@click.option("--port", type=click.IntRange(0, 65535), help="Listen here (default: cache.server.port; 0: any).")
+@click.option("--no-sync", is_flag=True, help="Serve the cache as it is, without syncing it first.")
+@click.pass_context
+def serve(ctx: click.Context, port: int | None, no_sync: bool) -> None:
+    """Sync the cache, then serve it over IIIF on loopback for a demo, until Ctrl-C.
+
+    Runs deploy/iipsrv/demo.conf: lighttpd and iipsrv (cache.server), the JSON documents of a local store
+    (cache.server.documents_root, at /store) and Mirador at /viewer/ (deploy/iipsrv/install-mirador).
+
+    \b
+    Example:
+      gcis-etl harvest && gcis-etl cache serve      # then open the viewer URL it prints
+    """
+    from gcis_etl.cache import sync as sync_cache
+    from gcis_etl.iipsrv import Consumer
+    cfg, sources = _setup(ctx, ())
+    if not no_sync:
+        result = _run(sync_cache, cfg.cache, sources)
+        click.echo(f"cache: copied {len(result.copied)}, unchanged {result.unchanged}, failed {len(result.failed)}")
+    server = cfg.cache.server if port is None else cfg.cache.server.model_copy(update={"port": port})
+    consumer = Consumer(server, cfg.cache.images_dir, demo=True)
+    _run(consumer.start)
+    click.echo(f"IIIF Image API: {consumer.iiif_url}/{{store key}}/info.json")
+    for name in sorted(cfg.pipelines):
+        manifests = cfg.pipeline(name).manifests
+        if manifests is not None:
+            key = manifests.collection_key(manifests.settings.versions[0])
+            click.echo(f"{name}: {consumer.url}/viewer/?manifest={manifests.settings.manifest_base_url}/{key}")
+    click.echo("Ctrl-C stops")
+
+    def interrupted(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupted)  # `kill`, systemd: stop lighttpd and iipsrv too
+    try:
+        consumer.wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        consumer.stop()
+    sys.exit(EXIT_OK)

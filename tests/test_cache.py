@@ -1,0 +1,381 @@
+"""The access-master cache (gcis_etl.cache): sync from real stores (local and MinIO), prune by last access,
+purge, and the `gcis-etl cache` commands. The consumer serving the cache is tested in test_iipsrv_e2e.py."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gcis_etl.cache import CacheSettings, CacheSource, prune, purge, sync
+from gcis_etl.errors import ConfigError
+from gcis_etl.keys import UnsafeKey
+from gcis_etl.locks import LockHeld, RunLock
+from gcis_etl.settings import parse
+from gcis_etl.stores import LocalStore, LocalStoreSettings, S3Store
+from tests.conftest import cache_settings, s3_settings
+
+GCIS = str(Path(sys.executable).with_name("gcis-etl"))
+
+
+def local_store(root: Path) -> LocalStore:
+    return LocalStore(LocalStoreSettings(root=root))
+
+
+def put(store, key: str, data: bytes) -> None:
+    store.put_bytes(key, data, content_type="image/tiff")
+
+
+def cached(settings: CacheSettings) -> dict[str, bytes]:
+    images = settings.images_dir
+    return {p.relative_to(images).as_posix(): p.read_bytes() for p in images.rglob("*") if p.is_file()}
+
+
+def log_line(settings: CacheSettings, key: str, at: float, status: int = 200) -> str:
+    """A line as deploy/iipsrv/lighttpd.conf's accesslog.format writes it."""
+    return f'{int(at)} 127.0.0.1 "GET {settings.server.prefix}/{key}/info.json HTTP/1.1" {status} 700\n'
+
+
+@pytest.fixture
+def setup(tmp_path):
+    store = local_store(tmp_path / "store")
+    put(store, "p/o1/a.tif", b"A" * 1000)
+    put(store, "p/o1/b.jp2", b"B" * 2000)
+    put(store, "p/o1/manifest-v3.json", b"{}")
+    put(store, "q/o9/c.tif", b"C" * 10)  # another pipeline's image: not this source's prefix
+    return store, CacheSource("p", store, "p/"), cache_settings(tmp_path)
+
+
+# ---------------------------------------------------------------------------------------------------- sync
+
+
+def test_sync_mirrors_the_access_masters_at_their_keys_and_nothing_else(setup):
+    store, source, settings = setup
+    result = sync(settings, [source])
+    assert sorted(result.copied) == ["p/o1/a.tif", "p/o1/b.jp2"] and result.bytes_copied == 3000
+    assert cached(settings) == {"p/o1/a.tif": b"A" * 1000, "p/o1/b.jp2": b"B" * 2000}
+    assert (result.replaced, result.failed, result.unchanged) == ((), (), 0)
+    assert list((settings.dir / "incoming").iterdir()) == []
+    assert oct((settings.images_dir / "p/o1/a.tif").stat().st_mode & 0o777) == "0o644"  # iipsrv's user reads it
+
+
+def test_only_what_changed_is_copied_and_a_replacement_is_a_new_file_renamed_into_place(setup):
+    store, source, settings = setup
+    sync(settings, [source])
+    again = sync(settings, [source])
+    assert (again.copied, again.unchanged) == ((), 2)
+    path = settings.images_dir / "p/o1/a.tif"
+    before = path.stat()
+    put(store, "p/o1/a.tif", b"a" * 1000)  # same size, new content
+    result = sync(settings, [source])
+    assert result.copied == result.replaced == ("p/o1/a.tif",) and result.unchanged == 1
+    assert path.read_bytes() == b"a" * 1000
+    after = path.stat()
+    assert after.st_ino != before.st_ino  # never rewritten in place: iipsrv sees the old file or the new one
+    assert int(after.st_mtime) > int(before.st_mtime)  # Last-Modified moves on, even within the same second
+    assert result.reloaded is False  # no lighttpd running to restart
+
+
+def test_a_cached_file_changed_on_disk_is_copied_again(setup):
+    store, source, settings = setup
+    sync(settings, [source])
+    (settings.images_dir / "p/o1/b.jp2").write_bytes(b"junk")
+    assert sync(settings, [source]).copied == ("p/o1/b.jp2",)
+    assert cached(settings)["p/o1/b.jp2"] == b"B" * 2000
+
+
+def test_a_lost_state_is_rebuilt_from_the_files_without_copying_them(setup):
+    store, source, settings = setup
+    sync(settings, [source])
+    for name in ("state.sqlite", "state.sqlite-wal", "state.sqlite-shm"):
+        (settings.dir / name).unlink(missing_ok=True)
+    result = sync(settings, [source])
+    assert sorted(result.adopted) == ["p/o1/a.tif", "p/o1/b.jp2"] and result.copied == ()
+    assert sync(settings, [source]).unchanged == 2
+
+
+def _corrupt_in_place(store: LocalStore, key: str) -> None:
+    """Bit rot: the bytes change, the size, inode and recorded SHA-256 do not."""
+    with open(store.root / key, "r+b") as f:
+        f.write(b"X")
+
+
+def test_a_copy_that_does_not_match_the_recorded_sha256_is_refused_and_the_previous_one_keeps_serving(setup):
+    store, source, settings = setup
+    sync(settings, [source])
+    put(store, "p/o1/a.tif", b"v" * 1000)
+    _corrupt_in_place(store, "p/o1/a.tif")
+    put(store, "p/o2/new.tif", b"N" * 50)
+    _corrupt_in_place(store, "p/o2/new.tif")
+    result = sync(settings, [source])
+    assert sorted(f.key for f in result.failed) == ["p/o1/a.tif", "p/o2/new.tif"]
+    reasons = {f.key: f.reason for f in result.failed}
+    assert "SHA-256" in reasons["p/o1/a.tif"] and "keeps its previous copy" in reasons["p/o1/a.tif"]
+    assert "keeps no copy" in reasons["p/o2/new.tif"]
+    assert cached(settings) == {"p/o1/a.tif": b"A" * 1000, "p/o1/b.jp2": b"B" * 2000}
+    assert list((settings.dir / "incoming").iterdir()) == []
+
+
+def test_a_partial_copy_left_by_a_killed_sync_is_removed(setup):
+    store, source, settings = setup
+    sync(settings, [source])
+    leftover = settings.dir / "incoming" / "0123.partial"
+    leftover.write_bytes(b"half")
+    sync(settings, [source])
+    assert not leftover.exists()
+
+
+def test_keys_must_be_unique_across_the_stores_one_iipsrv_serves(setup, tmp_path):
+    store, source, settings = setup
+    other = local_store(tmp_path / "other")
+    put(other, "p/o1/a.tif", b"Z" * 10)
+    result = sync(settings, [source, CacheSource("other", other, "p/")])
+    assert [f.key for f in result.failed] == ["p/o1/a.tif"]
+    assert "also cached from 'p'" in result.failed[0].reason
+    assert cached(settings)["p/o1/a.tif"] == b"A" * 1000
+
+
+def test_one_cache_command_at_a_time(setup):
+    store, source, settings = setup
+    with RunLock(settings.dir / "lock", "test"):
+        with pytest.raises(LockHeld):
+            sync(settings, [source])
+        with pytest.raises(LockHeld):
+            prune(settings, max_bytes=0)
+
+
+def test_sync_from_s3_verifies_against_the_sha256_recorded_at_deposit(minio, s3_bucket, aws_env, tmp_path):
+    store = S3Store(s3_settings(minio, s3_bucket))
+    put(store, "p/o/good.tif", b"G" * 5000)
+    client, prefix = minio.client(), store.settings.prefix
+    client.put_object(Bucket=s3_bucket, Key=f"{prefix}/p/o/foreign.tif", Body=b"F" * 10)  # no sha256 metadata
+    client.put_object(Bucket=s3_bucket, Key=f"{prefix}/p/o/lying.tif", Body=b"L" * 10,
+                      Metadata={"sha256": hashlib.sha256(b"something else").hexdigest()})
+    settings = cache_settings(tmp_path)
+    result = sync(settings, [CacheSource("p", store, "p/")])
+    assert result.copied == ("p/o/good.tif",)
+    reasons = {f.key: f.reason for f in result.failed}
+    assert "no SHA-256 recorded" in reasons["p/o/foreign.tif"]
+    assert "the store recorded 10 bytes with" in reasons["p/o/lying.tif"]
+    assert cached(settings) == {"p/o/good.tif": b"G" * 5000}
+
+
+def test_a_store_that_cannot_be_listed_fails_that_source_only(setup, minio, tmp_path, monkeypatch):
+    store, source, settings = setup
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "wrong")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wrong")
+    broken = S3Store(s3_settings(minio, "no-such-bucket", retry={"max_attempts": 1}))
+    result = sync(settings, [CacheSource("s3", broken, "p/"), source])
+    assert [(f.source, f.key) for f in result.failed] == [("s3", None)]
+    assert "listing failed" in result.failed[0].reason and "wrong" not in result.failed[0].reason
+    assert len(result.copied) == 2
+
+
+# --------------------------------------------------------------------------------------------------- purge
+
+
+def test_images_deleted_from_the_store_are_reported_by_sync_and_removed_by_purge(setup):
+    store, source, settings = setup
+    sync(settings, [source])
+    store.delete("p/o1/a.tif")
+    result = sync(settings, [source])
+    assert result.gone == ("p/o1/a.tif",) and "p/o1/a.tif" in cached(settings)  # sync never deletes
+    purged = purge(settings, [source])
+    assert purged.removed == ("p/o1/a.tif",) and purged.freed_bytes == 1000
+    assert cached(settings) == {"p/o1/b.jp2": b"B" * 2000}
+    assert sync(settings, [source]).gone == ()
+
+
+def test_sync_can_purge_what_is_gone_in_the_same_listing(setup):
+    store, source, settings = setup
+    sync(settings, [source])
+    store.delete("p/o1/b.jp2")
+    result = sync(settings, [source], purge_gone=True)
+    assert result.gone == ("p/o1/b.jp2",) and result.reloaded is False  # no lighttpd running
+    assert cached(settings) == {"p/o1/a.tif": b"A" * 1000}
+    assert sync(settings, [source]).gone == ()
+
+
+def test_purge_given_keys_or_iiif_identifiers(setup):
+    store, source, settings = setup
+    sync(settings, [source])
+    result = purge(settings, [source], ["p%2Fo1%2Fb.jp2", "p/o1/none.tif"])
+    assert result.removed == ("p/o1/b.jp2",) and result.not_cached == ("p/o1/none.tif",)
+    assert not (settings.images_dir / "p/o1/b.jp2").exists()
+    with pytest.raises(UnsafeKey):
+        purge(settings, [source], ["../../etc/passwd"])
+    assert sync(settings, [source]).copied == ("p/o1/b.jp2",)  # still in the store: back at the next sync
+
+
+def test_purge_removes_the_folders_it_empties(setup):
+    store, source, settings = setup
+    sync(settings, [source])
+    purge(settings, [source], ["p/o1/a.tif", "p/o1/b.jp2"])
+    assert list(settings.images_dir.iterdir()) == []
+
+
+# --------------------------------------------------------------------------------------------------- prune
+
+
+def _accessed(settings: CacheSettings, key: str, at: float) -> None:
+    """What the kernel does to atime when iipsrv reads the file (mtime kept: the cache checks it)."""
+    path = settings.images_dir / key
+    os.utime(path, ns=(int(at * 1e9), path.stat().st_mtime_ns))
+
+
+def test_prune_to_max_bytes_evicts_the_least_recently_accessed_first(setup):
+    store, source, settings = setup
+    put(store, "p/o1/c.tif", b"c" * 500)
+    sync(settings, [source])
+    now = time.time()
+    _accessed(settings, "p/o1/b.jp2", now + 10)
+    _accessed(settings, "p/o1/a.tif", now + 20)
+    _accessed(settings, "p/o1/c.tif", now + 30)
+    result = prune(settings, max_bytes=1600)
+    assert [e.key for e in result.evicted] == ["p/o1/b.jp2"]
+    assert (result.kept, result.kept_bytes, result.freed_bytes) == (2, 1500, 2000)
+    assert sorted(cached(settings)) == ["p/o1/a.tif", "p/o1/c.tif"]
+
+
+def test_prune_by_age(setup):
+    store, source, settings = setup
+    sync(settings, [source])
+    day = 86400
+    _accessed(settings, "p/o1/a.tif", time.time() + 2 * day)
+    from datetime import timedelta
+    result = prune(settings, max_age=timedelta(days=1), now=time.time() + 2.5 * day)
+    assert [e.key for e in result.evicted] == ["p/o1/b.jp2"]
+
+
+def test_the_access_log_decides_when_atime_cannot(setup):
+    """noatime, or tiles iipsrv serves from memory: the access log still knows (read incrementally)."""
+    store, source, settings = setup
+    sync(settings, [source])
+    now = time.time()
+    log = settings.server.access_log
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text(log_line(settings, "p/o1/a.tif", now + 100)
+                   + f'{int(now) + 200} 127.0.0.1 "GET {settings.server.prefix}/p%2Fo1%2Fb.jp2/0,0,256,256/256,/0/'
+                     f'default.jpg HTTP/1.1" 200 9000\n'
+                   + f'{int(now) + 300} 127.0.0.1 "GET {settings.server.prefix}/p/o1/a.tif/info.json')  # unfinished
+    assert [e.key for e in prune(settings, max_bytes=2000).evicted] == ["p/o1/a.tif"]
+    with open(log, "a") as f:
+        f.write(' HTTP/1.1" 200 700\n')  # the line completes: a is now the most recent (but already evicted)
+    assert [e.key for e in prune(settings, max_bytes=0).evicted] == ["p/o1/b.jp2"]
+
+
+def test_an_evicted_image_stays_out_until_it_is_requested_again(setup):
+    store, source, settings = setup
+    sync(settings, [source])
+    prune(settings, max_bytes=0)
+    assert cached(settings) == {}
+    result = sync(settings, [source])
+    assert (result.copied, result.evicted) == ((), 2)  # a sync does not undo a prune
+    log = settings.server.access_log
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text(log_line(settings, "p/o1/b.jp2", time.time(), status=404))  # iipsrv: not there
+    assert sync(settings, [source]).copied == ("p/o1/b.jp2",)
+    log.rename(log.with_suffix(".1"))  # rotated: the new file is read from its start
+    log.write_text(log_line(settings, "p/o1/a.tif", time.time(), status=404))
+    assert sync(settings, [source]).copied == ("p/o1/a.tif",)
+
+
+def test_a_changed_image_that_iipsrv_may_hold_triggers_the_reload_command(setup, tmp_path):
+    store, source, _ = setup
+    marker = tmp_path / "reloaded"
+    settings = cache_settings(tmp_path, reload_command=["touch", str(marker)])
+    result = sync(settings, [source])
+    assert result.copied and not result.reloaded and not marker.exists()  # new images: nothing to reload
+    put(store, "p/o1/a.tif", b"2" * 1000)
+    assert sync(settings, [source]).reloaded and marker.exists()
+    marker.unlink()
+    assert purge(settings, [source], ["p/o1/b.jp2"]).reloaded and marker.exists()
+    failing = cache_settings(tmp_path, reload_command=["false"])
+    put(store, "p/o1/a.tif", b"3" * 1000)
+    result = sync(failing, [source])
+    assert [f.source for f in result.failed] == ["iipsrv"] and "reload_command" in result.failed[0].reason
+
+
+# ------------------------------------------------------------------------------------------------ settings
+
+
+def test_settings_errors_name_the_key():
+    with pytest.raises(ConfigError, match=r"config.yaml: cache.extensions: .*lower-case extension"):
+        parse(CacheSettings, {"extensions": ["tif"]}, "config.yaml", "cache")
+    with pytest.raises(ConfigError, match=r"cache.max_bytes: .*\(got 'lots'\)"):
+        parse(CacheSettings, {"max_bytes": "lots"}, "config.yaml", "cache")
+    with pytest.raises(ConfigError, match=r"cache.server.port: "):
+        parse(CacheSettings, {"server": {"port": 70000}}, "config.yaml", "cache")
+    with pytest.raises(ConfigError, match=r"cache.server.prefix: "):
+        parse(CacheSettings, {"server": {"prefix": "iiif/"}}, "config.yaml", "cache")
+    ok = parse(CacheSettings, {"max_bytes": "500G", "max_age": "30d", "server": {"base_url": "https://x.org/iiif"}},
+               "config.yaml", "cache")
+    assert ok.max_bytes == 500 * 10**9 and ok.max_age.days == 30 and ok.server.base_url == "https://x.org/iiif/"
+
+
+# ----------------------------------------------------------------------------------------------------- CLI
+
+
+@pytest.fixture
+def configured(tmp_path):
+    """A config.yaml with one pipeline on a local store and a cache, and that store filled."""
+    (tmp_path / "masters").mkdir()
+    config = tmp_path / "config.yaml"
+    config.write_text(f"""
+pipelines:
+  samples:
+    source: {{kind: filesystem, root: masters}}
+    store: {{kind: local, root: store}}
+cache:
+  dir: {tmp_path / 'cache'}
+  max_bytes: 1500
+  server: {{run_dir: {tmp_path / 'run'}, access_log: {tmp_path / 'run' / 'access.log'}}}
+""")
+    store = local_store(tmp_path / "store")
+    put(store, "samples/o/a.tif", b"A" * 1000)
+    put(store, "samples/o/b.tif", b"B" * 1000)
+    return config, store
+
+
+def gcis(config: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([GCIS, "--config", str(config), "cache", *args], capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_cli_sync_prune_purge(configured, tmp_path):
+    config, store = configured
+    done = gcis(config, "sync")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("copied 2 (2.0 kB), unchanged 0")
+    again = json.loads(gcis(config, "sync", "--json").stdout)
+    assert again["copied"] == [] and again["unchanged"] == 2
+    pruned = json.loads(gcis(config, "prune", "--json").stdout)  # cache.max_bytes: 1500
+    assert len(pruned["evicted"]) == 1 and pruned["kept_bytes"] == 1000
+    assert "evicted 1 (1.0 kB)" in gcis(config, "prune", "--max-bytes", "0").stdout  # the option wins
+    store.delete("samples/o/a.tif")
+    assert "removed 1 cached image(s) no longer in their store" in gcis(config, "sync", "--purge").stdout
+    store.delete("samples/o/b.tif")
+    assert gcis(config, "purge").stdout.startswith("removed 1")
+
+
+def test_cli_usage_errors_and_exit_codes(configured):
+    config, store = configured
+    bad = gcis(config, "prune", "--max-bytes", "lots")
+    assert bad.returncode == 2 and "'lots' is not a size" in bad.stderr
+    assert gcis(config, "sync", "--pipeline", "nope").returncode == 2
+    _corrupt_in_place(store, "samples/o/a.tif")
+    failed = gcis(config, "sync")
+    assert failed.returncode == 1 and "failed: samples: samples/o/a.tif:" in failed.stderr
+    unsafe = gcis(config, "purge", "../x.tif")
+    assert unsafe.returncode == 1 and "error:" in unsafe.stderr
+
+
+@pytest.mark.parametrize("command", ["sync", "prune", "purge", "serve"])
+def test_cli_help_teaches_with_an_example(command):
+    done = subprocess.run([GCIS, "cache", command, "--help"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and "Example:" in done.stdout and "gcis-etl cache" in done.stdout
