@@ -78,12 +78,7 @@ class MinioServer:
 
     def stop(self) -> None:
         if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+            terminate(self.proc)
 
     def client(self):
         import boto3
@@ -91,3 +86,13 @@ class MinioServer:
         return boto3.client("s3", endpoint_url=self.endpoint, aws_access_key_id=self.access_key,
                             aws_secret_access_key=self.secret_key, region_name="us-east-1",
                             config=Config(s3={"addressing_style": "path"}))
+
+
+def terminate(proc: subprocess.Popen, grace: float = 10) -> None:
+    """SIGTERM, then SIGKILL if the process has not exited after `grace` seconds."""
+    proc.terminate()
+    try:
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()

@@ -20,6 +20,7 @@ from PIL import Image
 
 from gcis_etl.iipsrv import DEPLOY
 from tests.consumer import VALIDATOR_IMAGE, wait_logged
+from tests.servers import terminate
 
 pytestmark = pytest.mark.slow
 
@@ -98,12 +99,7 @@ class Chromium:
         return out
 
     def close(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        terminate(self.proc)
         os.close(self._to_chrome)
         os.close(self._from_chrome)
 
