@@ -17,7 +17,7 @@ SYSTEM_PACKAGES := build-essential pkg-config python3-venv python3-dev libvips-d
 	libimage-exiftool-perl liblcms2-utils libopenjp2-tools grokj2k-tools imagemagick \
 	redis-server iipimage-server lighttpd chromium libmagic1
 
-.PHONY: demo test bench serve system-deps python-deps minio mirador clean
+.PHONY: demo test bench serve worker system-deps python-deps minio mirador clean
 
 demo: system-deps python-deps
 	$(VENV)/bin/gcis-etl demo
@@ -31,6 +31,10 @@ serve: system-deps python-deps mirador
 
 bench: system-deps python-deps
 	$(PY) bench/convert.py
+
+# One worker of the Celery pool on this machine (reads ./config.yaml or $GCIS_CONFIG; needs the broker).
+worker: system-deps python-deps
+	$(VENV)/bin/celery -A gcis_etl.worker worker --loglevel INFO
 
 system-deps:
 	@missing=$$(for p in $(SYSTEM_PACKAGES); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'install ok installed' || echo $$p; done); \

@@ -14,6 +14,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from gcis_etl.cache import CacheSettings
+from gcis_etl.distributed import CelerySettings
 from gcis_etl.errors import ConfigError
 from gcis_etl.pipelines import Pipeline, PipelineSettings, RunSettings, pipeline_settings
 from gcis_etl.policy import ImagingPolicy, IsolationSettings
@@ -34,6 +35,7 @@ class Config(Settings):
     ledger: LedgerSettings = LedgerSettings()
     defaults: RunSettings = RunSettings()
     pipelines: dict[str, PipelineSettings] = {}
+    celery: CelerySettings = CelerySettings()
     cache: CacheSettings = CacheSettings()
     source_file: str = "<built-in defaults>"
 

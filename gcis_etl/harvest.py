@@ -295,7 +295,7 @@ def harvest(config: Config, name: str, options: HarvestOptions = HarvestOptions(
         with pipeline_lock(config.state_dir, name):
             last = next(iter(ledger.runs(name, limit=1)), None)
             if last is not None and last.status == "running":  # killed: we hold the lock, it is gone
-                _abort_uploads(pipeline, last.run_id, progress)
+                _abort_uploads(config, pipeline, last.run_id, progress)
             since, until = run.window()
             run.run_id = ledger.begin_run(name, since, until, _options(options))
             scratch = config.state_dir / "scratch" / name
@@ -323,11 +323,15 @@ def harvest(config: Config, name: str, options: HarvestOptions = HarvestOptions(
             return write_report(report_from_ledger(ledger, ledger.run(run.run_id)), reports)
 
 
-def _abort_uploads(pipeline: Pipeline, run_id: int, progress: Progress) -> None:
-    """A run killed mid-upload leaves its multipart parts in S3: never completed, invisible, but billed."""
+def _abort_uploads(config: Config, pipeline: Pipeline, run_id: int, progress: Progress) -> None:
+    """A run killed mid-upload leaves its multipart parts in S3: never completed, invisible, but billed.
+    Celery workers outlive the run that sent them work: their uploads may still be going for a task's hard
+    time limit, so only older ones are aborted."""
     abort = getattr(pipeline.store, "abort_incomplete_uploads", None)
     keys = pipeline.store.keys.image_prefix(pipeline.name)  # not another pipeline's uploads in a shared store
-    aborted = abort(older_than=timedelta(0), keys=keys) if abort is not None else []
+    older_than = timedelta(0) if pipeline.settings.executor == "local" else timedelta(
+        seconds=config.celery.limits_for(pipeline.recipe).hard_seconds)
+    aborted = abort(older_than=older_than, keys=keys) if abort is not None else []
     if aborted:
         progress.note(f"aborted {len(aborted)} incomplete uploads left by run {run_id}, which was killed: "
                       f"{', '.join(aborted)}")

@@ -122,6 +122,7 @@ class IsolatedProcess:
         current_stage: str | None = None
         self._conn.send((target, args))
         self._jobs += 1
+        answered = False
         try:
             while True:
                 remaining = deadline - time.monotonic()
@@ -132,14 +133,18 @@ class IsolatedProcess:
                 try:
                     kind, payload = self._conn.recv()
                 except (EOFError, ConnectionResetError, OSError):
+                    answered = True
                     raise self._crashed(current_stage) from None
                 if kind == "stage":
                     current_stage = payload
-                elif kind == "ok":
+                    continue
+                answered = True
+                if kind == "ok":
                     return payload
-                else:
-                    raise payload
+                raise payload
         finally:
+            if not answered:  # interrupted while waiting (a soft time limit, Ctrl-C): its late answer would
+                self._kill()  # be taken for the next job's
             self._recycle_if_needed()
 
     def close(self) -> None:
@@ -166,6 +171,9 @@ class IsolatedProcess:
     def _ensure_started(self) -> None:
         if self._alive():
             return
+        if self._conn is not None:  # the previous child died between jobs
+            self._conn.close()
+            self._conn = None
         parent, child = socket.socketpair()
         with parent, child:
             self._proc = subprocess.Popen(

@@ -67,6 +67,38 @@ def s3_settings(minio, bucket: str, **overrides):
 
 
 # ---------------------------------------------------------------------------------------------------------
+# Celery worker pool (gcis_etl.worker): a real Redis broker and real worker processes.
+
+
+@pytest.fixture
+def redis_server(tmp_path_factory):
+    """redis-server on 127.0.0.1, random port, no persistence; .restart() loses everything, like a crash."""
+    from tests.broker import RedisServer
+    server = RedisServer(data_dir=tmp_path_factory.mktemp("redis"), port=free_port())
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def celery_workers(tmp_path):
+    """start(name, config, env, *options) -> a ready CeleryWorker; every node is killed at teardown."""
+    from tests.broker import CeleryWorker
+    started = []
+
+    def start(name: str, config: Path, env: dict[str, str], *options: str) -> CeleryWorker:
+        worker = CeleryWorker(name, config, tmp_path / f"{name}.log", env, options)
+        started.append(worker)
+        worker.start()
+        return worker
+
+    yield start
+    for worker in started:
+        worker.kill()
+# ---------------------------------------------------------------------------------------------------------
+
+
+# ---------------------------------------------------------------------------------------------------------
 # iipsrv consumer (issue #8; helpers in tests/consumer.py): images and manifests deposited in MinIO, the
 # access-master cache synced from there, and lighttpd + iipsrv serving it on 127.0.0.1.
 

@@ -1,0 +1,177 @@
+"""The `celery:` section of config.yaml, and what follows from it without Celery itself.
+
+Kept apart from gcis_etl.worker so that loading a configuration never imports Celery: which queue a task
+goes to (JPEG 2000 recipes cost far more and get their own, so a deployment can give them their own
+machines), its time limits, and the Celery settings every worker and orchestrator of a deployment shares.
+"""
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit, urlunsplit
+
+from pydantic import Field, PlainSerializer, field_validator, model_validator
+
+from gcis_etl.recipes import JP2_ENCODERS, Recipe
+from gcis_etl.settings import Settings
+
+TASK_NAME = "gcis_etl.process_item"
+QUEUE_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$"
+_BROKER_SCHEMES = ("redis", "rediss", "sentinel", "amqp", "amqps", "pyamqp")
+_RESULT_SCHEMES = ("redis", "rediss", "sentinel")
+
+
+def redacted(url: str) -> str:
+    """The URL with its password masked: what may be printed or logged."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.rsplit("@", 1)[1]
+    user = parts.username or ""
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc}"))
+
+
+# A URL that may carry a password (from ${VAR}): shown masked whenever the settings are printed.
+ServiceUrl = Annotated[str, PlainSerializer(redacted, when_used="json")]
+
+
+class TimeLimits(Settings):
+    """Per task: the soft limit fails the item cleanly (conversion stopped, scratch removed); the hard limit
+    kills the pool process and its conversion child if the soft one did not end it."""
+
+    soft_seconds: int = Field(3300, gt=0)
+    hard_seconds: int = Field(3600, gt=0)
+
+    @model_validator(mode="after")
+    def _soft_first(self) -> "TimeLimits":
+        if self.soft_seconds >= self.hard_seconds:
+            raise ValueError(f"soft_seconds ({self.soft_seconds}) must be less than hard_seconds "
+                             f"({self.hard_seconds})")
+        return self
+
+
+class TaskRetry(Settings):
+    """Automatic retries of transient failures (source or store outage, network error) inside one attempt;
+    anything else (a rejected master, a conversion failure, a time limit) is not retried here. A worker
+    process lost in the middle of a task (killed, crashed) also counts as a retry."""
+
+    max_retries: int = Field(3, ge=0, le=20)
+    backoff_seconds: int = Field(10, ge=0, description="delay before the first retry; doubles each time")
+    backoff_max_seconds: int = Field(300, ge=0)
+    jitter: bool = Field(True, description="full jitter: each delay drawn between 0 and its value")
+
+
+class QueueRoute(Settings):
+    """What goes to one queue: recipes by name, or every recipe of an encoder."""
+
+    recipes: tuple[str, ...] = ()
+    encoders: tuple[Literal["ptiff", "tifffile", "kakadu", "openjpeg", "grok"], ...] = ()
+
+
+class CelerySettings(Settings):
+    broker_url: ServiceUrl = Field("redis://127.0.0.1:6379/0",
+                                   description="Redis or RabbitMQ (amqp://); a password comes from ${VAR}")
+    result_backend: ServiceUrl | None = Field(
+        None, description="where tasks record their outcome; default: broker_url when that is Redis")
+    default_queue: str = Field("gcis", pattern=QUEUE_NAME)
+    queues: dict[str, QueueRoute] = Field(
+        {"gcis-jp2": QueueRoute(encoders=JP2_ENCODERS)},
+        description="extra queues and what is routed to them; everything else goes to default_queue")
+    concurrency: int | None = Field(None, ge=1, le=256, description="pool processes per worker; default: cores")
+    worker_max_tasks_per_child: int = Field(200, ge=1, description="a pool process is replaced after this many")
+    worker_max_memory_per_child_mb: int = Field(
+        512, ge=1, description="a pool process is replaced after a task leaves it larger than this (RSS)")
+    time_limits: dict[str, TimeLimits] = Field(
+        {"default": TimeLimits()}, description="by recipe name; 'default' for the others")
+    retry: TaskRetry = TaskRetry()
+    result_expires_hours: float = Field(72, gt=0, description="outcomes kept for a restarted orchestrator")
+    visibility_timeout_seconds: int = Field(
+        7200, gt=0, description="Redis: a task taken by a worker that vanished is redelivered after this")
+    restore_check_seconds: int = Field(
+        60, gt=0, description="Redis: how often workers look for tasks of vanished workers")
+    poll_seconds: float = Field(0.25, gt=0, description="how often the orchestrator checks outcomes")
+    max_resends: int = Field(5, ge=0, description="times a task the broker lost is sent again before it fails")
+
+    @field_validator("broker_url")
+    @classmethod
+    def _broker_scheme(cls, url: str) -> str:
+        if urlsplit(url).scheme not in _BROKER_SCHEMES:
+            raise ValueError(f"must be a Redis or RabbitMQ URL ({', '.join(s + '://' for s in _BROKER_SCHEMES)})")
+        return url
+
+    @field_validator("result_backend")
+    @classmethod
+    def _result_scheme(cls, url: str | None) -> str | None:
+        if url is not None and urlsplit(url).scheme not in _RESULT_SCHEMES:
+            raise ValueError("must be a Redis URL: outcomes are looked up by task id, also by an orchestrator "
+                             "that restarted (rpc:// cannot do that)")
+        return url
+
+    @field_validator("queues")
+    @classmethod
+    def _queue_names(cls, queues: dict[str, QueueRoute]) -> dict[str, QueueRoute]:
+        bad = [name for name in queues if not re.match(QUEUE_NAME, name)]
+        if bad:
+            raise ValueError(f"queue names are letters, digits, '.', '-' and '_' (got {bad})")
+        return queues
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "CelerySettings":
+        if self.result_backend is None and urlsplit(self.broker_url).scheme not in _RESULT_SCHEMES:
+            raise ValueError("result_backend: required when the broker is not Redis (a redis:// URL)")
+        if "default" not in self.time_limits:
+            raise ValueError("time_limits: needs a 'default' entry")
+        if self.default_queue in self.queues:
+            raise ValueError(f"queues: {self.default_queue!r} is the default_queue")
+        longest = max(limits.hard_seconds for limits in self.time_limits.values()) + self.retry.backoff_max_seconds
+        if self.visibility_timeout_seconds <= longest:
+            raise ValueError(f"visibility_timeout_seconds must exceed the longest hard time limit plus "
+                             f"retry.backoff_max_seconds ({longest}), or running tasks would be redelivered")
+        return self
+
+    @property
+    def results_url(self) -> str:
+        return self.result_backend or self.broker_url
+
+    def queue_for(self, recipe: Recipe) -> str:
+        for name, route in self.queues.items():
+            if recipe.name in route.recipes:
+                return name
+        for name, route in self.queues.items():
+            if recipe.encoder in route.encoders:
+                return name
+        return self.default_queue
+
+    def limits_for(self, recipe: Recipe) -> TimeLimits:
+        return self.time_limits.get(recipe.name, self.time_limits["default"])
+
+    def celery_conf(self) -> dict[str, Any]:
+        """The Celery configuration shared by workers and orchestrators (queues are declared by the app)."""
+        transport = {"visibility_timeout": self.visibility_timeout_seconds,
+                     "unacked_restore_interval": self.restore_check_seconds, "unacked_restore_throttle": 1}
+        return {
+            "broker_url": self.broker_url,
+            "result_backend": self.results_url,
+            "broker_transport_options": transport if urlsplit(self.broker_url).scheme in _RESULT_SCHEMES else {},
+            "broker_connection_retry_on_startup": True,
+            "broker_connection_max_retries": None,
+            "task_serializer": "json", "result_serializer": "json", "accept_content": ["json"],
+            "task_default_queue": self.default_queue,
+            "task_acks_late": True,
+            "task_reject_on_worker_lost": True,
+            "task_retry_on_worker_lost": True,
+            "task_track_started": True,
+            "task_send_sent_event": True,
+            "worker_send_task_events": True,
+            "worker_prefetch_multiplier": 1,
+            "worker_deduplicate_successful_tasks": True,
+            "worker_cancel_long_running_tasks_on_connection_loss": False,
+            "worker_concurrency": self.concurrency,
+            "worker_max_tasks_per_child": self.worker_max_tasks_per_child,
+            "worker_max_memory_per_child": self.worker_max_memory_per_child_mb * 1024,  # KiB
+            "result_expires": int(self.result_expires_hours * 3600),
+            "result_backend_always_retry": True,
+            "result_backend_max_retries": 40,  # about 5 minutes of outage at the 10 s ceiling
+            "result_backend_max_sleep_between_retries_ms": 10_000,
+        }
+

@@ -1,0 +1,361 @@
+"""The Celery worker pool: `celery -A gcis_etl.worker worker`, and the executor that feeds it.
+
+Workers read config.yaml like every other command ($GCIS_CONFIG, else ./config.yaml): its `celery:` section
+(broker, queues, limits) and the pipelines, whose sources and stores a task resolves by name. A task is one
+source item: fetch → convert → deposit (gcis_etl.work.Worker), and its outcome (an ItemResult) is recorded in
+the result backend under an id derived from the work itself, so the outcome survives the orchestrator.
+
+Why the prefork pool, one process per core: time limits, the per-child task and memory limits and the
+redelivery of a task whose process died all exist only there. Each pool process owns a Worker, which runs
+every decode and encode in its own conversion child (isolation.py) with VIPS_CONCURRENCY=1: neither the
+worker's main process nor a pool process ever loads libvips (forked children of a process that ran a
+libvips pipeline deadlock in its thread pool), which worker_init and worker_process_init check. A pool
+process leads its own process group, so the hard time limit, which kills the group, takes its conversion
+child with it; it is replaced after `worker_max_tasks_per_child` tasks or when it outgrows
+`worker_max_memory_per_child_mb`, closing its conversion child, which itself is recycled on the
+`isolation:` limits (libvips' long-run memory growth lives there).
+
+Per-object manifests and the collection are not tasks: the orchestrator (gcis_etl.harvest) publishes an
+object's manifest once the ledger holds an outcome for each of its items, whichever executor produced them,
+and updates the collection once at the end under the pipeline's lock — one writer per pipeline.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import os
+import shutil
+import signal
+import socket
+import sys
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Iterator
+
+from gcis_etl.config import Config, load_config
+from gcis_etl.distributed import TASK_NAME, CelerySettings, redacted
+from gcis_etl.errors import ConfigError, GcisError
+from gcis_etl.pipelines import Pipeline
+from gcis_etl.recipes import Recipe, load_recipe
+from gcis_etl.work import ItemResult, ItemTask, Outcome, Worker
+
+log = logging.getLogger(__name__)
+
+SENT = "SENT"  # our own state: written before a task is published, so that its disappearance shows a loss
+
+
+def celery_app(settings: CelerySettings):
+    """A Celery app for these settings, with the item task registered (orchestrators only send it)."""
+    from celery import Celery
+    from kombu import Exchange, Queue
+
+    app = Celery("gcis_etl", set_as_current=False)
+    app.conf.update(settings.celery_conf())
+    app.conf.task_queues = [Queue(name, Exchange(name), routing_key=name)
+                            for name in (settings.default_queue, *settings.queues)]
+
+    @app.task(name=TASK_NAME, bind=True, max_retries=settings.retry.max_retries,
+              default_retry_delay=settings.retry.backoff_seconds)
+    def process_item(self, payload: dict[str, Any]) -> dict[str, Any]:
+        return _run(self, settings, ItemTask.from_dict(payload)).to_dict()
+
+    return app
+
+
+def _run(celery_task, settings: CelerySettings, task: ItemTask) -> ItemResult:
+    from celery.utils.time import get_exponential_backoff_interval
+
+    result = _pool_process().process(task)
+    retries = celery_task.request.retries
+    if result.outcome is Outcome.FAILED and result.transient and retries < settings.retry.max_retries:
+        retry = settings.retry
+        countdown = get_exponential_backoff_interval(retry.backoff_seconds, retries, retry.backoff_max_seconds,
+                                                     retry.jitter)
+        log.warning("%s/%s: %s; retry %d of %d in %d s", task.object_id, task.item.id, result.reason,
+                    retries + 1, retry.max_retries, countdown)
+        raise celery_task.retry(countdown=countdown)
+    return result
+
+
+# ------------------------------------------------------------------------------------ in the worker
+
+
+class SoftTimeLimit(GcisError):
+    """The task's soft time limit passed: the item fails cleanly (its scratch is removed)."""
+
+
+class _PoolProcess:
+    """The Worker of one pool process, and what its soft time limit does to it."""
+
+    def __init__(self, config: Config):
+        scratch = config.state_dir / "scratch" / "celery" / f"{socket.gethostname()}-{os.getpid()}"
+        self.worker = Worker({name: config.pipeline(name) for name in config.pipelines}, scratch)
+        self.soft_limit_hit = False
+
+    def process(self, task: ItemTask) -> ItemResult:
+        from billiard.pool import SIG_SOFT_TIMEOUT
+        self.soft_limit_hit = False
+        signal.signal(SIG_SOFT_TIMEOUT, self._on_soft_limit)  # billiard installs its own after our init
+        result = self.worker.process(task)
+        if self.soft_limit_hit:
+            from celery import current_task
+            soft = current_task.request.timelimit[1]
+            return replace(result, outcome=Outcome.FAILED, transient=False,
+                           reason=f"took longer than the soft time limit of {soft} s for recipe {task.recipe}")
+        return result
+
+    def _on_soft_limit(self, signum: int, frame: Any) -> None:
+        """Stop the conversion first: its reply would otherwise be taken for the next task's."""
+        import psutil
+        self.soft_limit_hit = True
+        for child in psutil.Process().children(recursive=True):
+            try:
+                child.kill()
+            except psutil.NoSuchProcess:
+                pass
+        raise SoftTimeLimit("soft time limit exceeded")
+
+    def close(self) -> None:
+        self.worker.close()
+
+
+@functools.cache
+def _config() -> Config:
+    return load_config()
+
+
+@functools.cache
+def _pool_process() -> _PoolProcess:
+    return _PoolProcess(_config())
+
+
+def _refuse_libvips(where: str) -> None:
+    if "pyvips" in sys.modules:
+        raise RuntimeError(f"libvips is loaded in the {where}: pool processes forked from it would deadlock; "
+                           f"only conversion children (gcis_etl.isolation) may load it")
+
+
+def _on_worker_init(sender: Any = None, **kwargs: Any) -> None:
+    _refuse_libvips("Celery worker's main process")
+    settings = _config().celery
+    log.info("gcis-etl worker: broker %s, results %s, pipelines %s", redacted(settings.broker_url),
+             redacted(settings.results_url), ", ".join(_config().pipelines) or "none")
+
+
+def _on_process_init(**kwargs: Any) -> None:
+    """In each new pool process: own process group (for the hard limit), scratch left by dead ones removed."""
+    os.setpgrp()
+    _refuse_libvips("Celery pool process")
+    import psutil
+    scratch = _config().state_dir / "scratch" / "celery"
+    host = socket.gethostname()
+    for folder in scratch.glob(f"{host}-*"):
+        pid = folder.name.rsplit("-", 1)[1]
+        if pid.isdigit() and not psutil.pid_exists(int(pid)):
+            shutil.rmtree(folder, ignore_errors=True)
+    log.info("pool process %d ready", os.getpid())
+
+
+def _on_process_shutdown(**kwargs: Any) -> None:
+    if _pool_process.cache_info().currsize:
+        _pool_process().close()
+
+
+def _connect_signals() -> None:
+    from celery import signals
+    signals.worker_init.connect(_on_worker_init, weak=False)
+    signals.worker_process_init.connect(_on_process_init, weak=False)
+    signals.worker_process_shutdown.connect(_on_process_shutdown, weak=False)
+
+
+@functools.cache
+def _worker_app():
+    try:
+        settings = _config().celery
+    except ConfigError as exc:  # a worker that cannot read its configuration says so, without a traceback
+        print(f"configuration error:\n{exc}", file=sys.stderr)
+        sys.exit(2)
+    _connect_signals()
+    return celery_app(settings)
+
+
+def __getattr__(name: str) -> Any:
+    """`celery -A gcis_etl.worker` asks for `app`: built from config.yaml on first use, so that importing this
+    module (the executor does) reads no configuration and connects to nothing."""
+    if name == "app":
+        return _worker_app()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+# ------------------------------------------------------------------------------- in the orchestrator
+
+
+def celery_task_id(task: ItemTask) -> str:
+    """The same work always gets the same id: a resubmission after a restart finds its outcome or its task."""
+    key = "\0".join((task.pipeline, task.object_id, task.item.id, task.fingerprint, task.recipe_digest,
+                     str(task.attempt)))
+    return "gcis-" + hashlib.sha256(key.encode()).hexdigest()[:40]
+
+
+@dataclass
+class _InFlight:
+    task: ItemTask
+    progress: tuple[str, str]  # state and its details (a redelivered task is STARTED by another process)
+    since: float               # last send or progress (monotonic)
+    sends: int = 0
+
+
+class CeleryExecutor:
+    """Sends ItemTasks to the worker pool and gathers their outcomes from the result backend.
+
+    At most `concurrency` tasks are in flight (make it about twice the pool's processes, so that no worker
+    waits for the orchestrator). A task whose outcome is already recorded is not sent again, one still
+    running is waited for; an outcome is forgotten once handed over (the caller has recorded it), so that a
+    deliberate re-run gets a fresh task. A task the broker lost is sent again under the same id: at once when
+    our SENT marker is gone too (a Redis restart without persistence empties queue and results alike), after
+    twice visibility_timeout_seconds without progress otherwise (a task whose worker vanished is redelivered by
+    the broker before that). At worst a task runs twice, and the second run finds the first's output in the store.
+    """
+
+    _RUNNING = frozenset({SENT, "RECEIVED", "STARTED", "RETRY"})
+
+    def __init__(self, pipelines: dict[str, Pipeline], concurrency: int, scratch: Path,
+                 settings: CelerySettings | None = None):
+        self.pipelines = pipelines
+        self.window = concurrency
+        self.settings = settings or _settings_of(pipelines)
+        self.app = celery_app(self.settings)
+        self._flights: dict[str, _InFlight] = {}
+        self._handed: list[str] = []
+        self._recipes: dict[str, Recipe] = {p.recipe.name: p.recipe for p in pipelines.values()}
+        self._last_poll = 0.0
+
+    def submit(self, task: ItemTask) -> list[ItemResult]:
+        self._forget_handed()
+        done: list[tuple[str, ItemResult]] = []
+        while len(self._flights) >= self.window:
+            finished = self._poll()
+            done += finished
+            if not finished:
+                time.sleep(self.settings.poll_seconds)
+        task_id = celery_task_id(task)
+        meta = self.app.backend.get_task_meta(task_id)
+        if meta["status"] in self._RUNNING:
+            self._flights[task_id] = _InFlight(task, _progress(meta), time.monotonic())
+        elif meta["status"] == "PENDING":
+            self._send(task_id, _InFlight(task, (SENT, "None"), 0.0))
+        else:
+            done.append((task_id, self._outcome(task, meta)))
+        if time.monotonic() - self._last_poll >= self.settings.poll_seconds:
+            done += self._poll()
+        self._handed += [task_id for task_id, _ in done]
+        return [result for _, result in done]
+
+    def drain(self) -> Iterator[ItemResult]:
+        self._forget_handed()
+        while self._flights:
+            finished = self._poll()
+            for task_id, result in finished:
+                self._handed.append(task_id)
+                yield result
+                self._forget_handed()
+            if not finished:
+                time.sleep(self.settings.poll_seconds)
+
+    def close(self) -> None:
+        self._forget_handed()
+        if self._flights:
+            log.warning("%d tasks still in flight: their outcomes stay in the result backend for %g hours",
+                        len(self._flights), self.settings.result_expires_hours)
+        self.app.close()
+
+    def _recipe(self, name: str) -> Recipe:
+        if name not in self._recipes:
+            self._recipes[name] = load_recipe(name)
+        return self._recipes[name]
+
+    def _send(self, task_id: str, flight: _InFlight) -> None:
+        recipe = self._recipe(flight.task.recipe)
+        limits = self.settings.limits_for(recipe)
+        app = self.app
+        app.backend.store_result(task_id, None, SENT)
+        # Published directly rather than through app.send_task, which would also subscribe this process to
+        # each task's result channel: outcomes are read by id instead, which also works after a restart.
+        message = app.amqp.create_task_message(
+            task_id, TASK_NAME, (flight.task.to_dict(),), {}, time_limit=limits.hard_seconds,
+            soft_time_limit=limits.soft_seconds, create_sent_event=app.conf.task_send_sent_event)
+        with app.producer_or_acquire() as producer:
+            app.amqp.send_task_message(producer, TASK_NAME, message, queue=self.settings.queue_for(recipe),
+                                       retry=True, retry_policy={"max_retries": 60, "interval_start": 0,
+                                                                 "interval_step": 1, "interval_max": 5})
+        flight.progress, flight.since, flight.sends = (SENT, "None"), time.monotonic(), flight.sends + 1
+        self._flights[task_id] = flight
+
+    def _poll(self) -> list[tuple[str, ItemResult]]:
+        """The tasks that finished since the last look, with their outcomes; lost ones are sent again."""
+        self._last_poll = now = time.monotonic()
+        patience = 2 * self.settings.visibility_timeout_seconds
+        done = []
+        for task_id, flight in list(self._flights.items()):
+            meta = self.app.backend.get_task_meta(task_id)
+            status = meta["status"]
+            if status in self._RUNNING:
+                if _progress(meta) != flight.progress:
+                    flight.progress, flight.since = _progress(meta), now
+                if now - flight.since < patience:
+                    continue
+            if status in self._RUNNING or status == "PENDING":
+                result = self._resend(task_id, flight, "lost by the broker" if status == "PENDING" else
+                                      f"no progress for {patience} s")
+            else:
+                result = self._outcome(flight.task, meta)
+            if result is not None:
+                del self._flights[task_id]
+                done.append((task_id, result))
+        return done
+
+    def _resend(self, task_id: str, flight: _InFlight, why: str) -> ItemResult | None:
+        task = flight.task
+        if flight.sends > self.settings.max_resends:
+            return _failed(task, f"task {why}, after {flight.sends} sends")
+        log.warning("%s/%s: task %s; sending it again", task.object_id, task.item.id, why)
+        self._send(task_id, flight)
+        return None
+
+    def _outcome(self, task: ItemTask, meta: dict[str, Any]) -> ItemResult:
+        if meta["status"] == "SUCCESS":
+            return ItemResult.from_dict(meta["result"])
+        error = meta["result"]
+        name = type(error).__name__
+        if name == "TimeLimitExceeded":
+            limit = self.settings.limits_for(self._recipe(task.recipe)).hard_seconds
+            return _failed(task, f"took longer than the hard time limit of {limit} s for recipe {task.recipe}")
+        if name == "WorkerLostError":
+            return _failed(task, f"the worker process died during every try ({error})")
+        return _failed(task, f"task {meta['status'].lower()}: {name}: {error}")
+
+    def _forget_handed(self) -> None:
+        """Outcomes the caller has had (it came back for more): a later submission of the same work runs it."""
+        for task_id in self._handed:
+            self.app.backend.forget(task_id)
+        self._handed.clear()
+
+
+def _progress(meta: dict[str, Any]) -> tuple[str, str]:
+    return meta["status"], str(meta.get("result"))
+
+
+def _failed(task: ItemTask, reason: str) -> ItemResult:
+    return ItemResult(task.pipeline, task.object_id, task.item.id, task.item.sequence, Outcome.FAILED,
+                      task.fingerprint, task.recipe, task.recipe_digest, task.attempt, reason=reason)
+
+
+def _settings_of(pipelines: dict[str, Pipeline]) -> CelerySettings:
+    """The `celery:` section of the file the pipelines came from (the workers read the same file)."""
+    files = {p.config_file for p in pipelines.values()}
+    if len(files) != 1:
+        raise GcisError(f"pipelines from several configuration files ({', '.join(sorted(files))}): "
+                        f"pass the Celery settings explicitly")
+    return load_config(files.pop()).celery

@@ -1,0 +1,186 @@
+"""The worker pool under faults: kill -9 of a pool process or of a whole worker node in the middle of a task,
+a broker restart that loses every message, a store outage. Every item must end deposited or rejected,
+exactly once, with nothing half-written in the store."""
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import psutil
+import pytest
+
+from gcis_etl.config import load_config
+from gcis_etl.verification import verify
+from gcis_etl.work import Outcome
+from gcis_etl.worker import CeleryExecutor, celery_app, celery_task_id
+from tests.broker import (Pool, RedisServer, assert_no_stray_conversion_children, expected_outcome, make_masters,
+                          run_all, slow_master, tasks_of)
+from tests.servers import free_port
+
+
+@pytest.fixture
+def pool(tmp_path, minio, redis_server, celery_workers, aws_env) -> Pool:
+    """Three objects of three small masters and a larger one (about a second to convert), two with a reject."""
+    masters = make_masters(tmp_path / "masters", objects=3, per_object=3, rejected=2)
+    for n in range(3):
+        slow_master(masters / f"obj{n:02d}" / "slow.tif", size=3000 + n)
+    return Pool(tmp_path, minio, redis_server, masters, celery_workers)
+
+
+def received(workers, task_id: str) -> int:
+    return sum(w.log_text().count(f"[{task_id}] received") for w in workers)
+
+
+def check_batch(tasks, results, store) -> dict:
+    """Each task has exactly one result, the expected one, and the store holds exactly the deposited outputs,
+    whole (read back and hashed)."""
+    assert sorted(r.item_id for r in results) == sorted(t.item.id for t in tasks)
+    by_item = {r.item_id: r for r in results}
+    assert {i: r.outcome for i, r in by_item.items()} == {i: expected_outcome(i) for i in by_item}, \
+        {i: r.reason for i, r in by_item.items() if r.outcome is not expected_outcome(i)}
+    stored = {o.key: hashlib.sha256(store.get_bytes(o.key)).hexdigest() for o in store.list()}
+    assert stored == {r.key: r.sha256 for r in results if r.outcome is Outcome.DEPOSITED}
+    return by_item
+
+
+class Killer(threading.Thread):
+    """Once `after` results are in, kill -9 whatever runs a slow task right now: its pool process, or its
+    whole worker node."""
+
+    def __init__(self, settings, slow_ids: list[str], after: int, workers: dict, node: bool):
+        super().__init__(daemon=True)
+        self.app = celery_app(settings)
+        self.slow_ids, self.after, self.workers, self.node = slow_ids, after, workers, node
+        self.results = 0
+        self.killed: tuple[str, str, int] | None = None  # task id, worker name, pool process id
+        self.stop = threading.Event()
+
+    def progress(self, results: list) -> None:
+        self.results = len(results)
+
+    def running(self) -> tuple[str, str, int] | None:
+        for task_id in self.slow_ids:
+            meta = self.app.backend.get_task_meta(task_id, cache=False)
+            if meta["status"] == "STARTED":
+                return task_id, meta["result"]["hostname"].split("@")[0], meta["result"]["pid"]
+        return None
+
+    def run(self) -> None:
+        while not self.stop.is_set() and self.killed is None:
+            found = self.running() if self.results >= self.after else None
+            if found:
+                task_id, name, pid = found
+                if self.node:
+                    self.workers[name].kill()
+                else:
+                    psutil.Process(pid).kill()
+                self.killed = task_id, name, pid
+            time.sleep(0.02)
+
+
+@pytest.mark.parametrize("after, node", [(0, False), (6, False), (2, True)],
+                         ids=["pool-process-first-task", "pool-process-later", "whole-node"])
+def test_kill_minus_9_mid_batch_loses_and_duplicates_nothing(pool, after, node):
+    config = pool.config("kill")
+    workers = {name: pool.start(name, config) for name in ("w1", "w2")}
+    settings = load_config(config)
+    pipeline = settings.pipeline("demo")
+    tasks = tasks_of(pipeline)
+    slow_ids = [celery_task_id(t) for t in tasks if t.item.id.endswith("slow.tif")]
+    killer = Killer(settings.celery, slow_ids, after, workers, node)
+    killer.start()
+    try:
+        results = run_all(CeleryExecutor({"demo": pipeline}, 4, Path("unused"), settings.celery), tasks,
+                          each=killer.progress)
+    finally:
+        killer.stop.set()
+        killer.join()
+
+    assert killer.killed is not None
+    task_id, name, pid = killer.killed
+    by_item = check_batch(tasks, results, pipeline.store)
+    killed = next(t for t in tasks if celery_task_id(t) == task_id)
+    assert by_item[killed.item.id].outcome is Outcome.DEPOSITED
+    assert received(workers.values(), task_id) >= 2  # the task was delivered again after the kill
+    if not node:
+        assert "Worker exited prematurely: signal 9 (SIGKILL)" in workers[name].log_text()
+        # the killed process's scratch was removed by its replacement; only live processes have one
+        scratch = {int(d.name.rsplit("-", 1)[1]) for d in (settings.state_dir / "scratch" / "celery").iterdir()}
+        assert scratch and pid not in scratch and all(psutil.pid_exists(p) for p in scratch)
+    output = pool.tmp / "killed-output.tif"
+    output.write_bytes(pipeline.store.get_bytes(by_item[killed.item.id].key))
+    assert verify(output).ok
+    for worker in workers.values():
+        if worker.proc.poll() is None:
+            assert_no_stray_conversion_children(worker)
+
+
+@pytest.mark.parametrize("separate_results", [False, True], ids=["broker-and-results", "broker-only"])
+def test_a_broker_restart_mid_batch_still_completes_the_batch(pool, tmp_path, caplog, separate_results):
+    results_server = RedisServer(tmp_path / "results", free_port()) if separate_results else None
+    if results_server:
+        (tmp_path / "results").mkdir()
+        results_server.start()
+    try:
+        separate = {"result_backend": results_server.url()} if results_server else {}
+        config = pool.config("restart", time_limits={"default": {"soft_seconds": 8, "hard_seconds": 9}},
+                             visibility_timeout_seconds=11, **separate)
+        workers = [pool.start(name, config) for name in ("w1", "w2")]
+        settings = load_config(config)
+        pipeline = settings.pipeline("demo")
+        tasks = tasks_of(pipeline)
+        restarted = []
+
+        def restart_once(so_far: list) -> None:
+            if len(so_far) >= 3 and not restarted:
+                pool.redis.restart()  # no persistence: every queued and unacknowledged message is gone
+                restarted.append(len(so_far))
+
+        results = run_all(CeleryExecutor({"demo": pipeline}, 6, Path("unused"), settings.celery), tasks,
+                          each=restart_once)
+    finally:
+        if results_server:
+            results_server.stop()
+
+    assert restarted
+    check_batch(tasks, results, pipeline.store)
+    # queued tasks were lost with the broker's memory and sent again: at once when our SENT markers went with
+    # them, after twice visibility_timeout_seconds without progress when the results live elsewhere
+    resent = "no progress for 22 s; sending it again" if separate_results else "lost by the broker; sending it again"
+    assert resent in caplog.text
+    assert all(worker.proc.poll() is None for worker in workers)
+
+
+def test_transient_failures_are_retried_with_backoff_and_nothing_else_is(pool, minio):
+    config = pool.config("retry", retry={"max_retries": 2, "backoff_seconds": 1, "backoff_max_seconds": 1,
+                                         "jitter": False})
+    worker = pool.start("w1", config)
+    settings = load_config(config)
+    pipeline = settings.pipeline("demo")
+    first, second, third = tasks_of(pipeline)[:3]
+    misplanned = replace(first, recipe_digest="0" * 16)  # a failure no retry can fix
+    executor = CeleryExecutor({"demo": pipeline}, 4, Path("unused"), settings.celery)
+    minio.stop()
+    try:
+        gave_up = {r.item_id: r for r in run_all(executor, [misplanned, second])}
+        executor = CeleryExecutor({"demo": pipeline}, 4, Path("unused"), settings.celery)
+        assert executor.submit(third) == []
+        third_id = celery_task_id(third)
+        while executor.app.backend.get_task_meta(third_id)["status"] != "RETRY":
+            time.sleep(0.05)
+    finally:
+        minio.start()
+    recovered = list(executor.drain())
+    executor.close()
+
+    assert gave_up[first.item.id].outcome is Outcome.FAILED and not gave_up[first.item.id].transient
+    assert "deploy the same recipes everywhere" in gave_up[first.item.id].reason
+    assert received([worker], celery_task_id(misplanned)) == 1
+    assert gave_up[second.item.id].outcome is Outcome.FAILED and gave_up[second.item.id].transient
+    assert gave_up[second.item.id].reason.startswith("depositing: ")
+    assert received([worker], celery_task_id(second)) == 3  # the first try and two retries
+    assert [r.outcome for r in recovered] == [Outcome.DEPOSITED] and received([worker], third_id) >= 2
+    assert "retry 1 of 2 in 1 s" in worker.log_text()
