@@ -31,6 +31,8 @@ serve: system-deps python-deps mirador
 
 bench: system-deps python-deps
 	$(PY) bench/convert.py
+	$(PY) bench/jp2.py
+	$(PY) bench/celery.py
 
 # One worker of the Celery pool on this machine (reads ./config.yaml or $GCIS_CONFIG; needs the broker).
 worker: system-deps python-deps

@@ -21,7 +21,7 @@ from gcis_etl.inspection import inspect
 from gcis_etl.isolation import IsolatedProcess, WorkerCrashed
 from gcis_etl.models import ConversionResult, ImageInfo, Status, Verdict, VerifyReport
 from gcis_etl.policy import ImagingPolicy, IsolationSettings
-from gcis_etl.recipes import Recipe, load_recipe
+from gcis_etl.recipes import PTIFF_ENCODERS, Recipe, load_recipe
 
 _PIXELS = "reading pixels with "
 
@@ -153,20 +153,23 @@ def encode_in_child(job: EncodeJob) -> EncodeOutcome:
     """The child's half: read metadata, decode, normalise, encode, verify, hash."""
     from gcis_etl.colour import normalise
     from gcis_etl.decoding import open_master
+    from gcis_etl.imagecms_colour import srgb_strips
     from gcis_etl.jp2 import metadata_carrier
     from gcis_etl.metadata import carried_tags
 
     out = Path(job.output)
     recipe = job.recipe
-    ptiff = recipe.encoder == "ptiff"
+    ptiff = recipe.encoder in PTIFF_ENCODERS
     with tempfile.TemporaryDirectory(prefix="gcis-scratch-") as scratch:
         isolation.stage("reading metadata")
         metadata = (carried_tags if ptiff else metadata_carrier)(
             job.info.path, recipe.metadata.keep, recipe.metadata.exclude, Path(scratch))
         decoded = open_master(job.info, job.decoders, job.policy.strict)
         isolation.stage(_PIXELS + decoded.decoder)  # pixels are read lazily, while encoding
-        image = normalise(decoded.image, job.info, job.policy)
-        encoded = (_encode_ptiff if ptiff else _encode_jp2)(image, out, recipe, metadata, Path(scratch))
+        # the tifffile engine has its own colour stage: Pillow ImageCms, applied strip by strip while encoding
+        image = (srgb_strips if recipe.encoder == "tifffile" else normalise)(decoded.image, job.info, job.policy)
+        encode = {"ptiff": _encode_ptiff, "tifffile": _encode_tifffile}.get(recipe.encoder, _encode_jp2)
+        encoded = encode(image, out, recipe, metadata, Path(scratch))
     if not encoded.report.ok:
         raise VerificationFailed("output failed verification: " + "; ".join(encoded.report.errors))
     return EncodeOutcome(decoder=decoded.decoder, width=image.width, height=image.height,
@@ -186,8 +189,20 @@ class _Encoded:
 def _encode_ptiff(image, out: Path, recipe: Recipe, carried, scratch: Path) -> _Encoded:
     from gcis_etl.colour import srgb_profile
     from gcis_etl.ptiff import encode_ptiff
+    return _verified_ptiff(encode_ptiff(image, out, recipe, srgb_profile(), carried.tags), image, out, recipe,
+                           carried)
+
+
+def _encode_tifffile(strips, out: Path, recipe: Recipe, carried, scratch: Path) -> _Encoded:
+    from gcis_etl.colour import srgb_profile
+    from gcis_etl.tifffile_ptiff import encode_tifffile_ptiff
+    encoded = encode_tifffile_ptiff(strips, out, recipe, srgb_profile(), carried.tags, scratch)
+    return _verified_ptiff(encoded, strips, out, recipe, carried)
+
+
+def _verified_ptiff(encoded, image, out: Path, recipe: Recipe, carried) -> _Encoded:
+    """Both PTIFF encoders answer to one contract: the same Expectation."""
     from gcis_etl.verification import Expectation, verify
-    encoded = encode_ptiff(image, out, recipe, srgb_profile(), carried.tags)
     isolation.stage("verifying the output")
     report = verify(out, Expectation(width=image.width, height=image.height, tile=recipe.tile,
                                      chroma=recipe.chroma, metadata=carried.values))

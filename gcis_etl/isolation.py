@@ -19,7 +19,8 @@ import subprocess
 import sys
 import time
 from multiprocessing.connection import Connection
-from typing import Any, Callable
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
 
 from gcis_etl.errors import ConversionFailed
 from gcis_etl.policy import IsolationSettings
@@ -50,7 +51,7 @@ def _child_main(conn: Connection, settings: dict) -> None:
     global _conn
     _conn = conn
     limit = settings["memory_limit_mb"] * 1024 * 1024
-    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    resource.setrlimit(resource.RLIMIT_AS, (limit, resource.getrlimit(resource.RLIMIT_AS)[1]))  # soft only
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when the child stops
     _die_with_parent()
     os.environ["VIPS_CONCURRENCY"] = str(settings["vips_concurrency"])  # before any job imports libvips
@@ -70,6 +71,19 @@ def _child_main(conn: Connection, settings: dict) -> None:
             conn.send(("error", ConversionFailed(f"out of memory (limit {settings['memory_limit_mb']} MB)")))
         except Exception as exc:  # the job's failure, reported to the parent; the child lives on
             conn.send(("error", exc if _picklable(exc) else ConversionFailed(f"{type(exc).__name__}: {exc}")))
+
+
+@contextmanager
+def encoder_address_space() -> Iterator[None]:
+    """An external encoder inherits the child's address-space limit, and grk_compress reserves more than 8 GB
+    on 40 Mpx. It is a process of its own, with its own time-out: the soft limit is lifted while it runs
+    (the child itself only waits for it meanwhile)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    resource.setrlimit(resource.RLIMIT_AS, (hard, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
 
 
 def _die_with_parent() -> None:

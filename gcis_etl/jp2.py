@@ -125,8 +125,9 @@ def run_encoder(argv: tuple[str, ...], timeout: float) -> None:
     """Run the encoder; its crash, time-out or error is this master's ConversionFailed with the reason."""
     tool = Path(argv[0]).name
     try:
-        proc = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, errors="replace",
-                              timeout=timeout)
+        with isolation.encoder_address_space():
+            proc = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                                  errors="replace", timeout=timeout)
     except subprocess.TimeoutExpired:
         raise ConversionFailed(f"{tool} timed out after {timeout:.0f} s") from None
     except OSError as exc:

@@ -29,7 +29,9 @@ class MetadataRule(Settings):
 
 
 JP2_ENCODERS = ("kakadu", "openjpeg", "grok")
+PTIFF_ENCODERS = ("ptiff", "tifffile")  # our streaming writer (main path); tifffile + OpenCV + Pillow ImageCms
 _PTIFF_ONLY = ("tile", "quality", "chroma", "fast_dct", "encode_threads")
+Interpolation = Literal["area", "linear", "cubic", "lanczos4", "nearest"]  # OpenCV INTER_*
 _KDU_KEYS = {"Clevels": "levels", "Clayers": "layers", "Corder": "progression"}
 
 
@@ -73,34 +75,44 @@ class Jp2Parameters(Settings):
 class Recipe(Settings):
     name: str
     description: str = ""
-    encoder: Literal["ptiff", "kakadu", "openjpeg", "grok"] = "ptiff"
+    encoder: Literal["ptiff", "tifffile", "kakadu", "openjpeg", "grok"] = "ptiff"
     tile: int = Field(256, ge=16, le=4096, multiple_of=16)
     quality: int = Field(90, ge=1, le=100)
     chroma: Literal["4:2:0", "4:4:4"] = "4:2:0"
     fast_dct: bool = Field(False, description="libjpeg-turbo's faster, slightly less accurate DCT")
-    encode_threads: int = Field(1, ge=1, le=16, description="tile-encoding threads beside the decoder")
+    encode_threads: int = Field(1, ge=1, le=16, description="tile-encoding threads beside the decoder "
+                                "(tifffile: threads for the colour transform and for tile encoding)")
+    # None for the other encoders, so that their digests stay what they were before this field existed
+    interpolation: Interpolation | None = Field(
+        None, description="tifffile only: OpenCV interpolation of each 2x pyramid reduction (default area)")
     extension: str = ".tif"
     metadata: MetadataRule = MetadataRule()
     jp2: Jp2Parameters | None = Field(None, description="required for the JPEG 2000 encoders, refused for ptiff")
 
     @model_validator(mode="before")
     @classmethod
-    def _jp2_extension(cls, data: object) -> object:
+    def _encoder_defaults(cls, data: object) -> object:
         if isinstance(data, dict) and data.get("encoder") in JP2_ENCODERS and "extension" not in data:
             return {**data, "extension": ".jp2"}
+        if isinstance(data, dict) and data.get("encoder") == "tifffile" and data.get("interpolation") is None:
+            return {**data, "interpolation": "area"}
         return data
 
     @model_validator(mode="after")
     def _fields_match_encoder(self) -> "Recipe":
         if not self.extension.startswith("."):
             raise ValueError(f"extension must start with a dot, got {self.extension!r}")
-        if self.encoder == "ptiff":
+        if self.encoder != "tifffile" and self.interpolation is not None:
+            raise ValueError(f"interpolation: applies only to encoder tifffile, not {self.encoder}")
+        if self.encoder in PTIFF_ENCODERS:
             if self.jp2 is not None:
                 raise ValueError("jp2: applies only to the encoders " + ", ".join(JP2_ENCODERS))
+            if self.encoder == "tifffile" and self.fast_dct:
+                raise ValueError("fast_dct: imagecodecs (encoder tifffile) has no fast DCT")
             return self
         misplaced = sorted(set(_PTIFF_ONLY) & self.model_fields_set)
         if misplaced:
-            raise ValueError(f"{', '.join(misplaced)}: apply only to encoder ptiff, not {self.encoder}")
+            raise ValueError(f"{', '.join(misplaced)}: apply only to encoder ptiff or tifffile, not {self.encoder}")
         if self.jp2 is None:
             raise ValueError(f"jp2: parameters are required for encoder {self.encoder}")
         if self.extension != ".jp2":

@@ -1,0 +1,94 @@
+"""Benchmark measurements: a bare tool under GNU time, one of our conversions in a fresh conversion process,
+and the table both are reported in."""
+from __future__ import annotations
+
+import resource
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench.masters import WARM_UP
+
+TIME = shutil.which("time") or "/usr/bin/time"
+
+
+@dataclass
+class Run:
+    master: str
+    path: str
+    seconds: float
+    cpu_seconds: float
+    peak_rss_mb: float    # the largest single process (ours: the conversion process or an encoder it ran)
+    output_bytes: int
+    megapixels: float
+
+    @property
+    def mps(self) -> float:
+        return self.megapixels / self.seconds
+
+
+def timed(cmd: list[str], master: str, label: str, out: Path, mp: float) -> Run:
+    """Run a bare tool under GNU time: wall, user+sys, max RSS."""
+    out.unlink(missing_ok=True)
+    proc = subprocess.run([TIME, "-f", "%e %U %S %M", *cmd], capture_output=True, text=True)
+    if proc.returncode:
+        raise RuntimeError(f"{label} failed: {proc.stderr[-500:]}")
+    wall, user, system, rss_kb = proc.stderr.strip().splitlines()[-1].split()
+    return Run(master, label, float(wall), float(user) + float(system), int(rss_kb) / 1024,
+               out.stat().st_size, mp)
+
+
+def converted(master: Path, name: str, mp: float, recipe: str, label: str, out: Path,
+              memory_limit_mb: int | None = None) -> Run:
+    """One conversion in a fresh conversion process, warmed up first on a small master with the same recipe
+    (imports, exiftool): wall time of the call; CPU of the process and everything it ran (encoders,
+    exiftool) during the call; peak RSS of the largest of them over the process's life. `memory_limit_mb`
+    replaces the conversion process's address-space limit (which the encoders it runs inherit)."""
+    import psutil
+
+    from gcis_etl.conversion import convert
+    from gcis_etl.isolation import IsolatedProcess
+    from gcis_etl.policy import IsolationSettings
+    settings = IsolationSettings(**({"memory_limit_mb": memory_limit_mb} if memory_limit_mb else {}))
+    with IsolatedProcess(settings) as worker:
+        warm = convert(WARM_UP, out.with_name(f"warm-{out.name}"), recipe, worker=worker)
+        assert warm.ok, warm.reason
+        child = psutil.Process(worker.pid)
+        before = _cpu(child)
+        started = time.monotonic()
+        result = convert(master, out, recipe, worker=worker)
+        seconds = time.monotonic() - started
+        cpu = _cpu(child) - before
+        encoders_kb = worker.call("resource.getrusage", resource.RUSAGE_CHILDREN).ru_maxrss
+    if not result.ok:
+        raise RuntimeError(f"{label} failed: {result.reason}")
+    return Run(name, label, seconds, cpu, max(result.peak_rss_mb, encoders_kb / 1024), result.bytes, mp)
+
+
+def _cpu(process) -> float:
+    """User + system seconds of a process, its finished children and its live descendants."""
+    import psutil
+    times = process.cpu_times()
+    total = times.user + times.system + times.children_user + times.children_system
+    for descendant in process.children(recursive=True):
+        try:
+            live = descendant.cpu_times()
+        except psutil.Error:
+            continue
+        total += live.user + live.system
+    return total
+
+
+def report(runs: list[Run], base: str, against: str) -> None:
+    """One row per run; speed and size relative to the run of the same master whose path starts with `base`."""
+    baseline = {r.master: r for r in runs if r.path.startswith(base)}
+    print(f"\n{'master':6} {'path':58} {'MP/s':>7} {'wall s':>7} {'CPU s':>7} {'RSS MB':>7} {'MB out':>7}"
+          f" {'speed vs ' + against:>22} {'size vs':>8}")
+    for r in runs:
+        b = baseline.get(r.master)
+        speed = f"{r.mps / b.mps:.2f}x" if b else ""
+        size = f"{r.output_bytes / b.output_bytes:.2f}x" if b else ""
+        print(f"{r.master:6} {r.path:58} {r.mps:7.1f} {r.seconds:7.2f} {r.cpu_seconds:7.2f} {r.peak_rss_mb:7.0f}"
+              f" {r.output_bytes / 1e6:7.1f} {speed:>22} {size:>8}")

@@ -1,0 +1,191 @@
+"""The tifffile PTIFF encoder (recipe encoder `tifffile`): a second engine for the same access master.
+
+Rows come from imagecms_colour (LittleCMS through Pillow ImageCms), a band at a time. Each level is one
+tifffile page written from a tile iterator, its tiles JPEG-compressed by tifffile/imagecodecs. tifffile
+writes pages one after the other, while the pyramid is made top-down in one pass: the next level is made
+band by band with cv2.resize (the recipe's interpolation) and spilled uncompressed to scratch until its
+page is written. Memory is a few bands whatever the master's size; scratch holds at most ~0.31x the
+master's uncompressed 8-bit size (levels 1 and 2).
+
+tifffile cannot write the EXIF and GPS sub-IFDs: once it has written the file, its IFD chain is read back
+and written again after the tiles by tiff.TiffFileWriter, with the carried metadata in IFD0 as on the
+main path (the first chain stays behind as a few unreferenced kilobytes).
+"""
+from __future__ import annotations
+
+import os
+import struct
+import tempfile
+from contextlib import ExitStack
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import BinaryIO, Callable, Iterator
+
+import cv2
+import numpy as np
+import tifffile
+
+from gcis_etl import tiff
+from gcis_etl.errors import ConversionFailed
+from gcis_etl.imagecms_colour import SrgbStrips
+from gcis_etl.models import Level
+from gcis_etl.ptiff import SOFTWARE, EncodedFile
+from gcis_etl.pyramid import levels_for
+from gcis_etl.recipes import Recipe
+
+INTERPOLATIONS = {"area": cv2.INTER_AREA, "linear": cv2.INTER_LINEAR, "cubic": cv2.INTER_CUBIC,
+                  "lanczos4": cv2.INTER_LANCZOS4, "nearest": cv2.INTER_NEAREST}
+SUBSAMPLING = {"4:2:0": (2, 2), "4:4:4": (1, 1)}
+BIGTIFF_FROM = 2 ** 32 - 2 ** 25  # uncompressed bytes of all levels; tifffile's own threshold
+_OFFSET_TAGS, _PLACEHOLDERS = (324, 325), (282, 283, 296)
+_BYTES_TYPES = (tiff.BYTE, tiff.ASCII, tiff.SBYTE, tiff.UNDEFINED)
+
+
+def tile_options(recipe: Recipe) -> dict:
+    """tifffile.TiffWriter.write arguments for a page of JPEG tiles.
+
+    photometric='rgb' says what the array holds: tifffile then has libjpeg convert RGB to YCbCr (subsampled
+    as the recipe says) and tags the page YCbCr. 'ycbcr' would store the RGB samples as if they were YCbCr:
+    a valid file with wrong colours (tests/test_tifffile_path.py shows it)."""
+    return {"tile": (recipe.tile, recipe.tile), "compression": "jpeg", "compressionargs": {"level": recipe.quality},
+            "photometric": "rgb", "subsampling": SUBSAMPLING[recipe.chroma], "metadata": None}
+
+
+class Halver:
+    """A level's rows in, the next level's rows out (to `sink`), band by band.
+
+    The output equals cv2.resize of the whole level to half size, the level first padded to even sizes by
+    repeating its last row and column (as pyramid.shrink2 does): each output row is computed from a slice
+    that starts on an even row and carries HALO rows of context each side, which covers the widest OpenCV
+    kernel (Lanczos4, 8 taps) at an exact 2x reduction. Holds at most one band plus 2 x HALO rows."""
+
+    HALO = 4
+
+    def __init__(self, width: int, height: int, interpolation: int, sink: Callable[[np.ndarray], object]):
+        self.width, self.height, self.interpolation, self.sink = width, height, interpolation, sink
+        self.received = 0
+        self.emitted = 0      # output rows written to the sink
+        self.start = 0        # level row of self.held's first row
+        self.held: np.ndarray | None = None
+
+    def add(self, rows: np.ndarray) -> None:
+        if self.width % 2:
+            rows = np.concatenate([rows, rows[:, -1:]], axis=1)
+        self.received += rows.shape[0]
+        if self.received > self.height:
+            raise ValueError(f"{self.received} rows given for a level of {self.height}")
+        final = self.received == self.height
+        if final and self.height % 2:
+            rows = np.concatenate([rows, rows[-1:]], axis=0)
+        held = rows if self.held is None else np.concatenate([self.held, rows], axis=0)
+        available = self.start + held.shape[0]
+        # output row j reads level rows 2j - HALO .. 2j + 1 + HALO
+        end = available // 2 if final else max(self.emitted, (available - self.HALO) // 2)
+        if end > self.emitted:
+            first = max(0, 2 * self.emitted - self.HALO)
+            last = min(available, 2 * end + self.HALO)
+            src = held[first - self.start:last - self.start]
+            half = cv2.resize(src, (src.shape[1] // 2, src.shape[0] // 2), interpolation=self.interpolation)
+            offset = first // 2
+            self.sink(half.reshape(half.shape[0], half.shape[1], -1)[self.emitted - offset:end - offset])
+            self.emitted = end
+        keep_from = max(0, 2 * self.emitted - self.HALO)
+        self.held = held[keep_from - self.start:]
+        self.start = keep_from
+
+
+def encode_tifffile_ptiff(strips: SrgbStrips, out_path: Path, recipe: Recipe, icc: bytes,
+                          metadata_tags: list[tiff.Tag], scratch: Path) -> EncodedFile:
+    """Write the master as a page pyramid with tifffile, metadata transplanted; the file is fsync'ed."""
+    levels = levels_for(strips.width, strips.height, recipe.tile)
+    bigtiff = sum(lv.width * lv.height * 3 for lv in levels) >= BIGTIFF_FROM
+    interpolation = INTERPOLATIONS[recipe.interpolation]
+    threads = recipe.encode_threads
+    with ExitStack() as stack:
+        pool = stack.enter_context(ThreadPoolExecutor(threads, thread_name_prefix="imagecms"))
+        reader = stack.enter_context(ThreadPoolExecutor(1, thread_name_prefix="read-ahead"))
+        tif = stack.enter_context(tifffile.TiffWriter(out_path, bigtiff=bigtiff, byteorder="<"))
+        bands, source = _read_ahead(strips.bands(recipe.tile, pool), reader), None
+        for index, level in enumerate(levels):
+            spill = stack.enter_context(tempfile.TemporaryFile(dir=scratch)) if index + 1 < len(levels) else None
+            halver = Halver(level.width, level.height, interpolation, spill.write) if spill else None
+            tif.write(_tiles(bands, level, recipe.tile, halver), shape=(level.height, level.width, 3),
+                      dtype=np.uint8, subfiletype=0 if index == 0 else 1, iccprofile=icc if index == 0 else None,
+                      software=SOFTWARE if index == 0 else False, maxworkers=threads,
+                      buffersize=level.width * recipe.tile * 3, **tile_options(recipe))
+            if source is not None:
+                source.close()  # this level's spill is written out: its space is freed
+            if spill is not None:
+                spill.seek(0)
+                bands, source = _spilled(spill, levels[index + 1], recipe.tile), spill
+    size = _rewrite_ifds(out_path, metadata_tags, bigtiff)
+    return EncodedFile(levels=tuple(levels), bigtiff=bigtiff, bytes=size)
+
+
+def _read_ahead(bands: Iterator[np.ndarray], reader: ThreadPoolExecutor) -> Iterator[np.ndarray]:
+    """The next band is fetched and colour-transformed in `reader` while tifffile compresses this one."""
+    pending = reader.submit(next, bands, None)
+    while (band := pending.result()) is not None:
+        pending = reader.submit(next, bands, None)
+        yield band
+
+
+def _tiles(bands: Iterator[np.ndarray], level: Level, tile: int, halver: Halver | None) -> Iterator[np.ndarray]:
+    """The level's tiles in row-major order, edge tiles padded by repeating their last row and column
+    (tifffile would pad with black, which JPEG smears into the image's edge)."""
+    for y in range(0, level.height, tile):
+        band = next(bands)
+        if halver is not None:
+            halver.add(band)
+        for x in range(0, level.width, tile):
+            piece = band[:, x:x + tile]
+            if piece.shape[0] < tile or piece.shape[1] < tile:
+                piece = np.pad(piece, ((0, tile - piece.shape[0]), (0, tile - piece.shape[1]), (0, 0)), mode="edge")
+            yield piece
+
+
+def _spilled(f: BinaryIO, level: Level, rows: int) -> Iterator[np.ndarray]:
+    for y in range(0, level.height, rows):
+        n = min(rows, level.height - y)
+        yield np.fromfile(f, np.uint8, n * level.width * 3).reshape(n, level.width, 3)
+
+
+def _rewrite_ifds(path: Path, metadata_tags: list[tiff.Tag], bigtiff: bool) -> int:
+    """Append tifffile's IFD chain again, with the carried metadata in IFD0, and point the header at it.
+
+    tifffile's XResolution/YResolution 1/1 without unit are placeholders and are dropped: the master's
+    resolution, when it has one, is among the carried tags. As on the main path, a carried tag never
+    replaces one the encoder wrote (Software). The header is rewritten in place; in a classic TIFF that
+    overwrites the first bytes after it, which tifffile fills with its first IFD, unreferenced from then on."""
+    chain, first = _read_chain(path)
+    if first != (16 if bigtiff else 8):
+        raise ConversionFailed(f"tifffile wrote its first IFD at offset {first}: cannot rewrite the header")
+    chain = [[t for t in tags if t.code not in _PLACEHOLDERS] for tags in chain]
+    written = {t.code for t in chain[0]}
+    chain[0] += [t for t in metadata_tags if t.code not in written]
+    with open(path, "r+b") as f:
+        f.seek(0, os.SEEK_END)
+        writer = tiff.TiffFileWriter(f, size=f.tell())
+        writer.finish(chain, force_bigtiff=bigtiff)
+        f.flush()
+        os.fsync(f.fileno())
+        return writer.size
+
+
+def _read_chain(path: Path) -> tuple[list[list[tiff.Tag]], int]:
+    """Every IFD's entries as tiff.Tag (raw values), and the offset of the first IFD."""
+    chain = []
+    with tifffile.TiffFile(path) as tf:
+        fh = tf.filehandle
+        for page in tf.pages:
+            tags = []
+            for tag in page.tags.values():
+                per_value = tifffile.TIFF.DATA_FORMATS[tag.dtype]          # e.g. '1H', '2I' (rational)
+                n, char = int(per_value[:-1]) * tag.count, per_value[-1]
+                fh.seek(tag.valueoffset)
+                raw = fh.read(n * struct.calcsize(char))
+                values = raw if tag.dtype in _BYTES_TYPES else struct.unpack(f"<{n}{char}", raw)
+                tags.append(tiff.Tag(tag.code, tiff.OFFSETS if tag.code in _OFFSET_TAGS else int(tag.dtype), values))
+            chain.append(tags)
+        first = tf.pages.first.offset
+    return chain, first
