@@ -175,7 +175,16 @@ def encode_in_child(job: EncodeJob) -> EncodeOutcome:
     return EncodeOutcome(decoder=decoded.decoder, width=image.width, height=image.height,
                          levels=encoded.levels, bytes=encoded.bytes, sha256=sha256_file(out),
                          notes=decoded.notes + encoded.notes + encoded.report.warnings,
-                         peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+                         peak_rss_mb=_peak_rss_mb())
+
+
+def _peak_rss_mb() -> float:
+    """This process's high-water RSS. Not ru_maxrss: Linux carries that across exec, so a child started from
+    a large parent would report the parent's size; VmHWM belongs to the address space exec created."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 @dataclass(frozen=True)
