@@ -28,6 +28,7 @@ from gcis_etl.ledger import COUNTED, ItemRecord, Ledger, now
 from gcis_etl.locks import pipeline_lock
 from gcis_etl.manifests import CollectionEntry, DepositedImage
 from gcis_etl.pipelines import Pipeline
+from gcis_etl.recipes import load_recipe
 from gcis_etl.reports import PlannedItem, RunReport, report_from_ledger, write_report
 from gcis_etl.work import ItemResult, ItemTask, Outcome, fingerprint
 
@@ -108,7 +109,7 @@ class Harvest:
         self.ledger = ledger
         self.progress = progress
         self.stop = stop
-        self.recipe = pipeline.recipe if options.recipe is None else _load_recipe(options.recipe)
+        self.recipe = pipeline.recipe if options.recipe is None else load_recipe(options.recipe)
         self.counts = {name: 0 for name in COUNTED}
         self.manifests_published = 0
         self.pending: dict[str, _PendingObject] = {}
@@ -348,8 +349,3 @@ def _options(options: HarvestOptions) -> dict:
 
 def _iso(value: datetime | None) -> str | None:
     return value.isoformat() if value else None
-
-
-def _load_recipe(name: str):
-    from gcis_etl.recipes import load_recipe
-    return load_recipe(name)

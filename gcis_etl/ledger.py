@@ -234,7 +234,7 @@ class Ledger:
                 return
             after = (rows[-1].object_id, rows[-1].item_id)
 
-    def record(self, run_id: int, result: ItemResult, source_modified: datetime | None) -> ItemRecord:
+    def record(self, run_id: int, result: ItemResult, source_modified: datetime | None) -> None:
         """Store one result and what the run did; a failure counts an attempt of the current source version."""
         previous = self.item(result.pipeline, result.object_id, result.item_id)
         same_version = previous is not None and previous.fingerprint == result.fingerprint \
@@ -263,7 +263,6 @@ class Ledger:
                  result.reason, attempts, int(result.transient), stamp, stamp, run_id))
             self._run_item(run_id, result.object_id, result.item_id, result.outcome.value, result.reason,
                            result.seconds, stamp)
-        return self.item(result.pipeline, result.object_id, result.item_id)
 
     def record_unprocessed(self, run_id: int, object_id: str, item_id: str, outcome: str, reason: str) -> None:
         """An item the run decided not to process (unchanged, rejected before, out of attempts)."""

@@ -24,6 +24,7 @@ from gcis_etl.errors import GcisError, SourceError, StoreError
 from gcis_etl.isolation import IsolatedProcess
 from gcis_etl.models import Status
 from gcis_etl.pipelines import Pipeline
+from gcis_etl.recipes import Recipe, load_recipe
 from gcis_etl.stores import Provenance
 
 log = logging.getLogger(__name__)
@@ -120,6 +121,7 @@ class Worker:
         self.pipelines = pipelines
         self.scratch = scratch
         self._children: dict[str, IsolatedProcess] = {}
+        self._recipes: dict[str, Recipe] = {}
 
     def close(self) -> None:
         for child in self._children.values():
@@ -131,6 +133,14 @@ class Worker:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def _recipe(self, pipeline: Pipeline, name: str) -> Recipe:
+        """A migration's recipe differs from the pipeline's: read its file once per worker, not once per item."""
+        if name == pipeline.recipe.name:
+            return pipeline.recipe
+        if name not in self._recipes:
+            self._recipes[name] = load_recipe(name)
+        return self._recipes[name]
 
     def _child(self, pipeline: Pipeline) -> IsolatedProcess:
         if pipeline.name not in self._children:
@@ -163,7 +173,7 @@ class Worker:
         pipeline = self.pipelines[task.pipeline] if task.pipeline in self.pipelines else None
         if pipeline is None:
             return replace(base, reason=f"pipeline {task.pipeline!r} is not in this worker's configuration")
-        recipe = pipeline.recipe if pipeline.recipe.name == task.recipe else _load(task.recipe)
+        recipe = self._recipe(pipeline, task.recipe)
         if recipe.digest != task.recipe_digest:
             return replace(base, reason=f"recipe {task.recipe!r} here has digest {recipe.digest}, the task was "
                                         f"planned with {task.recipe_digest}: deploy the same recipes everywhere")
@@ -196,8 +206,3 @@ class Worker:
                            width=converted.width, height=converted.height, **common)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
-
-
-def _load(recipe: str):
-    from gcis_etl.recipes import load_recipe
-    return load_recipe(recipe)
