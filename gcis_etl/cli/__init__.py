@@ -41,6 +41,9 @@ def main(ctx: click.Context, config_file: str | None) -> None:
       gcis-etl inspect master.tif          what is this file, and will it be accepted?
       gcis-etl convert master.tif out.tif  make a verified pyramidal TIFF access master
       gcis-etl verify out.tif              does a file meet the access-master contract?
+      gcis-etl harvest                     bring every configured pipeline up to date (the cron job)
+      gcis-etl status                      checkpoint, counts and problems of each pipeline
+      gcis-etl cache sync                  copy new access masters to the folder iipsrv reads
     """
     ctx.obj = config_file
 
