@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import sqlite3
 import time
 import uuid
@@ -42,8 +41,6 @@ from pathlib import Path
 from typing import Iterable, Sequence
 from urllib.parse import unquote, urlsplit
 
-from boto3.s3.transfer import TransferConfig
-from botocore.exceptions import BotoCoreError, ClientError
 from pydantic import ByteSize, field_validator
 
 from gcis_etl.durable import fsync_dir, sha256_file
@@ -52,7 +49,7 @@ from gcis_etl.iipsrv import ServerSettings, reload
 from gcis_etl.keys import check_key
 from gcis_etl.locks import RunLock
 from gcis_etl.settings import Settings
-from gcis_etl.stores import CHUNK, ListedObject, LocalStore, S3Store, Store
+from gcis_etl.stores import ListedObject, Store
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS images (
@@ -395,8 +392,8 @@ def _sync_one(cache: _Cache, source: CacheSource, listed: ListedObject) -> tuple
         return "adopted", 0
     tmp = cache.incoming / f"{uuid.uuid4().hex}.partial"
     try:
-        _download(source.store, key, tmp)
-        size, sha256 = tmp.stat().st_size, sha256_file(tmp)
+        sha256 = source.store.download(key, tmp)
+        size = tmp.stat().st_size
         if (size, sha256) != (head.size, head.sha256):
             raise IntegrityError(f"{source.store.describe(key)}: the copy has {size} bytes with SHA-256 {sha256}, "
                                  f"the store recorded {head.size} bytes with {head.sha256}; the cache keeps "
@@ -429,29 +426,6 @@ def _newer_than(path: Path, previous: float | None) -> None:
     mtime = path.stat().st_mtime
     if previous is not None and int(mtime) <= int(previous):
         os.utime(path, (mtime, int(previous) + 1))
-
-
-def _download(store: Store, key: str, dest: Path) -> None:
-    """Stream the object into `dest` and fsync it (get_bytes would hold a whole pyramid in memory)."""
-    with open(dest, "wb") as out:
-        if isinstance(store, LocalStore):
-            try:
-                with open(store.root / check_key(key), "rb") as src:
-                    shutil.copyfileobj(src, out, CHUNK)
-            except FileNotFoundError:
-                raise StoreError(f"{store.describe(key)} was deleted while the cache was syncing") from None
-        elif isinstance(store, S3Store):
-            s = store.settings
-            config = TransferConfig(multipart_threshold=s.multipart_threshold,
-                                    multipart_chunksize=s.multipart_chunksize, max_concurrency=s.max_concurrency)
-            try:
-                store.client.download_fileobj(s.bucket, store._full_key(key), out, Config=config)
-            except (BotoCoreError, ClientError) as exc:
-                raise StoreError(f"{store.describe(key)}: download failed: {exc}") from None
-        else:
-            raise StoreError(f"{store.describe(key)}: the cache cannot read from a {type(store).__name__}")
-        out.flush()
-        os.fsync(out.fileno())
 
 
 def _stat(path: Path) -> os.stat_result | None:

@@ -12,6 +12,7 @@ import base64
 import hashlib
 import json
 import os
+import shutil
 import string
 import tempfile
 import threading
@@ -104,6 +105,10 @@ class Store(Protocol):
     def get_bytes(self, key: str) -> bytes:
         """The object's content; StoreError if there is none."""
 
+    def download(self, key: str, dest: Path) -> str:
+        """Stream the object into `dest`, fsynced, and return the SHA-256 of what was written: access masters
+        are too large for get_bytes. StoreError if there is no object."""
+
     def head(self, key: str) -> StoredObject | None:
         """What is stored under `key`, or None."""
 
@@ -117,6 +122,16 @@ class Store(Protocol):
 
     def describe(self, key: str) -> str:
         """Where `key` lives, for messages (never carries credentials)."""
+
+
+def _write_durably(dest: Path, fill) -> str:
+    """Let `fill` write `dest`, fsync it, and hash what reached the disk (not what was meant to)."""
+    with open(dest, "wb") as out:
+        fill(out)
+        out.flush()
+        os.fsync(out.fileno())
+    with open(dest, "rb") as f:
+        return sha256_stream(f)
 
 
 def content_type_for(key: str) -> str:
@@ -247,6 +262,15 @@ class LocalStore:
             return (self.root / check_key(key)).read_bytes()
         except OSError as exc:
             raise StoreError(f"{self.describe(key)}: cannot read: {exc.strerror}") from None
+
+    def download(self, key: str, dest: Path) -> str:
+        try:
+            with open(self.root / check_key(key), "rb") as src:
+                return _write_durably(dest, lambda out: shutil.copyfileobj(src, out, CHUNK))
+        except FileNotFoundError:
+            raise StoreError(f"{self.describe(key)}: no such object") from None
+        except OSError as exc:
+            raise StoreError(f"{self.describe(key)}: cannot copy to {dest}: {exc.strerror}") from None
 
     def delete(self, key: str) -> bool:
         path = self.root / check_key(key)
@@ -514,8 +538,6 @@ class S3Store:
     def _put_multipart(self, key: str, f: IO[bytes], size: int, sha256: str, provenance: Provenance,
                        content_type: str) -> StoredObject:
         s = self.settings
-        config = TransferConfig(multipart_threshold=s.multipart_threshold, multipart_chunksize=s.multipart_chunksize,
-                                max_request_concurrency=s.max_concurrency, max_bandwidth=s.max_bandwidth)
         reader = _HashingReader(f, size, ChunksizeAdjuster().adjust_chunksize(s.multipart_chunksize, size),
                                 sha256, self.describe(key))
         extra = {"ChecksumAlgorithm": "SHA256", "ContentType": content_type,
@@ -523,7 +545,7 @@ class S3Store:
         # Leaving the TransferManager on any exception (KeyboardInterrupt included) cancels the transfer and
         # aborts the multipart upload; a killed process leaves parts that abort_incomplete_uploads() removes.
         try:
-            with TransferManager(self.client, config) as manager:
+            with TransferManager(self.client, self._transfer_config()) as manager:
                 manager.upload(reader, s.bucket, self._full_key(key), extra_args=extra,
                                subscribers=[_KnownSize(size)]).result()
         except (BotoCoreError, ClientError) as exc:
@@ -540,6 +562,24 @@ class S3Store:
 
     def get_bytes(self, key: str) -> bytes:
         return self._call(key, "get", "get_object")["Body"].read()
+
+    def _transfer_config(self) -> TransferConfig:
+        s = self.settings
+        return TransferConfig(multipart_threshold=s.multipart_threshold, multipart_chunksize=s.multipart_chunksize,
+                              max_request_concurrency=s.max_concurrency, max_bandwidth=s.max_bandwidth)
+
+    def download(self, key: str, dest: Path) -> str:
+        full_key = self._full_key(key)
+
+        def fill(out: IO[bytes]) -> None:
+            with TransferManager(self.client, self._transfer_config()) as manager:
+                manager.download(self.settings.bucket, full_key, out).result()
+        try:
+            return _write_durably(dest, fill)
+        except (BotoCoreError, ClientError) as exc:
+            raise self._error(key, "download", exc) from None
+        except OSError as exc:
+            raise StoreError(f"{self.describe(key)}: cannot write {dest}: {exc.strerror}") from None
 
     def delete(self, key: str) -> bool:
         existed = self.exists(key)

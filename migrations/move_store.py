@@ -31,7 +31,6 @@ Exit codes: 0 done; 1 some keys failed or are missing, or stopped on an error (r
 """
 from __future__ import annotations
 
-import hashlib
 import tempfile
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
@@ -158,19 +157,18 @@ class Move:
             return "present", ""
         if self.ctx.dry_run:
             return "would copy", ""
-        data = self.source.get_bytes(item.key)
-        actual = hashlib.sha256(data).hexdigest()
-        if expected and actual != expected:
-            raise IntegrityError(f"{self.source.describe(item.key)}: read {len(data)} bytes with SHA-256 {actual}, "
-                                 f"not the recorded {expected}: not copied")
         self.scratch.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=self.scratch) as f:
-            f.write(data)
-            f.flush()
-            self.target.put(item.key, Path(f.name), sha256=actual, provenance=here.provenance,
+        with tempfile.TemporaryDirectory(dir=self.scratch) as scratch:
+            copy = Path(scratch) / "object"
+            actual = self.source.download(item.key, copy)
+            size = copy.stat().st_size
+            if expected and actual != expected:
+                raise IntegrityError(f"{self.source.describe(item.key)}: read {size} bytes with SHA-256 {actual}, "
+                                     f"not the recorded {expected}: not copied")
+            self.target.put(item.key, copy, sha256=actual, provenance=here.provenance,
                             content_type=here.content_type)
         stored = self.target.head(item.key)
-        if stored is None or stored.sha256 != actual or stored.size != len(data):
+        if stored is None or stored.sha256 != actual or stored.size != size:
             raise IntegrityError(f"{self.target.describe(item.key)}: the target reports "
                                  f"{stored and stored.sha256} after the copy, not {actual}")
         return ("copied", "") if there is None else ("replaced", f"the target held SHA-256 {there.sha256}")

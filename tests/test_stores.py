@@ -117,11 +117,23 @@ def test_a_checksum_mismatch_stores_nothing_and_keeps_the_old_content(store, tmp
     assert store.head("demo/IE1/FL2.tif") is None
 
 
+def test_download_streams_to_a_file_and_returns_what_reached_the_disk(store, tmp_path):
+    """Above the multipart threshold (8 MiB here), so S3 downloads in ranged parts."""
+    path, sha = random_file(tmp_path / "big.tif", 20 * MiB + 7)
+    store.put("demo/IE1/big.tif", path, sha256=sha)
+    copy = tmp_path / "copy.tif"
+    assert store.download("demo/IE1/big.tif", copy) == sha
+    assert copy.stat().st_size == 20 * MiB + 7 and hashlib.sha256(copy.read_bytes()).hexdigest() == sha
+    with pytest.raises(StoreError, match="demo/IE1/absent.tif"):
+        store.download("demo/IE1/absent.tif", tmp_path / "absent.tif")
+
+
 @pytest.mark.parametrize("key", HOSTILE_KEYS)
 def test_hostile_keys_are_refused_by_every_operation(store, tmp_path, key):
     path, sha = write(tmp_path / "a.tif", b"data")
     for operation in (lambda: store.put(key, path, sha256=sha), lambda: store.head(key),
                       lambda: store.exists(key), lambda: store.delete(key), lambda: store.get_bytes(key),
+                      lambda: store.download(key, tmp_path / "copy"),
                       lambda: store.put_bytes(key, b"x", content_type="text/plain"), lambda: list(store.list(key))):
         with pytest.raises(UnsafeKey):
             operation()
