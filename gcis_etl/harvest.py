@@ -50,6 +50,7 @@ class HarvestOptions:
     retry_failed: bool = True              # also revisit objects with failed items still within max_attempts
     full: bool = False                     # list the whole source whatever the checkpoint, like a first run
     reencode: str | None = None            # re-derive what was deposited with this recipe (by name)
+    fresh_attempts: bool = False           # failed items of object_ids start their attempts again (retry)
 
 
 @dataclass(frozen=True)
@@ -119,6 +120,7 @@ class Harvest:
         minutes = options.max_run_minutes or pipeline.settings.max_run_minutes
         self.deadline = time.monotonic() + minutes * 60 if minutes else None
         self.cut_short: str | None = None
+        self.listed: set[str] = set()  # objects this run has seen in the source
 
     # ------------------------------------------------------------------------------------ listing
 
@@ -131,7 +133,7 @@ class Harvest:
 
     def objects(self, since: datetime | None) -> Iterator[SourceObject]:
         source = self.pipeline.source
-        seen: set[str] = set()
+        seen = self.listed
         # No upper bound: an object modified during the run (or stamped ahead by a skewed clock) is taken now;
         # the checkpoint stays at the run's start, so the next run sees it again and skips it as unchanged.
         listing = source.get(self.options.object_ids) if self.options.object_ids else source.changes(since)
@@ -142,8 +144,7 @@ class Harvest:
             yield obj
         if self.options.object_ids or not self.options.retry_failed:
             return
-        retry = [object_id for object_id in self.ledger.objects_with(self.pipeline.name, "failed")
-                 if object_id not in seen]
+        retry = sorted({r.object_id for r in self._failed_items("attempts<?")} - seen)
         if retry:
             self.progress.note(f"revisiting {len(retry)} objects with failed items")
         for object_id in retry:
@@ -206,10 +207,26 @@ class Harvest:
             self.progress.planned(obj, tasks)
             if not pending.waiting and pending.complete:
                 self.object_settled(obj.id)
+        if not self.should_stop() and not self.options.object_ids and self.options.retry_failed:
+            self.report_exhausted()
         for result in executor.drain():
             self.settle(result)
         for pending in list(self.pending.values()):  # cut short: these stay for the next run
             self.unsettled.append(pending.obj.modified)
+
+    def report_exhausted(self) -> None:
+        """Items out of attempts count as failed in every run, so cron keeps seeing exit 1 until someone runs
+        `gcis-etl retry`; that is known from the ledger, without asking the source again."""
+        for record in self._failed_items("attempts>=?"):
+            if record.object_id not in self.listed:
+                decision = decide(record, record.fingerprint, self.recipe.digest, self.pipeline.settings.max_attempts)
+                self._count(record.object_id, record.item_id, decision.outcome.value, decision.reason)
+                self.ledger.record_unprocessed(self.run_id, record.object_id, record.item_id,
+                                               decision.outcome.value, decision.reason)
+
+    def _failed_items(self, attempts: str) -> Iterator[ItemRecord]:
+        return self.ledger.iter_items(self.pipeline.name, f"status='failed' AND {attempts}",
+                                      (self.pipeline.settings.max_attempts,))
 
     def settle(self, result: ItemResult) -> None:
         pending = self.pending[result.object_id]
@@ -297,6 +314,9 @@ def harvest(config: Config, name: str, options: HarvestOptions = HarvestOptions(
             last = next(iter(ledger.runs(name, limit=1)), None)
             if last is not None and last.status == "running":  # killed: we hold the lock, it is gone
                 _abort_uploads(config, pipeline, last.run_id, progress)
+            if options.fresh_attempts:  # under the lock: a running harvest counts attempts too
+                for object_id in options.object_ids:
+                    ledger.reset_attempts(name, object_id)
             since, until = run.window()
             run.run_id = ledger.begin_run(name, since, until, _options(options))
             scratch = config.state_dir / "scratch" / name

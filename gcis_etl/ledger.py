@@ -276,13 +276,11 @@ class Ledger:
                         "outcome=excluded.outcome, reason=excluded.reason, seconds=excluded.seconds, at=excluded.at",
                         (run_id, object_id, item_id, outcome, reason, seconds, stamp))
 
-    def reset_attempts(self, pipeline: str, object_id: str | None = None) -> int:
-        """`gcis-etl retry`: failed items get a fresh set of attempts."""
-        sql, args = "UPDATE items SET attempts=0 WHERE pipeline=? AND status='failed'", [pipeline]
-        if object_id is not None:
-            sql, args = sql + " AND object_id=?", args + [object_id]
+    def reset_attempts(self, pipeline: str, object_id: str) -> int:
+        """`gcis-etl retry`: the object's failed items get a fresh set of attempts."""
         with self.db:
-            return self.db.execute(sql, args).rowcount
+            return self.db.execute("UPDATE items SET attempts=0 WHERE pipeline=? AND status='failed' AND object_id=?",
+                                   (pipeline, object_id)).rowcount
 
     def counts(self, pipeline: str) -> dict[str, int]:
         rows = self.db.execute("SELECT status, count(*) FROM items WHERE pipeline=? GROUP BY status", (pipeline,))

@@ -120,6 +120,12 @@ def test_a_failing_item_is_retried_max_attempts_times_then_waits_for_retry(rig):
         assert "`gcis-etl retry` tries again" in run.stdout
         assert len(emulator.requests("dps_pid=FL5012")) == fetches
 
+        asked = len(emulator.requests("IE5010"))  # reported from the ledger: the object is not asked for again
+        run = rig.cli("harvest")
+        assert run.returncode == 1 and "0 deposited, 0 skipped, 0 rejected, 1 failed" in run.stdout, run.stderr
+        assert "failed: IE5010/FL5012: failed 2 times" in run.stdout
+        assert len(emulator.requests("IE5010")) == asked
+
         run = rig.cli("retry")
         assert run.returncode == 0, run.stderr
         assert "dam: retrying 1 objects" in run.stdout and "1 deposited" in run.stdout

@@ -2,8 +2,11 @@
 exits 3 at once, saying so, and touches nothing."""
 from __future__ import annotations
 
+from datetime import datetime, timezone
+
 import pytest
 
+from tests.emulators.faults import Fault
 from tests.emulators.rosetta import RosettaCatalogue, RosettaEmulator
 
 pytest.register_assert_rewrite("tests.harvests")  # before the import: its checks explain their failures too
@@ -37,3 +40,28 @@ def test_a_second_harvest_of_a_running_pipeline_exits_3_and_changes_nothing(rig)
         third = rig.cli("harvest")  # the lock went with the first run
         assert third.returncode == 0, third.stderr
         assert rig.peek("SELECT run_id, status FROM runs") == [(1, "completed"), (2, "completed")]
+
+
+def test_retry_during_a_harvest_exits_3_and_leaves_the_attempts_alone(rig):
+    catalogue = RosettaCatalogue([ie(4010, "2024-01-01 10:00:00", "rgb8-tiff-uncompressed/hopper.tif")])
+    gate = Gate(RosettaEmulator(catalogue), "dps_pid=FL4022")  # only the object added later is held
+    with serving(gate) as emulator:
+        rig.write(rosetta_source(emulator.url, retry=PATIENT_RETRY), max_attempts=1)
+        emulator.inject("dps_pid=FL4012", Fault.http(503), times=None)
+        assert rig.cli("harvest").returncode == 1  # FL4012 failed and is out of attempts
+
+        catalogue.entities["IE4020"] = ie(4020, datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S"),
+                                          "gray8/gray.tif")
+        running = rig.start("harvest")
+        wait_for(lambda: gate.held, "the second run is fetching", running)
+        retry = rig.cli("retry")
+        assert retry.returncode == 3 and "is already running" in retry.stderr, retry.stderr
+        with rig.ledger() as ledger:
+            assert ledger.item(rig.pipeline, "IE4010", "FL4012").attempts == 1  # still out of attempts
+
+        gate.open()
+        running.communicate(timeout=120)
+        assert running.returncode == 1  # FL4012, out of attempts, still counts as failed
+        emulator.faults.clear()
+        retry = rig.cli("retry")
+        assert retry.returncode == 0 and "1 deposited" in retry.stdout, retry.stderr

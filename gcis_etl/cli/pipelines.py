@@ -207,9 +207,6 @@ def retry(ctx: click.Context, pipelines: tuple[str, ...], failed: bool, rejected
             if not ids:
                 statuses = (["failed"] if failed else []) + (["rejected"] if rejected else [])
                 ids = {o for status in statuses for o in ledger.objects_with(name, status)}
-            if failed:
-                for object_id in ids:
-                    ledger.reset_attempts(name, object_id)
             if ids:
                 targets[name] = tuple(sorted(ids))
     if not targets:
@@ -220,7 +217,7 @@ def retry(ctx: click.Context, pipelines: tuple[str, ...], failed: bool, rejected
     codes = []
     for name, ids in targets.items():
         try:
-            _run(ctx, (name,), HarvestOptions(object_ids=ids, redo_rejected=rejected), log_json, verbose)
+            _run(ctx, (name,), HarvestOptions(object_ids=ids, redo_rejected=rejected, fresh_attempts=failed), log_json, verbose)
         except SystemExit as exit_:
             codes.append(exit_.code or 0)
     sys.exit(max(codes))
