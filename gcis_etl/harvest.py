@@ -345,14 +345,13 @@ def harvest(config: Config, name: str, options: HarvestOptions = HarvestOptions(
 
 
 def _abort_uploads(config: Config, pipeline: Pipeline, run_id: int, progress: Progress) -> None:
-    """A run killed mid-upload leaves its multipart parts in S3: never completed, invisible, but billed.
-    Celery workers outlive the run that sent them work: their uploads may still be going for a task's hard
-    time limit, so only older ones are aborted."""
-    abort = getattr(pipeline.store, "abort_incomplete_uploads", None)
+    """A run killed mid-upload leaves its multipart parts in S3 (never completed, invisible, but billed) or its
+    temporary files in a local store. Celery workers outlive the run that sent them work: their uploads may
+    still be going for a task's hard time limit, so only older ones are aborted."""
     keys = pipeline.store.keys.image_prefix(pipeline.name)  # not another pipeline's uploads in a shared store
     older_than = timedelta(0) if pipeline.settings.executor == "local" else timedelta(
         seconds=config.celery.limits_for(pipeline.recipe).hard_seconds)
-    aborted = abort(older_than=older_than, keys=keys) if abort is not None else []
+    aborted = pipeline.store.abort_incomplete_uploads(older_than=older_than, keys=keys)
     if aborted:
         progress.note(f"aborted {len(aborted)} incomplete uploads left by run {run_id}, which was killed: "
                       f"{', '.join(aborted)}")

@@ -16,6 +16,7 @@ import shutil
 import string
 import tempfile
 import threading
+import time
 from dataclasses import asdict, dataclass, fields, replace
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -119,6 +120,10 @@ class Store(Protocol):
 
     def list(self, prefix: str = "") -> Iterator[ListedObject]:
         """Objects whose key starts with `prefix`, in key order."""
+
+    def abort_incomplete_uploads(self, older_than: timedelta = timedelta(days=1), keys: str = "") -> list[str]:
+        """Remove what uploads of keys starting with `keys`, begun more than `older_than` ago, left behind
+        when their process was killed; return those keys."""
 
     def describe(self, key: str) -> str:
         """Where `key` lives, for messages (never carries credentials)."""
@@ -296,6 +301,27 @@ class LocalStore:
                     st = path.stat()
                     found.append(ListedObject(key, st.st_size, datetime.fromtimestamp(st.st_mtime, timezone.utc)))
         return iter(sorted(found, key=lambda o: o.key))
+
+
+    def abort_incomplete_uploads(self, older_than: timedelta = timedelta(days=1), keys: str = "") -> list[str]:
+        """The hidden temporary files (".<name>.<random>.tmp", of objects and of sidecars) that writes killed
+        before their rename leave behind."""
+        _check_list_prefix(keys)
+        cutoff = time.time() - older_than.total_seconds()
+        folder = keys.rpartition("/")[0]
+        aborted = set()
+        for top, suffix in ((self.root, ""), (self.root / self.META, ".json")):
+            for dirpath, dirnames, filenames in os.walk(top / folder):
+                dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+                for name in filenames:
+                    temporary = Path(dirpath, name)
+                    if not (name.startswith(".") and name.endswith(".tmp")) or temporary.stat().st_mtime > cutoff:
+                        continue
+                    key = Path(dirpath, name[1:].rsplit(".", 2)[0]).relative_to(top).as_posix().removesuffix(suffix)
+                    if key.startswith(keys):
+                        temporary.unlink(missing_ok=True)
+                        aborted.add(key)
+        return sorted(aborted)
 
 
 # ------------------------------------------------------------------------------------------------ S3 store

@@ -276,6 +276,49 @@ def test_a_killed_upload_leaves_no_object(s3_store, minio, s3_bucket, tmp_path):
         client.list_parts(Bucket=s3_bucket, Key="iiif/access/demo/IE1/big.tif", UploadId=upload_id)
 
 
+LOCAL_CHILD = """
+import sys
+from pathlib import Path
+from gcis_etl.stores import LocalStore, LocalStoreSettings
+LocalStore(LocalStoreSettings(root=sys.argv[1])).put(sys.argv[2], Path(sys.argv[3]))
+print("finished")
+"""
+
+
+def test_a_killed_local_write_leaves_only_a_temporary_that_abort_removes(tmp_path):
+    """The master arrives through a FIFO, so the child is certainly mid-write when it is killed."""
+    fifo = tmp_path / "incoming.fifo"
+    os.mkfifo(fifo)
+    store = LocalStore(LocalStoreSettings(root=tmp_path / "store"))
+    child = subprocess.Popen([sys.executable, "-c", LOCAL_CHILD, str(store.root), "demo/IE1/big.tif", str(fifo)],
+                             cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        with open(fifo, "wb") as feed:
+            feed.write(os.urandom(4 * MiB))
+            feed.flush()
+            deadline = time.monotonic() + 30
+            while not list((store.root / "demo" / "IE1").glob(".big.tif.*.tmp")) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            child.send_signal(signal.SIGKILL)
+            out, err = child.communicate()
+    except BrokenPipeError:
+        out, err = child.communicate()
+    assert child.returncode == -signal.SIGKILL and "finished" not in out, err
+
+    assert store.head("demo/IE1/big.tif") is None and list(store.list()) == []
+    (temporary,) = (store.root / "demo" / "IE1").glob(".big.tif.*.tmp")
+    assert store.abort_incomplete_uploads(older_than=timedelta(hours=1)) == []  # could still be writing
+    assert store.abort_incomplete_uploads(older_than=timedelta(0), keys="other/") == []
+    sidecar = store.root / ".meta" / "demo" / "IE2" / ".FL2.tif.json.k2x_9q.tmp"  # as mkstemp names them
+    sidecar.parent.mkdir(parents=True)
+    sidecar.write_text("{")
+    assert store.abort_incomplete_uploads(older_than=timedelta(0), keys="demo/") == ["demo/IE1/big.tif",
+                                                                                      "demo/IE2/FL2.tif"]
+    assert not temporary.exists() and not sidecar.exists()
+    assert [p for p in store.root.rglob("*") if p.is_file()] == []
+
+
 def test_an_outage_mid_upload_is_retried_and_the_upload_succeeds(minio, s3_bucket, aws_env, tmp_path):
     path, sha = random_file(tmp_path / "big.tif", 32 * MiB)
     store = S3Store(s3_settings(minio, s3_bucket, max_bandwidth=16 * MiB, max_concurrency=2,
