@@ -111,45 +111,52 @@ def iiif_port() -> int:
 
 @pytest.fixture(scope="session")
 def deposited(minio, tmp_path_factory, iiif_port):
-    """Access masters and manifests in a public-read MinIO bucket, as a harvest leaves them. Built by
-    tests/consumer.py deposit_by_library: the one place to switch to `gcis-etl harvest` on the emulators."""
-    import json as json_module
+    """`gcis-etl harvest` over the emulated Rosetta into a public-read MinIO bucket (tests/consumer.py
+    deposit_by_harvest); its config.yaml also holds the `cache:` the consumer fixtures sync and serve."""
+    import json
 
-    from gcis_etl.stores import S3Store
-    from tests.consumer import deposit_by_library
+    from tests.consumer import deposit_by_harvest
+    from tests.harvests import PREFIX, Rig, harvest_credentials
     bucket = f"e2e-{uuid.uuid4().hex[:12]}"
     client = minio.client()
     client.create_bucket(Bucket=bucket)
-    client.put_bucket_policy(Bucket=bucket, Policy=json_module.dumps({
+    client.put_bucket_policy(Bucket=bucket, Policy=json.dumps({
         "Version": "2012-10-17",
         "Statement": [{"Effect": "Allow", "Principal": {"AWS": ["*"]}, "Action": ["s3:GetObject"],
                        "Resource": [f"arn:aws:s3:::{bucket}/*"]}]}))
-    settings = s3_settings(minio, bucket)
-    with pytest.MonkeyPatch.context() as mp:  # credentials reach this store's client only
-        mp.setenv("AWS_ACCESS_KEY_ID", minio.access_key)
-        mp.setenv("AWS_SECRET_ACCESS_KEY", minio.secret_key)
-        store = S3Store(settings)
-        return deposit_by_library(store, tmp_path_factory.mktemp("deposit"),
-                                  manifest_base_url=f"{minio.endpoint}/{bucket}/{settings.prefix}",
-                                  image_service_base_url=f"http://127.0.0.1:{iiif_port}/iiif")
+    root = tmp_path_factory.mktemp("harvest")
+    rig = Rig(root, minio, bucket, manifest_base=f"{minio.endpoint}/{bucket}/{PREFIX}",
+              image_service=f"http://127.0.0.1:{iiif_port}/iiif")
+    with harvest_credentials(minio, root):  # the store's client keeps them; the rest of the session does not
+        return deposit_by_harvest(rig, cache_config(tmp_path_factory.mktemp("consumer"), iiif_port))
+
+
+def cache_config(root: Path, port: int = 0, **server) -> dict:
+    """config.yaml `cache:` below `root`: the cache, and the server on `port`."""
+    return {"dir": str(root / "cache"), "server": {
+        "port": port, "run_dir": str(root / "run"), "access_log": str(root / "run" / "access.log"), **server}}
 
 
 def cache_settings(root: Path, port: int = 0, **server):
     """Cache and server settings below `root`, validated as config.yaml `cache:` would be."""
     from gcis_etl.cache import CacheSettings
     from gcis_etl.settings import parse
-    return parse(CacheSettings, {"dir": str(root / "cache"), "server": {
-        "port": port, "run_dir": str(root / "run"), "access_log": str(root / "run" / "access.log"), **server}},
-        "test-config.yaml", "cache")
+    return parse(CacheSettings, cache_config(root, port, **server), "test-config.yaml", "cache")
 
 
 @pytest.fixture(scope="session")
-def synced_cache(deposited, tmp_path_factory, iiif_port):
-    """The cache after one `cache sync` from the deposit (nothing failed)."""
-    from gcis_etl.cache import sync
-    settings = cache_settings(tmp_path_factory.mktemp("consumer"), iiif_port)
-    result = sync(settings, [deposited.source])
-    assert not result.failed, result.failed
+def synced_cache(deposited, minio):
+    """The cache after one `gcis-etl cache sync` with the harvest's config.yaml (nothing failed)."""
+    import json
+
+    from gcis_etl.config import load_config
+    from tests.harvests import harvest_credentials
+    with harvest_credentials(minio, deposited.rig.root):
+        run = deposited.rig.cli("cache", "sync", "--json")
+        assert run.returncode == 0, f"cache sync exited {run.returncode}:\n{run.stdout}\n{run.stderr}"
+        settings = load_config(deposited.rig.config).cache
+    copied = json.loads(run.stdout)["copied"]
+    assert sorted(copied) == sorted(image.key for image in deposited.images)
     return settings
 
 

@@ -1,9 +1,8 @@
-"""Support for the iipsrv consumer tests: what is deposited, HTTP and image checks, the Image API validator.
+"""Support for the iipsrv consumer tests: what a harvest deposits, HTTP and image checks, the Image API validator.
 
-The end-to-end tests start from a store filled the way a harvest leaves it: access masters and their IIIF
-manifests, plus what the ledger recorded for each image (key, size, SHA-256). `deposit_by_library` builds
-that with library calls (convert, store.put, Manifests.publish). It is the one place to change when the
-suite moves to `gcis-etl harvest` on the emulated sources: the tests only use the `Deposit` it returns.
+The end-to-end tests start from what `gcis-etl harvest` leaves after a run over the emulated Rosetta: access
+masters and IIIF manifests in MinIO, and what the ledger recorded for each image (key, size, SHA-256).
+`deposit_by_harvest` runs that harvest (tests/harvests.py is the rig) and returns it as a `Deposit`.
 """
 from __future__ import annotations
 
@@ -12,55 +11,64 @@ import json
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
-from datetime import datetime, timezone
+from dataclasses import dataclass, replace
 from pathlib import Path
 
+import pytest
 from PIL import Image
 
-from connectors.base import LangValue, SourceObject
-from gcis_etl.cache import CacheSource
-from gcis_etl.conversion import convert
-from gcis_etl.isolation import IsolatedProcess
-from gcis_etl.manifests import DepositedImage, ManifestSettings, Manifests
-from gcis_etl.recipes import load_recipe
-from gcis_etl.settings import parse
-from gcis_etl.stores import Provenance, Store
+from gcis_etl.config import load_config
+from gcis_etl.stores import Store
+from tests.emulators.catalogue import CorpusFile
+from tests.emulators.rosetta import RosettaCatalogue, RosettaEmulator, RosettaFile
+
+pytest.register_assert_rewrite("tests.harvests")  # before the import: its checks explain their failures too
+from tests.harvests import (GeneratedFile, Rig, ie, rosetta_expected, rosetta_listing, rosetta_source,  # noqa: E402
+                            serving)
 
 REPO = Path(__file__).resolve().parents[1]
-CORPUS = REPO / "tests" / "corpus"
 VALIDATOR_ID = "67352ccc-d1b0-11e1-89ae-279075081939"  # the identifier the validator's own server uses
 # The validator's test image: the iiif-validator package does not ship it (IIIF/image-validator, Apache-2.0).
 VALIDATOR_IMAGE = REPO / "tests" / "iiif_image_validator" / f"{VALIDATOR_ID}.png"
-PIPELINE = "e2e"
 
 
 @dataclass(frozen=True)
-class Master:
-    object_id: str
-    item_id: str
-    path: Path
-    recipe: str = "ptiff-jpeg-q90"
+class Pipeline:
+    """A pipeline of the harvest: one recipe, fed by one OAI set of the emulated Rosetta."""
+
+    name: str
+    oai_set: str
+    recipe: str
+    extension: str  # of the recipe's access masters
 
 
-def masters() -> tuple[Master, ...]:
-    """Several tiles per level, a size above 1024 px, grey and wide-gamut inputs, the validator's image as
-    PTIFF and as JP2 (the JP2 recipes)."""
-    return (
-        Master("validator", VALIDATOR_ID, VALIDATOR_IMAGE),
-        Master("validator-jp2", VALIDATOR_ID, VALIDATOR_IMAGE, "jp2-openjpeg-lossy"),
-        Master("corpus", "kodim02", CORPUS / "rgb8-tiff-lzw" / "kodim02-lzw.tif"),
-        Master("corpus", "prophoto", CORPUS / "icc-prophoto" / "test_icc_prophoto.jpg"),
-        Master("corpus", "gray", CORPUS / "gray8" / "gray.tif"),
-    )
+PIPELINES = (Pipeline("e2e", "gcis", "ptiff-jpeg-q90", "tif"), Pipeline("e2e-jp2", "jp2", "jp2-openjpeg-lossy", "jp2"))
+PIPELINE, JP2_PIPELINE = (p.name for p in PIPELINES)
+
+
+def catalogue() -> RosettaCatalogue:
+    """Several tiles per level, a size above 1024 px, grey and wide-gamut inputs (in the first pipeline's set),
+    and the validator's test image in every set, so that it is deposited as PTIFF and as JP2. Each file's label
+    is the name the tests give it; the validator's image keeps as its file PID the identifier the validator's own
+    server gives it. Gray's PID sorts before kodim02's: the prune test relies on that sync order."""
+    validator = RosettaFile(VALIDATOR_ID, GeneratedFile(str(VALIDATOR_IMAGE)), "validator")
+    corpus = [RosettaFile(f"FL20{n}", CorpusFile(path), name) for n, (name, path) in enumerate(
+        (("gray", "gray8/gray.tif"), ("kodim02", "rgb8-tiff-lzw/kodim02-lzw.tif"),
+         ("prophoto", "icc-prophoto/test_icc_prophoto.jpg")), start=2)]
+    return RosettaCatalogue([
+        ie(100, "2026-01-01 10:00:00", validator, title="IIIF Image API validator test image",
+           sets={p.oai_set for p in PIPELINES}),
+        ie(200, "2026-01-01 10:00:00", *corpus, title="Corpus masters", sets={PIPELINES[0].oai_set})])
 
 
 @dataclass(frozen=True)
 class Recorded:
-    """One deposited access master as the ledger records it."""
+    """One deposited access master as the ledger records it; `name` is its label in catalogue()."""
 
+    pipeline: str
     object_id: str
     item_id: str
+    name: str
     key: str
     width: int
     height: int
@@ -69,51 +77,43 @@ class Recorded:
 
 @dataclass(frozen=True)
 class Deposit:
-    store: Store
-    source: CacheSource            # what `cache sync` mirrors
+    rig: Rig                       # config.yaml (the pipelines, `cache:`) and ledger of the harvest
+    store: Store                   # the pipelines' store, as config.yaml configures it
     images: tuple[Recorded, ...]
     manifest_keys: tuple[str, ...]
-    manifest_base_url: str
-    image_service_base_url: str
 
-    def image(self, object_id: str, item_id: str | None = None) -> Recorded:
-        return next(i for i in self.images if i.object_id == object_id and item_id in (None, i.item_id))
+    def image(self, name: str, pipeline: str = PIPELINE) -> Recorded:
+        return next(i for i in self.images if i.name == name and i.pipeline == pipeline)
 
     def manifest_url(self, key: str) -> str:
-        return f"{self.manifest_base_url}/{key}"
+        return f"{self.rig.manifest_base}/{key}"
 
 
-def deposit_by_library(store: Store, scratch: Path, manifest_base_url: str, image_service_base_url: str,
-                       selection: tuple[Master, ...] | None = None) -> Deposit:
-    """Convert, deposit and publish `selection` (default: masters()) the way the pipeline does."""
-    settings = parse(ManifestSettings, {"manifest_base_url": manifest_base_url,
-                                        "image_service_base_url": image_service_base_url,
-                                        "versions": ["3.0", "2.1"]}, "test", "manifests")
-    manifests = Manifests(settings, PIPELINE, store)
-    recorded: list[Recorded] = []
-    by_object: dict[str, list[DepositedImage]] = {}
-    with IsolatedProcess() as worker:
-        for master in selection or masters():
-            recipe = load_recipe(master.recipe)
-            output = scratch / f"{master.object_id}-{master.item_id}{recipe.extension}"
-            result = convert(master.path, output, recipe, worker=worker)
-            assert result.ok, f"{master.path}: {result.reason}"
-            key = store.keys.image_key(PIPELINE, master.object_id, master.item_id, 1, recipe.extension[1:])
-            store.put(key, output, sha256=result.sha256,
-                      provenance=Provenance(source_id=master.item_id, recipe=result.recipe,
-                                            recipe_digest=result.recipe_digest, width=result.width,
-                                            height=result.height))
-            recorded.append(Recorded(master.object_id, master.item_id, key, result.width, result.height,
-                                     result.sha256))
-            images = by_object.setdefault(master.object_id, [])
-            images.append(DepositedImage(len(images) + 1, key, result.width, result.height, master.item_id))
-    manifest_keys = []
-    for object_id, images in by_object.items():
-        obj = SourceObject(id=object_id, modified=datetime(2026, 1, 1, tzinfo=timezone.utc), items=(),
-                           metadata={"title": (LangValue(f"e2e {object_id}"),)})
-        manifest_keys.extend(s.key for s in manifests.publish(obj, images).stored)
-    return Deposit(store, CacheSource(PIPELINE, store, f"{PIPELINE}/"), tuple(recorded), tuple(manifest_keys),
-                   settings.manifest_base_url, settings.image_service_base_url)
+def deposit_by_harvest(rig: Rig, cache: dict) -> Deposit:
+    """Serve catalogue() from the Rosetta emulator and run `gcis-etl harvest` on both pipelines (and `cache` as
+    config.yaml's cache section); what it deposited, from the ledger. The environment must carry the
+    credentials (tests.harvests.harvest_environment)."""
+    rosetta = catalogue()
+    with serving(RosettaEmulator(rosetta)) as emulator:
+        rig.write_config({p.name: rig.pipeline_config(rosetta_source(emulator.url, oai={"set": p.oai_set}),
+                                                      recipe=p.recipe) for p in PIPELINES}, cache=cache)
+        run = rig.cli("harvest", timeout=600)
+    assert run.returncode == 0, f"harvest exited {run.returncode}:\n{run.stdout}\n{run.stderr}"
+    images, keys = [], []
+    for pipeline in PIPELINES:
+        expected = rosetta_expected(rosetta, pipeline.oai_set)
+        names = {f.pid: f.label for files in rosetta_listing(rosetta, pipeline.oai_set).values() for f in files}
+        view = replace(rig, pipeline=pipeline.name, extension=pipeline.extension)
+        with view.ledger() as ledger:
+            records = ledger.items(pipeline.name)
+        assert {(r.object_id, r.item_id): r.status for r in records} == expected.outcomes
+        images += [Recorded(r.pipeline, r.object_id, r.item_id, names[r.item_id], r.output_key, r.width, r.height,
+                            r.sha256) for r in records]
+        keys += view.expected_keys(expected)
+    assert rig.keys() == sorted(keys)  # the bucket holds what both pipelines must leave, and nothing else
+    store = load_config(rig.config).pipeline(PIPELINE).store
+    assert store.client  # made now, while the credentials are in the environment: it keeps them
+    return Deposit(rig, store, tuple(images), tuple(k for k in keys if k.rpartition("/")[2].startswith("manifest-")))
 
 
 # ---------------------------------------------------------------------------------------------------- HTTP

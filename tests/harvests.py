@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import csv
 import json
+import mimetypes
 import re
 import signal
 import sqlite3
@@ -60,7 +61,8 @@ def corpus_verdicts() -> dict[str, str]:
 
 @dataclass(frozen=True)
 class GeneratedFile(CorpusFile):
-    """A master the test wrote outside the corpus (`relative` is its absolute path); always an accepted TIFF."""
+    """A master outside the corpus (`relative` is its absolute path) that a harvest accepts: one the test wrote,
+    or the IIIF validator's test image. Its MIME type follows its extension."""
 
     @property
     def path(self) -> Path:
@@ -68,7 +70,7 @@ class GeneratedFile(CorpusFile):
 
     @property
     def mime(self) -> str:
-        return "image/tiff"
+        return mimetypes.guess_type(self.relative)[0] or "application/octet-stream"
 
 
 def outcome(file: CorpusFile) -> str:
@@ -78,9 +80,12 @@ def outcome(file: CorpusFile) -> str:
     return "rejected" if corpus_verdicts()[file.relative] == "reject" else "deposited"
 
 
-def ie(number: int, modified: str, *files: CorpusFile | str, title: str | None = None, **entity) -> Entity:
-    """An IE numbered from `number` (IE, REP then FL PIDs follow on) whose modified master holds `files`."""
-    masters = [RosettaFile(f"FL{number + 2 + n}", f if isinstance(f, CorpusFile) else CorpusFile(f), f"Image {n + 1}")
+def ie(number: int, modified: str, *files: RosettaFile | CorpusFile | str, title: str | None = None,
+       **entity) -> Entity:
+    """An IE numbered from `number` (IE, REP then FL PIDs follow on) whose modified master holds `files`; a
+    RosettaFile keeps its own PID and label."""
+    masters = [f if isinstance(f, RosettaFile) else
+               RosettaFile(f"FL{number + 2 + n}", f if isinstance(f, CorpusFile) else CorpusFile(f), f"Image {n + 1}")
                for n, f in enumerate(files)]
     return Entity(f"IE{number}", [("dc:title", title or f"Object {number}", "en")], utc("2023-01-01 00:00:00"),
                   utc(modified), [Representation(f"REP{number + 1}", "MODIFIED_MASTER", masters)], **entity)
@@ -100,8 +105,8 @@ class Expected:
     outcomes: dict[tuple[str, str], str]
 
 
-def rosetta_expected(catalogue: RosettaCatalogue) -> Expected:
-    listing = rosetta_listing(catalogue)
+def rosetta_expected(catalogue: RosettaCatalogue, oai_set: str = "gcis") -> Expected:
+    listing = rosetta_listing(catalogue, oai_set)
     return Expected({pid: [f.pid for f in files] for pid, files in listing.items()},
                     {(pid, f.pid): outcome(f.source) for pid, files in listing.items() for f in files})
 
@@ -181,6 +186,9 @@ class Rig:
     minio: MinioServer
     bucket: str
     pipeline: str = "dam"
+    manifest_base: str = MANIFEST_BASE
+    image_service: str = IMAGE_SERVICE
+    extension: str = "tif"  # of the pipeline recipe's access masters
     client: object = field(init=False)
 
     def __post_init__(self) -> None:
@@ -195,16 +203,24 @@ class Rig:
         return self.root / "state" / "ledger.sqlite"
 
     def write(self, source: dict, store: dict | None = None, **settings) -> Path:
-        """config.yaml with one pipeline; `settings` are its run settings (concurrency, max_attempts, ...)."""
-        pipeline = {"source": source,
-                    "store": {"kind": "s3", "bucket": self.bucket, "prefix": PREFIX, "endpoint_url": self.minio.endpoint,
-                              "region": "us-east-1", "addressing_style": "path", **(store or {})},
-                    "manifests": {"manifest_base_url": MANIFEST_BASE,
-                                  "image_service_base_url": IMAGE_SERVICE, "versions": ["3.0", "2.1"],
-                                  "label": ["title", "dc:title"], "collection_label": "Harvest test"},
-                    **settings}
+        """config.yaml with this rig's pipeline alone."""
+        return self.write_config({self.pipeline: self.pipeline_config(source, store, **settings)})
+
+    def pipeline_config(self, source: dict, store: dict | None = None, **settings) -> dict:
+        """A pipeline from `source` into this rig's bucket, with both manifest versions; `settings` are its run
+        settings (recipe, concurrency, max_attempts, ...)."""
+        return {"source": source,
+                "store": {"kind": "s3", "bucket": self.bucket, "prefix": PREFIX, "endpoint_url": self.minio.endpoint,
+                          "region": "us-east-1", "addressing_style": "path", **(store or {})},
+                "manifests": {"manifest_base_url": self.manifest_base,
+                              "image_service_base_url": self.image_service, "versions": ["3.0", "2.1"],
+                              "label": ["title", "dc:title"], "collection_label": "Harvest test"},
+                **settings}
+
+    def write_config(self, pipelines: dict[str, dict], **sections) -> Path:
+        """config.yaml with these pipelines (from pipeline_config) and other top-level `sections` (cache, ...)."""
         self.config.write_text(yaml.safe_dump({"state_dir": "state", "defaults": {"concurrency": 2},
-                                               "pipelines": {self.pipeline: pipeline}}, sort_keys=False))
+                                               "pipelines": pipelines, **sections}, sort_keys=False))
         return self.config
 
     # ---------------------------------------------------------------------------------------- running
@@ -261,7 +277,7 @@ class Rig:
     # --------------------------------------------------------------------------------- expectations
 
     def image_key(self, object_id: str, item_id: str) -> str:
-        return f"{self.pipeline}/{object_id}/{item_id}.tif"
+        return f"{self.pipeline}/{object_id}/{item_id}.{self.extension}"
 
     def expected_keys(self, expected: Expected) -> list[str]:
         """The documented layout (keys.py's default templates): images, two manifests per object with at least
@@ -298,12 +314,12 @@ class Rig:
         v3 = self.document(f"{self.pipeline}/{object_id}/manifest-v3.json")
         assert validate(v3, "3.0").errors == ()
         services = [canvas["items"][0]["items"][0]["body"]["service"][0]["@id"] for canvas in v3["items"]]
-        assert [unquote(s.removeprefix(IMAGE_SERVICE + "/")) for s in services] == \
+        assert [unquote(s.removeprefix(self.image_service + "/")) for s in services] == \
             [self.image_key(object_id, i) for i in items]
         v2 = self.document(f"{self.pipeline}/{object_id}/manifest-v2.json")
         assert validate(v2, "2.1").errors == ()
         services = [c["images"][0]["resource"]["service"]["@id"] for c in v2["sequences"][0]["canvases"]]
-        assert [unquote(s.removeprefix(IMAGE_SERVICE + "/")) for s in services] == \
+        assert [unquote(s.removeprefix(self.image_service + "/")) for s in services] == \
             [self.image_key(object_id, i) for i in items]
 
     def check_collections(self, published: list[str]) -> None:
@@ -312,7 +328,8 @@ class Rig:
             collection = self.document(f"collections/{self.pipeline}-v{version}.json")
             assert validate(collection, "3.0" if version == "3" else "2.1").errors == ()
             listed = [item[id_name] for item in collection[items]]
-            assert listed == sorted(f"{MANIFEST_BASE}/{self.pipeline}/{o}/manifest-v{version}.json" for o in published)
+            assert listed == sorted(f"{self.manifest_base}/{self.pipeline}/{o}/manifest-v{version}.json"
+                                    for o in published)
 
 
 def published_objects(expected: Expected) -> list[str]:
@@ -320,16 +337,28 @@ def published_objects(expected: Expected) -> list[str]:
     return sorted({o for (o, _), status in expected.outcomes.items() if status == "deposited"})
 
 
-@pytest.fixture
-def rig(tmp_path, minio, monkeypatch) -> Rig:
+def harvest_environment(monkeypatch: pytest.MonkeyPatch, minio: MinioServer, tmp_path: Path) -> None:
     """Credentials reach boto3 and the config's ${...} references through the environment, in this process and
-    in the `gcis-etl` subprocesses it starts."""
+    in the `gcis-etl` subprocesses it starts; no AWS profile or GCIS_CONFIG of the machine interferes."""
     for name, value in {"AWS_ACCESS_KEY_ID": minio.access_key, "AWS_SECRET_ACCESS_KEY": minio.secret_key,
                         "AWS_CONFIG_FILE": str(tmp_path / "no-aws-config"),
                         "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "no-aws-credentials"), **SECRETS}.items():
         monkeypatch.setenv(name, value)
     monkeypatch.delenv("AWS_PROFILE", raising=False)
     monkeypatch.delenv("GCIS_CONFIG", raising=False)
+
+
+@contextmanager
+def harvest_credentials(minio: MinioServer, tmp_path: Path) -> Iterator[None]:
+    """harvest_environment for one block, where no monkeypatch fixture is at hand (session fixtures)."""
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        harvest_environment(monkeypatch, minio, tmp_path)
+        yield
+
+
+@pytest.fixture
+def rig(tmp_path, minio, monkeypatch) -> Rig:
+    harvest_environment(monkeypatch, minio, tmp_path)
     bucket = f"h-{uuid.uuid4().hex[:12]}"
     minio.client().create_bucket(Bucket=bucket)
     return Rig(tmp_path, minio, bucket)

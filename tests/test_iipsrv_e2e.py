@@ -1,6 +1,7 @@
-"""The consumer end to end, real processes on loopback: access masters and manifests deposited in MinIO ->
-`cache sync` -> lighttpd + iipsrv 1.1 (deploy/iipsrv/) -> IIIF Image API answers checked against what the
-ledger recorded, and the IIIF community's Image API validator run against our own pyramids."""
+"""The consumer end to end, real processes on loopback: the emulated Rosetta -> `gcis-etl harvest` -> access
+masters and manifests in MinIO -> `gcis-etl cache sync` -> lighttpd + iipsrv 1.1 (deploy/iipsrv/) -> IIIF
+Image API answers checked against what the harvest's ledger recorded, and the IIIF community's Image API
+validator run against our own pyramid and JP2."""
 from __future__ import annotations
 
 import os
@@ -14,7 +15,8 @@ from gcis_etl.cache import CacheSource, prune, purge, sync
 from gcis_etl.iipsrv import Consumer
 from gcis_etl.stores import LocalStore, LocalStoreSettings
 from tests.conftest import cache_settings
-from tests.consumer import fit, get, image_api_validator, jpeg_size, wait_logged
+from tests.consumer import (JP2_PIPELINE, PIPELINE, VALIDATOR_ID, fit, get, image_api_validator, jpeg_size,
+                            wait_logged)
 
 pytestmark = pytest.mark.slow
 
@@ -57,8 +59,8 @@ def test_full_image_within_1024_decodes_at_the_best_fit_without_upscaling(deposi
         assert r.status == 200, image.key
         sizes[image.key] = jpeg_size(r.body)
         assert sizes[image.key] == fit(image.width, image.height, 1024), image.key
-    assert sizes[deposited.image("corpus", "kodim02").key] == (768, 512)  # not upscaled
-    assert sizes[deposited.image("corpus", "prophoto").key] == (1024, 640)  # 1680x1050, scaled down
+    assert sizes[deposited.image("kodim02").key] == (768, 512)  # not upscaled
+    assert sizes[deposited.image("prophoto").key] == (1024, 640)  # 1680x1050, scaled down
 
 
 def _service_ids(manifest: dict) -> list[tuple[str, int, int]]:
@@ -118,12 +120,13 @@ def test_info_json_id_is_exactly_the_manifest_service_id(deposited, consumer):
 # ------------------------------------------------------------------------------ IIIF Image API validator
 
 
-@pytest.mark.parametrize("object_id", ["validator", "validator-jp2"])
-def test_image_api_validator_level1_passes_on_our_conversion_of_its_test_image(deposited, consumer, object_id):
+@pytest.mark.parametrize("pipeline, extension", [(PIPELINE, ".tif"), (JP2_PIPELINE, ".jp2")])
+def test_image_api_validator_level1_passes_on_our_conversion_of_its_test_image(deposited, consumer, pipeline,
+                                                                              extension):
     """Its pixel checks request regions, sizes and rotations and compare colours: our pyramid (PTIFF) and our
     JP2 must be geometrically and colorimetrically right, as iipsrv reads them."""
-    key = deposited.image(object_id).key
-    assert key.endswith((".tif", ".jp2")) and object_id.endswith("jp2") == key.endswith(".jp2")
+    key = deposited.image("validator", pipeline).key
+    assert key.endswith(f"/{VALIDATOR_ID}{extension}")
     server = urlsplit(consumer.url).netloc
     ran, failures = image_api_validator(server, consumer.server.prefix.strip("/"), key, "2.0", level=1)
     assert len(ran) == 21, ran
@@ -141,21 +144,22 @@ def test_base_uri_redirects_to_info_json_in_both_identifier_forms(deposited, con
 
 
 def test_forged_iiif_id_header_does_not_reach_info_json(deposited, consumer):
-    key = deposited.image("corpus", "kodim02").key
+    key = deposited.image("kodim02").key
     doc = get(f"{consumer.iiif_url}/{key}/info.json", headers={"X-IIIF-ID": "http://evil.example/x"}).json()
     assert doc["@id"] == f"{consumer.iiif_url}/{key}"
 
 
 def test_cache_headers_and_unknown_or_escaping_identifiers(deposited, consumer):
-    r = info(consumer, deposited.image("corpus", "kodim02").key)
+    r = info(consumer, deposited.image("kodim02").key)
     assert r.headers["cache-control"] == consumer.server.cache_control == "max-age=86400"
     assert "last-modified" in r.headers
-    assert info(consumer, "e2e/nothing/here.tif").status == 404
+    assert info(consumer, f"{PIPELINE}/nothing/here.tif").status == 404
     assert info(consumer, "..%2F..%2F..%2F..%2Fetc%2Fpasswd").status in (400, 403, 404)
     assert info(consumer, "..%2Fstate.sqlite").status in (400, 403, 404)
 
 
-def test_production_config_runs_the_configured_iipsrv_processes_and_serves_only_iiif(synced_cache, tmp_path):
+def test_production_config_runs_the_configured_iipsrv_processes_and_serves_only_iiif(deposited, synced_cache,
+                                                                                    tmp_path):
     """lighttpd.conf alone (no demo documents, no viewer), two iipsrv processes behind a public base URL;
     stopping leaves none."""
     settings = cache_settings(tmp_path, processes=2, base_url="https://images.example.org/iiif")
@@ -166,10 +170,11 @@ def test_production_config_runs_the_configured_iipsrv_processes_and_serves_only_
             time.sleep(0.1)
             iipsrv = [c for c in psutil.Process(production.proc.pid).children() if c.name().startswith("iipsrv")]
         assert len(iipsrv) == 2
+        key = deposited.image("kodim02").key
         for i in range(4):  # both answer (lighttpd balances requests over them)
-            doc = get(f"{production.iiif_url}/e2e%2Fcorpus%2Fkodim02.tif/info.json").json()
-            assert doc["@id"] == "https://images.example.org/iiif/e2e/corpus/kodim02.tif"
-        assert get(f"{production.url}/store/e2e/corpus/manifest-v3.json").status == 404
+            doc = get(f"{production.iiif_url}/{quote(key, safe='')}/info.json").json()
+            assert doc["@id"] == f"https://images.example.org/iiif/{key}"
+        assert get(f"{production.url}/store/{deposited.manifest_keys[0]}").status == 404
         assert get(f"{production.url}/viewer/").status == 404
     time.sleep(0.2)
     assert not [p for p in iipsrv if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
@@ -182,10 +187,10 @@ def test_production_config_runs_the_configured_iipsrv_processes_and_serves_only_
 def small(deposited, tmp_path):
     """A local store holding two of the deposited access masters, its own cache and a running consumer."""
     store = LocalStore(LocalStoreSettings(root=tmp_path / "store"))
-    for image in (deposited.image("corpus", "kodim02"), deposited.image("corpus", "gray")):
+    for image in (deposited.image("kodim02"), deposited.image("gray")):
         store.put_bytes(image.key, deposited.store.get_bytes(image.key), content_type="image/tiff")
     settings = cache_settings(tmp_path)
-    source = CacheSource("e2e", store, "e2e/")
+    source = CacheSource(PIPELINE, store, f"{PIPELINE}/")
     assert len(sync(settings, [source]).copied) == 2
     with Consumer(settings.server, settings.images_dir) as running:
         yield store, source, settings, running
@@ -193,7 +198,7 @@ def small(deposited, tmp_path):
 
 def test_a_re_deposited_image_is_served_at_its_new_size_after_the_next_sync(deposited, small):
     store, source, settings, running = small
-    kodim, gray = deposited.image("corpus", "kodim02"), deposited.image("corpus", "gray")
+    kodim, gray = deposited.image("kodim02"), deposited.image("gray")
     assert info(running, kodim.key).json()["width"] == kodim.width
     store.put_bytes(kodim.key, deposited.store.get_bytes(gray.key), content_type="image/tiff")
     assert info(running, kodim.key).json()["width"] == kodim.width  # the cache has not been synced yet
@@ -206,7 +211,7 @@ def test_a_re_deposited_image_is_served_at_its_new_size_after_the_next_sync(depo
 
 def test_a_purged_image_answers_404_at_once(deposited, small):
     store, source, settings, running = small
-    key = deposited.image("corpus", "kodim02").key
+    key = deposited.image("kodim02").key
     assert info(running, key).status == 200
     store.delete(key)
     assert sync(settings, [source]).gone == (key,)
@@ -218,7 +223,7 @@ def test_a_purged_image_answers_404_at_once(deposited, small):
 def test_prune_keeps_what_the_access_log_shows_requested_and_a_request_brings_an_evicted_image_back(
         deposited, small):
     store, source, settings, running = small
-    kodim, gray = deposited.image("corpus", "kodim02"), deposited.image("corpus", "gray")
+    kodim, gray = deposited.image("kodim02"), deposited.image("gray")
     assert sorted([kodim.key, gray.key]) == [gray.key, kodim.key]
     for image in (kodim, gray):  # atime just after mtime: relatime will not update it today, only the log knows
         st = (settings.images_dir / image.key).stat()

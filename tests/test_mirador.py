@@ -35,10 +35,16 @@ def mirador(consumer) -> Path:
     return target
 
 
+class ProtocolError(Exception):
+    """Chromium answered a DevTools command with an error."""
+
+
 class Chromium:
     """Headless Chromium driven over the DevTools protocol on a pipe (--remote-debugging-pipe: JSON messages
     ending in NUL, read on fd 3, written on fd 4), so a test waits for what it needs on the wall clock
     instead of guessing a load time."""
+
+    SCREENSHOT_ATTEMPTS = 5
 
     def __init__(self, profile: Path, width: int = 1200, height: int = 900):
         binary = shutil.which("chromium")
@@ -61,12 +67,14 @@ class Chromium:
         self._buffer = b""
         self._id = 0
         self.size = (width, height)
+        self.target: str | None = None
         self.session: str | None = None
 
-    def call(self, method: str, timeout: float = 30, **params) -> dict:
+    def call(self, method: str, timeout: float = 30, browser: bool = False, **params) -> dict:
+        """Send a command to the page's session (to the browser itself when `browser`), wait for its answer."""
         self._id += 1
         message = {"id": self._id, "method": method, "params": params}
-        if self.session:
+        if self.session and not browser:
             message["sessionId"] = self.session
         os.write(self._to_chrome, json.dumps(message).encode() + b"\0")
         deadline = time.monotonic() + timeout
@@ -75,7 +83,8 @@ class Chromium:
                 raw, self._buffer = self._buffer.split(b"\0", 1)
                 reply = json.loads(raw)
                 if reply.get("id") == self._id:
-                    assert "error" not in reply, f"{method}: {reply['error']}"
+                    if "error" in reply:
+                        raise ProtocolError(f"{method}: {reply['error'].get('message')} ({reply['error']})")
                     return reply["result"]
             left = deadline - time.monotonic()
             assert left > 0 and select.select([self._from_chrome], [], [], left)[0], f"{method}: no answer"
@@ -84,19 +93,45 @@ class Chromium:
             self._buffer += chunk
 
     def open(self, url: str) -> None:
-        target = self.call("Target.createTarget", url="about:blank")["targetId"]
-        self.session = self.call("Target.attachToTarget", targetId=target, flatten=True)["sessionId"]
+        self.target = self.call("Target.createTarget", browser=True, url="about:blank")["targetId"]
+        self._attach()
+        self.call("Page.navigate", url=url)
+
+    def _attach(self) -> None:
+        """A new session on the page target, with the window size (an emulation lasts as long as its session);
+        the previous session, if any, is let go."""
+        previous = self.session
+        self.session = self.call("Target.attachToTarget", browser=True, targetId=self.target,
+                                 flatten=True)["sessionId"]
         width, height = self.size
         self.call("Emulation.setDeviceMetricsOverride", width=width, height=height, deviceScaleFactor=1,
                   mobile=False)
-        self.call("Page.navigate", url=url)
+        if previous:
+            try:
+                self.call("Target.detachFromTarget", browser=True, sessionId=previous)
+            except ProtocolError:  # Chromium had already let it go
+                pass
 
     def evaluate(self, expression: str):
         return self.call("Runtime.evaluate", expression=expression, returnByValue=True)["result"].get("value")
 
     def screenshot(self, out: Path) -> Path:
-        out.write_bytes(base64.b64decode(self.call("Page.captureScreenshot", format="png")["data"]))
-        return out
+        """Page.captureScreenshot answers "Not attached to an active page" while a navigation commits in a new
+        renderer (most captures made just after Page.navigate do; one made 0.2 s later works). Try again a
+        bounded number of times, each on a new session to the page target in case the old one went too."""
+        errors = []
+        for attempt in range(1, self.SCREENSHOT_ATTEMPTS + 1):
+            if attempt > 1:
+                time.sleep(0.2 * attempt)
+                self._attach()
+            try:
+                data = self.call("Page.captureScreenshot", format="png")["data"]
+            except ProtocolError as exc:
+                errors.append(str(exc))
+                continue
+            out.write_bytes(base64.b64decode(data))
+            return out
+        raise AssertionError(f"no screenshot in {self.SCREENSHOT_ATTEMPTS} attempts: " + "; ".join(errors))
 
     def close(self) -> None:
         terminate(self.proc)
@@ -129,7 +164,9 @@ def colours_shown(shot: Path, colours: list[tuple[int, int, int]], tolerance: in
 
 @pytest.mark.parametrize("version", ["3", "2"])
 def test_a_generated_manifest_shows_its_image_in_mirador(deposited, consumer, mirador, browser, tmp_path, version):
-    manifest = next(k for k in deposited.manifest_keys if k.endswith(f"/validator/manifest-v{version}.json"))
+    image = deposited.image("validator")
+    manifest = f"{image.pipeline}/{image.object_id}/manifest-v{version}.json"
+    assert manifest in deposited.manifest_keys
     browser.open(f"{consumer.url}/viewer/?manifest={quote(deposited.manifest_url(manifest), safe='')}")
     colours = grid_colours()
     deadline = time.monotonic() + 60
@@ -141,8 +178,7 @@ def test_a_generated_manifest_shows_its_image_in_mirador(deposited, consumer, mi
         time.sleep(0.5)
     assert shown >= 90, f"only {shown} of the image's 100 colours on screen: see {shot}"
     assert browser.evaluate("document.title") == "gcis-etl viewer"
-    key = deposited.image("validator").key
-    wait_logged(consumer.server.access_log, f"{consumer.server.prefix}/{key}/")  # pixels came from our iipsrv
+    wait_logged(consumer.server.access_log, f"{consumer.server.prefix}/{image.key}/")  # pixels came from our iipsrv
 
 
 def test_the_colour_check_finds_nothing_in_an_empty_viewer(consumer, mirador, browser, tmp_path):
