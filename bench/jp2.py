@@ -5,8 +5,9 @@
 
 Both read one uncompressed 8-bit sRGB TIFF without profile or metadata, made from the bench master
 (bench/masters.py): the normaliser passes it through untouched, so the difference is our path's own work
-(the isolated process, inspection, the scratch copy the encoder reads, exiftool metadata, jpylyzer and the
-pixel verification that decodes the JP2 again, hashing). The bare argument vector is the one our path
+(the isolated process, inspection, the scratch copy the encoder reads, exiftool metadata, jpylyzer, the
+sampled pixel verification - one reduced resolution decoded whole and five full-resolution regions - and
+hashing). Compare CPU seconds too: wall time on a shared machine is noisy. The bare argument vector is the one our path
 runs (gcis_etl.jp2.build_command). Target: ours/bare wall time <= 1.1x, i.e. speed vs bare >= 0.91x.
 Not part of the test suite; timings on shared machines are noisy.
 """

@@ -227,7 +227,7 @@ def _encode_jp2(image, out: Path, recipe: Recipe, metadata, scratch: Path) -> _E
     isolation.stage("verifying the output")
     jp2 = recipe.jp2
     report = verify_jp2(out, Jp2Expectation(
-        width=image.width, height=image.height, levels=jp2.levels, layers=jp2.layers,
+        width=image.width, height=image.height, levels=encoded.levels, layers=jp2.layers,
         progression=jp2.progression, ht=jp2.ht, plt=encoded.plt,
         min_psnr=LOSSLESS if jp2.lossless else 30.0, reference=encoded.reference, metadata=metadata.values))
-    return _Encoded(jp2.levels + 1, encoded.bytes, encoded.warnings, report)
+    return _Encoded(encoded.levels + 1, encoded.bytes, encoded.warnings, report)

@@ -25,12 +25,18 @@ INPUT_BITS_PER_PIXEL = 24  # the normalised image: 3 x 8 bits; opj/grk take rati
 GROK_PLT_WITH_RATES = ("grk_compress 10.0.5 segfaults when PLT markers (-L) are combined with rates (-r): "
                        "PLT markers dropped")
 _SECONDS_BASE, _SECONDS_PER_MEGAPIXEL = 120.0, 4.0  # opj_compress runs at ~4 MP/s: a wide margin
+# Bytes a codestream spends besides coded data (main header; per tile-part; per packet: SOP 6 + EPH 2 + a
+# packet header). A layer whose byte budget is near this total cannot be met: grk_compress 10.0.5 gives up
+# ("failed to compress image") and opj_compress spends it on markers (14.9 dB on 64x56). So every layer gets
+# at least twice that budget: on small images the rates are raised (on 40 Mpx the recipes' are kept).
+_MAIN_HEADER_BYTES, _TILE_PART_BYTES, _PACKET_BYTES = 300, 14, 9
 
 
 @dataclass(frozen=True)
 class Jp2Command:
     argv: tuple[str, ...]
     plt: bool  # whether the output will carry PLT markers
+    levels: int  # wavelet levels the output will have
     warnings: tuple[str, ...] = ()
 
 
@@ -38,6 +44,7 @@ class Jp2Command:
 class EncodedJp2:
     bytes: int
     plt: bool
+    levels: int
     warnings: tuple[str, ...]
     reference: Path  # the uncompressed sRGB TIFF encoded, kept in scratch for verification
 
@@ -50,15 +57,18 @@ def kdu_compress_path() -> str | None:
     return shutil.which(TOOLS["kakadu"])
 
 
-def build_command(recipe: Recipe, source: Path, output: Path, binary: str | None = None) -> Jp2Command:
-    """The encoder's argument vector for `source` (uncompressed sRGB TIFF) -> `output` (.jp2)."""
+def build_command(recipe: Recipe, source: Path, output: Path, binary: str | None = None,
+                  size: tuple[int, int] | None = None) -> Jp2Command:
+    """The encoder's argument vector for `source` (uncompressed sRGB TIFF) -> `output` (.jp2). With the image
+    `size`, opj/grk parameters are fitted to small images (see small_image_fit); kakadu's stay verbatim."""
     jp2 = recipe.jp2
     binary = binary or TOOLS[recipe.encoder]
     io = ["-i", str(source), "-o", str(output)]
     if recipe.encoder == "kakadu":
-        return Jp2Command((binary, *io, *jp2.kdu_args), plt=jp2.plt)
+        return Jp2Command((binary, *io, *jp2.kdu_args), plt=jp2.plt, levels=jp2.levels)
     opj = recipe.encoder == "openjpeg"
-    args = ["-n", str(jp2.levels + 1), "-b", _pair(jp2.code_block), "-p", jp2.progression]
+    levels, ratios, warnings = small_image_fit(recipe, size)
+    args = ["-n", str(levels + 1), "-b", _pair(jp2.code_block), "-p", jp2.progression]
     if jp2.precincts:
         args += ["-c", ",".join(f"[{_pair(p)}]" for p in jp2.precincts)]
     if jp2.tiles:
@@ -71,28 +81,52 @@ def build_command(recipe: Recipe, source: Path, output: Path, binary: str | None
         args.append("-EPH" if opj else "-E")
     if not jp2.reversible:
         args.append("-I")
-    if jp2.rates:
-        args += ["-r", ",".join(_ratio(r) for r in sorted(jp2.rates))]
+    if ratios:
+        args += ["-r", ",".join(f"{r:.4g}" for r in ratios)]
     if jp2.ht:
         if opj:
             raise ConversionFailed("opj_compress cannot write HTJ2K; use encoder grok or kakadu")
         args += ["-M", "64"]
-    warnings: tuple[str, ...] = ()
+    plt = jp2.plt
     if jp2.plt:
         if not opj and jp2.rates:
-            warnings = (GROK_PLT_WITH_RATES,)
+            warnings, plt = (*warnings, GROK_PLT_WITH_RATES), False
         else:
             args.append("-PLT" if opj else "-L")
-    return Jp2Command((binary, *io, *args), plt=jp2.plt and not warnings, warnings=warnings)
+    return Jp2Command((binary, *io, *args), plt=plt, levels=levels, warnings=warnings)
+
+
+def small_image_fit(recipe: Recipe, size: tuple[int, int] | None) -> tuple[int, list[float], tuple[str, ...]]:
+    """Levels and compression ratios (descending, opj/grk's terms) for an image of `size` (None: the recipe's):
+    no more levels than halve its shorter side to one pixel, no layer budget below twice the marker overhead
+    (ratios are floored at 1: such a layer holds everything coded)."""
+    jp2 = recipe.jp2
+    ratios = [INPUT_BITS_PER_PIXEL / r for r in sorted(jp2.rates)]
+    if size is None:
+        return jp2.levels, ratios, ()
+    width, height = size
+    levels = min(jp2.levels, max(1, min(width, height).bit_length() - 1))
+    notes = []
+    if levels < jp2.levels:
+        notes.append(f"{width}x{height} image: {levels} wavelet levels instead of {jp2.levels}")
+    if ratios:
+        resolutions, tiles = levels + 1, _tile_count(jp2.tiles, width, height)
+        overhead = _MAIN_HEADER_BYTES + tiles * resolutions * (
+            (_TILE_PART_BYTES if jp2.tile_parts else 0) + 3 * jp2.layers * _PACKET_BYTES)
+        scale = ratios[0] / max(1.0, width * height * 3 / (2 * overhead))
+        if scale > 1:  # every layer's budget raised by one factor, keeping the recipe's spacing
+            ratios = [max(1.0, r / scale) for r in ratios]
+            notes.append(f"{width}x{height} image: layer rates raised {scale:.3g}x (compression ratios "
+                         f"{','.join(f'{r:.3g}' for r in ratios)}) so that every layer holds more than its markers")
+    return levels, ratios, tuple(notes)
+
+
+def _tile_count(tiles: tuple[int, int] | None, width: int, height: int) -> int:
+    return -(-width // tiles[0]) * -(-height // tiles[1]) if tiles else 1
 
 
 def _pair(size: tuple[int, int]) -> str:
     return f"{size[0]},{size[1]}"
-
-
-def _ratio(bits_per_pixel: float) -> str:
-    """Kakadu's bits per pixel as opj/grk's compression ratio (ascending rates -> descending ratios)."""
-    return f"{INPUT_BITS_PER_PIXEL / bits_per_pixel:g}"
 
 
 def encode_jp2(image, out_path: Path, recipe: Recipe, metadata: Jp2Metadata, scratch: Path) -> EncodedJp2:
@@ -103,6 +137,9 @@ def encode_jp2(image, out_path: Path, recipe: Recipe, metadata: Jp2Metadata, scr
         where = f" (set {KDU_ENV} to its path)" if recipe.encoder == "kakadu" else ""
         raise ConversionFailed(f"{TOOLS[recipe.encoder]} not installed{where}")
     source = scratch / "normalised-srgb.tif"
+    if image.get_typeof("orientation"):  # the pixels are upright already; libvips would still write the tag
+        image = image.copy()
+        image.remove("orientation")
     try:
         image.tiffsave(str(source), compression="none", strip=True,
                        bigtiff=image.width * image.height * 3 > 2 ** 32 - 2 ** 26)
@@ -110,7 +147,7 @@ def encode_jp2(image, out_path: Path, recipe: Recipe, metadata: Jp2Metadata, scr
         raise RejectedMaster(f"corrupt or truncated image data: {str(exc.message).strip()}") from None
     # the encoders choose the format by extension, and the caller's temporary name ends in .partial
     encoded = scratch / "encoded.jp2"
-    command = build_command(recipe, source, encoded, binary)
+    command = build_command(recipe, source, encoded, binary, size=(image.width, image.height))
     isolation.stage(f"encoding with {Path(binary).name}")
     run_encoder(command.argv, timeout=_SECONDS_BASE + _SECONDS_PER_MEGAPIXEL * image.width * image.height / 1e6)
     isolation.stage("writing metadata")
@@ -118,7 +155,8 @@ def encode_jp2(image, out_path: Path, recipe: Recipe, metadata: Jp2Metadata, scr
     shutil.move(encoded, out_path)
     with open(out_path, "rb+") as f:
         os.fsync(f.fileno())
-    return EncodedJp2(bytes=out_path.stat().st_size, plt=command.plt, warnings=command.warnings, reference=source)
+    return EncodedJp2(bytes=out_path.stat().st_size, plt=command.plt, levels=command.levels,
+                      warnings=command.warnings, reference=source)
 
 
 def run_encoder(argv: tuple[str, ...], timeout: float) -> None:
