@@ -34,13 +34,18 @@ def orient(image: pyvips.Image, orientation: int) -> pyvips.Image:
     return image
 
 
-def normalise(image: pyvips.Image, info: ImageInfo, policy: ImagingPolicy) -> pyvips.Image:
-    """Upright 8-bit sRGB, alpha flattened (or dropped), extra bands dropped, with no profile attached."""
+def layout(image: pyvips.Image, info: ImageInfo, policy: ImagingPolicy) -> pyvips.Image:
+    """The master before colour management, as both PTIFF engines take it: upright, unsigned samples,
+    alpha flattened (or dropped), extra bands dropped."""
     image = orient(image, info.orientation)
     if image.format in ("char", "short", "int"):
         image = _unsigned(image)
-    image = _drop_extra_bands(image, policy)
-    image = _to_srgb(image, policy)
+    return _drop_extra_bands(image, policy)
+
+
+def normalise(image: pyvips.Image, info: ImageInfo, policy: ImagingPolicy) -> pyvips.Image:
+    """Upright 8-bit sRGB, alpha flattened (or dropped), extra bands dropped, with no profile attached."""
+    image = _to_srgb(layout(image, info, policy), policy)
     if image.bands == 1:
         image = image.bandjoin([image, image])
     if image.format != "uchar":
@@ -78,7 +83,7 @@ def _to_srgb(image: pyvips.Image, policy: ImagingPolicy) -> pyvips.Image:
     intent = _INTENTS[policy.rendering_intent]
     interpretation = "labq" if image.coding == "labq" else image.interpretation
     embedded = image.get_typeof("icc-profile-data") != 0
-    if embedded and not _is_srgb(image, policy):
+    if embedded and not is_srgb(image, policy):
         return image.icc_transform(SRGB, embedded=True, intent=intent, depth=8)
     if interpretation == "cmyk":
         return image.icc_transform(SRGB, input_profile=policy.cmyk_fallback_profile, intent=intent, depth=8)
@@ -91,7 +96,8 @@ def _to_srgb(image: pyvips.Image, policy: ImagingPolicy) -> pyvips.Image:
     return image.colourspace("srgb")
 
 
-def _is_srgb(image: pyvips.Image, policy: ImagingPolicy) -> bool:
+def is_srgb(image: pyvips.Image, policy: ImagingPolicy) -> bool:
+    """8-bit samples with an embedded profile the policy takes for sRGB: no transform is needed."""
     from io import BytesIO
 
     from PIL import ImageCms

@@ -6,13 +6,18 @@ would cost more than the metadata work itself.
 from __future__ import annotations
 
 import atexit
+import struct
+import tempfile
 import threading
 import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO, Iterator
 
 import exiftool
 
+from gcis_etl import tiff
 from gcis_etl.errors import ConversionFailed
 
 _lock = threading.Lock()
@@ -102,6 +107,7 @@ _STRUCTURAL = {254, 255, 256, 257, 258, 259, 262, 263, 266, 273, 274, 277, 278, 
                292, 293, 317, 320, 322, 323, 324, 325, 330, 338, 339, 340, 341, 347, 512, 513, 514, 515,
                517, 518, 519, 520, 521, 529, 530, 531, 532, 34675}
 _POINTERS = {34665, 34853, 40965}  # ExifIFD, GPS IFD, Interoperability IFD
+_BYTES_TYPES = (tiff.BYTE, tiff.ASCII, tiff.SBYTE, tiff.UNDEFINED)  # kept as raw bytes
 _COLOURSPACE_SRGB = ("-ExifIFD:ColorSpace#=1",)  # 1 = sRGB; '#' writes the numeric value
 
 
@@ -133,8 +139,9 @@ def write_carrier(master: str | Path, keep: tuple[str, ...], exclude: tuple[str,
     import numpy as np
     import tifffile
     tifffile.imwrite(carrier, np.zeros((1, 1, 3), np.uint8), photometric="rgb", byteorder="<", metadata=None)
-    exiftool_run("-m", "-q", "-n", "-overwrite_original", "-TagsFromFile", str(master), *selection(keep, exclude),
-                 *_COLOURSPACE_SRGB, str(carrier))
+    with classic_view(master) as source:  # a BigTIFF master loses UNDEFINED tags otherwise (see classic_view)
+        exiftool_run("-m", "-q", "-n", "-overwrite_original", "-TagsFromFile", str(source),
+                     *selection(keep, exclude), *_COLOURSPACE_SRGB, str(carrier))
     return carrier
 
 
@@ -142,47 +149,98 @@ def carried_tags(master: str | Path, keep: tuple[str, ...], exclude: tuple[str, 
     """IFD entries holding the master's kept metadata, with ExifIFD ColorSpace = sRGB."""
     carrier = write_carrier(master, keep, exclude, Path(scratch) / "metadata-carrier.tif")
     try:
-        return Carried(tags=read_ifd0_tags(carrier.read_bytes()), values=kept_tag_values(carrier, keep, exclude))
+        with open(carrier, "rb") as f:
+            tags = read_ifd0_tags(f)
+        return Carried(tags=tags, values=kept_tag_values(carrier, keep, exclude))
     finally:
         carrier.unlink(missing_ok=True)
 
 
-def read_ifd0_tags(data: bytes) -> list:
-    """The non-structural entries of a classic TIFF's first IFD, sub-IFDs followed, as tiff.Tag objects."""
-    import struct
-
-    from gcis_etl import tiff
-    order = "<" if data[:2] == b"II" else ">"
-    (first,) = struct.unpack(order + "I", data[4:8])
+def read_ifd0_tags(f: BinaryIO) -> list:
+    """The non-structural entries of a TIFF's (classic or BigTIFF) first IFD, sub-IFDs followed, as tiff.Tag
+    objects. Only the IFDs are read: the file may be an access master of many gigabytes."""
+    import tifffile
+    f.seek(0)
+    header = f.read(16)
+    order = "<" if header[:2] == b"II" else ">"
+    big = struct.unpack(order + "H", header[2:4])[0] == 43
+    word, inline = ("Q", 8) if big else ("I", 4)  # counts and offsets; the bytes of a value held in an entry
+    (first,) = struct.unpack(order + word, header[8:16] if big else header[4:8])
+    count_fmt, entry_fmt = order + ("Q" if big else "H"), order + "HH" + word
 
     def read(offset: int, depth: int) -> list:
-        (n,) = struct.unpack(order + "H", data[offset:offset + 2])
+        f.seek(offset)
+        (n,) = struct.unpack(count_fmt, f.read(struct.calcsize(count_fmt)))
+        entry_size = struct.calcsize(entry_fmt) + inline
+        block = f.read(n * entry_size)
         tags = []
-        for i in range(n):
-            at = offset + 2 + 12 * i
-            code, typ, count = struct.unpack(order + "HHI", data[at:at + 8])
-            if code in _STRUCTURAL or typ not in tiff._SIZE:
+        for at in range(0, n * entry_size, entry_size):
+            code, typ, count = struct.unpack(entry_fmt, block[at:at + entry_size - inline])
+            if code in _STRUCTURAL or typ not in tifffile.TIFF.DATA_FORMATS:
                 continue
-            size = tiff._SIZE[typ] * count
-            value_at = at + 8 if size <= 4 else struct.unpack(order + "I", data[at + 8:at + 12])[0]
-            raw = data[value_at:value_at + size]
+            per_value = tifffile.TIFF.DATA_FORMATS[typ]                     # e.g. '1H', '2I' (rational)
+            n_values, char = int(per_value[:-1]) * count, per_value[-1]
+            size = n_values * struct.calcsize(char)
+            field = block[at + entry_size - inline:at + entry_size]
+            if size <= inline:
+                raw = field[:size]
+            else:
+                f.seek(struct.unpack(order + word, field)[0])
+                raw = f.read(size)
             if code in _POINTERS:
                 if depth < 2:
-                    (sub,) = struct.unpack(order + "I", raw[:4])
+                    (sub,) = struct.unpack(order + char, raw[:struct.calcsize(char)])
                     tags.append(tiff.Tag(code, tiff.LONG, sub_ifd=read(sub, depth + 1)))
                 continue
-            if typ in (tiff.BYTE, tiff.ASCII, tiff.UNDEFINED, tiff.SBYTE):
+            if typ in _BYTES_TYPES:
                 tags.append(tiff.Tag(code, typ, raw))
             else:
-                fmt = tiff._FORMAT[typ]
-                n_values = count * (2 if typ in (tiff.RATIONAL, tiff.SRATIONAL) else 1)
-                tags.append(tiff.Tag(code, typ, struct.unpack(f"{order}{n_values}{fmt}", raw)))
+                tags.append(tiff.Tag(code, typ, struct.unpack(f"{order}{n_values}{char}", raw)))
         return tags
 
     return read(first, 0)
 
 
 def kept_tag_values(path: str | Path, keep: tuple[str, ...], exclude: tuple[str, ...]) -> dict:
-    """Tag -> value of the kept, non-structural metadata of a file, as exiftool reads it."""
-    tags = exiftool_json(path, "-a", *selection(keep, exclude))
+    """Tag -> value of the kept, non-structural metadata of a file, as exiftool reads it (see tag_values)."""
+    tags = tag_values(path, "-a", *selection(keep, exclude))
     return {k: v for k, v in tags.items() if k != "SourceFile" and k.split(":", 1)[-1] not in STRUCTURAL_NAMES}
+
+
+def tag_values(path: str | Path, *args: str) -> dict:
+    """exiftool_json, a BigTIFF's metadata read as exiftool reads it from a classic TIFF (see classic_view)."""
+    with classic_view(path) as readable:
+        return exiftool_json(readable, *args)
+
+
+@contextmanager
+def classic_view(path: str | Path) -> Iterator[Path]:
+    """The file, or for a BigTIFF a 1-pixel classic TIFF holding its first IFD's metadata (sub-IFDs included).
+
+    exiftool's BigTIFF reader ignores the formats its EXIF tables give UNDEFINED tags: bytes that read as
+    ComponentsConfiguration '1 2 3 0' and FileSource 3 in a classic TIFF come back as the strings
+    '\\x01\\x02\\x03' and '\\x03', and -TagsFromFile drops SceneType. The same bytes in a classic TIFF are
+    read, and copied, as from any other master."""
+    try:
+        with open(path, "rb") as f:
+            tags = read_ifd0_tags(f) if f.read(4) in (b"II+\0", b"MM\0+") else None
+    except (OSError, struct.error):  # unreadable: exiftool says what it can read, as for any file
+        tags = None
+    if tags is None:
+        yield Path(path)
+        return
+    with tempfile.TemporaryDirectory(prefix="gcis-metadata-") as scratch:
+        yield _classic_copy(tags, Path(scratch) / "ifd0.tif")
+
+
+def _classic_copy(tags: list, path: Path) -> Path:
+    """A 1-pixel classic TIFF whose first IFD holds `tags`."""
+    with open(path, "wb") as f:
+        writer = tiff.TiffFileWriter(f)
+        writer.start()
+        pixel = writer.append(b"\0\0\0")
+        image = [tiff.Tag(256, tiff.LONG, (1,)), tiff.Tag(257, tiff.LONG, (1,)), tiff.Tag(258, tiff.SHORT, (8, 8, 8)),
+                 tiff.Tag(262, tiff.SHORT, (2,)), tiff.Tag(273, tiff.LONG, (pixel,)), tiff.Tag(277, tiff.SHORT, (3,)),
+                 tiff.Tag(279, tiff.LONG, (3,))]
+        writer.finish([image + tags])
+    return path

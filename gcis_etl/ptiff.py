@@ -60,7 +60,7 @@ def encode_ptiff(image: pyvips.Image, out_path: Path, recipe: Recipe, icc: bytes
                 try:
                     data = region.fetch(0, y, width, rows)
                 except pyvips.Error as exc:
-                    raise RejectedMaster(f"corrupt or truncated image data: {_vips_message(exc)}") from None
+                    raise RejectedMaster(f"corrupt or truncated image data: {vips_message(exc)}") from None
                 pyramid.add_rows(np.ndarray(buffer=data, dtype=np.uint8, shape=(rows, width, bands)))
         except BaseException:
             pyramid.abort()
@@ -75,7 +75,7 @@ def encode_ptiff(image: pyvips.Image, out_path: Path, recipe: Recipe, icc: bytes
     return EncodedFile(levels=tuple(st.level for st in states), bigtiff=bigtiff, bytes=size)
 
 
-def _vips_message(exc: pyvips.Error) -> str:
+def vips_message(exc: pyvips.Error) -> str:
     lines = [ln for ln in str(exc.detail or exc.message).strip().splitlines() if ln.strip()]
     return lines[-1] if lines else str(exc.message)
 

@@ -114,8 +114,8 @@ def _decode_errors(path: Path, levels: list[Level], tile: int) -> list[str]:
 
 def metadata_differences(expected: dict, path: Path) -> list[str]:
     """Kept tags that are missing from, or different in, the access master."""
-    from gcis_etl.metadata import exiftool_json
-    found = exiftool_json(path, "-a")
+    from gcis_etl.metadata import tag_values
+    found = tag_values(path, "-a")
     errors = []
     for tag, value in expected.items():
         if tag not in found:

@@ -18,13 +18,13 @@ import pyvips
 import tifffile
 from PIL import Image
 
-from gcis_etl import tifffile_ptiff
+from gcis_etl import imagecms_colour, tifffile_ptiff
 from gcis_etl.colour import srgb_profile
 from gcis_etl.conversion import convert
 from gcis_etl.decoding import open_master
 from gcis_etl.errors import ConfigError
 from gcis_etl.iipsrv import Consumer, ServerSettings
-from gcis_etl.imagecms_colour import srgb_strips
+from gcis_etl.imagecms_colour import TRANSFORM_PIXELS, srgb_strips
 from gcis_etl.inspection import inspect
 from gcis_etl.isolation import IsolatedProcess
 from gcis_etl.metadata import STRUCTURAL_NAMES, carried_tags, exiftool_json
@@ -171,8 +171,11 @@ def test_iipsrv_serves_it_as_it_serves_the_main_paths(worker, tmp_path):
 
 @pytest.mark.parametrize("name", ["icc-adobergb/example.tif", "icc-prophoto/test_icc_prophoto.jpg",
                                   "cmyk-tiff-icc/fogra-0-100-100-0.tif"])
-def test_colour_is_pillow_imagecms(name):
-    """8-bit: exactly what Pillow's own profileToProfile makes of the whole image, strips notwithstanding."""
+@pytest.mark.parametrize("part_pixels", [TRANSFORM_PIXELS, 1000])
+def test_colour_is_pillow_imagecms(name, part_pixels, monkeypatch):
+    """8-bit: exactly what Pillow's own profileToProfile makes of the whole image, strips notwithstanding,
+    and whether a band is transformed whole or in parts of a few rows (the last one shorter)."""
+    monkeypatch.setattr(imagecms_colour, "TRANSFORM_PIXELS", part_pixels)
     assert np.array_equal(strips_of(CORPUS / name), pillow_srgb(CORPUS / name))
 
 
@@ -311,9 +314,7 @@ def _kept(path: Path) -> dict:
 
 
 def test_bigtiff_output_keeps_its_metadata(monkeypatch, tmp_path):
-    """BigTIFF is chosen before tifffile writes (from the uncompressed size); forced here on a small master.
-    (exiftool reads undefined-type EXIF tags of any BigTIFF as strings, so the tags are checked one by one,
-    as tests/test_tiff.py does for the main writer.)"""
+    """BigTIFF is chosen before tifffile writes (from the uncompressed size); forced here on a small master."""
     monkeypatch.setattr(tifffile_ptiff, "BIGTIFF_FROM", 0)
     policy, master = ImagingPolicy(), CORPUS / "jpeg-baseline/flowers.jpeg"
     info = inspect(master, policy)
@@ -323,7 +324,8 @@ def test_bigtiff_output_keeps_its_metadata(monkeypatch, tmp_path):
                            tmp_path)
     encoded = encode_tifffile_ptiff(strips, tmp_path / "big.tif", recipe, srgb_profile(), carried.tags, tmp_path)
     assert encoded.bigtiff and len(encoded.levels) == 4 and (tmp_path / "big.tif").read_bytes()[:4] == b"II+\x00"
-    report = verify(tmp_path / "big.tif", Expectation(width=info.width, height=info.height, tile=256, chroma="4:2:0"))
+    report = verify(tmp_path / "big.tif", Expectation(width=info.width, height=info.height, tile=256, chroma="4:2:0",
+                                                      metadata=carried.values))
     assert report.ok, report.errors
     tags = exiftool_json(tmp_path / "big.tif")
     assert tags["EXIF:Artist"] == "Phil Harvey" and tags["EXIF:ColorSpace"] == 1
