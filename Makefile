@@ -15,7 +15,7 @@ export GCIS_MINIO_BIN := $(MINIO)
 # Chromium (Mirador in the consumer tests), libmagic (the IIIF Image API validator).
 SYSTEM_PACKAGES := build-essential pkg-config python3-venv python3-dev libvips-dev libvips-tools \
 	libimage-exiftool-perl liblcms2-utils libopenjp2-tools grokj2k-tools imagemagick \
-	redis-server iipimage-server lighttpd chromium libmagic1
+	redis-server rabbitmq-server iipimage-server lighttpd chromium libmagic1
 
 .PHONY: demo test bench serve worker system-deps python-deps minio mirador clean
 
@@ -43,6 +43,7 @@ system-deps:
 	if [ -n "$$missing" ]; then \
 		echo "installing Debian packages:" $$missing; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
+		systemctl disable --now rabbitmq-server.service epmd.socket epmd.service 2>/dev/null || true; \
 	fi
 
 python-deps: $(VENV)/.installed

@@ -52,7 +52,7 @@ def encode_ptiff(image: pyvips.Image, out_path: Path, recipe: Recipe, icc: bytes
     with open(out_path, "wb") as f:
         writer = tiff.TiffFileWriter(f)
         writer.start()
-        pyramid = PyramidEncoder(width, height, bands, tile, encode, writer, threads=recipe.encode_threads)
+        pyramid = PyramidEncoder(width, height, bands, tile, encode, writer, threads=encode_threads(recipe))
         region = pyvips.Region.new(image)
         try:
             for y in range(0, height, FETCH_ROWS):
@@ -73,6 +73,14 @@ def encode_ptiff(image: pyvips.Image, out_path: Path, recipe: Recipe, icc: bytes
         os.fsync(f.fileno())
         size = writer.size
     return EncodedFile(levels=tuple(st.level for st in states), bigtiff=bigtiff, bytes=size)
+
+
+def encode_threads(recipe: Recipe) -> int:
+    """A conversion uses as many cores as libvips was given threads (isolation.vips_concurrency). With one,
+    the default for one conversion process per core, tiles are encoded in the decoding thread (0): a thread
+    beside it would have each process compete for a second core, and the pool would scale less than
+    linearly with its processes. With more, the recipe's encode_threads run beside the decoder."""
+    return recipe.encode_threads if pyvips.concurrency_get() > 1 else 0
 
 
 def vips_message(exc: pyvips.Error) -> str:

@@ -1,15 +1,16 @@
 """Streaming pyramid: full-resolution rows in, JPEG tiles of every level out, in bounded memory.
 
 Rows arrive top to bottom. Each level keeps less than one tile-row of pixels; a completed tile-row is
-encoded (in a worker thread, overlapping the decoder) and box-shrunk 2x into the next level. Memory is
-a few tile-rows per level whatever the master's height: 300 Mpx stream like 3.
+encoded (in worker threads overlapping the decoder, or with threads=0 in the caller's thread) and box-shrunk
+2x into the next level. Memory is a few tile-rows per level whatever the master's height: 300 Mpx stream
+like 3.
 """
 from __future__ import annotations
 
 from collections import deque
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 import cv2
 import numpy as np
@@ -49,6 +50,19 @@ class _LevelState:
     counts: list[int] = field(default_factory=list)
 
 
+class _InCallerThread(Executor):
+    """threads=0: a conversion that must stay on one core (one conversion process per core) encodes where
+    it decodes; a thread beside the decoder would make each process compete for a second core."""
+
+    def submit(self, fn: Callable, /, *args: Any, **kwargs: Any) -> Future:
+        future: Future = Future()
+        try:
+            future.set_result(fn(*args, **kwargs))
+        except Exception as exc:
+            future.set_exception(exc)
+        return future
+
+
 class PyramidEncoder:
     """Feeds rows through every level and appends encoded tiles to a TiffFileWriter."""
 
@@ -59,7 +73,7 @@ class PyramidEncoder:
         for st in self.levels:
             n = -(-st.level.width // tile) * -(-st.level.height // tile)
             st.offsets, st.counts = [0] * n, [0] * n
-        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="tile-encode")
+        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="tile-encode") if threads else _InCallerThread()
         self._queue: deque[tuple[_LevelState, int, Future]] = deque()
         self._depth = queue_depth
         self.rows_in = 0

@@ -1,10 +1,13 @@
-"""A real Redis broker and real Celery worker processes for the worker-pool tests (and bench/celery.py).
+"""Real brokers and real Celery worker processes for the worker-pool tests (and bench/celery.py).
 
 Redis runs from Debian's redis-server on 127.0.0.1 with a random port and no persistence, so a restart
-loses every queued message, the worst case the pool must survive. Workers are `celery -A gcis_etl.worker
-worker` subprocesses, each in its own session so that a test can kill one whole node (main process, pool
-processes, conversion children) and teardown can leave nothing behind. Below them: folders of corpus
-masters, the config.yaml a test's orchestrator and workers share, and small helpers to run a batch.
+loses every queued message, the worst case the pool must survive. RabbitMQ runs from Debian's
+rabbitmq-server as a private node: its own name, ports, epmd, database and configuration under a temporary
+folder, so neither the package's system service nor another test's node is involved. Workers are
+`celery -A gcis_etl.worker worker` subprocesses, each in its own session so that a test can kill one whole
+node (main process, pool processes, conversion children) and teardown can leave nothing behind. Below them:
+folders of corpus masters, the config.yaml a test's orchestrator and workers share, and small helpers to run
+a batch.
 """
 from __future__ import annotations
 
@@ -58,6 +61,80 @@ class RedisServer:
     def restart(self) -> None:
         self.stop()
         self.start()
+
+
+RABBITMQ_SERVER = Path("/usr/lib/rabbitmq/bin/rabbitmq-server")  # not /usr/sbin's: that one switches user
+
+
+@dataclass
+class RabbitMQServer:
+    """A private RabbitMQ node on 127.0.0.1: random AMQP, distribution and epmd ports, no plugins. It gets an
+    epmd of its own, started here, so that stop() leaves no Erlang port mapper behind either."""
+
+    base: Path
+    port: int = 0
+    proc: subprocess.Popen | None = None
+    epmd: subprocess.Popen | None = None
+
+    def url(self) -> str:
+        return f"amqp://guest:guest@127.0.0.1:{self.port}//"
+
+    def start(self, timeout: float = 60.0) -> None:
+        from tests.servers import free_port
+        if not RABBITMQ_SERVER.exists():
+            raise RuntimeError("rabbitmq-server not found: `make test` installs Debian's rabbitmq-server package")
+        self.port, dist_port, epmd_port = free_port(), free_port(), free_port()
+        self.base.mkdir(parents=True, exist_ok=True)
+        config = self.base / "rabbitmq.conf"
+        config.write_text(f"listeners.tcp.default = 127.0.0.1:{self.port}\n"
+                          "loopback_users = none\n"
+                          "disk_free_limit.absolute = 1MB\n")  # a nearly full /tmp must not block publishing
+        (self.base / "enabled_plugins").write_text("[].\n")
+        (self.base / "rabbitmq-env.conf").write_text("")  # not /etc/rabbitmq's
+        env = dict(os.environ, HOME=str(self.base),  # the Erlang cookie goes there
+                   ERL_EPMD_ADDRESS="127.0.0.1", ERL_EPMD_PORT=str(epmd_port),
+                   RABBITMQ_NODENAME=f"gcis-test-{os.getpid()}-{self.port}@localhost",
+                   RABBITMQ_NODE_IP_ADDRESS="127.0.0.1", RABBITMQ_NODE_PORT=str(self.port),
+                   RABBITMQ_DIST_PORT=str(dist_port),
+                   RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS="-kernel inet_dist_use_interface {127,0,0,1}",
+                   RABBITMQ_CONFIG_FILE=str(config), RABBITMQ_ADVANCED_CONFIG_FILE=str(self.base / "advanced.config"),
+                   RABBITMQ_CONF_ENV_FILE=str(self.base / "rabbitmq-env.conf"),
+                   RABBITMQ_ENABLED_PLUGINS_FILE=str(self.base / "enabled_plugins"),
+                   RABBITMQ_PLUGINS_EXPAND_DIR=str(self.base / "plugins-expand"),
+                   RABBITMQ_MNESIA_BASE=str(self.base / "mnesia"), RABBITMQ_LOG_BASE=str(self.base / "log"),
+                   RABBITMQ_LOGS=str(self.base / "log" / "node.log"), RABBITMQ_PID_FILE=str(self.base / "node.pid"))
+        with open(self.base / "epmd.out", "wb") as out:
+            self.epmd = subprocess.Popen(["epmd", "-port", str(epmd_port), "-address", "127.0.0.1"],
+                                         stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        with open(self.base / "server.out", "wb") as out:  # in its own session: stop() can end the whole node
+            self.proc = subprocess.Popen([str(RABBITMQ_SERVER)], env=env, stdout=out, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, start_new_session=True)
+        try:
+            wait_for_port(epmd_port, self.epmd, timeout)
+            wait_for_port(self.port, self.proc, timeout)
+        except RuntimeError as exc:
+            log = (self.base / "server.out").read_text(errors="replace")[-2000:]
+            self.stop()
+            raise RuntimeError(f"RabbitMQ did not start: {exc}\n{log}") from None
+
+    def stop(self, grace: float = 30.0) -> None:
+        """A clean shutdown (SIGTERM: the script stops the node), then kill whatever of the node is left,
+        and its epmd."""
+        if self.proc is not None:
+            if self.proc.poll() is None:
+                self.proc.terminate()
+                try:
+                    self.proc.wait(grace)
+                except subprocess.TimeoutExpired:
+                    pass
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)  # beam.smp, erl_child_setup, inet_gethost
+            except ProcessLookupError:
+                pass
+            self.proc.wait()
+        if self.epmd is not None and self.epmd.poll() is None:
+            self.epmd.kill()
+            self.epmd.wait()
 
 
 _READY = re.compile(r"pool process (\d+) ready")
@@ -262,6 +339,47 @@ class Pool:
 
     def start(self, name: str, config: Path, *options: str) -> CeleryWorker:
         return self.start_worker(name, config, self.env, *options)
+
+
+def ledger_rows(config_file: Path) -> dict[str, list[tuple]]:
+    """Every table of a pipeline's ledger, rows sorted, without the columns that record when or in which run."""
+    import sqlite3
+
+    from gcis_etl.config import load_config
+    when = {"first_seen", "updated", "last_run", "run_id", "seconds", "at", "published", "started", "finished",
+            "since", "until", "checkpoint_after", "checkpoint", "options"}
+    with sqlite3.connect(load_config(config_file).ledger_path) as db:
+        tables = [t for (t,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+                  if t != "sqlite_sequence"]
+        rows = {}
+        for table in tables:
+            kept = [c[1] for c in db.execute(f"PRAGMA table_info({table})") if c[1] not in when]
+            rows[table] = sorted(db.execute(f"SELECT {', '.join(kept)} FROM {table}").fetchall())
+        return rows
+
+
+def assert_harvests_agree(pool: Pool, **celery: object) -> list[CeleryWorker]:
+    """A harvest of the pool's masters through two Celery workers (`celery` settings: another broker, say)
+    records the same ledger and stores the same objects as a harvest with the local executor. Returns the
+    workers, which both took work."""
+    from gcis_etl.config import load_config
+    from gcis_etl.harvest import harvest
+    manifests = {"manifest_base_url": "http://127.0.0.1:8182/store", "image_service_base_url": "http://127.0.0.1/iiif"}
+    configs = {run: pool.config(run, pipeline={"executor": run, "concurrency": 4, "manifests": manifests}, **celery)
+               for run in ("celery", "local")}
+    workers = [pool.start("w1", configs["celery"]), pool.start("w2", configs["celery"])]
+    reports = {run: harvest(load_config(configs[run]), "demo") for run in configs}
+
+    assert reports["celery"].counts == reports["local"].counts
+    assert reports["celery"].counts["deposited"] == 9 and reports["celery"].counts["rejected"] == 2
+    ledgers = {run: ledger_rows(configs[run]) for run in configs}
+    assert ledgers["celery"] == ledgers["local"]
+    assert len(ledgers["celery"]["items"]) == 11 and len(ledgers["celery"]["objects"]) == 3
+    stores = {run: store_contents(load_config(configs[run]).pipeline("demo").store) for run in configs}
+    assert stores["celery"] == stores["local"]
+    assert len([key for key in stores["celery"] if key.endswith("manifest-v3.json")]) == 3
+    assert all(w.log_text().count("] received") > 0 for w in workers)
+    return workers
 
 
 def assert_no_stray_conversion_children(worker: CeleryWorker) -> None:

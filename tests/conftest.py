@@ -67,7 +67,7 @@ def s3_settings(minio, bucket: str, **overrides):
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Celery worker pool (gcis_etl.worker): a real Redis broker and real worker processes.
+# Celery worker pool (gcis_etl.worker): real brokers (Redis, RabbitMQ) and real worker processes.
 
 
 @pytest.fixture
@@ -75,6 +75,16 @@ def redis_server(tmp_path_factory):
     """redis-server on 127.0.0.1, random port, no persistence; .restart() loses everything, like a crash."""
     from tests.broker import RedisServer
     server = RedisServer(data_dir=tmp_path_factory.mktemp("redis"), port=free_port())
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def rabbitmq_server(tmp_path_factory):
+    """A private RabbitMQ node (and its epmd) on 127.0.0.1, random ports; stopped at teardown."""
+    from tests.broker import RabbitMQServer
+    server = RabbitMQServer(tmp_path_factory.mktemp("rabbitmq"))
     server.start()
     yield server
     server.stop()

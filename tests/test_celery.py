@@ -3,7 +3,6 @@ exactly what the local executor produces, surviving an orchestrator restart, rec
 from __future__ import annotations
 
 import os
-import sqlite3
 import subprocess
 import sys
 from dataclasses import replace
@@ -20,8 +19,8 @@ from gcis_etl.recipes import load_recipe
 from gcis_etl.settings import parse
 from gcis_etl.work import Outcome
 from gcis_etl.worker import CeleryExecutor, celery_task_id
-from tests.broker import (Pool, assert_no_stray_conversion_children, expected_outcome, make_masters, pool_config,
-                          run_all, slow_master, store_contents, tasks_of)
+from tests.broker import (Pool, assert_harvests_agree, assert_no_stray_conversion_children, expected_outcome,
+                          make_masters, pool_config, run_all, slow_master, store_contents, tasks_of)
 
 
 def comparable(results) -> dict:
@@ -100,6 +99,26 @@ def test_a_worker_with_a_broken_config_says_what_is_wrong_and_stops(tmp_path):
                                    f"soft_seconds (9) must be less than hard_seconds (5)")
 
 
+def test_a_conversion_process_given_one_libvips_thread_encodes_tiles_in_its_decoding_thread(tmp_path):
+    """One pool process per core scales only if a conversion keeps to one core (isolation.vips_concurrency 1):
+    no tile-encoding thread beside the decoder then; more libvips threads let the recipe's encode_threads run.
+    The access master is the same file either way."""
+    from gcis_etl.conversion import convert
+    from gcis_etl.isolation import IsolatedProcess
+    from gcis_etl.models import Status
+    from gcis_etl.policy import IsolationSettings
+    recipe = load_recipe("ptiff-jpeg-q90")
+    master = slow_master(tmp_path / "master.tif", size=1500)
+    outputs = {}
+    for threads in (1, 2):
+        with IsolatedProcess(IsolationSettings(vips_concurrency=threads)) as child:
+            outputs[threads] = convert(master, tmp_path / f"out-{threads}.tif", recipe, worker=child)
+            encode_threads = child.call("gcis_etl.ptiff.encode_threads", recipe)
+        assert encode_threads == (0 if threads == 1 else recipe.encode_threads)
+    assert outputs[1].status is outputs[2].status is Status.CONVERTED
+    assert outputs[1].sha256 == outputs[2].sha256
+
+
 def test_task_ids_are_the_same_for_the_same_work_only(tmp_path):
     masters = make_masters(tmp_path / "masters", 1, 2)
     config = load_config(pool_config(tmp_path / "config.yaml", masters=masters, broker_url="redis://127.0.0.1:1/0",
@@ -156,34 +175,7 @@ def test_two_workers_produce_exactly_what_the_local_executor_produces(pool):
 
 
 def test_a_harvest_through_celery_records_the_same_ledger_and_store_as_a_local_harvest(pool):
-    from gcis_etl.harvest import harvest
-    manifests = {"manifest_base_url": "http://127.0.0.1:8182/store", "image_service_base_url": "http://127.0.0.1/iiif"}
-    configs = {run: pool.config(run, pipeline={"executor": run, "concurrency": 4, "manifests": manifests})
-               for run in ("celery", "local")}
-    pool.start("w1", configs["celery"])
-    pool.start("w2", configs["celery"])
-    reports = {run: harvest(load_config(configs[run]), "demo") for run in configs}
-
-    def ledger(run: str) -> dict[str, list[tuple]]:
-        """Every table's rows, without the columns that record when or in which run."""
-        when = {"first_seen", "updated", "last_run", "run_id", "seconds", "at", "published", "started", "finished",
-                "since", "until", "checkpoint_after", "checkpoint", "options"}
-        with sqlite3.connect(load_config(configs[run]).ledger_path) as db:
-            tables = [t for (t,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
-                      if t != "sqlite_sequence"]
-            rows = {}
-            for table in tables:
-                kept = [c[1] for c in db.execute(f"PRAGMA table_info({table})") if c[1] not in when]
-                rows[table] = sorted(db.execute(f"SELECT {', '.join(kept)} FROM {table}").fetchall())
-            return rows
-
-    assert reports["celery"].counts == reports["local"].counts
-    assert reports["celery"].counts["deposited"] == 9 and reports["celery"].counts["rejected"] == 2
-    assert ledger("celery") == ledger("local")
-    assert len(ledger("celery")["items"]) == 11 and len(ledger("celery")["objects"]) == 3
-    stores = {run: store_contents(load_config(configs[run]).pipeline("demo").store) for run in configs}
-    assert stores["celery"] == stores["local"]
-    assert len([key for key in stores["celery"] if key.endswith("manifest-v3.json")]) == 3
+    assert_harvests_agree(pool)
 
 
 def test_jpeg2000_work_reaches_only_the_workers_of_its_queue(pool):
