@@ -25,12 +25,17 @@ def srgb_profile() -> bytes:
 
 
 def orient(image: pyvips.Image, orientation: int) -> pyvips.Image:
-    """Apply an EXIF orientation (1-8) so the pixels are upright."""
+    """Apply an EXIF orientation (1-8) so the pixels are upright, and drop the orientation field: libvips
+    would otherwise write it into any file saved from the result (the JP2 path's reference TIFF), and a
+    reader would turn the upright pixels once more."""
     ops = {2: ("fliphor",), 3: ("rot180",), 4: ("flipver",), 5: ("rot90", "fliphor"), 6: ("rot90",),
            7: ("rot270", "fliphor"), 8: ("rot270",)}.get(orientation, ())
     for op in ops:
         image = image.flip("horizontal") if op == "fliphor" else (
             image.flip("vertical") if op == "flipver" else image.rot(op.replace("rot", "d")))
+    if image.get_typeof("orientation"):
+        image = image.copy()
+        image.remove("orientation")
     return image
 
 

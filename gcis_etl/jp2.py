@@ -137,9 +137,6 @@ def encode_jp2(image, out_path: Path, recipe: Recipe, metadata: Jp2Metadata, scr
         where = f" (set {KDU_ENV} to its path)" if recipe.encoder == "kakadu" else ""
         raise ConversionFailed(f"{TOOLS[recipe.encoder]} not installed{where}")
     source = scratch / "normalised-srgb.tif"
-    if image.get_typeof("orientation"):  # the pixels are upright already; libvips would still write the tag
-        image = image.copy()
-        image.remove("orientation")
     try:
         image.tiffsave(str(source), compression="none", strip=True,
                        bigtiff=image.width * image.height * 3 > 2 ** 32 - 2 ** 26)

@@ -50,3 +50,26 @@ def test_conversion_is_not_a_no_op():
     with Image.open(MASTERS["adobe-rgb"]) as im:
         untransformed = np.asarray(im.convert("RGB"))
     assert mean_delta_e(untransformed, pillow_srgb(MASTERS["adobe-rgb"])) > 1.0
+
+
+@pytest.mark.parametrize("name", ["hopper_orientation_5.jpg", "Landscape_6.jpg"])
+def test_a_turned_master_leaves_no_orientation_for_a_writer_to_copy(name, tmp_path):
+    """libvips writes an image's orientation field into any TIFF saved from it (the JP2 path's reference):
+    once the pixels are upright, a reader honouring that tag would turn them again."""
+    import tifffile
+
+    from gcis_etl.colour import normalise
+    from gcis_etl.decoding import open_master
+    from gcis_etl.inspection import inspect
+    from gcis_etl.policy import ImagingPolicy
+    policy = ImagingPolicy()
+    info = inspect(CORPUS / "exif-orientation" / name, policy)
+    decoded = open_master(info, policy.decoders[info.format], policy.strict)
+    assert info.orientation in (5, 6) and decoded.image.get_typeof("orientation")
+    upright = normalise(decoded.image, info, policy)
+    assert not upright.get_typeof("orientation")
+    upright.tiffsave(str(tmp_path / "reference.tif"), compression="none", strip=True)
+    with tifffile.TiffFile(tmp_path / "reference.tif") as tif:
+        orientation = tif.pages[0].tags.get("Orientation")
+        assert orientation is None or orientation.value == 1  # libvips writes 1 (top-left) by default
+        assert tif.pages[0].shape[:2] == (upright.height, upright.width)
