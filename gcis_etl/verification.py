@@ -203,6 +203,7 @@ def _int(result, xpath: str) -> int | None:
 REDUCED_PIXELS = 2 ** 18  # the reduced resolution decoded whole: the first one at or under ~0.26 Mpx
 REGION = 256              # side of the full-resolution regions
 BLOCK = 8                 # the reduced comparison is made per 8x8 block, so a local defect is not averaged away
+_LUMA = (0.299, 0.587, 0.114)  # BT.601 weights of R, G, B
 REDUCED_MIN_PSNR = 30.0   # worst block; the model of a reversible transform is float, off by rounding only
 _LOWPASS = {  # analysis low-pass filters of JPEG 2000 Part 1 (DC gain 1)
     True: (-1 / 8, 2 / 8, 6 / 8, 2 / 8, -1 / 8),
@@ -310,15 +311,14 @@ def _difference(decoded, reference, lossless: bool, min_psnr: float, what: str, 
 
 def _worst_block_psnr(a, b, block: int) -> float:
     import numpy as np
-    weights = np.array([0.299, 0.587, 0.114], np.float32)
+    weights = np.array(_LUMA, np.float32)
     diff = np.asarray(a, np.float32) @ weights - np.asarray(b, np.float32) @ weights
     h, w = diff.shape
     padded = np.zeros((-(-h // block) * block, -(-w // block) * block), np.float32)
     counts = np.zeros_like(padded)
     padded[:h, :w], counts[:h, :w] = diff * diff, 1
     sums = padded.reshape(padded.shape[0] // block, block, -1, block).sum(axis=(1, 3))
-    mse = float((sums / counts.reshape(sums.shape[0], block, -1, block).sum(axis=(1, 3))).max())
-    return float("inf") if mse == 0 else float(10 * np.log10(255 ** 2 / mse))
+    return _psnr(float((sums / counts.reshape(sums.shape[0], block, -1, block).sum(axis=(1, 3))).max()))
 
 
 def wavelet_reduced(reference, r: int, coding: Jp2Coding):
@@ -358,10 +358,14 @@ def _lowpass(tile, kernel):
 def luma_psnr(a, b) -> float:
     """PSNR in dB of the BT.601 luma of two 8-bit RGB arrays of one shape (inf when identical)."""
     import numpy as np
-    weights = np.array([0.299, 0.587, 0.114])
+    weights = np.array(_LUMA)
     squared = 0.0
     for y in range(0, a.shape[0], 256):  # row blocks: float copies of a large image would not fit
         diff = a[y:y + 256].astype(np.float64) @ weights - b[y:y + 256].astype(np.float64) @ weights
         squared += float(np.sum(diff * diff))
-    mse = squared / (a.shape[0] * a.shape[1])
+    return _psnr(squared / (a.shape[0] * a.shape[1]))
+
+
+def _psnr(mse: float) -> float:
+    import numpy as np
     return float("inf") if mse == 0 else float(10 * np.log10(255 ** 2 / mse))
