@@ -24,7 +24,7 @@ from typing import Callable
 
 import psutil
 
-from tests.servers import MinioServer, wait_for_port
+from tests.servers import MinioServer, terminate, wait_for_port
 
 
 def redis_binary() -> str:
@@ -121,17 +121,11 @@ class RabbitMQServer:
         """A clean shutdown (SIGTERM: the script stops the node), then kill whatever of the node is left,
         and its epmd."""
         if self.proc is not None:
-            if self.proc.poll() is None:
-                self.proc.terminate()
-                try:
-                    self.proc.wait(grace)
-                except subprocess.TimeoutExpired:
-                    pass
+            terminate(self.proc, grace)
             try:
                 os.killpg(self.proc.pid, signal.SIGKILL)  # beam.smp, erl_child_setup, inet_gethost
             except ProcessLookupError:
                 pass
-            self.proc.wait()
         if self.epmd is not None and self.epmd.poll() is None:
             self.epmd.kill()
             self.epmd.wait()
