@@ -11,8 +11,10 @@ import resource
 import tempfile
 import time
 import uuid
+from concurrent import futures
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING, Callable
 
 from gcis_etl import isolation
 from gcis_etl.durable import fsync_dir, sha256_file
@@ -22,6 +24,10 @@ from gcis_etl.isolation import IsolatedProcess, WorkerCrashed
 from gcis_etl.models import ConversionResult, ImageInfo, Status, Verdict, VerifyReport
 from gcis_etl.policy import ImagingPolicy, IsolationSettings
 from gcis_etl.recipes import PTIFF_ENCODERS, Recipe, load_recipe
+
+if TYPE_CHECKING:
+    from gcis_etl.jp2 import Jp2Metadata
+    from gcis_etl.metadata import Carried
 
 _PIXELS = "reading pixels with "
 
@@ -161,19 +167,22 @@ def encode_in_child(job: EncodeJob) -> EncodeOutcome:
     recipe = job.recipe
     ptiff = recipe.encoder in PTIFF_ENCODERS
     with tempfile.TemporaryDirectory(prefix="gcis-scratch-") as scratch:
-        isolation.stage("reading metadata")
-        metadata = (carried_tags if ptiff else metadata_carrier)(
-            job.info.path, recipe.metadata.keep, recipe.metadata.exclude, Path(scratch))
-        decoded = open_master(job.info, job.decoders, job.policy.strict)
-        isolation.stage(_PIXELS + decoded.decoder)  # pixels are read lazily, while encoding
-        # the tifffile engine has its own colour stage: Pillow ImageCms, applied strip by strip while encoding
-        image = (srgb_strips if recipe.encoder == "tifffile" else normalise)(decoded.image, job.info, job.policy)
-        encode = {"ptiff": _encode_ptiff, "tifffile": _encode_tifffile}.get(recipe.encoder, _encode_jp2)
-        encoded = encode(image, out, recipe, metadata, Path(scratch))
+        # exiftool reads the master beside the decoding and encoding; the encoders ask for it at the end
+        metadata = isolation.beside(carried_tags if ptiff else metadata_carrier,
+                                    job.info.path, recipe.metadata.keep, recipe.metadata.exclude, Path(scratch))
+        try:
+            decoded = open_master(job.info, job.decoders, job.policy.strict)
+            isolation.stage(_PIXELS + decoded.decoder)  # pixels are read lazily, while encoding
+            # the tifffile engine has its own colour stage: Pillow ImageCms, applied strip by strip while encoding
+            image = (srgb_strips if recipe.encoder == "tifffile" else normalise)(decoded.image, job.info, job.policy)
+            encode = {"ptiff": _encode_ptiff, "tifffile": _encode_tifffile}.get(recipe.encoder, _encode_jp2)
+            encoded = encode(image, out, recipe, metadata.result, Path(scratch))
+        finally:
+            futures.wait([metadata])  # it writes into scratch
     if not encoded.report.ok:
         raise VerificationFailed("output failed verification: " + "; ".join(encoded.report.errors))
     return EncodeOutcome(decoder=decoded.decoder, width=image.width, height=image.height,
-                         levels=encoded.levels, bytes=encoded.bytes, sha256=sha256_file(out),
+                         levels=encoded.levels, bytes=encoded.bytes, sha256=encoded.sha256,
                          notes=decoded.notes + encoded.notes + encoded.report.warnings,
                          peak_rss_mb=_peak_rss_mb())
 
@@ -193,41 +202,57 @@ class _Encoded:
     bytes: int
     notes: tuple[str, ...]
     report: VerifyReport
+    sha256: str
 
 
-def _encode_ptiff(image, out: Path, recipe: Recipe, carried, scratch: Path) -> _Encoded:
+def _checked(out: Path, check: Callable[[], VerifyReport]) -> tuple[VerifyReport, str]:
+    """Verify the output, hashing it meanwhile (both only read it)."""
+    isolation.stage("verifying the output")
+    digest = isolation.beside(sha256_file, out)
+    return check(), digest.result()
+
+
+def _encode_ptiff(image, out: Path, recipe: Recipe, carried: Callable[[], Carried], scratch: Path) -> _Encoded:
     from gcis_etl.colour import srgb_profile
     from gcis_etl.ptiff import encode_ptiff
-    return _verified_ptiff(encode_ptiff(image, out, recipe, srgb_profile(), carried.tags), image, out, recipe,
-                           carried)
+    encoded = encode_ptiff(image, out, recipe, srgb_profile(), lambda: carried().tags)
+    return _verified_ptiff(encoded, image, out, recipe, carried())
 
 
-def _encode_tifffile(strips, out: Path, recipe: Recipe, carried, scratch: Path) -> _Encoded:
+def _encode_tifffile(strips, out: Path, recipe: Recipe, carried: Callable[[], Carried], scratch: Path) -> _Encoded:
     from gcis_etl.colour import srgb_profile
     from gcis_etl.tifffile_ptiff import encode_tifffile_ptiff
-    encoded = encode_tifffile_ptiff(strips, out, recipe, srgb_profile(), carried.tags, scratch)
-    return _verified_ptiff(encoded, strips, out, recipe, carried)
+    encoded = encode_tifffile_ptiff(strips, out, recipe, srgb_profile(), lambda: carried().tags, scratch)
+    return _verified_ptiff(encoded, strips, out, recipe, carried())
 
 
-def _verified_ptiff(encoded, image, out: Path, recipe: Recipe, carried) -> _Encoded:
+def _verified_ptiff(encoded, image, out: Path, recipe: Recipe, carried: Carried) -> _Encoded:
     """Both PTIFF encoders answer to one contract: the same Expectation."""
     from gcis_etl.verification import Expectation, verify
-    isolation.stage("verifying the output")
-    report = verify(out, Expectation(width=image.width, height=image.height, tile=recipe.tile,
-                                     chroma=recipe.chroma, metadata=carried.values))
+    expect = Expectation(width=image.width, height=image.height, tile=recipe.tile, chroma=recipe.chroma,
+                         metadata=carried.values)
+    report, sha256 = _checked(out, lambda: verify(out, expect))
     return _Encoded(len(encoded.levels), encoded.bytes, ("BigTIFF (over 4 GB)",) if encoded.bigtiff else (),
-                    report)
+                    report, sha256)
 
 
-def _encode_jp2(image, out: Path, recipe: Recipe, metadata, scratch: Path) -> _Encoded:
-    """The uncompressed sRGB TIFF the encoder read stays in scratch until the pixels are compared."""
-    from gcis_etl.jp2 import encode_jp2
-    from gcis_etl.verification import LOSSLESS, Jp2Expectation, verify_jp2
-    encoded = encode_jp2(image, out, recipe, metadata, scratch)
-    isolation.stage("verifying the output")
+def _encode_jp2(image, out: Path, recipe: Recipe, metadata: Callable[[], Jp2Metadata], scratch: Path) -> _Encoded:
+    """The reference's reduction for verification is computed beside the encoder, which leaves part of the
+    machine idle; the uncompressed sRGB TIFF it read stays in scratch until the pixels are compared."""
+    from gcis_etl.jp2 import encode_jp2, plan_jp2
+    from gcis_etl.verification import LOSSLESS, Jp2Coding, Jp2Expectation, reduced_reference, verify_jp2
+    plan = plan_jp2(image, recipe, scratch)
     jp2 = recipe.jp2
-    report = verify_jp2(out, Jp2Expectation(
-        width=image.width, height=image.height, levels=encoded.levels, layers=jp2.layers,
-        progression=jp2.progression, ht=jp2.ht, plt=encoded.plt,
-        min_psnr=LOSSLESS if jp2.lossless else 30.0, reference=encoded.reference, metadata=metadata.values))
-    return _Encoded(encoded.levels + 1, encoded.bytes, encoded.warnings, report)
+    expect = Jp2Expectation(
+        width=image.width, height=image.height, levels=plan.command.levels, layers=jp2.layers,
+        progression=jp2.progression, ht=jp2.ht, plt=plan.command.plt,
+        min_psnr=LOSSLESS if jp2.lossless else 30.0, reference=plan.reference,
+        coding=Jp2Coding(reversible=jp2.reversible, tile=jp2.tiles or (image.width, image.height)))
+    reduced = isolation.beside(reduced_reference, expect)
+    try:
+        size = encode_jp2(plan, out, metadata)
+    finally:
+        futures.wait([reduced])  # it reads the reference, in scratch
+    expect = replace(expect, metadata=metadata().values)
+    report, sha256 = _checked(out, lambda: verify_jp2(out, expect, reduced.result))
+    return _Encoded(plan.command.levels + 1, size, plan.command.warnings, report, sha256)

@@ -18,8 +18,9 @@ import socket
 import subprocess
 import sys
 import time
-from multiprocessing.connection import Connection
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
+from multiprocessing.connection import Connection
 from typing import Any, Callable, Iterator
 
 from gcis_etl.errors import ConversionFailed
@@ -45,6 +46,18 @@ def stage(name: str) -> None:
     """Tell the parent what the child is doing now, so a crash can be attributed ("while decoding ...")."""
     if _conn is not None:
         _conn.send(("stage", name))
+
+
+# Threads for work that needs no result of the main thread's, e.g. exiftool reading the master while the
+# encoder runs: an encoder leaves part of the machine idle (reading its input, writing its output), and so
+# does the single-threaded check of its output. Threads kept for the life of the process: exiftool dies
+# with the thread that started it.
+_beside = ThreadPoolExecutor(max_workers=3, thread_name_prefix="gcis-beside")
+
+
+def beside(function: Callable, *args: Any) -> Future:
+    """Start `function(*args)` in a thread beside the caller's; its result (or exception) is the Future's."""
+    return _beside.submit(function, *args)
 
 
 def _child_main(conn: Connection, settings: dict) -> None:

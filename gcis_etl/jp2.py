@@ -13,6 +13,7 @@ import signal
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from gcis_etl import isolation
 from gcis_etl.errors import ConversionFailed, RejectedMaster
@@ -41,12 +42,14 @@ class Jp2Command:
 
 
 @dataclass(frozen=True)
-class EncodedJp2:
-    bytes: int
-    plt: bool
-    levels: int
-    warnings: tuple[str, ...]
-    reference: Path  # the uncompressed sRGB TIFF encoded, kept in scratch for verification
+class Jp2Plan:
+    """What encode_jp2 will run, known before the encoder starts (verification prepares beside it)."""
+
+    recipe: Recipe
+    command: Jp2Command  # writes `encoded`, in scratch: the encoders choose the format by extension
+    reference: Path  # the uncompressed sRGB TIFF the encoder reads, kept in scratch for verification
+    encoded: Path
+    timeout: float
 
 
 def kdu_compress_path() -> str | None:
@@ -129,31 +132,34 @@ def _pair(size: tuple[int, int]) -> str:
     return f"{size[0]},{size[1]}"
 
 
-def encode_jp2(image, out_path: Path, recipe: Recipe, metadata: Jp2Metadata, scratch: Path) -> EncodedJp2:
-    """Write `image` (normalised, 8-bit sRGB, no profile) as a JP2 with the master's kept metadata."""
+def plan_jp2(image, recipe: Recipe, scratch: Path) -> Jp2Plan:
+    """Write `image` (normalised, 8-bit sRGB, no profile) as the encoder's input and build its command."""
     import pyvips
     binary = kdu_compress_path() if recipe.encoder == "kakadu" else shutil.which(TOOLS[recipe.encoder])
     if binary is None:
         where = f" (set {KDU_ENV} to its path)" if recipe.encoder == "kakadu" else ""
         raise ConversionFailed(f"{TOOLS[recipe.encoder]} not installed{where}")
-    source = scratch / "normalised-srgb.tif"
+    reference, encoded = scratch / "normalised-srgb.tif", scratch / "encoded.jp2"
     try:
-        image.tiffsave(str(source), compression="none", strip=True,
+        image.tiffsave(str(reference), compression="none", strip=True,
                        bigtiff=image.width * image.height * 3 > 2 ** 32 - 2 ** 26)
     except pyvips.Error as exc:
         raise RejectedMaster(f"corrupt or truncated image data: {str(exc.message).strip()}") from None
-    # the encoders choose the format by extension, and the caller's temporary name ends in .partial
-    encoded = scratch / "encoded.jp2"
-    command = build_command(recipe, source, encoded, binary, size=(image.width, image.height))
-    isolation.stage(f"encoding with {Path(binary).name}")
-    run_encoder(command.argv, timeout=_SECONDS_BASE + _SECONDS_PER_MEGAPIXEL * image.width * image.height / 1e6)
+    return Jp2Plan(recipe, build_command(recipe, reference, encoded, binary, size=(image.width, image.height)),
+                   reference, encoded, _SECONDS_BASE + _SECONDS_PER_MEGAPIXEL * image.width * image.height / 1e6)
+
+
+def encode_jp2(plan: Jp2Plan, out_path: Path, metadata: Callable[[], Jp2Metadata]) -> int:
+    """Run the plan's encoder, then carry the master's kept metadata into the JP2 at `out_path` (fsync'ed);
+    `metadata` is asked for only then, so it can be read meanwhile. Returns the file's size."""
+    isolation.stage(f"encoding with {Path(plan.command.argv[0]).name}")
+    run_encoder(plan.command.argv, timeout=plan.timeout)
     isolation.stage("writing metadata")
-    carry_metadata(metadata, encoded, recipe.metadata.keep, recipe.metadata.exclude)
-    shutil.move(encoded, out_path)
+    carry_metadata(metadata(), plan.encoded, plan.recipe.metadata.keep, plan.recipe.metadata.exclude)
+    shutil.move(plan.encoded, out_path)
     with open(out_path, "rb+") as f:
         os.fsync(f.fileno())
-    return EncodedJp2(bytes=out_path.stat().st_size, plt=command.plt, levels=command.levels,
-                      warnings=command.warnings, reference=source)
+    return out_path.stat().st_size
 
 
 def run_encoder(argv: tuple[str, ...], timeout: float) -> None:

@@ -10,6 +10,7 @@ import os
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import pyvips
@@ -39,8 +40,9 @@ class EncodedFile:
 
 
 def encode_ptiff(image: pyvips.Image, out_path: Path, recipe: Recipe, icc: bytes,
-                 metadata_tags: list[tiff.Tag]) -> EncodedFile:
-    """Write `image` (8-bit, 3 bands) as a page pyramid readable by iipsrv 1.1; the file is fsync'ed."""
+                 metadata_tags: Callable[[], list[tiff.Tag]]) -> EncodedFile:
+    """Write `image` (8-bit, 3 bands) as a page pyramid readable by iipsrv 1.1; the file is fsync'ed.
+    `metadata_tags` is asked for once the tiles are written, so the metadata can be read meanwhile."""
     width, height, bands, tile = image.width, image.height, image.bands, recipe.tile
     jpeg = partial(simplejpeg.encode_jpeg, quality=recipe.quality, colorspace="RGB",
                    colorsubsampling=recipe.chroma.replace(":", ""), fastdct=recipe.fast_dct)
@@ -66,7 +68,8 @@ def encode_ptiff(image: pyvips.Image, out_path: Path, recipe: Recipe, icc: bytes
             pyramid.abort()
             raise
         states = pyramid.close()
-        ifds = [_level_tags(i, st.level, st.offsets, st.counts, recipe, icc, metadata_tags, tables.tables)
+        carried = metadata_tags()
+        ifds = [_level_tags(i, st.level, st.offsets, st.counts, recipe, icc, carried, tables.tables)
                 for i, st in enumerate(states)]
         bigtiff = writer.finish(ifds)
         f.flush()

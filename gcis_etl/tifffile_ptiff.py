@@ -95,8 +95,9 @@ class Halver:
 
 
 def encode_tifffile_ptiff(strips: SrgbStrips, out_path: Path, recipe: Recipe, icc: bytes,
-                          metadata_tags: list[tiff.Tag], scratch: Path) -> EncodedFile:
-    """Write the master as a page pyramid with tifffile, metadata transplanted; the file is fsync'ed."""
+                          metadata_tags: Callable[[], list[tiff.Tag]], scratch: Path) -> EncodedFile:
+    """Write the master as a page pyramid with tifffile, metadata transplanted; the file is fsync'ed.
+    `metadata_tags` is asked for once the pixels are written, so the metadata can be read meanwhile."""
     levels = levels_for(strips.width, strips.height, recipe.tile)
     bigtiff = sum(lv.width * lv.height * 3 for lv in levels) >= BIGTIFF_FROM
     interpolation = INTERPOLATIONS[recipe.interpolation]
@@ -118,7 +119,7 @@ def encode_tifffile_ptiff(strips: SrgbStrips, out_path: Path, recipe: Recipe, ic
             if spill is not None:
                 spill.seek(0)
                 bands, source = _spilled(spill, levels[index + 1], recipe.tile), spill
-    size = _rewrite_ifds(out_path, metadata_tags, bigtiff)
+    size = _rewrite_ifds(out_path, metadata_tags(), bigtiff)
     return EncodedFile(levels=tuple(levels), bigtiff=bigtiff, bytes=size)
 
 

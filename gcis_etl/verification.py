@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Callable
 
 from gcis_etl.models import Level, VerifyReport
 from gcis_etl.pyramid import levels_for
@@ -129,6 +130,15 @@ def metadata_differences(expected: dict, path: Path) -> list[str]:
 _HT_RSIZ = 0x4000  # Rsiz bit 14: the codestream uses HTJ2K (Part 15) capabilities
 _CODESTREAM = "properties/contiguousCodestreamBox"
 LOSSLESS = float("inf")  # min_psnr meaning "pixels identical"
+_TRANSFORMS = {True: "5-3 reversible", False: "9-7 irreversible"}  # jpylyzer's names, by reversibility
+
+
+@dataclass(frozen=True)
+class Jp2Coding:
+    """What the codestream says about how to reproduce its reduced resolutions."""
+
+    reversible: bool
+    tile: tuple[int, int]  # tile width, height (the image size when it is one tile)
 
 
 @dataclass(frozen=True)
@@ -144,19 +154,40 @@ class Jp2Expectation:
     plt: bool = False
     min_psnr: float = 30.0  # luma dB against the reference; float("inf") = lossless (pixels identical)
     reference: Path | None = None
+    coding: Jp2Coding | None = None  # the transform and tiles asked for; None: whatever the codestream says
     metadata: dict = field(default_factory=dict)
 
 
-def verify_jp2(path: str | Path, expect: Jp2Expectation) -> VerifyReport:
-    """Structure with jpylyzer (the validator Bodleian uses), geometry, sRGB colour box, then pixels."""
-    from jpylyzer import jpylyzer
+def verify_jp2(path: str | Path, expect: Jp2Expectation, reduced: Callable[[], Any] | None = None) -> VerifyReport:
+    """Structure with jpylyzer (the validator Bodleian uses), geometry, sRGB colour box, pixels, metadata.
+    exiftool reads the metadata beside jpylyzer, and so does the pixel check when the coding is expected;
+    `reduced` may give the reference's reduction computed ahead (reduced_reference, e.g. beside the encoder)."""
+    from gcis_etl.isolation import beside
     path = Path(path)
+    pixels = beside(jp2_pixel_errors, path, expect, expect.coding, reduced) if expect.coding else None
+    kept = beside(metadata_differences, expect.metadata, path) if expect.metadata else None
+    errors, warnings, found = _jp2_structure(path, expect)
+    pixel_errors = pixels.result() if pixels else None
+    if not errors:
+        coding = Jp2Coding(reversible=found["transform"] == _TRANSFORMS[True], tile=found["tile"])
+        errors.extend(jp2_pixel_errors(path, expect, coding) if pixel_errors is None else pixel_errors)
+    errors.extend(kept.result() if kept else ())
+    width, height = found.get("size", (None, None))
+    levels = tuple(Level(-(-width // 2 ** r), -(-height // 2 ** r)) for r in range((found.get("levels") or 0) + 1)) \
+        if width and height else ()
+    return VerifyReport(str(path), errors=tuple(errors), warnings=tuple(warnings), width=width, height=height,
+                        levels=levels)
+
+
+def _jp2_structure(path: Path, expect: Jp2Expectation) -> tuple[list[str], list[str], dict]:
+    """jpylyzer's verdict and what it reads of the header and codestream, against what is expected."""
+    from jpylyzer import jpylyzer
     errors: list[str] = []
     warnings: list[str] = []
     try:
         result = jpylyzer.checkOneFile(str(path), "jp2")
     except Exception as exc:  # jpylyzer raises on unreadable files
-        return VerifyReport(str(path), errors=(f"jpylyzer cannot read the file: {exc}",))
+        return [f"jpylyzer cannot read the file: {exc}"], [], {}
     failed = sorted({e.tag for e in result.find("tests").iter() if e.text == "False"})
     rsiz = int(result.findtext(f"{_CODESTREAM}/siz/rsiz") or 0)
     if failed == ["rsizIsValid"] and expect.ht and rsiz & _HT_RSIZ:
@@ -173,22 +204,16 @@ def verify_jp2(path: str | Path, expect: Jp2Expectation) -> VerifyReport:
              "components": _int(result, f"{header}/nC"), "bits": _int(result, f"{header}/bPCDepth"),
              "levels": _int(result, f"{_CODESTREAM}/cod/levels"), "layers": _int(result, f"{_CODESTREAM}/cod/layers"),
              "progression": result.findtext(f"{_CODESTREAM}/cod/order"), "ht": bool(rsiz & _HT_RSIZ),
-             "plt": any(int(e.text) > 0 for e in result.iter("pltCount"))}
+             "plt": any(int(e.text) > 0 for e in result.iter("pltCount")),
+             "transform": result.findtext(f"{_CODESTREAM}/cod/transformation"),
+             "tile": (_int(result, f"{_CODESTREAM}/siz/xTsiz") or expect.width,
+                      _int(result, f"{_CODESTREAM}/siz/yTsiz") or expect.height)}
     wanted = {"size": (expect.width, expect.height), "components": 3, "bits": 8, "levels": expect.levels,
               "layers": expect.layers, "progression": expect.progression, "ht": expect.ht, "plt": expect.plt}
+    if expect.coding:
+        wanted |= {"transform": _TRANSFORMS[expect.coding.reversible], "tile": expect.coding.tile}
     errors.extend(f"{key} is {found[key]}, expected {wanted[key]}" for key in wanted if found[key] != wanted[key])
-    if not errors:
-        coding = Jp2Coding(reversible=result.findtext(f"{_CODESTREAM}/cod/transformation") == "5-3 reversible",
-                         tile=(_int(result, f"{_CODESTREAM}/siz/xTsiz") or expect.width,
-                               _int(result, f"{_CODESTREAM}/siz/yTsiz") or expect.height))
-        errors.extend(jp2_pixel_errors(path, expect, coding))
-    if expect.metadata:
-        errors.extend(metadata_differences(expect.metadata, path))
-    width, height = found["size"]
-    levels = tuple(Level(-(-width // 2 ** r), -(-height // 2 ** r)) for r in range((found["levels"] or 0) + 1)) \
-        if width and height else ()
-    return VerifyReport(str(path), errors=tuple(errors), warnings=tuple(warnings), width=width, height=height,
-                        levels=levels)
+    return errors, warnings, found
 
 
 def _int(result, xpath: str) -> int | None:
@@ -211,14 +236,6 @@ _LOWPASS = {  # analysis low-pass filters of JPEG 2000 Part 1 (DC gain 1)
             0.266864118443, -0.078223266529, -0.016864118443, 0.026748757411)}
 
 
-@dataclass(frozen=True)
-class Jp2Coding:
-    """What the codestream says about how to reproduce its reduced resolutions."""
-
-    reversible: bool
-    tile: tuple[int, int]  # tile width, height (the image size when it is one tile)
-
-
 def reduction(width: int, height: int, levels: int) -> int:
     """The resolution reduction decoded whole: the first with at most REDUCED_PIXELS, at most `levels`."""
     r = 0
@@ -239,54 +256,69 @@ def regions(width: int, height: int, tile: tuple[int, int] | None = None) -> lis
     return [(x, y, min(width, x + w), min(height, y + h)) for x, y in dict.fromkeys(spots)]
 
 
-def jp2_pixel_errors(path: Path, expect: Jp2Expectation, coding: Jp2Coding) -> list[str]:
-    """Decode with OpenJPEG (as iipsrv does) one reduced resolution whole and full-resolution regions."""
+def jp2_pixel_errors(path: Path, expect: Jp2Expectation, coding: Jp2Coding,
+                     reduced: Callable[[], Any] | None = None) -> list[str]:
+    """Decode with OpenJPEG (as iipsrv does) one reduced resolution whole and full-resolution regions, all at
+    once. `reduced`: the reference's reduced_reference, when it was computed ahead."""
     import tempfile
     r = reduction(expect.width, expect.height, expect.levels)
     lossless = expect.min_psnr == LOSSLESS
+    spots = regions(expect.width, expect.height, coding.tile if expect.ht else None) if r else []
     with tempfile.TemporaryDirectory(prefix="gcis-jp2-") as scratch:
-        decoded = _opj_decompress(path, Path(scratch), "-r", str(r))
-        if isinstance(decoded, str):
-            return [f"reduction {r} does not decode: {decoded}"]
-        size = (-(-expect.width // 2 ** r), -(-expect.height // 2 ** r))
-        if decoded.shape[1::-1] != size:
-            return [f"reduction {r} decodes as {decoded.shape[1]}x{decoded.shape[0]}, expected {size[0]}x{size[1]}"]
-        if expect.reference is None:
-            return []
-        reference = _reference_pixels(expect.reference)
-        if reference.shape[1::-1] != (expect.width, expect.height):
-            return [f"the reference is {reference.shape[1]}x{reference.shape[0]}, "
-                    f"expected {expect.width}x{expect.height}"]
-        if r == 0:  # a small image: the whole of it has been decoded
-            return _difference(decoded, reference, lossless, expect.min_psnr, "the decoded pixels")
-        errors = _difference(decoded, wavelet_reduced(reference, r, coding), False, REDUCED_MIN_PSNR,
-                             f"reduction {r}", block=BLOCK)
-        for x0, y0, x1, y1 in regions(expect.width, expect.height, coding.tile if expect.ht else None):
-            where = f"region {x0},{y0},{x1},{y1}"
-            region = _opj_decompress(path, Path(scratch), "-d", f"{x0},{y0},{x1},{y1}")
-            if isinstance(region, str):
-                errors.append(f"{where} does not decode: {region}")
-            elif region.shape[:2] != (y1 - y0, x1 - x0):
-                errors.append(f"{where} decodes as {region.shape[1]}x{region.shape[0]}")
-            else:
-                errors.extend(_difference(region, reference[y0:y1, x0:x1], lossless, expect.min_psnr, where))
-        return errors
+        decoded, *pieces = _opj_decompress(path, Path(scratch), [("-r", str(r))] + [
+            ("-d", f"{x0},{y0},{x1},{y1}") for x0, y0, x1, y1 in spots])
+    if isinstance(decoded, str):
+        return [f"reduction {r} does not decode: {decoded}"]
+    size = (-(-expect.width // 2 ** r), -(-expect.height // 2 ** r))
+    if decoded.shape[1::-1] != size:
+        return [f"reduction {r} decodes as {decoded.shape[1]}x{decoded.shape[0]}, expected {size[0]}x{size[1]}"]
+    if expect.reference is None:
+        return []
+    reference = _reference_pixels(expect.reference)
+    if reference.shape[1::-1] != (expect.width, expect.height):
+        return [f"the reference is {reference.shape[1]}x{reference.shape[0]}, expected {expect.width}x{expect.height}"]
+    if r == 0:  # a small image: the whole of it has been decoded
+        return _difference(decoded, reference, lossless, expect.min_psnr, "the decoded pixels")
+    model = reduced() if reduced else wavelet_reduced(reference, r, coding)
+    errors = _difference(decoded, model, False, REDUCED_MIN_PSNR, f"reduction {r}", block=BLOCK)
+    for (x0, y0, x1, y1), piece in zip(spots, pieces):
+        where = f"region {x0},{y0},{x1},{y1}"
+        if isinstance(piece, str):
+            errors.append(f"{where} does not decode: {piece}")
+        elif piece.shape[:2] != (y1 - y0, x1 - x0):
+            errors.append(f"{where} decodes as {piece.shape[1]}x{piece.shape[0]}")
+        else:
+            errors.extend(_difference(piece, reference[y0:y1, x0:x1], lossless, expect.min_psnr, where))
+    return errors
 
 
-def _opj_decompress(path: Path, scratch: Path, *args: str):
-    """The decoded RGB pixels, or opj_decompress's complaint."""
+def reduced_reference(expect: Jp2Expectation):
+    """The reference as a decoder will show the reduction jp2_pixel_errors decodes whole (None when that is
+    the full resolution), for the coding expected: it can be computed before the JP2 exists."""
+    r = reduction(expect.width, expect.height, expect.levels)
+    return wavelet_reduced(_reference_pixels(expect.reference), r, expect.coding) if r else None
+
+
+def _opj_decompress(path: Path, scratch: Path, decodes: list[tuple[str, ...]]) -> list:
+    """For each set of arguments, the decoded RGB pixels or opj_decompress's complaint. The decoders run
+    side by side: each is small, and mostly process start-up."""
     import subprocess
 
     import numpy as np
     from PIL import Image
-    out = scratch / "decoded.ppm"
-    out.unlink(missing_ok=True)
-    proc = subprocess.run(["opj_decompress", "-quiet", "-i", str(path), "-o", str(out), *args],
-                          capture_output=True, text=True, errors="replace", stdin=subprocess.DEVNULL)
-    if proc.returncode or not out.is_file():
-        return (proc.stderr or proc.stdout).strip()[-200:] or f"exit {proc.returncode}"
-    with Image.open(out) as im:
-        return np.asarray(im.convert("RGB"))
+    outs = [scratch / f"decoded-{i}.ppm" for i in range(len(decodes))]
+    procs = [subprocess.Popen(["opj_decompress", "-quiet", "-i", str(path), "-o", str(out), *args],
+                              stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True, errors="replace") for out, args in zip(outs, decodes)]
+    results = []
+    for proc, out in zip(procs, outs):
+        said = proc.communicate()[0]
+        if proc.returncode or not out.is_file():
+            results.append(said.strip()[-200:] or f"exit {proc.returncode}")
+            continue
+        with Image.open(out) as im:
+            results.append(np.asarray(im.convert("RGB")))
+    return results
 
 
 def _reference_pixels(reference: Path):

@@ -19,8 +19,8 @@ from gcis_etl.metadata import exiftool_json
 from gcis_etl.models import Status
 from gcis_etl.recipes import Recipe, load_recipe
 from gcis_etl.settings import parse
-from gcis_etl.verification import (LOSSLESS, Jp2Coding, Jp2Expectation, jp2_pixel_errors, reduction, regions,
-                                   verify_jp2)
+from gcis_etl.verification import (LOSSLESS, Jp2Coding, Jp2Expectation, jp2_pixel_errors, reduced_reference,
+                                   reduction, regions, verify_jp2)
 from tests.measures import luma, psnr
 
 CORPUS = Path(__file__).parent / "corpus"
@@ -281,6 +281,30 @@ def test_a_wrong_level_count_fails(kodim_jp2s, tmp_path):
     report = verify_jp2(out, _expectation(reference, True))
     assert "levels is 3, expected 6" in report.errors
     assert verify_jp2(out, _expectation(reference, True, levels=3)).ok
+
+
+def test_a_coding_other_than_the_one_asked_for_fails(kodim_jp2s, tmp_path):
+    """The reduction computed ahead assumes the recipe's transform and tiles: the codestream must have them."""
+    reference, made = kodim_jp2s
+    asked = Jp2Coding(reversible=True, tile=(512, 512))
+    assert verify_jp2(made["jp2-openjpeg-lossless"], _expectation(reference, True, coding=asked)).ok
+    out = tmp_path / "tiles-256.jp2"
+    argv = list(build_command(load_recipe("jp2-openjpeg-lossless"), reference, out, size=(768, 512)).argv)
+    argv[argv.index("-t") + 1] = "256,256"
+    run_encoder(tuple(argv), timeout=60)
+    report = verify_jp2(out, _expectation(reference, True, coding=asked))
+    assert report.errors == ("tile is (256, 256), expected (512, 512)",)
+    lossy = verify_jp2(made["jp2-openjpeg-lossy"], _expectation(reference, False, coding=asked))
+    assert lossy.errors == ("transform is 9-7 irreversible, expected 5-3 reversible",)
+
+
+def test_a_reduction_computed_ahead_is_the_one_compared(kodim_jp2s):
+    reference, made = kodim_jp2s
+    expect = _expectation(reference, False, coding=Jp2Coding(reversible=False, tile=(512, 512)))
+    model = reduced_reference(expect)
+    assert verify_jp2(made["jp2-openjpeg-lossy"], expect, lambda: model).ok
+    report = verify_jp2(made["jp2-openjpeg-lossy"], expect, lambda: 255 - model)
+    assert [e for e in report.errors if e.startswith("luma PSNR of reduction 1")], report.errors
 
 
 def test_the_reduced_reference_reproduces_a_lossless_decode(kodim_jp2s, tmp_path):

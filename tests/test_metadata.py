@@ -117,7 +117,7 @@ def test_bigtiff_with_a_changed_undefined_tag_fails_verification(exif_master, mo
     assert components.values == b"\x01\x02\x03\x00"
     components.values = b"\x04\x05\x06\x00"  # YCbCr -> RGB
     image = pyvips.Image.new_from_file(str(exif_master))
-    encoded = encode_ptiff(image, tmp_path / "big.tif", recipe, srgb_profile(), carried.tags)
+    encoded = encode_ptiff(image, tmp_path / "big.tif", recipe, srgb_profile(), lambda: carried.tags)
     assert encoded.bigtiff
     report = verify(tmp_path / "big.tif", Expectation(width=image.width, height=image.height,
                                                       metadata=carried.values))
@@ -132,7 +132,7 @@ def test_bigtiff_master_keeps_its_undefined_exif_tags(exif_master, monkeypatch, 
     with monkeypatch.context() as patched:
         patched.setattr(tiff, "CLASSIC_LIMIT", BIGTIFF_FROM)
         image = pyvips.Image.new_from_file(str(exif_master))
-        assert encode_ptiff(image, tmp_path / "master.tif", recipe, srgb_profile(), carried.tags).bigtiff
+        assert encode_ptiff(image, tmp_path / "master.tif", recipe, srgb_profile(), lambda: carried.tags).bigtiff
     policy = ImagingPolicy()
     job = EncodeJob(inspect(tmp_path / "master.tif", policy), policy, ("vips",), output=str(tmp_path / "a.tif"),
                     recipe=recipe)

@@ -322,7 +322,7 @@ def test_bigtiff_output_keeps_its_metadata(monkeypatch, tmp_path):
     recipe = load_recipe(RECIPE)
     carried = carried_tags(CORPUS / "metadata-rich/ExifTool.jpg", recipe.metadata.keep, recipe.metadata.exclude,
                            tmp_path)
-    encoded = encode_tifffile_ptiff(strips, tmp_path / "big.tif", recipe, srgb_profile(), carried.tags, tmp_path)
+    encoded = encode_tifffile_ptiff(strips, tmp_path / "big.tif", recipe, srgb_profile(), lambda: carried.tags, tmp_path)
     assert encoded.bigtiff and len(encoded.levels) == 4 and (tmp_path / "big.tif").read_bytes()[:4] == b"II+\x00"
     report = verify(tmp_path / "big.tif", Expectation(width=info.width, height=info.height, tile=256, chroma="4:2:0",
                                                       metadata=carried.values))
