@@ -17,6 +17,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
@@ -86,17 +87,31 @@ def _child_main(conn: Connection, settings: dict) -> None:
             conn.send(("error", exc if _picklable(exc) else ConversionFailed(f"{type(exc).__name__}: {exc}")))
 
 
+_lift_lock = threading.Lock()
+_lifted = 0     # encoders running with the soft limit lifted
+_kept_soft = 0  # the soft limit to restore when the last of them ends
+
+
 @contextmanager
 def encoder_address_space() -> Iterator[None]:
     """An external encoder inherits the child's address-space limit, and grk_compress reserves more than 8 GB
     on 40 Mpx. It is a process of its own, with its own time-out: the soft limit is lifted while it runs
-    (the child itself only waits for it meanwhile)."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
-    resource.setrlimit(resource.RLIMIT_AS, (hard, hard))
+    (the child itself only waits for it meanwhile). Threads beside may run encoders too: the limit comes
+    back when the last of them ends."""
+    global _lifted, _kept_soft
+    with _lift_lock:
+        soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+        if not _lifted:
+            _kept_soft = soft
+            resource.setrlimit(resource.RLIMIT_AS, (hard, hard))
+        _lifted += 1
     try:
         yield
     finally:
-        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+        with _lift_lock:
+            _lifted -= 1
+            if not _lifted:
+                resource.setrlimit(resource.RLIMIT_AS, (_kept_soft, hard))
 
 
 def _die_with_parent() -> None:

@@ -1,13 +1,15 @@
 """Isolation: a crash, hang or memory blow-up is one master's failure, never the caller's."""
 from __future__ import annotations
 
+import resource
+import threading
 from pathlib import Path
 
 import pytest
 
 from gcis_etl.conversion import convert
 from gcis_etl.errors import ConversionFailed
-from gcis_etl.isolation import IsolatedProcess, WorkerCrashed, WorkerTimeout
+from gcis_etl.isolation import IsolatedProcess, WorkerCrashed, WorkerTimeout, encoder_address_space
 from gcis_etl.models import ConversionResult, Status
 from gcis_etl.policy import ImagingPolicy, IsolationSettings
 from tests.conftest import CORPUS
@@ -88,3 +90,30 @@ def test_existing_destination_is_untouched_by_a_failed_conversion(tmp_path):
     assert result.status is Status.REJECTED
     assert dst.read_bytes() == before
 
+
+def test_the_address_space_limit_returns_when_the_last_of_overlapping_encoders_ends():
+    """An encoder beside the main thread's (the JP2 metadata carrier's) must not leave the limit lifted, nor
+    bring it back while the main encoder still runs."""
+    original = resource.getrlimit(resource.RLIMIT_AS)
+    limit = 64 * 2 ** 30
+    if original[1] != resource.RLIM_INFINITY and original[1] <= limit:
+        pytest.fail(f"the hard address-space limit {original[1]} leaves no room for the test")
+    resource.setrlimit(resource.RLIMIT_AS, (limit, original[1]))
+    try:
+        entered, release = threading.Event(), threading.Event()
+
+        def beside():
+            with encoder_address_space():
+                entered.set()
+                release.wait(10)
+
+        with encoder_address_space():
+            thread = threading.Thread(target=beside)
+            thread.start()
+            entered.wait(10)
+        assert resource.getrlimit(resource.RLIMIT_AS)[0] == original[1]  # the beside encoder still runs
+        release.set()
+        thread.join()
+        assert resource.getrlimit(resource.RLIMIT_AS)[0] == limit
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, original)
