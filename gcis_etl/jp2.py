@@ -3,7 +3,8 @@
 Every encoder reads an uncompressed 8-bit sRGB TIFF written from the normalised image into scratch, never
 the master: stock kdu_compress reads only uncompressed TIFF, and a TIFF without an ICC profile makes all
 three write an enumerated sRGB colour box (opj_compress would drop a profile anyway). Argument vectors are
-lists; the kakadu one is the recipe's `kdu_args` verbatim.
+lists; the kakadu one is the recipe's `kdu_args` verbatim. The master's kept metadata follows the
+codestream, in the boxes exiftool writes (metadata_carrier).
 """
 from __future__ import annotations
 
@@ -45,7 +46,6 @@ class Jp2Command:
 class Jp2Plan:
     """What encode_jp2 will run, known before the encoder starts (verification prepares beside it)."""
 
-    recipe: Recipe
     command: Jp2Command  # writes `encoded`, in scratch: the encoders choose the format by extension
     reference: Path  # the uncompressed sRGB TIFF the encoder reads, kept in scratch for verification
     encoded: Path
@@ -145,17 +145,17 @@ def plan_jp2(image, recipe: Recipe, scratch: Path) -> Jp2Plan:
                        bigtiff=image.width * image.height * 3 > 2 ** 32 - 2 ** 26)
     except pyvips.Error as exc:
         raise RejectedMaster(f"corrupt or truncated image data: {str(exc.message).strip()}") from None
-    return Jp2Plan(recipe, build_command(recipe, reference, encoded, binary, size=(image.width, image.height)),
+    return Jp2Plan(build_command(recipe, reference, encoded, binary, size=(image.width, image.height)),
                    reference, encoded, _SECONDS_BASE + _SECONDS_PER_MEGAPIXEL * image.width * image.height / 1e6)
 
 
 def encode_jp2(plan: Jp2Plan, out_path: Path, metadata: Callable[[], Jp2Metadata]) -> int:
-    """Run the plan's encoder, then carry the master's kept metadata into the JP2 at `out_path` (fsync'ed);
-    `metadata` is asked for only then, so it can be read meanwhile. Returns the file's size."""
+    """Run the plan's encoder and append the master's kept metadata (metadata_carrier's boxes): the JP2 at
+    `out_path`, fsync'ed. `metadata` is asked for only then, so it can be made meanwhile. Returns its size."""
     isolation.stage(f"encoding with {Path(plan.command.argv[0]).name}")
     run_encoder(plan.command.argv, timeout=plan.timeout)
-    isolation.stage("writing metadata")
-    carry_metadata(metadata(), plan.encoded, plan.recipe.metadata.keep, plan.recipe.metadata.exclude)
+    with open(plan.encoded, "ab") as f:
+        f.write(metadata().boxes)
     shutil.move(plan.encoded, out_path)
     with open(out_path, "rb+") as f:
         os.fsync(f.fileno())
@@ -184,18 +184,20 @@ def run_encoder(argv: tuple[str, ...], timeout: float) -> None:
 
 @dataclass(frozen=True)
 class Jp2Metadata:
-    carrier: Path  # a 1-pixel TIFF holding the kept tags, copied into the JP2 once it exists
-    values: dict   # kept tag -> value, as exiftool reads them from the carrier: what verification expects
+    boxes: bytes  # the boxes exiftool appends to a JP2 after its codestream to hold the kept tags
+    values: dict  # kept tag -> value, as exiftool reads them from the carrier: what verification expects
 
 
 def metadata_carrier(master: str, keep: tuple[str, ...], exclude: tuple[str, ...], scratch: Path) -> Jp2Metadata:
     """The kept tags, normalised by exiftool into a TIFF carrier as on the PTIFF path (rationals rounded,
-    ColorSpace = sRGB, exclusions applied), so the JP2 and the PTIFF carry the same values."""
+    ColorSpace = sRGB, exclusions applied), so the JP2 and the PTIFF carry the same values; then written by
+    exiftool into a 1-pixel JP2. exiftool appends metadata boxes after a JP2's codestream and leaves what
+    precedes it alone, so these boxes are what it would add to the real JP2, without rewriting that (a tag
+    that did not travel this way would fail verification, which reads every kept tag back)."""
     carrier = write_carrier(master, keep, exclude, scratch / "metadata-carrier.tif")
-    return Jp2Metadata(carrier, kept_tag_values(carrier, keep, exclude))
-
-
-def carry_metadata(metadata: Jp2Metadata, jp2: Path, keep: tuple[str, ...], exclude: tuple[str, ...]) -> None:
-    """exiftool writes the carrier's tags into the JP2's EXIF and XMP boxes, in place."""
-    exiftool_run("-m", "-q", "-n", "-overwrite_original", "-TagsFromFile", str(metadata.carrier),
+    jp2 = scratch / "metadata-carrier.jp2"
+    run_encoder((TOOLS["openjpeg"], "-i", str(carrier), "-o", str(jp2), "-n", "1"), timeout=_SECONDS_BASE)
+    bare = jp2.stat().st_size
+    exiftool_run("-m", "-q", "-n", "-overwrite_original", "-TagsFromFile", str(carrier),
                  *selection(keep, exclude), str(jp2))
+    return Jp2Metadata(jp2.read_bytes()[bare:], kept_tag_values(carrier, keep, exclude))

@@ -14,8 +14,9 @@ from PIL import Image
 from gcis_etl.conversion import convert
 from gcis_etl.errors import ConfigError, ConversionFailed
 from gcis_etl.isolation import IsolatedProcess
-from gcis_etl.jp2 import GROK_PLT_WITH_RATES, build_command, kdu_compress_path, run_encoder, small_image_fit
-from gcis_etl.metadata import exiftool_json
+from gcis_etl.jp2 import (GROK_PLT_WITH_RATES, build_command, kdu_compress_path, metadata_carrier, run_encoder,
+                          small_image_fit)
+from gcis_etl.metadata import exiftool_json, exiftool_run, selection, write_carrier
 from gcis_etl.models import Status
 from gcis_etl.recipes import Recipe, load_recipe
 from gcis_etl.settings import parse
@@ -113,6 +114,26 @@ def test_metadata_travels_into_the_jp2(worker, tmp_path):
     for tag in ("EXIF:Make", "EXIF:Model", "EXIF:DateTimeOriginal", "EXIF:ExposureTime"):
         assert found[tag] == source[tag]
     assert found["EXIF:ColorSpace"] == 1
+
+
+@pytest.mark.parametrize("recipe", ["jp2-openjpeg-lossy", "jp2-grok-htj2k"])
+def test_the_appended_metadata_boxes_make_the_file_exiftool_writes(recipe, tmp_path):
+    """metadata_carrier takes exiftool's boxes from a 1-pixel JP2; appended to the real codestream's file they
+    give, byte for byte, what exiftool makes of that file when it writes the same tags into it itself."""
+    master, recipe = CORPUS / "metadata-rich/ExifTool.jpg", load_recipe(recipe)
+    keep, exclude = recipe.metadata.keep, recipe.metadata.exclude
+    source, encoded = tmp_path / "in.tif", tmp_path / "encoded.jp2"
+    pyvips.Image.new_from_file(str(CORPUS / "jpeg-baseline/flowers.jpeg")).tiffsave(str(source), compression="none",
+                                                                                    strip=True)
+    run_encoder(build_command(recipe, source, encoded).argv, timeout=60)
+    boxes = metadata_carrier(str(master), keep, exclude, tmp_path).boxes
+    assert boxes.count(b"uuid") == 3  # EXIF, IPTC and XMP
+    direct = tmp_path / "direct.jp2"
+    shutil.copy(encoded, direct)
+    carrier = write_carrier(master, keep, exclude, tmp_path / "own-carrier.tif")
+    exiftool_run("-m", "-q", "-n", "-overwrite_original", "-TagsFromFile", str(carrier), *selection(keep, exclude),
+                 str(direct))
+    assert encoded.read_bytes() + boxes == direct.read_bytes()
 
 
 def test_verification_catches_lossy_pixels_under_a_lossless_recipe(tmp_path):
