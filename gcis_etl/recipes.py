@@ -144,6 +144,14 @@ def _check_kdu_args(jp2: Jp2Parameters) -> None:
             raise ValueError(f"jp2.kdu_args: {key}={given[key]} disagrees with jp2.{field}: {getattr(jp2, field)}")
     if jp2.ht != any(a.startswith("Cmodes=") and "HT" in a for a in jp2.kdu_args):
         raise ValueError(f"jp2.kdu_args: Cmodes=HT {'missing' if jp2.ht else 'present'} but jp2.ht is {jp2.ht}")
+    settings = dict(a.split("=", 1) for a in jp2.kdu_args if "=" in a)
+    if (settings.get("Creversible") == "yes") != jp2.reversible:
+        raise ValueError(f"jp2.kdu_args: Creversible={settings.get('Creversible', 'no (default)')} disagrees "
+                         f"with jp2.reversible: {jp2.reversible}")
+    tiles = f"{{{jp2.tiles[1]},{jp2.tiles[0]}}}" if jp2.tiles else None  # Kakadu's order: {rows,columns}
+    if settings.get("Stiles") != tiles:
+        raise ValueError(f"jp2.kdu_args: Stiles={settings.get('Stiles', 'none (one tile)')} disagrees with "
+                         f"jp2.tiles: {list(jp2.tiles) if jp2.tiles else None}")
 
 
 def recipe_dirs() -> list[Path]:
