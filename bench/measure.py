@@ -41,17 +41,19 @@ def timed(cmd: list[str], master: str, label: str, out: Path, mp: float) -> Run:
 
 
 def converted(master: Path, name: str, mp: float, recipe: str, label: str, out: Path,
-              memory_limit_mb: int | None = None) -> Run:
+              memory_limit_mb: int | None = None, vips_concurrency: int = 1) -> Run:
     """One conversion in a fresh conversion process, warmed up first on a small master with the same recipe
     (imports, exiftool): wall time of the call; CPU of the process and everything it ran (encoders,
     exiftool) during the call; peak RSS of the largest of them over the process's life. `memory_limit_mb`
-    replaces the conversion process's address-space limit (which the encoders it runs inherit)."""
+    replaces the conversion process's address-space limit (which the encoders it runs inherit);
+    `vips_concurrency` is the threads it may use (isolation.vips_concurrency)."""
     import psutil
 
     from gcis_etl.conversion import convert
     from gcis_etl.isolation import IsolatedProcess
     from gcis_etl.policy import IsolationSettings
-    settings = IsolationSettings(**({"memory_limit_mb": memory_limit_mb} if memory_limit_mb else {}))
+    settings = IsolationSettings(vips_concurrency=vips_concurrency,
+                                 **({"memory_limit_mb": memory_limit_mb} if memory_limit_mb else {}))
     with IsolatedProcess(settings) as worker:
         warm = convert(WARM_UP, out.with_name(f"warm-{out.name}"), recipe, worker=worker)
         assert warm.ok, warm.reason

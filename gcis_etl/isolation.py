@@ -54,16 +54,26 @@ def stage(name: str) -> None:
 # does the single-threaded check of its output. Threads kept for the life of the process: exiftool dies
 # with the thread that started it.
 _beside = ThreadPoolExecutor(max_workers=3, thread_name_prefix="gcis-beside")
+_threads: int | None = None  # in a conversion child: the threads it may use (isolation.vips_concurrency)
 
 
 def beside(function: Callable, *args: Any) -> Future:
-    """Start `function(*args)` in a thread beside the caller's; its result (or exception) is the Future's."""
-    return _beside.submit(function, *args)
+    """Start `function(*args)` in a thread beside the caller's; its result (or exception) is the Future's.
+    A conversion child allowed one thread (one process per core) runs it at once instead: the pool's
+    processes keep to a core each, and the work costs the same CPU either way."""
+    if _threads != 1:
+        return _beside.submit(function, *args)
+    done: Future = Future()
+    try:
+        done.set_result(function(*args))
+    except Exception as exc:
+        done.set_exception(exc)
+    return done
 
 
 def _child_main(conn: Connection, settings: dict) -> None:
-    global _conn
-    _conn = conn
+    global _conn, _threads
+    _conn, _threads = conn, settings["vips_concurrency"]
     limit = settings["memory_limit_mb"] * 1024 * 1024
     resource.setrlimit(resource.RLIMIT_AS, (limit, resource.getrlimit(resource.RLIMIT_AS)[1]))  # soft only
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when the child stops

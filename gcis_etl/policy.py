@@ -41,4 +41,5 @@ class IsolationSettings(Settings):
     max_jobs_per_process: int = Field(200, gt=0, description="recycle the child after this many conversions")
     max_rss_mb: int = Field(2048, gt=0, description="recycle the child when its RSS grows past this")
     vips_concurrency: int = Field(1, ge=1, description="threads a conversion process uses: libvips', and above 1 "
-                                                       "the recipe's encode_threads beside the decoder")
+                                                       "the recipe's encode_threads beside the decoder and the "
+                                                       "work beside the encoder (exiftool, verification)")

@@ -1,6 +1,7 @@
 """Misbehaving jobs for the isolation tests (run inside the child process)."""
 import os
 import signal
+import threading
 import time
 
 
@@ -18,3 +19,9 @@ def allocate(megabytes: int) -> int:
 
 def pid() -> int:
     return os.getpid()
+
+
+def beside_thread() -> str:
+    """The name of the thread isolation.beside runs work in."""
+    from gcis_etl.isolation import beside
+    return beside(lambda: threading.current_thread().name).result()

@@ -117,3 +117,10 @@ def test_the_address_space_limit_returns_when_the_last_of_overlapping_encoders_e
         assert resource.getrlimit(resource.RLIMIT_AS)[0] == limit
     finally:
         resource.setrlimit(resource.RLIMIT_AS, original)
+
+
+def test_work_beside_runs_in_a_thread_only_when_a_conversion_may_use_more_than_one():
+    """isolation.vips_concurrency 1 (one process per core) keeps a conversion to one thread."""
+    for threads, in_main_thread in ((1, True), (2, False)):
+        with IsolatedProcess(IsolationSettings(vips_concurrency=threads)) as child:
+            assert (child.call("tests.jobs.beside_thread") == "MainThread") is in_main_thread, threads

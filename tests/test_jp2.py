@@ -19,6 +19,7 @@ from gcis_etl.jp2 import (GROK_PLT_WITH_RATES, build_command, kdu_compress_path,
                           small_image_fit)
 from gcis_etl.metadata import exiftool_json, exiftool_run, selection, write_carrier
 from gcis_etl.models import Status
+from gcis_etl.policy import IsolationSettings
 from gcis_etl.recipes import Recipe, load_recipe
 from gcis_etl.settings import parse
 from gcis_etl.verification import (LOSSLESS, Jp2Coding, Jp2Expectation, jp2_pixel_errors, reduced_reference,
@@ -121,6 +122,20 @@ def test_metadata_travels_into_the_jp2(worker, tmp_path):
     for tag in ("EXIF:Make", "EXIF:Model", "EXIF:DateTimeOriginal", "EXIF:ExposureTime"):
         assert found[tag] == source[tag]
     assert found["EXIF:ColorSpace"] == 1
+
+
+@pytest.mark.parametrize("name", ["jp2-openjpeg-lossless", "jp2-grok-htj2k"])
+def test_work_beside_the_encoder_makes_the_same_jp2(name, tmp_path):
+    """With two threads, exiftool and the reference's reduction run beside the encoder and verification beside
+    jpylyzer; with one, in sequence. The access master is the same file."""
+    master = CORPUS / "metadata-rich/ExifTool.jpg"
+    results = {}
+    for threads in (1, 2):
+        with IsolatedProcess(IsolationSettings(vips_concurrency=threads)) as child:
+            results[threads] = convert(master, tmp_path / f"{threads}.jp2", name, worker=child)
+        assert results[threads].ok, results[threads].reason
+    assert results[1].sha256 == results[2].sha256
+    assert exiftool_json(tmp_path / "2.jp2")["EXIF:Make"] == exiftool_json(master)["EXIF:Make"]
 
 
 @pytest.mark.parametrize("recipe", ["jp2-openjpeg-lossy", "jp2-grok-htj2k"])
