@@ -135,7 +135,7 @@ _TRANSFORMS = {True: "5-3 reversible", False: "9-7 irreversible"}  # jpylyzer's 
 
 @dataclass(frozen=True)
 class Jp2Coding:
-    """What the codestream says about how to reproduce its reduced resolutions."""
+    """How a codestream's reduced resolutions are reproduced: asked for by the recipe, or read from it."""
 
     reversible: bool
     tile: tuple[int, int]  # tile width, height (the image size when it is one tile)
@@ -168,9 +168,9 @@ def verify_jp2(path: str | Path, expect: Jp2Expectation, reduced: Callable[[], A
     kept = beside(metadata_differences, expect.metadata, path) if expect.metadata else None
     errors, warnings, found = _jp2_structure(path, expect)
     pixel_errors = pixels.result() if pixels else None
-    if not errors:
-        coding = Jp2Coding(reversible=found["transform"] == _TRANSFORMS[True], tile=found["tile"])
-        errors.extend(jp2_pixel_errors(path, expect, coding) if pixel_errors is None else pixel_errors)
+    if not errors:  # without the coding expected, the pixels are modelled with the coding the codestream has
+        errors.extend(pixel_errors if pixels else jp2_pixel_errors(path, expect, Jp2Coding(
+            reversible=found["transform"] == _TRANSFORMS[True], tile=found["tile"])))
     errors.extend(kept.result() if kept else ())
     width, height = found.get("size", (None, None))
     levels = tuple(Level(-(-width // 2 ** r), -(-height // 2 ** r)) for r in range((found.get("levels") or 0) + 1)) \
