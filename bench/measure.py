@@ -1,13 +1,15 @@
-"""Benchmark measurements: a bare tool under GNU time, one of our conversions in a fresh conversion process,
-and the table both are reported in."""
+"""Benchmark measurements: a bare tool under GNU time, our conversions in a fresh (warmed-up) conversion
+process, and the table both are reported in."""
 from __future__ import annotations
 
 import resource
 import shutil
 import subprocess
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable, Iterator
 
 from bench.masters import WARM_UP
 
@@ -42,11 +44,19 @@ def timed(cmd: list[str], master: str, label: str, out: Path, mp: float) -> Run:
 
 def converted(master: Path, name: str, mp: float, recipe: str, label: str, out: Path,
               memory_limit_mb: int | None = None, vips_concurrency: int = 1) -> Run:
-    """One conversion in a fresh conversion process, warmed up first on a small master with the same recipe
-    (imports, exiftool): wall time of the call; CPU of the process and everything it ran (encoders,
-    exiftool) during the call; peak RSS of the largest of them over the process's life. `memory_limit_mb`
-    replaces the conversion process's address-space limit (which the encoders it runs inherit);
-    `vips_concurrency` is the threads it may use (isolation.vips_concurrency)."""
+    """One conversion in a fresh conversion process (see conversion_process)."""
+    with conversion_process(recipe, out, memory_limit_mb, vips_concurrency) as convert_one:
+        return convert_one(master, name, mp, label)
+
+
+@contextmanager
+def conversion_process(recipe: str, out: Path, memory_limit_mb: int | None = None,
+                       vips_concurrency: int = 1) -> Iterator[Callable[[Path, str, float, str], Run]]:
+    """A fresh conversion process, warmed up first on a small master with the same recipe (imports,
+    exiftool), that converts masters to `out` one call at a time: wall time of the call; CPU of the process
+    and everything it ran (encoders, exiftool) during the call; peak RSS of the largest of them over the
+    process's life. `memory_limit_mb` replaces the conversion process's address-space limit (which the
+    encoders it runs inherit); `vips_concurrency` is the threads it may use (isolation.vips_concurrency)."""
     import psutil
 
     from gcis_etl.conversion import convert
@@ -58,15 +68,19 @@ def converted(master: Path, name: str, mp: float, recipe: str, label: str, out: 
         warm = convert(WARM_UP, out.with_name(f"warm-{out.name}"), recipe, worker=worker)
         assert warm.ok, warm.reason
         child = psutil.Process(worker.pid)
-        before = _cpu(child)
-        started = time.monotonic()
-        result = convert(master, out, recipe, worker=worker)
-        seconds = time.monotonic() - started
-        cpu = _cpu(child) - before
-        encoders_kb = worker.call("resource.getrusage", resource.RUSAGE_CHILDREN).ru_maxrss
-    if not result.ok:
-        raise RuntimeError(f"{label} failed: {result.reason}")
-    return Run(name, label, seconds, cpu, max(result.peak_rss_mb, encoders_kb / 1024), result.bytes, mp)
+
+        def convert_one(master: Path, name: str, mp: float, label: str) -> Run:
+            before = _cpu(child)
+            started = time.monotonic()
+            result = convert(master, out, recipe, worker=worker)
+            seconds = time.monotonic() - started
+            cpu = _cpu(child) - before
+            if not result.ok:
+                raise RuntimeError(f"{label} failed: {result.reason}")
+            encoders_kb = worker.call("resource.getrusage", resource.RUSAGE_CHILDREN).ru_maxrss
+            return Run(name, label, seconds, cpu, max(result.peak_rss_mb, encoders_kb / 1024), result.bytes, mp)
+
+        yield convert_one
 
 
 def _cpu(process) -> float:
