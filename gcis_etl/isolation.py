@@ -19,7 +19,7 @@ import subprocess
 import sys
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from multiprocessing.connection import Connection
 from typing import Any, Callable, Iterator
@@ -57,18 +57,24 @@ _beside = ThreadPoolExecutor(max_workers=3, thread_name_prefix="gcis-beside")
 _threads: int | None = None  # in a conversion child: the threads it may use (isolation.vips_concurrency)
 
 
+class InCallerThread(Executor):
+    """Runs what is submitted at once, in the caller's thread: for a conversion that must keep to one core
+    (one conversion process per core), where a thread beside would compete for a second one."""
+
+    def submit(self, fn: Callable, /, *args: Any, **kwargs: Any) -> Future:
+        done: Future = Future()
+        try:
+            done.set_result(fn(*args, **kwargs))
+        except Exception as exc:
+            done.set_exception(exc)
+        return done
+
+
 def beside(function: Callable, *args: Any) -> Future:
     """Start `function(*args)` in a thread beside the caller's; its result (or exception) is the Future's.
     A conversion child allowed one thread (one process per core) runs it at once instead: the pool's
     processes keep to a core each, and the work costs the same CPU either way."""
-    if _threads != 1:
-        return _beside.submit(function, *args)
-    done: Future = Future()
-    try:
-        done.set_result(function(*args))
-    except Exception as exc:
-        done.set_exception(exc)
-    return done
+    return (_beside if _threads != 1 else InCallerThread()).submit(function, *args)
 
 
 def _child_main(conn: Connection, settings: dict) -> None:

@@ -8,13 +8,14 @@ like 3.
 from __future__ import annotations
 
 from collections import deque
-from concurrent.futures import Executor, Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Callable
 
 import cv2
 import numpy as np
 
+from gcis_etl.isolation import InCallerThread
 from gcis_etl.models import Level
 from gcis_etl.tiff import TiffFileWriter
 
@@ -50,19 +51,6 @@ class _LevelState:
     counts: list[int] = field(default_factory=list)
 
 
-class _InCallerThread(Executor):
-    """threads=0: a conversion that must stay on one core (one conversion process per core) encodes where
-    it decodes; a thread beside the decoder would make each process compete for a second core."""
-
-    def submit(self, fn: Callable, /, *args: Any, **kwargs: Any) -> Future:
-        future: Future = Future()
-        try:
-            future.set_result(fn(*args, **kwargs))
-        except Exception as exc:
-            future.set_exception(exc)
-        return future
-
-
 class PyramidEncoder:
     """Feeds rows through every level and appends encoded tiles to a TiffFileWriter."""
 
@@ -73,7 +61,7 @@ class PyramidEncoder:
         for st in self.levels:
             n = -(-st.level.width // tile) * -(-st.level.height // tile)
             st.offsets, st.counts = [0] * n, [0] * n
-        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="tile-encode") if threads else _InCallerThread()
+        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="tile-encode") if threads else InCallerThread()
         self._queue: deque[tuple[_LevelState, int, Future]] = deque()
         self._depth = queue_depth
         self.rows_in = 0
