@@ -9,7 +9,7 @@ import hashlib
 import json
 import os
 from pathlib import Path
-from typing import Literal
+from typing import Iterable, Literal
 
 from pydantic import Field, model_validator
 
@@ -176,3 +176,16 @@ def load_recipe(name_or_path: str | Path = DEFAULT_RECIPE) -> Recipe:
     if recipe.name != path.stem:
         raise ConfigError(f"{path}: name: must equal the file name {path.stem!r} (got {recipe.name!r})")
     return recipe
+
+
+class RecipeCache:
+    """Recipes by name, each file read once: a long-lived worker or orchestrator meets the same few recipes in
+    every task. `known` are taken as they are (e.g. the pipelines' own)."""
+
+    def __init__(self, known: Iterable[Recipe] = ()):
+        self._by_name = {recipe.name: recipe for recipe in known}
+
+    def get(self, name: str) -> Recipe:
+        if name not in self._by_name:
+            self._by_name[name] = load_recipe(name)
+        return self._by_name[name]

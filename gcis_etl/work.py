@@ -24,7 +24,7 @@ from gcis_etl.errors import GcisError, SourceError, StoreError
 from gcis_etl.isolation import IsolatedProcess
 from gcis_etl.models import Status
 from gcis_etl.pipelines import Pipeline
-from gcis_etl.recipes import Recipe, load_recipe
+from gcis_etl.recipes import Recipe, RecipeCache
 from gcis_etl.stores import Provenance
 
 log = logging.getLogger(__name__)
@@ -121,7 +121,7 @@ class Worker:
         self.pipelines = pipelines
         self.scratch = scratch
         self._children: dict[str, IsolatedProcess] = {}
-        self._recipes: dict[str, Recipe] = {}
+        self._recipes = RecipeCache()
 
     def close(self) -> None:
         for child in self._children.values():
@@ -136,11 +136,7 @@ class Worker:
 
     def _recipe(self, pipeline: Pipeline, name: str) -> Recipe:
         """A migration's recipe differs from the pipeline's: read its file once per worker, not once per item."""
-        if name == pipeline.recipe.name:
-            return pipeline.recipe
-        if name not in self._recipes:
-            self._recipes[name] = load_recipe(name)
-        return self._recipes[name]
+        return pipeline.recipe if name == pipeline.recipe.name else self._recipes.get(name)
 
     def _child(self, pipeline: Pipeline) -> IsolatedProcess:
         if pipeline.name not in self._children:

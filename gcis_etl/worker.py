@@ -38,7 +38,7 @@ from gcis_etl.config import Config, load_config
 from gcis_etl.distributed import TASK_NAME, CelerySettings, redacted
 from gcis_etl.errors import ConfigError, GcisError
 from gcis_etl.pipelines import Pipeline
-from gcis_etl.recipes import Recipe, load_recipe
+from gcis_etl.recipes import RecipeCache
 from gcis_etl.work import ItemResult, ItemTask, Outcome, Worker
 
 log = logging.getLogger(__name__)
@@ -229,7 +229,7 @@ class CeleryExecutor:
         self.app = celery_app(self.settings)
         self._flights: dict[str, _InFlight] = {}
         self._handed: list[str] = []
-        self._recipes: dict[str, Recipe] = {p.recipe.name: p.recipe for p in pipelines.values()}
+        self._recipes = RecipeCache(p.recipe for p in pipelines.values())
         self._last_poll = 0.0
 
     def submit(self, task: ItemTask) -> list[ItemResult]:
@@ -271,13 +271,8 @@ class CeleryExecutor:
                         len(self._flights), self.settings.result_expires_hours)
         self.app.close()
 
-    def _recipe(self, name: str) -> Recipe:
-        if name not in self._recipes:
-            self._recipes[name] = load_recipe(name)
-        return self._recipes[name]
-
     def _send(self, task_id: str, flight: _InFlight) -> None:
-        recipe = self._recipe(flight.task.recipe)
+        recipe = self._recipes.get(flight.task.recipe)
         limits = self.settings.limits_for(recipe)
         app = self.app
         app.backend.store_result(task_id, None, SENT)
@@ -330,7 +325,7 @@ class CeleryExecutor:
         error = meta["result"]
         name = type(error).__name__
         if name == "TimeLimitExceeded":
-            limit = self.settings.limits_for(self._recipe(task.recipe)).hard_seconds
+            limit = self.settings.limits_for(self._recipes.get(task.recipe)).hard_seconds
             return _failed(task, f"took longer than the hard time limit of {limit} s for recipe {task.recipe}")
         if name == "WorkerLostError":
             return _failed(task, f"the worker process died during every try ({error})")
