@@ -35,6 +35,7 @@ from typing import IO, Any, Callable
 import click
 import yaml
 
+from gcis_etl.cli import EXIT_ITEM_FAILED, EXIT_LOCKED, EXIT_OK, EXIT_USAGE
 from gcis_etl.config import Config, load_config
 from gcis_etl.durable import atomic_write
 from gcis_etl.errors import ConfigError, GcisError
@@ -50,7 +51,6 @@ from gcis_etl.stores import LocalStoreSettings, S3StoreSettings, StoreSettings
 log = logging.getLogger(__name__)
 
 MIGRATIONS = Path(__file__).resolve().parent.parent / "migrations"
-EXIT_OK, EXIT_ITEM_FAILED, EXIT_USAGE, EXIT_LOCKED = 0, 1, 2, 3  # as gcis_etl.cli and `gcis-etl harvest`
 PROBLEMS = (*RUN_PROBLEMS, "missing")
 
 

@@ -12,7 +12,7 @@ import click
 
 from gcis_etl.errors import ConfigError
 
-EXIT_OK, EXIT_ITEM_FAILED, EXIT_USAGE = 0, 1, 2
+EXIT_OK, EXIT_ITEM_FAILED, EXIT_USAGE, EXIT_LOCKED = 0, 1, 2, 3  # every command and migration script
 
 
 def _fail_config(exc: ConfigError) -> None:

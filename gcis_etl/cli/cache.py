@@ -10,8 +10,7 @@ from datetime import timedelta
 import click
 from pydantic import ByteSize, TypeAdapter, ValidationError
 
-from gcis_etl.cli import EXIT_ITEM_FAILED, EXIT_OK, _config, main
-from gcis_etl.cli.pipelines import EXIT_LOCKED
+from gcis_etl.cli import EXIT_ITEM_FAILED, EXIT_LOCKED, EXIT_OK, _config, main
 from gcis_etl.errors import ConfigError, GcisError
 
 

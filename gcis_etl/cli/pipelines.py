@@ -9,10 +9,8 @@ from datetime import datetime, timedelta, timezone
 
 import click
 
-from gcis_etl.cli import EXIT_ITEM_FAILED, EXIT_OK, EXIT_USAGE, _config, main
+from gcis_etl.cli import EXIT_ITEM_FAILED, EXIT_LOCKED, EXIT_OK, EXIT_USAGE, _config, main
 from gcis_etl.errors import ConfigError, GcisError
-
-EXIT_LOCKED = 3
 
 
 class When(click.ParamType):
