@@ -107,7 +107,6 @@ _STRUCTURAL = {254, 255, 256, 257, 258, 259, 262, 263, 266, 273, 274, 277, 278, 
                292, 293, 317, 320, 322, 323, 324, 325, 330, 338, 339, 340, 341, 347, 512, 513, 514, 515,
                517, 518, 519, 520, 521, 529, 530, 531, 532, 34675}
 _POINTERS = {34665, 34853, 40965}  # ExifIFD, GPS IFD, Interoperability IFD
-_BYTES_TYPES = (tiff.BYTE, tiff.ASCII, tiff.SBYTE, tiff.UNDEFINED)  # kept as raw bytes
 _COLOURSPACE_SRGB = ("-ExifIFD:ColorSpace#=1",)  # 1 = sRGB; '#' writes the numeric value
 
 
@@ -159,7 +158,6 @@ def carried_tags(master: str | Path, keep: tuple[str, ...], exclude: tuple[str, 
 def read_ifd0_tags(f: BinaryIO) -> list:
     """The non-structural entries of a TIFF's (classic or BigTIFF) first IFD, sub-IFDs followed, as tiff.Tag
     objects. Only the IFDs are read: the file may be an access master of many gigabytes."""
-    import tifffile
     f.seek(0)
     header = f.read(16)
     order = "<" if header[:2] == b"II" else ">"
@@ -176,26 +174,21 @@ def read_ifd0_tags(f: BinaryIO) -> list:
         tags = []
         for at in range(0, n * entry_size, entry_size):
             code, typ, count = struct.unpack(entry_fmt, block[at:at + entry_size - inline])
-            if code in _STRUCTURAL or typ not in tifffile.TIFF.DATA_FORMATS:
+            if code in _STRUCTURAL or typ not in tiff.TYPES:
                 continue
-            per_value = tifffile.TIFF.DATA_FORMATS[typ]                     # e.g. '1H', '2I' (rational)
-            n_values, char = int(per_value[:-1]) * count, per_value[-1]
-            size = n_values * struct.calcsize(char)
+            size = tiff.field_size(typ, count)
             field = block[at + entry_size - inline:at + entry_size]
             if size <= inline:
                 raw = field[:size]
             else:
                 f.seek(struct.unpack(order + word, field)[0])
                 raw = f.read(size)
+            values = tiff.decode_values(typ, raw, order)
             if code in _POINTERS:
                 if depth < 2:
-                    (sub,) = struct.unpack(order + char, raw[:struct.calcsize(char)])
-                    tags.append(tiff.Tag(code, tiff.LONG, sub_ifd=read(sub, depth + 1)))
+                    tags.append(tiff.Tag(code, tiff.LONG, sub_ifd=read(values[0], depth + 1)))
                 continue
-            if typ in _BYTES_TYPES:
-                tags.append(tiff.Tag(code, typ, raw))
-            else:
-                tags.append(tiff.Tag(code, typ, struct.unpack(f"{order}{n_values}{char}", raw)))
+            tags.append(tiff.Tag(code, typ, values))
         return tags
 
     return read(first, 0)

@@ -1,4 +1,4 @@
-"""TIFF structure: a writer for streamed, pre-compressed tiles and IFDs, and a reader of IFD entries.
+"""TIFF structure: a writer for streamed, pre-compressed tiles and IFDs, and the entry values readers decode.
 
 Tile data is appended as it is produced (levels interleaved), and the IFDs are written last. The first
 16 bytes are reserved so that the same tile layout can be finished as classic TIFF or as BigTIFF: the
@@ -19,6 +19,8 @@ _FORMAT = {BYTE: "B", ASCII: "B", SHORT: "H", LONG: "I", RATIONAL: "I", SBYTE: "
            SLONG8: "q", IFD8: "Q"}
 _SIZE = {BYTE: 1, ASCII: 1, SHORT: 2, LONG: 4, RATIONAL: 8, SBYTE: 1, UNDEFINED: 1, SSHORT: 2, SLONG: 4,
          SRATIONAL: 8, FLOAT: 4, DOUBLE: 8, IFD: 4, LONG8: 8, SLONG8: 8, IFD8: 8}
+TYPES = frozenset(_SIZE)  # the entry types known here
+BYTES_TYPES = (BYTE, ASCII, SBYTE, UNDEFINED)  # values kept as raw bytes
 HEADER_RESERVED = 16
 CLASSIC_LIMIT = 2 ** 32
 
@@ -47,6 +49,19 @@ class Tag:
         if isinstance(self.values, (bytes, bytearray)):
             return typ, bytes(self.values)
         return typ, struct.pack(f"<{len(self.values)}{_FORMAT[typ]}", *self.values)
+
+
+def field_size(typ: int, count: int) -> int:
+    """Bytes of an entry's `count` values of type `typ` (KeyError for a type this module does not know)."""
+    return _SIZE[typ] * count
+
+
+def decode_values(typ: int, raw: bytes, order: str) -> bytes | tuple[int | float, ...]:
+    """An entry's values from their bytes in byte order `order` ('<' or '>'), as Tag holds them."""
+    if typ in BYTES_TYPES:
+        return raw
+    char = _FORMAT[typ]
+    return struct.unpack(f"{order}{len(raw) // struct.calcsize(char)}{char}", raw)
 
 
 def ascii_tag(code: int, text: str) -> Tag:

@@ -14,7 +14,6 @@ main path (the first chain stays behind as a few unreferenced kilobytes).
 from __future__ import annotations
 
 import os
-import struct
 import tempfile
 from contextlib import ExitStack
 from concurrent.futures import ThreadPoolExecutor
@@ -38,7 +37,6 @@ INTERPOLATIONS = {"area": cv2.INTER_AREA, "linear": cv2.INTER_LINEAR, "cubic": c
 SUBSAMPLING = {"4:2:0": (2, 2), "4:4:4": (1, 1)}
 BIGTIFF_FROM = 2 ** 32 - 2 ** 25  # uncompressed bytes of all levels; tifffile's own threshold
 _OFFSET_TAGS, _PLACEHOLDERS = (324, 325), (282, 283, 296)
-_BYTES_TYPES = (tiff.BYTE, tiff.ASCII, tiff.SBYTE, tiff.UNDEFINED)
 
 
 def tile_options(recipe: Recipe) -> dict:
@@ -181,12 +179,10 @@ def _read_chain(path: Path) -> tuple[list[list[tiff.Tag]], int]:
         for page in tf.pages:
             tags = []
             for tag in page.tags.values():
-                per_value = tifffile.TIFF.DATA_FORMATS[tag.dtype]          # e.g. '1H', '2I' (rational)
-                n, char = int(per_value[:-1]) * tag.count, per_value[-1]
+                typ = int(tag.dtype)
                 fh.seek(tag.valueoffset)
-                raw = fh.read(n * struct.calcsize(char))
-                values = raw if tag.dtype in _BYTES_TYPES else struct.unpack(f"<{n}{char}", raw)
-                tags.append(tiff.Tag(tag.code, tiff.OFFSETS if tag.code in _OFFSET_TAGS else int(tag.dtype), values))
+                values = tiff.decode_values(typ, fh.read(tiff.field_size(typ, tag.count)), "<")
+                tags.append(tiff.Tag(tag.code, tiff.OFFSETS if tag.code in _OFFSET_TAGS else typ, values))
             chain.append(tags)
         first = tf.pages.first.offset
     return chain, first
