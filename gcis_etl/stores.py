@@ -302,7 +302,6 @@ class LocalStore:
                     found.append(ListedObject(key, st.st_size, datetime.fromtimestamp(st.st_mtime, timezone.utc)))
         return iter(sorted(found, key=lambda o: o.key))
 
-
     def abort_incomplete_uploads(self, older_than: timedelta = timedelta(days=1), keys: str = "") -> list[str]:
         """The hidden temporary files (".<name>.<random>.tmp", of objects and of sidecars) that writes killed
         before their rename leave behind."""

@@ -37,12 +37,12 @@ from typing import Iterable, Iterator
 
 import click
 
+from gcis_etl.durable import atomic_write
 from gcis_etl.ledger import Ledger
 from gcis_etl.manifests import DepositedImage
 from gcis_etl.migration import Budget, MigrationContext, migration
 from gcis_etl.pipelines import Pipeline
 from gcis_etl.recipes import Recipe, load_recipe
-from gcis_etl.durable import atomic_write
 
 
 @migration(__doc__)
@@ -130,7 +130,7 @@ class Reencode:
 
     def selected(self, ledger: Ledger) -> Iterator[OldKey]:
         for record in ledger.iter_items(self.pipeline.name, "status='deposited' AND recipe=? AND recipe_digest<>?",
-                                   (self.from_recipe, self.target.digest)):
+                                        (self.from_recipe, self.target.digest)):
             yield OldKey(record.object_id, record.item_id, record.sequence, record.output_key)
 
     def run(self, batch_size: int) -> bool:
