@@ -43,7 +43,7 @@ from urllib.parse import unquote, urlsplit
 
 from pydantic import ByteSize, field_validator
 
-from gcis_etl.durable import fsync_dir, sha256_file
+from gcis_etl.durable import fsync_path, sha256_file
 from gcis_etl.errors import GcisError, IntegrityError, StoreError
 from gcis_etl.iipsrv import ServerSettings, reload
 from gcis_etl.keys import check_key
@@ -402,7 +402,7 @@ def _sync_one(cache: _Cache, source: CacheSource, listed: ListedObject) -> tuple
         _newer_than(tmp, st.st_mtime if st else record.mtime_ns / 1e9 if record else None)
         path.parent.mkdir(parents=True, exist_ok=True)
         os.replace(tmp, path)
-        fsync_dir(path.parent)
+        fsync_path(path.parent)
     except OSError as exc:
         raise StoreError(f"{cache.settings.dir}: cannot write the copy of {key}: {exc.strerror}") from None
     finally:

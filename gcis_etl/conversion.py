@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from gcis_etl import isolation
-from gcis_etl.durable import fsync_dir, sha256_file
+from gcis_etl.durable import fsync_path, sha256_file
 from gcis_etl.errors import ConversionFailed, RejectedMaster, VerificationFailed
 from gcis_etl.inspection import inspect
 from gcis_etl.isolation import IsolatedProcess, WorkerCrashed
@@ -79,7 +79,7 @@ def convert(src: str | Path, dst: str | Path, recipe: Recipe | str | None = None
         job = EncodeJob(info, policy, _decoders(info, policy), output=str(tmp), recipe=recipe)
         outcome, notes = _run_with_fallbacks(worker, encode_in_child, job)
         os.replace(tmp, dst)
-        fsync_dir(dst.parent)
+        fsync_path(dst.parent)
     except RejectedMaster as exc:
         return ConversionResult(Status.REJECTED, reason=str(exc), seconds=time.monotonic() - started, **base)
     except ConversionFailed as exc:
@@ -206,10 +206,13 @@ class _Encoded:
 
 
 def _checked(out: Path, check: Callable[[], VerifyReport]) -> tuple[VerifyReport, str]:
-    """Verify the output, hashing it meanwhile (both only read it)."""
+    """Verify the output, hashing it and making it durable meanwhile: the fsync waits on the disk, the
+    others on the CPU, and all only read the file."""
     isolation.stage("verifying the output")
-    digest = isolation.beside(sha256_file, out)
-    return check(), digest.result()
+    durable, digest = isolation.beside(fsync_path, out), isolation.beside(sha256_file, out)
+    report = check()
+    durable.result()
+    return report, digest.result()
 
 
 def _encode_ptiff(image, out: Path, recipe: Recipe, carried: Callable[[], Carried], scratch: Path) -> _Encoded:

@@ -10,8 +10,9 @@ from typing import IO
 CHUNK = 4 * 1024 * 1024
 
 
-def fsync_dir(path: str | Path) -> None:
-    """Make a rename in `path` durable (the rename is in the directory, not the file)."""
+def fsync_path(path: str | Path) -> None:
+    """Make what was written to the file `path` durable, or, for a directory, the renames in it (a rename is
+    in the directory, not the file). Opened read-only: Linux flushes a file through any descriptor."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)

@@ -52,8 +52,9 @@ def stage(name: str) -> None:
 # Threads for work that needs no result of the main thread's, e.g. exiftool reading the master while the
 # encoder runs: an encoder leaves part of the machine idle (reading its input, writing its output), and so
 # does the single-threaded check of its output. Threads kept for the life of the process: exiftool dies
-# with the thread that started it.
-_beside = ThreadPoolExecutor(max_workers=3, thread_name_prefix="gcis-beside")
+# with the thread that started it. Four: the most that run at once, during verification (fsync, hash,
+# pixel check, metadata read-back).
+_beside = ThreadPoolExecutor(max_workers=4, thread_name_prefix="gcis-beside")
 _threads: int | None = None  # in a conversion child: the threads it may use (isolation.vips_concurrency)
 
 

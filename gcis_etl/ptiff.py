@@ -6,7 +6,6 @@ libvips' own tiffsave writes RGB-coded (not subsampled) JPEG tiles at quality >=
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -41,7 +40,8 @@ class EncodedFile:
 
 def encode_ptiff(image: pyvips.Image, out_path: Path, recipe: Recipe, icc: bytes,
                  metadata_tags: Callable[[], list[tiff.Tag]]) -> EncodedFile:
-    """Write `image` (8-bit, 3 bands) as a page pyramid readable by iipsrv 1.1; the file is fsync'ed.
+    """Write `image` (8-bit, 3 bands) as a page pyramid readable by iipsrv 1.1 (not fsync'ed: the
+    caller does that beside verification).
     `metadata_tags` is asked for once the tiles are written, so the metadata can be read meanwhile."""
     width, height, bands, tile = image.width, image.height, image.bands, recipe.tile
     jpeg = partial(simplejpeg.encode_jpeg, quality=recipe.quality, colorspace="RGB",
@@ -72,8 +72,6 @@ def encode_ptiff(image: pyvips.Image, out_path: Path, recipe: Recipe, icc: bytes
         ifds = [_level_tags(i, st.level, st.offsets, st.counts, recipe, icc, carried, tables.tables)
                 for i, st in enumerate(states)]
         bigtiff = writer.finish(ifds)
-        f.flush()
-        os.fsync(f.fileno())
         size = writer.size
     return EncodedFile(levels=tuple(st.level for st in states), bigtiff=bigtiff, bytes=size)
 

@@ -31,7 +31,7 @@ from s3transfer.manager import TransferConfig, TransferManager
 from s3transfer.subscribers import BaseSubscriber
 from s3transfer.utils import ChunksizeAdjuster
 
-from gcis_etl.durable import fsync_dir, sha256_stream
+from gcis_etl.durable import fsync_path, sha256_stream
 from gcis_etl.errors import IntegrityError, StoreError
 from gcis_etl.keys import KeyTemplates, UnsafeKey, check_key, check_prefix
 from gcis_etl.settings import Settings
@@ -218,7 +218,7 @@ class LocalStore:
                 return replace(current, unchanged=True)
             os.chmod(tmp, 0o644)
             os.replace(tmp, dest)
-            fsync_dir(dest.parent)
+            fsync_path(dest.parent)
             record = StoredObject(key=key, size=size, sha256=sha256, content_type=content_type,
                                   provenance=provenance)
             self._write_sidecar(key, record, dest.stat().st_ino)

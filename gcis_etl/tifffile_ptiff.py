@@ -94,7 +94,8 @@ class Halver:
 
 def encode_tifffile_ptiff(strips: SrgbStrips, out_path: Path, recipe: Recipe, icc: bytes,
                           metadata_tags: Callable[[], list[tiff.Tag]], scratch: Path) -> EncodedFile:
-    """Write the master as a page pyramid with tifffile, metadata transplanted; the file is fsync'ed.
+    """Write the master as a page pyramid with tifffile, metadata transplanted (not fsync'ed: the
+    caller does that beside verification).
     `metadata_tags` is asked for once the pixels are written, so the metadata can be read meanwhile."""
     levels = levels_for(strips.width, strips.height, recipe.tile)
     bigtiff = sum(lv.width * lv.height * 3 for lv in levels) >= BIGTIFF_FROM
@@ -166,8 +167,6 @@ def _rewrite_ifds(path: Path, metadata_tags: list[tiff.Tag], bigtiff: bool) -> i
         f.seek(0, os.SEEK_END)
         writer = tiff.TiffFileWriter(f, size=f.tell())
         writer.finish(chain, force_bigtiff=bigtiff)
-        f.flush()
-        os.fsync(f.fileno())
         return writer.size
 
 
