@@ -69,7 +69,7 @@ def encode_ptiff(image: pyvips.Image, out_path: Path, recipe: Recipe, icc: bytes
             raise
         states = pyramid.close()
         carried = metadata_tags()
-        ifds = [_level_tags(i, st.level, st.offsets, st.counts, recipe, icc, carried, tables.tables)
+        ifds = [level_tags(i, st.level, st.offsets, st.counts, recipe, icc, carried, tables.tables)
                 for i, st in enumerate(states)]
         bigtiff = writer.finish(ifds)
         size = writer.size
@@ -89,8 +89,9 @@ def vips_message(exc: pyvips.Error) -> str:
     return lines[-1] if lines else str(exc.message)
 
 
-def _level_tags(index: int, level: Level, offsets: list[int], counts: list[int], recipe: Recipe,
-                icc: bytes, metadata_tags: list[tiff.Tag], jpeg_tables: bytes | None) -> list[tiff.Tag]:
+def level_tags(index: int, level: Level, offsets: list[int], counts: list[int], recipe: Recipe,
+               icc: bytes, metadata_tags: list[tiff.Tag], jpeg_tables: bytes | None) -> list[tiff.Tag]:
+    """The IFD of pyramid level `index`, whose tiles are already written (classic or BigTIFF alike)."""
     sub = (2, 2) if recipe.chroma == "4:2:0" else (1, 1)
     tags = [
         tiff.Tag(254, tiff.LONG, (0 if index == 0 else 1,)),

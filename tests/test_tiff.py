@@ -9,7 +9,7 @@ import tifffile
 from gcis_etl import tiff
 from gcis_etl.colour import srgb_profile
 from gcis_etl.metadata import carried_tags, exiftool_json
-from gcis_etl.ptiff import _level_tags
+from gcis_etl.ptiff import level_tags
 from gcis_etl.pyramid import PyramidEncoder
 from gcis_etl.recipes import load_recipe
 from tests.conftest import CORPUS
@@ -25,7 +25,7 @@ def write(path, image: np.ndarray, force_bigtiff: bool, metadata_tags) -> bool:
         for y in range(0, image.shape[0], 100):  # rows arrive in arbitrary batch sizes
             pyramid.add_rows(image[y:y + 100])
         states = pyramid.close()
-        ifds = [_level_tags(i, s.level, s.offsets, s.counts, recipe, srgb_profile(), metadata_tags, None)
+        ifds = [level_tags(i, s.level, s.offsets, s.counts, recipe, srgb_profile(), metadata_tags, None)
                 for i, s in enumerate(states)]
         return writer.finish(ifds, force_bigtiff=force_bigtiff)
 
