@@ -151,7 +151,8 @@ class MigrationReport:
                 "csv_path": str(self.csv_path) if self._csv else None}
 
     def summary(self) -> str:
-        counts = ", ".join(f"{n} {outcome}" for outcome, n in self.counts.items() if n) or "nothing to do"
+        counts = ", ".join(f"{n} {outcome}" for outcome, n in self.counts.items() if n) or (
+            "nothing done" if self.status.startswith("stopped") else "nothing to do")
         lines = [f"{self.script}: {self.status}: {counts}"]
         if self.runs:
             lines.append(f"  harvest runs {self.runs[0]}..{self.runs[-1]} (`gcis-etl report RUN` for each)"
@@ -196,8 +197,13 @@ class Budget:
     def minutes_left(self) -> float:
         return math.inf if self.minutes is None else self.minutes - (time.monotonic() - self.started) / 60
 
-    def exhausted(self) -> bool:
-        return self.minutes_left() <= 0 or (self.limit is not None and self.processed >= self.limit)
+    def exhausted(self) -> str | None:
+        """Why no further harvest run may start, or None."""
+        if self.minutes_left() <= 0:
+            return f"--max-minutes {self.minutes:g} spent"
+        if self.limit is not None and self.processed >= self.limit:
+            return f"--limit {self.limit} reached"
+        return None
 
     def options(self, **options: Any) -> HarvestOptions:
         limit = None if self.limit is None else self.limit - self.processed
@@ -234,9 +240,14 @@ class MigrationContext:
 
     def harvest(self, name: str, **options: Any) -> bool:
         """One harvest run of pipeline `name` with `options` (HarvestOptions fields) within the budget, added to
-        the report; False when the migration should go no further (stopped, out of budget, run cut short)."""
+        the report; False when the migration should go no further (stopped, out of budget, run cut short).
+        A budget spent is reported here, when a run would start: after the last run there is nothing left."""
         from gcis_etl.progress import progress_for
-        if self.stop.is_set() or self.budget.exhausted():
+        if self.stop.is_set():
+            return False
+        spent = self.budget.exhausted()
+        if spent:
+            self.report.stop("stopped", f"{spent} before {name}'s next harvest run: run again to continue")
             return False
         progress = progress_for(name)
         with self.ledger() as ledger:
@@ -257,7 +268,7 @@ class MigrationContext:
         if self.verbose:
             for planned in run.planned:
                 click.echo(f"{planned.action:8} {planned.object_id}/{planned.item_id}: {planned.reason}")
-        return run.status in ("completed", "dry-run") and not self.stop.is_set() and not self.budget.exhausted()
+        return run.status in ("completed", "dry-run") and not self.stop.is_set()
 
 
 # ------------------------------------------------------------------------------------------------- stores
@@ -306,8 +317,18 @@ def _common_options() -> list[click.Parameter]:
     ]
 
 
-def migration(help_text: str) -> Callable[[Callable[..., None]], Callable[[list[str]], int]]:
-    """Make a script's `main(args) -> exit code` from `function(ctx, **its click options)`."""
+def _budget_options() -> list[click.Parameter]:
+    return [
+        click.Option(["--limit"], type=click.IntRange(min=1),
+                     help="Process at most this many items (deposited, rejected or failed; skips do not count)."),
+        click.Option(["--max-minutes"], type=click.FloatRange(min=0, min_open=True),
+                     help="Take no new item after this many minutes."),
+    ]
+
+
+def migration(help_text: str, budget: bool = False) -> Callable[[Callable[..., None]], Callable[[list[str]], int]]:
+    """Make a script's `main(args) -> exit code` from `function(ctx, **its click options)`. With `budget`, the
+    script takes --limit and --max-minutes, handed to it as ctx.budget for its harvest runs to share."""
 
     def decorate(function: Callable[..., None]) -> Callable[[list[str]], int]:
         script = Path(inspect.getfile(function)).stem
@@ -319,6 +340,8 @@ def migration(help_text: str) -> Callable[[Callable[..., None]], Callable[[list[
             config = load_config(config_file)
             ctx = MigrationContext(config, MigrationReport(script, dry_run, config.state_dir / "reports"),
                                    dry_run, verbose, stop_on_signals())
+            if budget:
+                ctx.budget = Budget(options.pop("limit"), options.pop("max_minutes"))
             code = None
             try:
                 function(ctx, **options)
@@ -336,7 +359,8 @@ def migration(help_text: str) -> Callable[[Callable[..., None]], Callable[[list[
             click.echo(ctx.report.summary())
             return ctx.report.exit_code if code is None else code
 
-        params = _common_options() + list(reversed(getattr(function, "__click_params__", [])))
+        params = _common_options() + list(reversed(getattr(function, "__click_params__", []))) + (
+            _budget_options() if budget else [])
         command = click.Command(script, callback=callback, params=params, help=help_text,
                                 context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
 

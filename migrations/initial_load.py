@@ -37,23 +37,18 @@ import click
 from connectors.idlist import IdListSettings
 from gcis_etl.errors import SourceError
 from gcis_etl.ledger import Ledger
-from gcis_etl.migration import Budget, MigrationContext, migration
+from gcis_etl.migration import MigrationContext, migration
 
 
-@migration(__doc__)
+@migration(__doc__, budget=True)
 @click.option("--pipeline", "name", required=True, help="The pipeline to load (a name under pipelines:).")
 @click.option("--ids", "ids_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="Only these objects: a .csv file, or a text file with one id per line.")
 @click.option("--id-column", default="object_id", show_default=True, help="The column of a --ids CSV file.")
 @click.option("--batch-size", type=click.IntRange(min=1), default=500, show_default=True,
               help="Objects per harvest run with --ids.")
-@click.option("--limit", type=click.IntRange(min=1), help="Process at most this many items (skips do not count).")
-@click.option("--max-minutes", type=click.FloatRange(min=0, min_open=True),
-              help="Take no new item after this many minutes.")
-def main(ctx: MigrationContext, name: str, ids_file: Path | None, id_column: str, batch_size: int,
-         limit: int | None, max_minutes: float | None) -> None:
+def main(ctx: MigrationContext, name: str, ids_file: Path | None, id_column: str, batch_size: int) -> None:
     pipeline = ctx.pipeline(name)
-    ctx.budget = Budget(limit, max_minutes)
     if ids_file is None:
         ctx.harvest(name, full=True)
         return

@@ -40,24 +40,20 @@ import click
 from gcis_etl.durable import atomic_write
 from gcis_etl.ledger import Ledger
 from gcis_etl.manifests import DepositedImage
-from gcis_etl.migration import Budget, MigrationContext, migration
+from gcis_etl.migration import MigrationContext, migration
 from gcis_etl.pipelines import Pipeline
 from gcis_etl.recipes import Recipe, load_recipe
 
 
-@migration(__doc__)
+@migration(__doc__, budget=True)
 @click.option("--pipeline", "names", multiple=True, help="Only this pipeline (repeatable; default: all).")
 @click.option("--from-recipe", required=True, help="Re-derive what the ledger records as made with this recipe.")
 @click.option("--to-recipe", help="The recipe to use (default: the pipeline's configured recipe).")
 @click.option("--keep-old", is_flag=True, help="Keep old access masters whose key changed (listed in the report).")
 @click.option("--batch-size", type=click.IntRange(min=1), default=500, show_default=True,
               help="Objects per harvest run.")
-@click.option("--limit", type=click.IntRange(min=1), help="Process at most this many items.")
-@click.option("--max-minutes", type=click.FloatRange(min=0, min_open=True),
-              help="Take no new item after this many minutes.")
 def main(ctx: MigrationContext, names: tuple[str, ...], from_recipe: str, to_recipe: str | None, keep_old: bool,
-         batch_size: int, limit: int | None, max_minutes: float | None) -> None:
-    ctx.budget = Budget(limit, max_minutes)
+         batch_size: int) -> None:
     for name in names or sorted(ctx.config.pipelines):
         pipeline = ctx.pipeline(name)
         target = load_recipe(to_recipe or pipeline.settings.recipe)

@@ -157,6 +157,16 @@ def test_initial_load_dry_run_then_resumes_after_a_limit_and_sets_the_checkpoint
     assert site.items().keys() == MASTERS.keys()
 
 
+def test_a_budget_spent_before_a_harvest_run_stops_the_migration_and_says_so(site):
+    out = ok(site.migrate("initial_load", "--pipeline", PIPELINE, "--max-minutes", "0.000001"))
+    assert out.startswith("initial_load: stopped: nothing done")
+    report = report_of(out)
+    assert report["status"] == "stopped" and report["harvest_runs"] == []
+    assert report["notes"] == [f"--max-minutes 1e-06 spent before {PIPELINE}'s next harvest run: run again to continue"]
+    assert site.items() == {}
+    assert "4 deposited" in ok(site.migrate("initial_load", "--pipeline", PIPELINE))
+
+
 def test_initial_load_takes_what_the_incremental_harvest_does_not_see(site):
     ok(site.run("gcis-etl", "harvest"))
     with site.ledger() as ledger:
