@@ -151,7 +151,8 @@ def plan_jp2(image, recipe: Recipe, scratch: Path) -> Jp2Plan:
 
 def encode_jp2(plan: Jp2Plan, out_path: Path, metadata: Callable[[], Jp2Metadata]) -> int:
     """Run the plan's encoder and append the master's kept metadata (metadata_carrier's boxes): the JP2 at
-    `out_path` (not fsync'ed: the caller does that beside verification). `metadata` is asked for only then, so it can be made meanwhile. Returns its size."""
+    `out_path` (not fsync'ed: the caller does that beside verification). `metadata` is asked for only then,
+    so it can be made meanwhile. Returns its size."""
     isolation.stage(f"encoding with {Path(plan.command.argv[0]).name}")
     run_encoder(plan.command.argv, timeout=plan.timeout)
     with open(plan.encoded, "ab") as f:
