@@ -24,7 +24,7 @@ from gcis_etl.errors import GcisError, SourceError, StoreError
 from gcis_etl.isolation import IsolatedProcess
 from gcis_etl.models import Status
 from gcis_etl.pipelines import Pipeline
-from gcis_etl.recipes import Recipe, RecipeCache
+from gcis_etl.recipes import RecipeCache
 from gcis_etl.stores import Provenance
 
 log = logging.getLogger(__name__)
@@ -121,7 +121,7 @@ class Worker:
         self.pipelines = pipelines
         self.scratch = scratch
         self._children: dict[str, IsolatedProcess] = {}
-        self._recipes = RecipeCache()
+        self._recipes = RecipeCache(p.recipe for p in pipelines.values())  # a migration's are read once too
 
     def close(self) -> None:
         for child in self._children.values():
@@ -133,10 +133,6 @@ class Worker:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    def _recipe(self, pipeline: Pipeline, name: str) -> Recipe:
-        """A migration's recipe differs from the pipeline's: read its file once per worker, not once per item."""
-        return pipeline.recipe if name == pipeline.recipe.name else self._recipes.get(name)
 
     def _child(self, pipeline: Pipeline) -> IsolatedProcess:
         if pipeline.name not in self._children:
@@ -169,7 +165,7 @@ class Worker:
         pipeline = self.pipelines[task.pipeline] if task.pipeline in self.pipelines else None
         if pipeline is None:
             return replace(base, reason=f"pipeline {task.pipeline!r} is not in this worker's configuration")
-        recipe = self._recipe(pipeline, task.recipe)
+        recipe = self._recipes.get(task.recipe)
         if recipe.digest != task.recipe_digest:
             return replace(base, reason=f"recipe {task.recipe!r} here has digest {recipe.digest}, the task was "
                                         f"planned with {task.recipe_digest}: deploy the same recipes everywhere")
