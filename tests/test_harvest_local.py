@@ -189,8 +189,11 @@ def test_status_and_report_summarise_the_ledger(site):
     report = cli(site, "report", "--json")
     assert report.returncode == 1  # the run had rejections
     assert json.loads(report.stdout)["counts"]["rejected"] == 3
-    unknown = cli(site, "harvest", "library")
-    assert unknown.returncode == 2 and "no pipeline 'library'" in unknown.stderr
+    for command in (["harvest", "library"], ["status", "library"], ["retry", "library"],
+                    ["report", "--pipeline", "library"]):
+        unknown = cli(site, *command)
+        assert unknown.returncode == 2 and "no pipeline 'library'" in unknown.stderr, (command, unknown.stderr)
+        assert "Traceback" not in unknown.stderr
 
 
 def test_demo_on_the_shipped_config_harvests_the_samples_then_has_nothing_to_do(tmp_path):

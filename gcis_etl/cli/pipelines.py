@@ -33,10 +33,14 @@ class When(click.ParamType):
 
 
 def _pipelines(cfg, names: tuple[str, ...]) -> list[str]:
+    """The pipelines named (all when none is): a name config.yaml does not have is a usage error (exit 2)."""
     if not cfg.pipelines:
         raise click.UsageError(f"{cfg.source_file} configures no pipelines")
     for name in names:
-        cfg.pipeline(name)
+        try:
+            cfg.pipeline(name)
+        except ConfigError as exc:
+            raise click.UsageError(str(exc)) from None
     return list(names) or sorted(cfg.pipelines)
 
 
@@ -66,10 +70,7 @@ def _run(ctx: click.Context, names: tuple[str, ...], options, log_json: bool, ve
     from gcis_etl.progress import progress_for
     _logging(log_json, verbose)
     cfg = _config(ctx)
-    try:
-        selected = _pipelines(cfg, names)
-    except ConfigError as exc:
-        raise click.UsageError(str(exc)) from None
+    selected = _pipelines(cfg, names)
     stop = stop_on_signals()
     code = EXIT_OK
     for name in selected:
@@ -276,6 +277,8 @@ def report(ctx: click.Context, run_id: int | None, pipeline: str | None, as_json
     from gcis_etl.ledger import Ledger
     from gcis_etl.reports import report_from_ledger
     cfg = _config(ctx)
+    if pipeline is not None:
+        _pipelines(cfg, (pipeline,))
     with Ledger.open(cfg) as ledger:
         run = ledger.run(run_id) if run_id is not None else next(iter(ledger.runs(pipeline, limit=1)), None)
         if run is None:
