@@ -35,15 +35,20 @@ def read_yaml(path: str | Path) -> Any:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from None
 
 
+class FromEnvironment(str):
+    """A value that ${NAME} filled in: the environment holds the secrets, so an error never shows it,
+    whatever the key it was put under (a misspelt `passwd:` is not secret-named)."""
+
+
 def interpolate_env(value: Any, where: str = "") -> Any:
     """Replace ${NAME} with the environment variable NAME; a missing variable is a ConfigError."""
-    if isinstance(value, str):
+    if isinstance(value, str) and _ENV_REF.search(value):
         def sub(match: re.Match) -> str:
             name = match.group(1)
             if name not in os.environ:
                 raise ConfigError(f"{where}: environment variable {name} is not set")
             return os.environ[name]
-        return _ENV_REF.sub(sub, value)
+        return FromEnvironment(_ENV_REF.sub(sub, value))
     if isinstance(value, dict):
         return {k: interpolate_env(v, f"{where}.{k}" if where else str(k)) for k, v in value.items()}
     if isinstance(value, list):
@@ -61,7 +66,12 @@ def parse(model: type[M], data: Any, source: str, prefix: str = "") -> M:
             key = ".".join(str(p) for p in (prefix, *err["loc"]) if p != "")
             got = err.get("input")
             secret = any(_SECRET_KEY.search(str(p)) for p in err["loc"])
-            shown = "" if err["type"] == "missing" or isinstance(got, dict) or secret else f" (got {got!r})"
+            if isinstance(got, FromEnvironment):
+                shown = " (got a value from the environment, not shown)"
+            elif err["type"] == "missing" or isinstance(got, dict) or secret:
+                shown = ""
+            else:
+                shown = f" (got {got!r})"
             lines.append(f"{source}: {key or '<top>'}: {err['msg']}{shown}")
         raise ConfigError("\n".join(lines)) from None
 

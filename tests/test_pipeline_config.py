@@ -140,3 +140,17 @@ def test_the_shipped_config_is_valid_and_harvests_the_samples():
     assert Path(samples.settings.source.options["root"]) == ROOT / "samples/masters"
     assert samples.settings.store.root == ROOT / "var/store"
     assert samples.manifests is not None
+
+
+@pytest.mark.parametrize("data, key", [
+    (with_pipeline(source={"kind": "otmm", "base_url": "https://otmm.example.org", "username": "etl",
+                           "passwd": "${GCIS_TEST_PASSWORD}"}), "pipelines.museum.source.passwd"),
+    (with_pipeline(concurrency="${GCIS_TEST_PASSWORD}"), "pipelines.museum.concurrency"),
+], ids=["misspelt secret key", "secret in a number's place"])
+def test_a_value_from_the_environment_is_never_shown_in_an_error(tmp_path, monkeypatch, data, key):
+    monkeypatch.setenv("GCIS_TEST_PASSWORD", "hunter2-not-to-be-seen")
+    with pytest.raises(ConfigError) as caught:
+        load_config(write(tmp_path, data))
+    message = str(caught.value)
+    assert f"{key}: " in message and "(got a value from the environment, not shown)" in message
+    assert "hunter2" not in message
