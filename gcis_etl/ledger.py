@@ -56,6 +56,7 @@ CREATE TABLE IF NOT EXISTS checkpoints (
 """
 
 COUNTED = ("deposited", "skipped", "rejected", "failed")
+_KILLED = "the process ended without finishing the run (killed?): the counts are the items it had recorded"
 
 
 def now() -> datetime:
@@ -177,9 +178,13 @@ class Ledger:
 
     def begin_run(self, pipeline: str, since: datetime | None, until: datetime | None, options: dict,
                   dry_run: bool = False) -> int:
-        """Runs left 'running' by a process that is gone (we hold the pipeline's lock) become 'crashed'."""
+        """Runs left 'running' by a process that is gone (we hold the pipeline's lock) become 'crashed', with the
+        counts of the items they recorded (only a run that finishes writes its own)."""
+        counted = ", ".join(f"{name}=(SELECT count(*) FROM run_items i WHERE i.run_id=runs.run_id "
+                            f"AND i.outcome='{name}')" for name in COUNTED)
         with self.db:
-            self.db.execute("UPDATE runs SET status='crashed' WHERE pipeline=? AND status='running'", (pipeline,))
+            self.db.execute(f"UPDATE runs SET status='crashed', {counted}, note=coalesce(note, ?) "
+                            "WHERE pipeline=? AND status='running'", (_KILLED, pipeline))
             cursor = self.db.execute(
                 "INSERT INTO runs (pipeline, started, status, since, until, options) VALUES (?,?,?,?,?,?)",
                 (pipeline, _ts(now()), "dry-run" if dry_run else "running", _ts(since), _ts(until),
@@ -197,6 +202,14 @@ class Ledger:
 
     def run(self, run_id: int) -> RunRecord | None:
         return self._one(RunRecord, "runs WHERE run_id=?", run_id)
+
+    def counts_so_far(self, run: RunRecord) -> dict[str, int]:
+        """A run's counts; while it is still running, those of the items it has recorded so far."""
+        if run.status != "running":
+            return run.counts
+        rows = self.db.execute("SELECT outcome, count(*) FROM run_items WHERE run_id=? GROUP BY outcome",
+                               (run.run_id,))
+        return {name: 0 for name in COUNTED} | {k: v for k, v in rows.fetchall() if k in COUNTED}
 
     def runs(self, pipeline: str | None = None, limit: int = 10) -> list[RunRecord]:
         if pipeline is None:

@@ -75,7 +75,7 @@ def report_from_ledger(ledger: Ledger, run: RunRecord) -> RunReport:
     problems = [item for name in PROBLEMS for item in ledger.run_items(run.run_id, name)]
     return RunReport(pipeline=run.pipeline, run_id=run.run_id, status=run.status, started=run.started,
                      finished=run.finished, since=run.since, until=run.until, checkpoint_after=run.checkpoint_after,
-                     counts=run.counts, manifests=run.manifests, note=run.note, problems=problems)
+                     counts=ledger.counts_so_far(run), manifests=run.manifests, note=run.note, problems=problems)
 
 
 def write_report(report: RunReport, directory: Path) -> RunReport:

@@ -6,6 +6,7 @@ killed run is certainly still at work when the signal arrives (no timing guesses
 """
 from __future__ import annotations
 
+import json
 import signal
 import threading
 from dataclasses import dataclass
@@ -13,6 +14,7 @@ from typing import Callable
 
 import pytest
 
+from gcis_etl.ledger import COUNTED
 from tests.conftest import MiB
 from tests.emulators.rosetta import Entity, RosettaCatalogue, RosettaEmulator
 
@@ -88,6 +90,9 @@ def test_a_run_killed_mid_way_is_completed_by_the_next(rig, point, tmp_path_fact
         assert rig.peek("SELECT * FROM checkpoints") == []  # an unfinished run never moves the checkpoint
         settled_before = rig.statuses()
         assert len(settled_before) < len(expected.outcomes)
+        recorded = {name: sum(status == name for status in settled_before.values()) for name in COUNTED}
+        last_run = json.loads(rig.cli("status", "--json").stdout)["last_run"]  # still 'running' in the ledger
+        assert {name: last_run[name] for name in COUNTED} == recorded
         if point == "upload":
             assert rig.uploads()  # the kill left parts behind: the next run must clear them
         if point == "manifest":
@@ -105,6 +110,13 @@ def test_a_run_killed_mid_way_is_completed_by_the_next(rig, point, tmp_path_fact
             assert [(r.run_id, r.status) for r in reversed(ledger.runs(rig.pipeline))] == [(1, "crashed"),
                                                                                           (2, "completed")]
             redone = {(i.object_id, i.item_id): i.outcome for i in ledger.run_items(2)}
+            crashed = ledger.run(1)
+        # the killed run never wrote its counts: they are those of the items it recorded
+        assert crashed.counts == recorded
+        assert "killed" in crashed.note
+        report = rig.cli("report", "1")
+        assert report.returncode == (1 if {"rejected", "failed"} & set(settled_before.values()) else 0), report.stderr
+        assert f"run 1 crashed: {crashed.counts['deposited']} deposited" in report.stdout
         assert set(redone) == set(expected.outcomes)  # no item left out
         assert {key: redone[key] for key in settled_before} == {key: "skipped" for key in settled_before}
         assert {key: outcome for key, outcome in redone.items() if key not in settled_before} == \

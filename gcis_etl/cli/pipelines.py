@@ -243,7 +243,7 @@ def status(ctx: click.Context, pipelines: tuple[str, ...], as_json: bool) -> Non
             state = {"pipeline": name, "checkpoint": checkpoint.isoformat() if checkpoint else None,
                      "items": ledger.counts(name),
                      "last_run": {"run_id": runs[0].run_id, "status": runs[0].status, "started": runs[0].started,
-                                  "finished": runs[0].finished, **runs[0].counts} if runs else None,
+                                  "finished": runs[0].finished, **ledger.counts_so_far(runs[0])} if runs else None,
                      "problems": [{"object_id": p.object_id, "item_id": p.item_id, "status": p.status,
                                    "attempts": p.attempts, "reason": p.reason} for p in problems]}
             if as_json:
@@ -255,7 +255,7 @@ def status(ctx: click.Context, pipelines: tuple[str, ...], as_json: bool) -> Non
             if runs:
                 run = runs[0]
                 click.echo(f"  last run: {run.run_id} {run.status}, started {run.started}, "
-                           + ", ".join(f"{n} {k}" for k, n in run.counts.items()))
+                           + ", ".join(f"{n} {k}" for k, n in ledger.counts_so_far(run).items()))
             for p in state["problems"]:
                 click.echo(f"  {p['status']}: {p['object_id']}/{p['item_id']} "
                            f"(attempts {p['attempts']}): {p['reason']}")
