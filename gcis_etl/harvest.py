@@ -43,7 +43,7 @@ class HarvestOptions:
     since: datetime | None = None          # instead of the checkpoint (the checkpoint is then left alone)
     limit: int | None = None               # items to process (skipped ones do not count)
     object_ids: tuple[str, ...] = ()       # only these objects (the checkpoint is left alone)
-    force: bool = False                    # process even unchanged or rejected items
+    force: bool = False                    # process even unchanged or rejected items, publish manifests again
     redo_rejected: bool = False            # process rejected items again (after a policy change)
     max_run_minutes: float | None = None   # overrides the pipeline's
     recipe: str | None = None              # overrides the pipeline's (migrations)
@@ -262,7 +262,7 @@ class Harvest:
         label = [[v.value, v.language] for v in manifests.label_of(obj)]
         digest = _manifest_fingerprint(obj, images, manifests.settings.model_dump_json())
         known = self.ledger.object(self.pipeline.name, obj.id)
-        if known is not None and known.manifest_fingerprint == digest:
+        if known is not None and known.manifest_fingerprint == digest and not self.options.force:
             return
         try:
             manifests.publish(obj, images)

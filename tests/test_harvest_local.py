@@ -177,6 +177,17 @@ def test_object_option_harvests_only_that_object_and_keeps_the_checkpoint(site):
         assert {r.object_id for r in ledger.items("museum")} == {"print-2"}
 
 
+def test_force_publishes_the_manifest_again(site):
+    cli(site, "harvest")
+    manifest = site / "store/museum/print-2/manifest-v3.json"
+    published = manifest.read_text()
+    manifest.unlink()  # lost from the store: only --force can know to write it again
+    assert "0 manifests published" in cli(site, "harvest", "--object", "print-2").stdout
+    forced = cli(site, "harvest", "--object", "print-2", "--force")
+    assert "1 deposited, 0 skipped, 0 rejected, 0 failed; 1 manifests published" in forced.stdout, forced.stderr
+    assert manifest.read_text() == published
+
+
 def test_status_and_report_summarise_the_ledger(site):
     cli(site, "harvest")
     status = cli(site, "status", "--json")

@@ -125,7 +125,8 @@ def _common(command):
 @click.option("--limit", type=click.IntRange(min=1), help="Process at most this many items (skips do not count).")
 @click.option("--object", "object_ids", multiple=True, metavar="ID",
               help="Only this object (repeatable); the checkpoint is left where it is.")
-@click.option("--force", is_flag=True, help="Process items even when unchanged (e.g. after a recipe change).")
+@click.option("--force", is_flag=True, help="Process items even when unchanged (e.g. after a recipe change) "
+                                           "and publish their manifests again (e.g. one lost from the store).")
 @click.option("--max-minutes", type=click.FloatRange(min=0, min_open=True),
               help="Take no new item after this many minutes (the pipeline's max_run_minutes otherwise).")
 @_common
