@@ -51,6 +51,18 @@ class SourceObject:
 
 
 @dataclass(frozen=True)
+class UnreadableObject:
+    """An object the source names but cannot describe (a malformed record, an IE whose getIE fails): it comes
+    in the listing in its place, so the run records the failure against it and goes on with the others; one
+    bad record must not stop every run."""
+
+    id: str
+    modified: datetime | None  # the listing's stamp, when it has one
+    reason: str
+    gone: bool = False  # the source says no such object exists (asked for by id)
+
+
+@dataclass(frozen=True)
 class FetchedFile:
     """A master streamed to scratch space whose size (and fixity, when the source has one) were checked."""
 
@@ -66,8 +78,10 @@ class Source(Protocol):
 
     name: str
 
-    def changes(self, since: datetime | None, until: datetime | None = None) -> Iterator[SourceObject]:
-        """Objects modified at or after `since` (all objects when None), oldest first where the source allows.
+    def changes(self, since: datetime | None,
+                until: datetime | None = None) -> Iterator[SourceObject | UnreadableObject]:
+        """Objects modified at or after `since` (all objects when None), oldest first where the source allows;
+        one it lists but cannot describe (errors.OBJECT_ERRORS) as an UnreadableObject.
 
         `until` (optional) closes the window, so a run can record exactly what it covered as its checkpoint.
         """

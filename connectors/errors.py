@@ -42,3 +42,8 @@ class FetchIntegrityError(SourceError):
 
 class TransferInterrupted(SourceError):
     """A body stopped early or the connection dropped mid-transfer; the fetch loop retries it."""
+
+
+# What describing one object can raise that says nothing of the source as a whole (unlike an outage or refused
+# credentials): the object is reported, and the listing goes on.
+OBJECT_ERRORS = (ObjectNotFound, SourceDataError, SourceRequestFailed)

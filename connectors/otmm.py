@@ -20,8 +20,8 @@ from typing import Any, Iterable, Iterator, Literal
 import requests
 from pydantic import Field, model_validator
 
-from connectors.base import FetchedFile, LangValue, SourceItem, SourceObject
-from connectors.errors import ObjectNotFound, SourceDataError, SourceRequestFailed
+from connectors.base import FetchedFile, LangValue, SourceItem, SourceObject, UnreadableObject
+from connectors.errors import OBJECT_ERRORS, ObjectNotFound, SourceDataError, SourceRequestFailed
 from connectors.fetching import fetch_verified, fixity
 from connectors.grouping import natural_key
 from connectors.http import HttpSession, HttpSourceSettings
@@ -124,7 +124,8 @@ class OtmmSource:
 
     # --- the Source protocol ----------------------------------------------------------------------------
 
-    def changes(self, since: datetime | None = None, until: datetime | None = None) -> Iterator[SourceObject]:
+    def changes(self, since: datetime | None = None,
+                until: datetime | None = None) -> Iterator[SourceObject | UnreadableObject]:
         since = as_utc(since) if since else None
         until = as_utc(until) if until else None
         groups_done: set[str] = set()
@@ -134,16 +135,23 @@ class OtmmSource:
                 continue
             if not within(_updated(summary), since, until):
                 continue
-            asset = self._asset(summary["asset_id"])
-            if not within(_updated(asset), since, until):
+            object_id = summary["asset_id"]  # the asset's group, once the asset is read
+            try:
+                asset = self._asset(summary["asset_id"])
+                if not within(_updated(asset), since, until):
+                    continue
+                if self.settings.group is None:
+                    obj = self._object(object_id, [asset])
+                else:
+                    object_id = self._group_value(asset) or asset["asset_id"]
+                    if object_id in groups_done:
+                        continue
+                    groups_done.add(object_id)
+                    obj = self._group(object_id, asset)
+            except OBJECT_ERRORS as exc:
+                yield UnreadableObject(object_id, _updated(summary), str(exc))
                 continue
-            if self.settings.group is None:
-                yield self._object(summary["asset_id"], [asset])
-                continue
-            key = self._group_value(asset) or asset["asset_id"]
-            if key not in groups_done:
-                groups_done.add(key)
-                yield self._group(key, asset)
+            yield obj
 
     def get(self, object_ids: Iterable[str]) -> Iterator[SourceObject]:
         for object_id in object_ids:

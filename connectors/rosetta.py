@@ -20,8 +20,8 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 import requests
 from pydantic import Field, field_validator, model_validator
 
-from connectors.base import FetchedFile, Fixity, LangValue, SourceItem, SourceObject
-from connectors.errors import (ObjectNotFound, PermissionDenied, SourceDataError, SourceRequestFailed)
+from connectors.base import FetchedFile, Fixity, LangValue, SourceItem, SourceObject, UnreadableObject
+from connectors.errors import OBJECT_ERRORS, ObjectNotFound, PermissionDenied, SourceDataError, SourceRequestFailed
 from connectors.fetching import fetch_verified, fixity
 from connectors.http import HttpSession, HttpSourceSettings
 from connectors.idlist import IdListSettings
@@ -158,11 +158,16 @@ class RosettaSource:
 
     # --- the Source protocol ----------------------------------------------------------------------------
 
-    def changes(self, since: datetime | None = None, until: datetime | None = None) -> Iterator[SourceObject]:
+    def changes(self, since: datetime | None = None,
+                until: datetime | None = None) -> Iterator[SourceObject | UnreadableObject]:
         since = as_utc(since) if since else None
         until = as_utc(until) if until else None
         for pid, stamp in self._discover(since, until):
-            obj = self._describe(pid, stamp, explicit=False)
+            try:
+                obj = self._describe(pid, stamp, explicit=False)
+            except OBJECT_ERRORS as exc:
+                yield UnreadableObject(pid, stamp, str(exc))
+                continue
             if obj is None:
                 continue
             if self.settings.discovery == "pids" and not within(obj.modified, since, until):

@@ -19,8 +19,8 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
 from typing import Iterator
 
-from connectors.base import LangValue, SourceItem, SourceObject
-from connectors.errors import ObjectNotFound
+from connectors.base import LangValue, SourceItem, SourceObject, UnreadableObject
+from connectors.errors import OBJECT_ERRORS, ObjectNotFound
 from gcis_etl.config import Config
 from gcis_etl.errors import ManifestError
 from gcis_etl.executors import Executor, open_executor
@@ -29,12 +29,13 @@ from gcis_etl.locks import pipeline_lock
 from gcis_etl.manifests import CollectionEntry, DepositedImage
 from gcis_etl.pipelines import Pipeline
 from gcis_etl.recipes import load_recipe
-from gcis_etl.reports import PlannedItem, RunReport, report_from_ledger, write_report
+from gcis_etl.reports import PLANNED, PlannedItem, RunReport, report_from_ledger, write_report
 from gcis_etl.work import ItemResult, ItemTask, Outcome, fingerprint
 
 log = logging.getLogger(__name__)
 
 MANIFEST = "(manifest)"  # stands for the item id where the run reports an object's manifest problem
+OBJECT = "(object)"      # ... and where the source could not describe the object
 
 
 @dataclass(frozen=True)
@@ -114,7 +115,7 @@ class Harvest:
         self.counts = {name: 0 for name in COUNTED}
         self.manifests_published = 0
         self.pending: dict[str, _PendingObject] = {}
-        self.unsettled: list[datetime] = []  # modified times of objects left with unsettled items
+        self.unsettled: list[datetime | None] = []  # modified times of objects left unsettled (None: unknown)
         self.submitted = 0
         self.run_id = 0
         minutes = options.max_run_minutes or pipeline.settings.max_run_minutes
@@ -131,12 +132,12 @@ class Harvest:
         checkpoint = None if self.options.full else self.ledger.checkpoint(self.pipeline.name)
         return (checkpoint - self.pipeline.overlap if checkpoint else None), until
 
-    def objects(self, since: datetime | None) -> Iterator[SourceObject]:
+    def objects(self, since: datetime | None) -> Iterator[SourceObject | UnreadableObject]:
         source = self.pipeline.source
         seen = self.listed
         # No upper bound: an object modified during the run (or stamped ahead by a skewed clock) is taken now;
         # the checkpoint stays at the run's start, so the next run sees it again and skips it as unchanged.
-        listing = source.get(self.options.object_ids) if self.options.object_ids else source.changes(since)
+        listing = self._by_id(self.options.object_ids) if self.options.object_ids else source.changes(since)
         for obj in listing:
             if obj.id in seen:  # listed twice (a repeated id, an offset-paged search that shifted): once is enough
                 continue
@@ -147,13 +148,15 @@ class Harvest:
         retry = sorted({r.object_id for r in self._failed_items("attempts<?")} - seen)
         if retry:
             self.progress.note(f"revisiting {len(retry)} objects with failed items")
-        for object_id in retry:
+        yield from self._by_id(retry)
+
+    def _by_id(self, object_ids) -> Iterator[SourceObject | UnreadableObject]:
+        """One at a time, so that an object the source cannot describe, or no longer has, stands alone."""
+        for object_id in object_ids:
             try:
-                (obj,) = source.get([object_id])
-            except ObjectNotFound as exc:  # withdrawn since: it must not stop every run from now on
-                self.progress.note(f"not revisiting {object_id}: {exc}")
-                continue
-            yield obj
+                yield from self.pipeline.source.get([object_id])
+            except OBJECT_ERRORS as exc:
+                yield UnreadableObject(object_id, None, str(exc), gone=isinstance(exc, ObjectNotFound))
 
     # ----------------------------------------------------------------------------------- planning
 
@@ -181,13 +184,23 @@ class Harvest:
     # ------------------------------------------------------------------------------------ running
 
     def dry_run(self, since: datetime | None, until: datetime) -> list[PlannedItem]:
-        return [PlannedItem(obj.id, item.id, "process" if task else "skip", decision.reason)
-                for obj in self.objects(since) for item, decision, task in self.plan(obj)]
+        planned = []
+        for obj in self.objects(since):
+            if isinstance(obj, UnreadableObject):
+                planned.append(PlannedItem(obj.id, OBJECT, "fail", obj.reason))
+                continue
+            planned.extend(PlannedItem(obj.id, item.id, "process" if task else "skip", decision.reason)
+                           for item, decision, task in self.plan(obj))
+        return planned
 
     def execute(self, executor: Executor, since: datetime | None, until: datetime) -> None:
         for obj in self.objects(since):
             if self.should_stop():
                 break
+            if isinstance(obj, UnreadableObject):
+                self.unreadable(obj, since)
+                continue
+            self._forget_unreadable(obj.id)
             pending = self.pending.setdefault(obj.id, _PendingObject(obj))
             tasks = 0
             for item, decision, task in self.plan(obj):
@@ -213,6 +226,30 @@ class Harvest:
             self.settle(result)
         for pending in list(self.pending.values()):  # cut short: these stay for the next run
             self.unsettled.append(pending.obj.modified)
+
+    def unreadable(self, obj: UnreadableObject, since: datetime | None) -> None:
+        """The object's failure, under the item id OBJECT: it has attempts like an item's, holds the checkpoint
+        until they are spent, and `gcis-etl retry` starts them again. An object asked for by id that the source
+        does not have is a failure of this run only; one revisited for its failed items (withdrawn since) a note."""
+        name = self.pipeline.name
+        if obj.gone:
+            self._forget_unreadable(obj.id)
+            if not self.options.object_ids:
+                self.progress.note(f"not revisiting {obj.id}: {obj.reason}")
+                return
+            self._count(obj.id, OBJECT, Outcome.FAILED.value, obj.reason)
+            self.ledger.record_unprocessed(self.run_id, obj.id, OBJECT, Outcome.FAILED.value, obj.reason)
+            return
+        reason = f"the source cannot describe it: {obj.reason}"
+        self.ledger.record(self.run_id, ItemResult(name, obj.id, OBJECT, 0, Outcome.FAILED, "", self.recipe.name,
+                                                   self.recipe.digest, 0, reason), obj.modified)
+        self._count(obj.id, OBJECT, Outcome.FAILED.value, reason)
+        if self.ledger.item(name, obj.id, OBJECT).attempts < self.pipeline.settings.max_attempts:
+            self.unsettled.append(obj.modified or since)
+
+    def _forget_unreadable(self, object_id: str) -> None:
+        if self.ledger.item(self.pipeline.name, object_id, OBJECT) is not None:
+            self.ledger.forget_item(self.pipeline.name, object_id, OBJECT)
 
     def report_exhausted(self) -> None:
         """Items out of attempts count as failed in every run, so cron keeps seeing exit 1 until someone runs
@@ -286,7 +323,7 @@ class Harvest:
 
     def next_checkpoint(self, since: datetime | None, until: datetime) -> datetime | None:
         """Only a complete run over the checkpoint's own window moves it, and never past an unsettled object."""
-        if self.cut_short or self.options.since is not None or self.options.object_ids:
+        if self.cut_short or self.options.since is not None or self.options.object_ids or None in self.unsettled:
             return None
         target = min([until, *self.unsettled])
         current = self.ledger.checkpoint(self.pipeline.name)
@@ -308,8 +345,8 @@ def harvest(config: Config, name: str, options: HarvestOptions = HarvestOptions(
             since, until = run.window()
             planned = run.dry_run(since, until)
             return RunReport(name, None, "dry-run", None, None, _iso(since), _iso(until), None,
-                             {"process": sum(p.action == "process" for p in planned),
-                              "skip": sum(p.action == "skip" for p in planned)}, 0, planned=planned)
+                             {action: sum(p.action == action for p in planned) for action in PLANNED}, 0,
+                             planned=planned)
         with pipeline_lock(config.state_dir, name):
             last = next(iter(ledger.runs(name, limit=1)), None)
             if last is not None and last.status == "running":  # killed: we hold the lock, it is gone

@@ -289,6 +289,11 @@ class Ledger:
                         "outcome=excluded.outcome, reason=excluded.reason, seconds=excluded.seconds, at=excluded.at",
                         (run_id, object_id, item_id, outcome, reason, seconds, stamp))
 
+    def forget_item(self, pipeline: str, object_id: str, item_id: str) -> None:
+        with self.db:
+            self.db.execute("DELETE FROM items WHERE pipeline=? AND object_id=? AND item_id=?",
+                            (pipeline, object_id, item_id))
+
     def reset_attempts(self, pipeline: str, object_id: str) -> int:
         """`gcis-etl retry`: the object's failed items get a fresh set of attempts."""
         with self.db:

@@ -15,6 +15,7 @@ from gcis_etl.durable import atomic_write
 from gcis_etl.ledger import COUNTED, Ledger, RunItem, RunRecord
 
 PROBLEMS = ("rejected", "failed")
+PLANNED = ("process", "skip", "fail")  # a dry run's actions; fail: an object the source cannot describe
 
 
 @dataclass(frozen=True)
@@ -23,7 +24,7 @@ class PlannedItem:
 
     object_id: str
     item_id: str
-    action: str  # process | skip
+    action: str  # one of PLANNED
     reason: str
 
 

@@ -11,6 +11,7 @@ import pytest
 import requests
 
 from connectors import open_source
+from connectors.base import UnreadableObject
 from connectors.errors import (AuthenticationFailed, FetchIntegrityError, ObjectNotFound, PermissionDenied,
                                SourceDataError, SourceUnavailable)
 from connectors.otmm import OtmmSource
@@ -210,6 +211,17 @@ def test_explicit_group_ids(emulator):
     assert len(obj.items) == 3
     with pytest.raises(ObjectNotFound, match="2019.M.999"):
         list(otmm(emulator.url, group=GROUP).get(["2019.M.999"]))
+
+
+@pytest.mark.parametrize("group", [None, GROUP], ids=["assets", "groups"])
+def test_an_asset_that_cannot_be_read_stands_in_the_listing_in_its_place(emulator, group):
+    broken = asset_id(emulator, "84_PA_1.png")
+    emulator.inject(rf"GET /otmmapi/v6/assets/{broken}\?", Fault.http(404), times=None)
+    listed = list(otmm(emulator.url, group=group).changes(None))
+    (unreadable,) = [o for o in listed if isinstance(o, UnreadableObject)]
+    assert unreadable.id == broken and "no asset" in unreadable.reason and not unreadable.gone
+    assert unreadable.modified is not None
+    assert len(listed) == (6 if group is None else 4)  # the others all the same
 
 
 def test_metadata_is_flattened_and_mapped(emulator):

@@ -13,6 +13,7 @@ import pytest
 import requests
 
 from connectors import open_source
+from connectors.base import UnreadableObject
 from connectors.errors import (AuthenticationFailed, FetchIntegrityError, ObjectNotFound, PermissionDenied,
                                SourceRequestFailed)
 from connectors.rosetta import RosettaSource
@@ -180,8 +181,10 @@ def test_the_struct_map_type_is_configuration(emulator):
 
 
 def test_an_ie_without_the_wanted_representation(emulator, caplog):
-    with pytest.raises(ObjectNotFound, match="IE1026: no representation of preservation type MODIFIED_MASTER"):
-        list(rosetta(emulator.url, oai={"set": "other"}).changes(None))
+    (listed,) = rosetta(emulator.url, oai={"set": "other"}).changes(None)  # in its place: the listing goes on
+    assert isinstance(listed, UnreadableObject) and listed.id == "IE1026" and not listed.gone
+    assert "IE1026: no representation of preservation type MODIFIED_MASTER" in listed.reason
+    assert listed.modified is not None  # the OAI datestamp: the run holds its checkpoint there
     skipping = rosetta(emulator.url, oai={"set": "other"}, missing_representation="skip")
     with caplog.at_level(logging.WARNING, logger="connectors"):
         assert list(skipping.changes(None)) == []

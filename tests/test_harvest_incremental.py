@@ -193,3 +193,63 @@ def test_an_object_listed_twice_in_one_run_is_processed_once(rig):
         assert outcomes(rig, run.run_id) == {("IE5000", "FL5002"): "deposited", ("IE5000", "FL5003"): "deposited",
                                              ("IE5010", "FL5012"): "deposited"}
         assert len(emulator.requests("DeliveryManagerServlet")) == 3
+
+
+def test_an_object_the_source_cannot_describe_fails_alone_and_holds_the_checkpoint(rig):
+    source = catalogue()
+    broken = source.entities["IE5010"]
+    broken.reps[0].preservation_type = "PRESERVATION_MASTER"  # no MODIFIED_MASTER: getIE cannot give its images
+    with serving(RosettaEmulator(source)) as emulator:
+        rig.write(rosetta_source(emulator.url))
+        plan = rig.cli("harvest", "--dry-run")
+        assert "fail     IE5010/(object): IE5010: no representation of preservation type" in plan.stdout, plan.stderr
+        assert "would process 4 items, skip 0, fail 1 objects the source cannot describe" in plan.stdout
+        run = rig.cli("harvest")
+        assert run.returncode == 1 and "3 deposited, 0 skipped, 1 rejected, 1 failed" in run.stdout, run.stderr
+        assert "failed: IE5010/(object): the source cannot describe it: IE5010: no representation" in run.stdout
+        with rig.ledger() as ledger:
+            assert ledger.item(rig.pipeline, "IE5010", "(object)").attempts == 1
+            assert ledger.checkpoint(rig.pipeline) <= broken.modified  # the next run lists IE5010 again
+        assert f"{rig.pipeline}/IE5020/manifest-v3.json" in rig.keys()  # listed after it: harvested all the same
+
+        broken.reps[0].preservation_type = "MODIFIED_MASTER"  # mended in the source, not touched
+        run = rig.harvest()
+        assert outcomes(rig, run.run_id) == {("IE5010", "FL5012"): "deposited", ("IE5020", "FL5022"): "skipped",
+                                             ("IE5020", "FL5023"): "skipped"}
+        with rig.ledger() as ledger:
+            assert ledger.item(rig.pipeline, "IE5010", "(object)") is None
+            assert ledger.checkpoint(rig.pipeline) > source.entities["IE5020"].modified
+        rig.check_final_state(rosetta_expected(source))
+
+
+def test_an_undescribable_object_out_of_attempts_waits_for_retry(rig):
+    source = catalogue()
+    broken = source.entities["IE5000"]
+    broken.reps[0].preservation_type = "PRESERVATION_MASTER"
+    with serving(RosettaEmulator(source)) as emulator:
+        rig.write(rosetta_source(emulator.url), max_attempts=1)
+        assert rig.harvest().counts == {"deposited": 2, "skipped": 0, "rejected": 1, "failed": 1}
+        with rig.ledger() as ledger:
+            assert ledger.checkpoint(rig.pipeline) > source.entities["IE5020"].modified  # attempts spent
+
+        asked = len(emulator.requests("IEWebServices"))
+        run = rig.cli("harvest")  # reported from the ledger, the source is not asked again
+        assert run.returncode == 1 and "0 deposited, 0 skipped, 0 rejected, 1 failed" in run.stdout, run.stderr
+        assert "failed: IE5000/(object): failed 1 times (last: the source cannot describe it" in run.stdout
+        assert len(emulator.requests("IEWebServices")) == asked
+
+        broken.reps[0].preservation_type = "MODIFIED_MASTER"
+        run = rig.cli("retry")
+        assert run.returncode == 0 and "2 deposited" in run.stdout, run.stdout + run.stderr
+        rig.check_final_state(rosetta_expected(source))
+        assert rig.cli("status", "--json").stdout.count('"failed": 0') == 2  # the items and the last run
+
+
+def test_an_object_asked_for_by_id_that_the_source_does_not_have_fails_that_run_only(rig):
+    with serving(RosettaEmulator(catalogue())) as emulator:
+        rig.write(rosetta_source(emulator.url))
+        run = rig.cli("harvest", "--object", "IE9990", "--object", "IE5010")
+        assert run.returncode == 1 and "1 deposited, 0 skipped, 0 rejected, 1 failed" in run.stdout, run.stderr
+        assert "failed: IE9990/(object): getIE IE9990: SOAP fault IEWSException" in run.stdout
+        with rig.ledger() as ledger:
+            assert [i.object_id for i in ledger.items(rig.pipeline)] == ["IE5010"]  # nothing kept of IE9990

@@ -95,8 +95,10 @@ def _run(ctx: click.Context, names: tuple[str, ...], options, log_json: bool, ve
         if options.dry_run:
             for planned in report.planned:
                 click.echo(f"{planned.action:8} {planned.object_id}/{planned.item_id}: {planned.reason}")
-            click.echo(f"{name}: would process {report.counts['process']} items, skip {report.counts['skip']} "
-                       f"(since {report.since or 'the beginning'})")
+            unreadable = f", fail {report.counts['fail']} objects the source cannot describe" \
+                if report.counts["fail"] else ""
+            click.echo(f"{name}: would process {report.counts['process']} items, skip {report.counts['skip']}"
+                       f"{unreadable} (since {report.since or 'the beginning'})")
             continue
         click.echo(report.summary())
         code = max(code, report.exit_code)
