@@ -71,11 +71,14 @@ def convert(src: str | Path, dst: str | Path, recipe: Recipe | str | None = None
     if info.verdict is Verdict.REJECT:
         return ConversionResult(Status.REJECTED, reason="; ".join(info.reasons),
                                 seconds=time.monotonic() - started, **base)
+    if dst.exists() and os.path.samefile(src, dst):
+        return ConversionResult(Status.FAILED, reason=f"{dst} is the master itself: the output would replace it",
+                                seconds=time.monotonic() - started, **base)
     own_worker = worker is None
     worker = worker or IsolatedProcess(isolation_settings)
-    dst.parent.mkdir(parents=True, exist_ok=True)
     tmp = dst.parent / f".{dst.name}.{uuid.uuid4().hex[:8]}.partial"
     try:
+        dst.parent.mkdir(parents=True, exist_ok=True)
         job = EncodeJob(info, policy, _decoders(info, policy), output=str(tmp), recipe=recipe)
         outcome, notes = _run_with_fallbacks(worker, encode_in_child, job)
         os.replace(tmp, dst)
@@ -84,8 +87,12 @@ def convert(src: str | Path, dst: str | Path, recipe: Recipe | str | None = None
         return ConversionResult(Status.REJECTED, reason=str(exc), seconds=time.monotonic() - started, **base)
     except ConversionFailed as exc:
         return ConversionResult(Status.FAILED, reason=str(exc), seconds=time.monotonic() - started, **base)
+    except OSError as exc:  # where the output goes: not writable, a file where a folder should be, disk full
+        return ConversionResult(Status.FAILED, reason=f"cannot write {dst}: {exc.strerror or exc}",
+                                seconds=time.monotonic() - started, **base)
     finally:
-        tmp.unlink(missing_ok=True)
+        if tmp.exists():  # not unlink(missing_ok=True): under a plain file it raises NotADirectoryError
+            tmp.unlink()
         if own_worker:
             worker.close()
     base["warnings"] = info.warnings + notes + outcome.notes

@@ -48,6 +48,20 @@ def test_convert_json_and_exit_codes(tmp_path):
     assert rejected.returncode == 1 and json.loads(rejected.stdout)["status"] == "rejected"
 
 
+def test_convert_never_replaces_its_master_and_says_why_it_cannot_write(tmp_path):
+    master = tmp_path / "master.tif"
+    master.write_bytes((CORPUS / "rgb8-tiff-uncompressed/hopper.tif").read_bytes())
+    before = master.read_bytes()
+    same = run("convert", "--json", str(master), str(master))
+    assert same.returncode == 1 and "is the master itself" in json.loads(same.stdout)["reason"], same.stderr
+    assert master.read_bytes() == before
+    (tmp_path / "plain-file").write_text("")
+    blocked = run("convert", "--json", str(master), str(tmp_path / "plain-file" / "out.tif"))
+    assert blocked.returncode == 1 and "Traceback" not in blocked.stderr, blocked.stderr
+    result = json.loads(blocked.stdout)
+    assert result["status"] == "failed" and result["reason"].startswith(f"cannot write {tmp_path}/plain-file/out.tif")
+
+
 def test_verify_exit_codes(tmp_path):
     assert run("convert", str(CORPUS / "png/exif.png"), str(tmp_path / "ok.tif")).returncode == 0
     good = run("verify", "--json", "--recipe", "ptiff-jpeg-q90", str(tmp_path / "ok.tif"))
