@@ -158,8 +158,10 @@ def decode_in_child(job: DecodeJob) -> str:
 
 
 def verify_in_child(path: str, expect) -> VerifyReport:
-    from gcis_etl.verification import verify
-    return verify(path, expect)
+    """A pyramidal TIFF against `expect` (an Expectation), or a JP2 on its own (`expect`: a recipe's
+    Jp2Parameters or None)."""
+    from gcis_etl.verification import is_jp2, verify, verify_jp2_alone
+    return verify_jp2_alone(path, expect) if is_jp2(path) else verify(path, expect)
 
 
 def encode_in_child(job: EncodeJob) -> EncodeOutcome:

@@ -71,6 +71,21 @@ def test_verify_exit_codes(tmp_path):
     assert not_a_pyramid.returncode == 1 and any("not tiled" in e for e in report["errors"])
 
 
+def test_verify_checks_a_jp2_on_its_own(tmp_path):
+    jp2 = tmp_path / "ok.jp2"
+    assert run("convert", "-r", "jp2-openjpeg-lossy", str(CORPUS / "png/exif.png"), str(jp2)).returncode == 0
+    good = run("verify", "--json", "-r", "jp2-openjpeg-lossy", str(jp2))
+    assert good.returncode == 0 and json.loads(good.stdout)["valid"] is True, good.stdout
+    other = json.loads(run("verify", "--json", "-r", "jp2-grok-htj2k", str(jp2)).stdout)
+    assert "ht is False, expected True" in other["errors"]
+    cut = tmp_path / "cut.jp2"
+    cut.write_bytes(jp2.read_bytes()[:len(jp2.read_bytes()) // 2])
+    broken = run("verify", "--json", str(cut))
+    assert broken.returncode == 1 and any("jpylyzer: not a valid JP2" in e for e in json.loads(broken.stdout)["errors"])
+    mismatch = run("verify", "-r", "ptiff-jpeg-q90", str(jp2))
+    assert mismatch.returncode == 2 and "is a JP2, and recipe ptiff-jpeg-q90 makes pyramidal TIFF" in mismatch.stderr
+
+
 def test_unknown_recipe_is_a_usage_error(tmp_path):
     proc = run("convert", "-r", "no-such-recipe", str(CORPUS / "png/exif.png"), str(tmp_path / "a.tif"))
     assert proc.returncode == 2 and "no-such-recipe" in proc.stderr and "ptiff-jpeg-q90" in proc.stderr

@@ -91,28 +91,37 @@ def convert(ctx: click.Context, src: str, dst: str, recipe: str, as_json: bool) 
 @main.command()
 @click.argument("file", type=click.Path(exists=True, dir_okay=False))
 @click.option("--recipe", "-r", default=None,
-              help="Also check the recipe's tile size and chroma subsampling.")
+              help="Also check the recipe's tile size and chroma subsampling (a JP2 recipe: its layers, "
+                   "progression, block coder and wavelet).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object.")
 @click.pass_context
 def verify(ctx: click.Context, file: str, recipe: str | None, as_json: bool) -> None:
     """Check that FILE is a valid access master: tiled JPEG page pyramid, ceil-halving levels, sRGB ICC,
-    every level decodable through libtiff (as iipsrv reads it).
+    every level decodable through libtiff (as iipsrv reads it). A JP2 (known by its signature): valid for
+    jpylyzer, sRGB colour box, one reduced resolution and five full-resolution regions decodable by
+    OpenJPEG (compared with nothing: convert compares them with the image it encoded).
 
     Exit code 0 when valid, 1 otherwise.
 
     \b
-    Example:
+    Examples:
       gcis-etl verify --recipe ptiff-jpeg-q90 access/master.tif
+      gcis-etl verify --recipe jp2-grok-htj2k access/master.jp2
     """
     from gcis_etl.conversion import verify_in_child
     from gcis_etl.isolation import IsolatedProcess
     from gcis_etl.recipes import load_recipe
-    from gcis_etl.verification import Expectation
+    from gcis_etl.verification import Expectation, is_jp2
     try:
         rec = load_recipe(recipe) if recipe else None
     except ConfigError as exc:
         _fail_config(exc)
-    expect = Expectation(tile=rec.tile, chroma=rec.chroma) if rec else Expectation()
+    jp2 = is_jp2(file)
+    if rec is not None and (rec.jp2 is not None) != jp2:
+        raise click.UsageError(f"{file} is {'a JP2' if jp2 else 'not a JP2'}, and recipe {rec.name} makes "
+                               f"{'JP2' if rec.jp2 else 'pyramidal TIFF'} files")
+    expect = (rec.jp2 if rec else None) if jp2 else (
+        Expectation(tile=rec.tile, chroma=rec.chroma) if rec else Expectation())
     with IsolatedProcess(_config(ctx).isolation) as worker:
         report = worker.call(verify_in_child, file, expect)
     if as_json:
