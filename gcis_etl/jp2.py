@@ -137,6 +137,9 @@ def plan_jp2(image, recipe: Recipe, scratch: Path) -> Jp2Plan:
     import pyvips
     binary = kdu_compress_path() if recipe.encoder == "kakadu" else shutil.which(TOOLS[recipe.encoder])
     if binary is None:
+        configured = os.environ.get(KDU_ENV) if recipe.encoder == "kakadu" else None
+        if configured:
+            raise ConversionFailed(f"{KDU_ENV} is {configured}, which is not an executable file")
         where = f" (set {KDU_ENV} to its path)" if recipe.encoder == "kakadu" else ""
         raise ConversionFailed(f"{TOOLS[recipe.encoder]} not installed{where}")
     reference, encoded = scratch / "normalised-srgb.tif", scratch / "encoded.jp2"

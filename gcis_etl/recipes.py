@@ -58,13 +58,18 @@ class Jp2Parameters(Settings):
 
     @model_validator(mode="after")
     def _consistent(self) -> "Jp2Parameters":
-        if self.rates and not self.reversible and any(r <= 0 for r in self.rates):
+        if any(r <= 0 for r in self.rates):
             raise ValueError("rates must be positive bits per pixel")
         if not self.rates and not self.reversible:
             raise ValueError("lossless coding (no rates) needs reversible: true")
+        if self.tiles and min(self.tiles) < 1:
+            raise ValueError(f"tiles must be positive sizes (or null for one tile), got {list(self.tiles)}")
         for size in (*self.precincts, self.code_block):
             if any(v < 4 or v & (v - 1) for v in size):
                 raise ValueError(f"precinct and code-block sizes must be powers of two >= 4, got {list(size)}")
+        width, height = self.code_block
+        if max(width, height) > 1024 or width * height > 4096:  # JPEG 2000 Part 1's limits on code-blocks
+            raise ValueError(f"code_block must be at most 1024 a side and 4096 in area, got {list(self.code_block)}")
         return self
 
     @property

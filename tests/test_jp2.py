@@ -94,6 +94,10 @@ def test_kakadu_vectors_carry_the_seed_parameters_verbatim():
     ({"encoder": "kakadu", "jp2": {"rates": [2], "kdu_args": ["Clevels=6"]}},
      "Stiles=none (one tile) disagrees with jp2.tiles: [512, 512]"),
     ({"encoder": "openjpeg", "extension": ".tif", "jp2": {"rates": [2]}}, "extension must be .jp2"),
+    ({"encoder": "openjpeg", "jp2": {"rates": [2], "tiles": [0, 0]}}, "tiles must be positive sizes"),
+    ({"encoder": "openjpeg", "jp2": {"rates": [2], "code_block": [128, 128]}}, "4096 in area, got [128, 128]"),
+    ({"encoder": "openjpeg", "jp2": {"rates": [2], "code_block": [4, 2048]}}, "1024 a side and 4096 in area"),
+    ({"encoder": "openjpeg", "jp2": {"rates": [-1], "reversible": True}}, "rates must be positive"),
 ])
 def test_recipe_errors_name_the_problem(data, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
@@ -400,3 +404,10 @@ def test_oriented_masters_are_encoded_upright(master, name, worker, tmp_path):
     ptiff = convert(CORPUS / master, tmp_path / "upright.tif", "ptiff-jpeg-q90", worker=worker)
     assert ptiff.ok and (ptiff.width, ptiff.height) == (result.width, result.height)
     assert psnr(luma(_ptiff_pixels(tmp_path / "upright.tif")), luma(_jp2_pixels(tmp_path / "upright.jp2"))) >= 30
+
+
+def test_a_kdu_compress_path_that_is_not_a_program_is_named(monkeypatch, tmp_path):
+    monkeypatch.setenv("GCIS_KDU_COMPRESS", str(tmp_path / "kdu_compress"))
+    result = convert(CORPUS / "png/exif.png", tmp_path / "out.jp2", "jp2-kakadu-lossy")
+    assert result.status is Status.FAILED
+    assert result.reason == f"GCIS_KDU_COMPRESS is {tmp_path / 'kdu_compress'}, which is not an executable file"
