@@ -304,6 +304,11 @@ class Ledger:
         rows = self.db.execute("SELECT status, count(*) FROM items WHERE pipeline=? GROUP BY status", (pipeline,))
         return {name: 0 for name in COUNTED} | dict(rows.fetchall())
 
+    def recipes(self, pipeline: str) -> list[str]:
+        """The recipes the pipeline's items were last made with."""
+        return [row[0] for row in self.db.execute("SELECT DISTINCT recipe FROM items WHERE pipeline=? ORDER BY recipe",
+                                                  (pipeline,))]
+
     def objects_with(self, pipeline: str, status: str) -> list[str]:
         return [row[0] for row in self.db.execute(
             "SELECT DISTINCT object_id FROM items WHERE pipeline=? AND status=? ORDER BY object_id",

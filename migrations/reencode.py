@@ -38,6 +38,7 @@ from typing import Iterable, Iterator
 import click
 
 from gcis_etl.durable import atomic_write
+from gcis_etl.errors import ConfigError
 from gcis_etl.ledger import Ledger
 from gcis_etl.manifests import DepositedImage
 from gcis_etl.migration import MigrationContext, migration
@@ -54,7 +55,9 @@ from gcis_etl.recipes import Recipe, load_recipe
               help="Objects per harvest run.")
 def main(ctx: MigrationContext, names: tuple[str, ...], from_recipe: str, to_recipe: str | None, keep_old: bool,
          batch_size: int) -> None:
-    for name in names or sorted(ctx.config.pipelines):
+    names = names or tuple(sorted(ctx.config.pipelines))
+    _known(ctx, names, from_recipe)
+    for name in names:
         pipeline = ctx.pipeline(name)
         target = load_recipe(to_recipe or pipeline.settings.recipe)
         if target.name != pipeline.settings.recipe:
@@ -112,6 +115,22 @@ def by_object(keys: Iterable[OldKey], size: int) -> Iterator[dict[str, list[OldK
             batch = {}
     if batch:
         yield batch
+
+
+def _known(ctx: MigrationContext, names: tuple[str, ...], recipe: str) -> None:
+    """--from-recipe names a recipe that exists, or one the ledger records (since removed): a misspelt name
+    would otherwise match nothing and report 'nothing to do'."""
+    try:
+        load_recipe(recipe)
+        return
+    except ConfigError:
+        pass
+    with ctx.ledger() as ledger:
+        recorded = sorted({r for name in names for r in ledger.recipes(name)})
+    if recipe not in recorded:
+        raise click.BadParameter(f"no recipe {recipe!r} exists, and the ledger records none of that name for "
+                                 f"{', '.join(names)} (it records: {', '.join(recorded) or 'none'})",
+                                 param_hint="--from-recipe")
 
 
 class Reencode:

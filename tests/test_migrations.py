@@ -231,6 +231,8 @@ def test_reencode_with_the_same_extension_replaces_in_place_and_resumes(site):
         sidecar = json.loads((site.store / ".meta" / f"{key}.json").read_text())
         assert sidecar["provenance"]["recipe"] == "ptiff-jpeg-q90-444"
     assert "nothing to do" in ok(site.migrate("reencode", *args))
+    misspelt = site.migrate("reencode", "--pipeline", PIPELINE, "--from-recipe", "ptiff-jpeg-q9")
+    assert misspelt.returncode == 2 and "(it records: ptiff-jpeg-q90-444)" in misspelt.stderr, misspelt.stderr
 
 
 def test_reencode_to_another_extension_deletes_old_keys_once_no_manifest_refers_to_them(site):
