@@ -194,6 +194,7 @@ class Harvest:
         return planned
 
     def execute(self, executor: Executor, since: datetime | None, until: datetime) -> None:
+        self.check_store()
         for obj in self.objects(since):
             if self.should_stop():
                 break
@@ -226,6 +227,12 @@ class Harvest:
             self.settle(result)
         for pending in list(self.pending.values()):  # cut short: these stay for the next run
             self.unsettled.append(pending.obj.modified)
+
+    def check_store(self) -> None:
+        """One request before any item: a store that refuses the credentials, or that is down past its retries,
+        stops the run here (a StoreError), rather than failing every item and spending its attempts."""
+        store = self.pipeline.store
+        store.head(f"{store.keys.image_prefix(self.pipeline.name)}gcis-etl-store-check")
 
     def unreadable(self, obj: UnreadableObject, since: datetime | None) -> None:
         """The object's failure, under the item id OBJECT: it has attempts like an item's, holds the checkpoint

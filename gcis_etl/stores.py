@@ -377,6 +377,8 @@ class S3StoreSettings(Settings):
 
 # S3 error codes meaning "the bytes received are not the bytes announced".
 _INTEGRITY_CODES = {"BadDigest", "InvalidDigest", "XAmzContentChecksumMismatch", "XAmzContentSHA256Mismatch"}
+_REFUSED = {"403", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken", "InvalidToken",
+            "AllAccessDisabled"}  # the credentials (a HEAD's 403 carries no body: its code is "403")
 
 
 def _b64(digest: bytes) -> str:
@@ -482,8 +484,9 @@ class S3Store:
         if isinstance(exc, ClientError):
             error = exc.response.get("Error", {})
             cls = IntegrityError if error.get("Code") in _INTEGRITY_CODES else StoreError
+            hint = " (check the store's credentials and its bucket policy)" if error.get("Code") in _REFUSED else ""
             return cls(f"{self.describe(key)}: {action} refused by the server: "
-                       f"{error.get('Code')}: {error.get('Message')}")
+                       f"{error.get('Code')}: {error.get('Message')}{hint}")
         return StoreError(f"{self.describe(key)}: {action} failed: {exc}")
 
     def _call(self, key: str, action: str, operation: str, **kwargs) -> dict:

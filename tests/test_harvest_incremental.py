@@ -253,3 +253,17 @@ def test_an_object_asked_for_by_id_that_the_source_does_not_have_fails_that_run_
         assert "failed: IE9990/(object): getIE IE9990: SOAP fault IEWSException" in run.stdout
         with rig.ledger() as ledger:
             assert [i.object_id for i in ledger.items(rig.pipeline)] == ["IE5010"]  # nothing kept of IE9990
+
+
+def test_a_store_that_refuses_the_credentials_stops_the_run_before_any_item(rig, monkeypatch):
+    with serving(RosettaEmulator(catalogue())) as emulator:
+        rig.write(rosetta_source(emulator.url))
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-the-secret")  # the CLI's environment
+        run = rig.cli("harvest")
+        assert run.returncode == 1 and "dam: run stopped:" in run.stderr, run.stdout + run.stderr
+        assert "403" in run.stderr and "check the store's credentials" in run.stderr
+        assert "not-the-secret" not in run.stdout + run.stderr
+        assert len(emulator.requests("DeliveryManagerServlet")) == 0
+        with rig.ledger() as ledger:
+            assert ledger.items(rig.pipeline) == []  # no item spent an attempt
+            assert ledger.runs(rig.pipeline)[0].status == "crashed"
