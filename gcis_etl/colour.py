@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pyvips
 
+from gcis_etl.inspection import encodes_srgb
 from gcis_etl.models import ImageInfo
 from gcis_etl.policy import ImagingPolicy
 
@@ -16,6 +17,7 @@ _INTENTS = {"perceptual": "perceptual", "relative": "relative", "saturation": "s
             "absolute": "absolute"}
 _COLOUR_BANDS = {"cmyk": 4, "b-w": 1, "grey16": 1, "lab": 3, "labs": 3, "labq": 3, "srgb": 3, "rgb": 3,
                  "rgb16": 3, "scrgb": 3, "xyz": 3, "multiband": 3}
+LAB = ("lab", "labs", "labq")  # libvips interpretations of Lab samples
 _MAX_ALPHA = {"uchar": 255, "char": 127, "ushort": 65535, "short": 32767, "float": 1.0, "double": 1.0}
 
 
@@ -40,10 +42,11 @@ def orient(image: pyvips.Image, orientation: int) -> pyvips.Image:
 
 
 def layout(image: pyvips.Image, info: ImageInfo, policy: ImagingPolicy) -> pyvips.Image:
-    """The master before colour management, as both PTIFF engines take it: upright, unsigned samples,
-    alpha flattened (or dropped), extra bands dropped."""
+    """The master before colour management, as both PTIFF engines take it: upright, unsigned samples
+    (Lab keeps its signed a*, b*: libvips' LabS is signed by definition), alpha flattened (or dropped),
+    extra bands dropped."""
     image = orient(image, info.orientation)
-    if image.format in ("char", "short", "int"):
+    if image.format in ("char", "short", "int") and image.interpretation not in LAB:
         image = _unsigned(image)
     return _drop_extra_bands(image, policy)
 
@@ -92,23 +95,18 @@ def _to_srgb(image: pyvips.Image, policy: ImagingPolicy) -> pyvips.Image:
         return image.icc_transform(SRGB, embedded=True, intent=intent, depth=8)
     if interpretation == "cmyk":
         return image.icc_transform(SRGB, input_profile=policy.cmyk_fallback_profile, intent=intent, depth=8)
-    if interpretation in ("lab", "labs", "labq"):
+    if interpretation in LAB:
         return image.icc_export(output_profile=SRGB, intent=intent, depth=8)
     if interpretation in ("srgb", "rgb") and image.format == "uchar":
         return image
+    if image.format in ("float", "double") and image.bands == 1:
+        image = image.bandjoin([image, image]).copy(interpretation="scrgb")  # linear 0..1, as float RGB is
     if interpretation in ("multiband",) or image.bands not in (1, 3):
         image = image[:3] if image.bands >= 3 else image[0]
     return image.colourspace("srgb")
 
 
 def is_srgb(image: pyvips.Image, policy: ImagingPolicy) -> bool:
-    """8-bit samples with an embedded profile the policy takes for sRGB: no transform is needed."""
-    from io import BytesIO
-
-    from PIL import ImageCms
-    try:
-        profile = ImageCms.ImageCmsProfile(BytesIO(image.get("icc-profile-data")))
-        description = ImageCms.getProfileDescription(profile) or ""
-    except (OSError, ValueError, TypeError):
-        return False
-    return any(s in description for s in policy.srgb_descriptions) and image.format == "uchar"
+    """8-bit samples with an embedded profile that encodes sRGB (inspection.encodes_srgb): no transform is
+    needed, and inspection gives the same verdict from the header."""
+    return image.format == "uchar" and encodes_srgb(image.get("icc-profile-data"), policy)

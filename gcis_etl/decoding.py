@@ -51,9 +51,27 @@ def _first_line(exc: Exception) -> str:
 def _open_vips(info: ImageInfo, strict: bool) -> pyvips.Image:
     access = "random" if info.orientation in _RANDOM_ACCESS_ORIENTATIONS else "sequential"
     try:
-        return pyvips.Image.new_from_file(info.path, access=access, fail_on="warning" if strict else "none")
+        image = pyvips.Image.new_from_file(info.path, access=access, fail_on="warning" if strict else "none")
     except pyvips.Error as exc:
         raise CannotOpen(_first_line(exc)) from None
+    if info.interpretation == "lab" and image.interpretation == "multiband":
+        return _icc_lab(image, info)
+    return image
+
+
+def _icc_lab(image: pyvips.Image, info: ImageInfo) -> pyvips.Image:
+    """libvips 8.14 decodes TIFF CIELab (8) but passes other Lab encodings through as plain bands, which
+    would then be taken for RGB. ICCLab (9: L* 0..max, a* and b* unsigned, offset by 128 or 32768) is
+    rescaled to libvips' float Lab; any other is rejected."""
+    import tifffile
+    with tifffile.TiffFile(info.path) as tif:
+        photometric = int(tif.pages[0].photometric)
+    if photometric != 9 or image.bands < 3 or image.format not in ("uchar", "ushort"):
+        raise RejectedMaster(f"Lab encoding (TIFF photometric {photometric}, {image.bands} x {image.format}) "
+                             f"is not supported by the decoders")
+    full, offset, scale = (255, 128, 1) if image.format == "uchar" else (65535, 32768, 256)
+    lab = image[:3].cast("float").linear([100 / full, 1 / scale, 1 / scale], [0, -offset / scale, -offset / scale])
+    return lab.bandjoin(image[3:]).copy(interpretation="lab") if image.bands > 3 else lab.copy(interpretation="lab")
 
 
 def _open_pillow(info: ImageInfo, strict: bool) -> pyvips.Image:
@@ -86,7 +104,11 @@ def _open_tifffile(info: ImageInfo, strict: bool) -> pyvips.Image:
 
 
 def _from_array(array: np.ndarray, info: ImageInfo, icc: bytes | None) -> pyvips.Image:
-    """A vips image from decoded samples, scaled to the full range of 8/16-bit or kept as float."""
+    """A vips image from decoded samples, scaled to the full range of 8/16-bit or kept as float.
+
+    Lab samples would be labelled RGB here: the fallbacks leave Lab to libvips."""
+    if info.interpretation == "lab":
+        raise CannotOpen("Lab samples are decoded by libvips only")
     if array.ndim == 2:
         array = array[:, :, None]
     if array.dtype.kind == "u" and info.bit_depth and info.bit_depth not in (8, 16) and array.dtype.itemsize <= 2:

@@ -6,7 +6,7 @@ dropped), then builds one ImageCms transform (source profile -> the same sRGB pr
 and applies it to each strip as it is read: the master is never whole in memory.
 
 Which masters are transformed, and from which profile, follows the main path: an embedded profile unless
-it is sRGB already (policy.srgb_descriptions, 8-bit); CMYK without one through policy.cmyk_fallback_profile;
+it encodes sRGB already (inspection.encodes_srgb, 8-bit); CMYK without one through policy.cmyk_fallback_profile;
 Lab through a Lab (D50) profile. A master with none of these needs no colour management on either path: its
 samples are brought to 8-bit sRGB by colour.normalise, exactly as on the main path.
 
@@ -31,7 +31,7 @@ import numpy as np
 import pyvips
 from PIL import Image, ImageCms
 
-from gcis_etl.colour import is_srgb, layout, normalise, srgb_profile
+from gcis_etl.colour import LAB, is_srgb, layout, normalise, srgb_profile
 from gcis_etl.errors import RejectedMaster
 from gcis_etl.models import ImageInfo
 from gcis_etl.policy import ImagingPolicy
@@ -41,7 +41,6 @@ _INTENTS = {"perceptual": ImageCms.Intent.PERCEPTUAL, "relative": ImageCms.Inten
             "saturation": ImageCms.Intent.SATURATION, "absolute": ImageCms.Intent.ABSOLUTE_COLORIMETRIC}
 _MODES = {1: "L", 3: "RGBX", 4: "CMYK"}                         # colour bands -> Pillow mode
 _PROFILE_SPACES = {"L": "GRAY", "RGBX": "RGB", "CMYK": "CMYK"}  # Pillow mode -> ICC colour space it needs
-_LAB = ("lab", "labs", "labq")
 # Pixels per ImageCms call: Pillow holds them as 4 bytes each, and LittleCMS runs ~25% faster on 2 MB
 # (cache-sized) parts than on a 256-row band of a 14,600-pixel-wide master (15 MB).
 TRANSFORM_PIXELS = 512 * 1024
@@ -107,7 +106,7 @@ def srgb_strips(image: pyvips.Image, info: ImageInfo, policy: ImagingPolicy) -> 
     """How the decoded master's rows become sRGB on this path: the transform to apply, if any."""
     laid = layout(image, info, policy)
     interpretation = "labq" if laid.coding == "labq" else laid.interpretation
-    if interpretation in _LAB:
+    if interpretation in LAB:
         lab = laid.LabQ2Lab() if laid.coding == "labq" else laid.colourspace("lab")
         return SrgbStrips(lab.cast("float"), _transform(ImageCms.createProfile("LAB"), "LAB", policy), "LAB")
     if laid.format not in ("uchar", "ushort") or laid.bands not in _MODES:

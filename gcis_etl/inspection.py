@@ -10,8 +10,10 @@ import io
 import logging
 import struct
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 from pathlib import Path
 
+import numpy as np
 from PIL import Image, ImageCms
 
 from gcis_etl import formats
@@ -112,7 +114,7 @@ def _judge(info: ImageInfo, h: _Header, policy: ImagingPolicy, warnings: list[st
         conversions.append("YCbCr->RGB")
     elif h.interpretation == "palette":
         conversions.append("expand palette")
-    if icc_desc and not any(s in icc_desc for s in policy.srgb_descriptions):
+    if icc_desc and not encodes_srgb(h.icc, policy):
         conversions.append(f"ICC->sRGB ({icc_desc})")
     if h.miniswhite:
         conversions.append("invert min-is-white")
@@ -146,6 +148,36 @@ def _check_icc(icc: bytes, interpretation: str) -> tuple[str | None, str | None]
         return description, (f"embedded ICC profile '{description}' is for {space} but the pixels are "
                              f"{interpretation}: needs review")
     return description, None
+
+
+def encodes_srgb(icc: bytes, policy: ImagingPolicy) -> bool:
+    """Whether an embedded profile is sRGB, so that 8-bit samples pass through untransformed.
+
+    A description naming sRGB (policy.srgb_descriptions) is only a prefilter: "GIMP built-in Linear sRGB"
+    has sRGB's primaries but a linear tone curve. The profile must also map a lattice of RGB colours to
+    LittleCMS's sRGB unchanged within one level (relative colorimetric with black-point compensation, so
+    that v4 sRGB profiles, whose black sits above v2's, still count)."""
+    return _encodes_srgb(icc, policy.srgb_descriptions)
+
+
+_LATTICE = np.stack(np.meshgrid(*[np.linspace(0, 255, 17).round().astype(np.uint8)] * 3, indexing="ij"),
+                    axis=-1).reshape(1, -1, 3)
+
+
+@lru_cache(maxsize=64)
+def _encodes_srgb(icc: bytes, descriptions: tuple[str, ...]) -> bool:
+    try:
+        profile = ImageCms.ImageCmsProfile(io.BytesIO(icc))
+        description = ImageCms.getProfileDescription(profile) or ""
+        if profile.profile.xcolor_space.strip() != "RGB" or not any(s in description for s in descriptions):
+            return False
+        transform = ImageCms.buildTransform(profile, ImageCms.createProfile("sRGB"), "RGB", "RGB",
+                                            renderingIntent=ImageCms.Intent.RELATIVE_COLORIMETRIC,
+                                            flags=ImageCms.Flags.BLACKPOINTCOMPENSATION)
+        mapped = np.asarray(ImageCms.applyTransform(Image.fromarray(_LATTICE), transform))
+    except (OSError, ValueError, TypeError, ImageCms.PyCMSError):
+        return False
+    return int(np.abs(mapped.astype(np.int16) - _LATTICE).max()) <= 1
 
 
 def _reject(path: str, fmt: str, reason: str, warnings: list[str] | None = None) -> ImageInfo:

@@ -21,7 +21,9 @@ class ImagingPolicy(Settings):
     background: tuple[int, int, int] = (255, 255, 255)
     rendering_intent: Literal["perceptual", "relative", "saturation", "absolute"] = "relative"
     srgb_descriptions: tuple[str, ...] = Field(
-        ("sRGB",), description="ICC descriptions containing one of these are treated as sRGB already")
+        ("sRGB",), description="an embedded profile whose description contains one of these is a candidate for "
+                               "sRGB; it passes 8-bit samples through untransformed only if LittleCMS also "
+                               "maps an RGB lattice through it to sRGB unchanged (within one level)")
     cmyk_fallback_profile: str = Field("cmyk", description="profile for CMYK without one: 'cmyk' is libvips' built-in")
     decoders: dict[str, tuple[Literal["vips", "pillow", "tifffile"], ...]] = {
         "TIFF": ("vips", "pillow", "tifffile"),
