@@ -105,16 +105,26 @@ def _anchored(data: dict, base: Path) -> dict:
             server = {**server, **{key: anchor(server.get(key, default)) for key, default in
                                    (*defaults.items(), ("documents_root", None)) if server.get(key, default)}}
         data["cache"] = {**cache, "dir": anchor(cache.get("dir", "var/iipsrv-cache")), "server": server}
+    data = _anchored_imaging(data, anchor)
     pipelines = data.get("pipelines")
     if isinstance(pipelines, dict):
         data["pipelines"] = {name: _anchored_pipeline(p, anchor) for name, p in pipelines.items()}
     return data
 
 
+def _anchored_imaging(section: dict, anchor) -> dict:
+    """imaging.cmyk_fallback_profile is a path unless it names libvips' built-in profile."""
+    imaging = section.get("imaging")
+    profile = imaging.get("cmyk_fallback_profile") if isinstance(imaging, dict) else None
+    if not profile or profile == "cmyk":
+        return section
+    return {**section, "imaging": {**imaging, "cmyk_fallback_profile": anchor(profile)}}
+
+
 def _anchored_pipeline(pipeline: Any, anchor) -> Any:
     if not isinstance(pipeline, dict):
         return pipeline
-    pipeline = dict(pipeline)
+    pipeline = _anchored_imaging(dict(pipeline), anchor)
     for section, kinds in (("source", ("filesystem",)), ("store", ("local",))):
         part = pipeline.get(section)
         if isinstance(part, dict) and part.get("kind") in kinds and "root" in part:

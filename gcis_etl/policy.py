@@ -1,9 +1,10 @@
 """What masters are acceptable and how they are normalised: product policy as settings, not code."""
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from gcis_etl.settings import Settings
 
@@ -24,7 +25,8 @@ class ImagingPolicy(Settings):
         ("sRGB",), description="an embedded profile whose description contains one of these is a candidate for "
                                "sRGB; it passes 8-bit samples through untransformed only if LittleCMS also "
                                "maps an RGB lattice through it to sRGB unchanged (within one level)")
-    cmyk_fallback_profile: str = Field("cmyk", description="profile for CMYK without one: 'cmyk' is libvips' built-in")
+    cmyk_fallback_profile: str = Field("cmyk", description="profile for CMYK without one: 'cmyk' is libvips' built-in, "
+                                                        "else the path of an .icc file")
     decoders: dict[str, tuple[Literal["vips", "pillow", "tifffile"], ...]] = {
         "TIFF": ("vips", "pillow", "tifffile"),
         "BigTIFF": ("vips", "tifffile"),
@@ -33,6 +35,13 @@ class ImagingPolicy(Settings):
         "JP2": ("vips", "pillow"),
         "J2K": ("vips", "pillow"),
     }
+
+    @field_validator("cmyk_fallback_profile")
+    @classmethod
+    def _profile_exists(cls, value: str) -> str:
+        if value != "cmyk" and not Path(value).is_file():  # libvips would fall back to its own, silently
+            raise ValueError(f"no such file: {value} ('cmyk' is libvips' built-in profile)")
+        return value
 
 
 class IsolationSettings(Settings):

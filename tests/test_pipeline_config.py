@@ -69,6 +69,8 @@ BROKEN = [
     ("missing secret", with_pipeline(source={"kind": "otmm", "base_url": "https://otmm.example.org",
                                               "username": "etl", "password": "${GCIS_TEST_UNSET_PASSWORD}"}),
      "pipelines.museum.source.password: environment variable GCIS_TEST_UNSET_PASSWORD is not set"),
+    ("CMYK profile missing", {"imaging": {"cmyk_fallback_profile": "profiles/fogra.icc"}},
+     "imaging.cmyk_fallback_profile: Value error, no such file: "),
     ("not YAML", "pipelines: [unclosed", "not valid YAML"),
 ]
 
@@ -100,9 +102,13 @@ def test_pipeline_inherits_defaults_and_overrides_single_policy_keys(tmp_path):
 
 def test_relative_paths_are_relative_to_the_config_file(tmp_path, monkeypatch):
     folder = tmp_path / "etc"
-    folder.mkdir()
+    (folder / "profiles").mkdir(parents=True)
+    (folder / "profiles" / "press.icc").write_bytes(b"")
     monkeypatch.chdir(tmp_path)  # a cron job's working directory is not the config's
-    cfg = load_config(write(folder, with_pipeline()))
+    cfg = load_config(write(folder, {"imaging": {"cmyk_fallback_profile": "profiles/press.icc"},
+                                     **with_pipeline(imaging={"cmyk_fallback_profile": "profiles/press.icc"})}))
+    assert cfg.imaging.cmyk_fallback_profile == str(folder / "profiles/press.icc")
+    assert cfg.pipelines["museum"].imaging.cmyk_fallback_profile == str(folder / "profiles/press.icc")
     assert cfg.state_dir == folder / "var/state"
     assert cfg.ledger_path == folder / "var/state/ledger.sqlite"
     assert cfg.pipelines["museum"].store.root == folder / "store"
