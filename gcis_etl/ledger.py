@@ -180,11 +180,14 @@ class Ledger:
                   dry_run: bool = False) -> int:
         """Runs left 'running' by a process that is gone (we hold the pipeline's lock) become 'crashed', with the
         counts of the items they recorded (only a run that finishes writes its own)."""
-        counted = ", ".join(f"{name}=(SELECT count(*) FROM run_items i WHERE i.run_id=runs.run_id "
-                            f"AND i.outcome='{name}')" for name in COUNTED)
+        dead = [row[0] for row in self.db.execute("SELECT run_id FROM runs WHERE pipeline=? AND status='running'",
+                                                  (pipeline,))]
         with self.db:
-            self.db.execute(f"UPDATE runs SET status='crashed', {counted}, note=coalesce(note, ?) "
-                            "WHERE pipeline=? AND status='running'", (_KILLED, pipeline))
+            for run_id in dead:
+                counts = self._recorded_counts(run_id)
+                self.db.execute(f"UPDATE runs SET status='crashed', {', '.join(f'{n}=?' for n in COUNTED)}, "
+                                "note=coalesce(note, ?) WHERE run_id=?",
+                                (*(counts[n] for n in COUNTED), _KILLED, run_id))
             cursor = self.db.execute(
                 "INSERT INTO runs (pipeline, started, status, since, until, options) VALUES (?,?,?,?,?,?)",
                 (pipeline, _ts(now()), "dry-run" if dry_run else "running", _ts(since), _ts(until),
@@ -205,10 +208,10 @@ class Ledger:
 
     def counts_so_far(self, run: RunRecord) -> dict[str, int]:
         """A run's counts; while it is still running, those of the items it has recorded so far."""
-        if run.status != "running":
-            return run.counts
-        rows = self.db.execute("SELECT outcome, count(*) FROM run_items WHERE run_id=? GROUP BY outcome",
-                               (run.run_id,))
+        return run.counts if run.status != "running" else self._recorded_counts(run.run_id)
+
+    def _recorded_counts(self, run_id: int) -> dict[str, int]:
+        rows = self.db.execute("SELECT outcome, count(*) FROM run_items WHERE run_id=? GROUP BY outcome", (run_id,))
         return {name: 0 for name in COUNTED} | {k: v for k, v in rows.fetchall() if k in COUNTED}
 
     def runs(self, pipeline: str | None = None, limit: int = 10) -> list[RunRecord]:

@@ -193,10 +193,10 @@ def verify_jp2_alone(path: str | Path, asked=None) -> VerifyReport:
     the sRGB colour box, and the reduced resolution and regions decoded (not compared). Levels, tiles and
     PLT are the file's own; `asked` (a recipe's Jp2Parameters) adds its layers, progression, block coder
     and wavelet."""
-    path = Path(path)
-    _, _, found = _jp2_structure(path, Jp2Expectation(0, 0, 0, 0, ""))
+    path, unknown = Path(path), Jp2Expectation(0, 0, 0, 0, "")
+    _, _, found = _jp2_structure(path, unknown)
     if not found:  # unreadable: verify_jp2 says why
-        return verify_jp2(path, Jp2Expectation(0, 0, 0, 0, ""))
+        return verify_jp2(path, unknown)
     width, height = found["size"]
     own = Jp2Expectation(width=width or 0, height=height or 0, levels=found["levels"] or 0,
                          layers=found["layers"] or 0, progression=found["progression"] or "", ht=found["ht"],

@@ -120,8 +120,10 @@ def verify(ctx: click.Context, file: str, recipe: str | None, as_json: bool) -> 
     if rec is not None and (rec.jp2 is not None) != jp2:
         raise click.UsageError(f"{file} is {'a JP2' if jp2 else 'not a JP2'}, and recipe {rec.name} makes "
                                f"{'JP2' if rec.jp2 else 'pyramidal TIFF'} files")
-    expect = (rec.jp2 if rec else None) if jp2 else (
-        Expectation(tile=rec.tile, chroma=rec.chroma) if rec else Expectation())
+    if jp2:
+        expect = rec.jp2 if rec else None
+    else:
+        expect = Expectation(tile=rec.tile, chroma=rec.chroma) if rec else Expectation()
     with IsolatedProcess(_config(ctx).isolation) as worker:
         report = worker.call(verify_in_child, file, expect)
     if as_json:
