@@ -33,7 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.masters import OUT, build_srgb, megapixels  # noqa: E402
+from bench.masters import OUT, build_srgb, dimensions, megapixels  # noqa: E402
 from bench.measure import Run, conversion_process, report, timed  # noqa: E402
 
 RECIPES = ("jp2-openjpeg-lossy", "jp2-openjpeg-lossless", "jp2-grok-lossy", "jp2-grok-htj2k")
@@ -56,13 +56,14 @@ class Comparison:
 
 
 def compared(name: str, recipe: str, memory_limit_mb: int | None, threads: int, repeat: int) -> Comparison:
-    """The bare encoder, then our path, on the same sRGB TIFF, `repeat` times."""
+    """The bare encoder, then our path, on the same sRGB TIFF, `repeat` times. The bare encoder gets the
+    parameters our path fits to the image (levels, tiles, rates: see gcis_etl.jp2.fit_to_image)."""
     from gcis_etl.jp2 import build_command
     from gcis_etl.recipes import load_recipe
     source = build_srgb(name)
     mp = megapixels(source)
     bare_out, ours_out = OUT / f"bare-{recipe}-{name}.jp2", OUT / f"ours-{recipe}-{name}.jp2"
-    argv = list(build_command(load_recipe(recipe), source, bare_out).argv)
+    argv = list(build_command(load_recipe(recipe), source, bare_out, size=dimensions(source)).argv)
     rounds = []
     with conversion_process(recipe, ours_out, memory_limit_mb, threads) as ours:
         for _ in range(repeat):

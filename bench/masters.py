@@ -56,7 +56,12 @@ def build_srgb(name: str) -> Path:
     return path
 
 
-def megapixels(path: Path) -> float:
+def dimensions(path: Path) -> tuple[int, int]:
     import tifffile
     with tifffile.TiffFile(path) as tf:
-        return tf.pages[0].imagewidth * tf.pages[0].imagelength / 1e6
+        return tf.pages[0].imagewidth, tf.pages[0].imagelength
+
+
+def megapixels(path: Path) -> float:
+    width, height = dimensions(path)
+    return width * height / 1e6

@@ -259,7 +259,7 @@ def _encode_jp2(image, out: Path, recipe: Recipe, metadata: Callable[[], Jp2Meta
         width=image.width, height=image.height, levels=plan.command.levels, layers=jp2.layers,
         progression=jp2.progression, ht=jp2.ht, plt=plan.command.plt,
         min_psnr=LOSSLESS if jp2.lossless else 30.0, reference=plan.reference,
-        coding=Jp2Coding(reversible=jp2.reversible, tile=jp2.tiles or (image.width, image.height)))
+        coding=Jp2Coding(reversible=jp2.reversible, tile=plan.command.tiles or (image.width, image.height)))
     reduced = isolation.beside(reduced_reference, expect)
     try:
         size = encode_jp2(plan, out, metadata)

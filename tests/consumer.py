@@ -48,17 +48,21 @@ PIPELINE, JP2_PIPELINE = (p.name for p in PIPELINES)
 
 def catalogue() -> RosettaCatalogue:
     """Several tiles per level, a size above 1024 px, grey and wide-gamut inputs (in the first pipeline's set),
-    and the validator's test image in every set, so that it is deposited as PTIFF and as JP2. Each file's label
-    is the name the tests give it; the validator's image keeps as its file PID the identifier the validator's own
+    a JP2 whose tiles are not the recipe's (in the second), and the validator's test image in every set, so that
+    it is deposited as PTIFF and as JP2. Each file's label is the name the tests give it; the validator's image keeps as its file PID the identifier the validator's own
     server gives it. Gray's PID sorts before kodim02's: the prune test relies on that sync order."""
     validator = RosettaFile(VALIDATOR_ID, GeneratedFile(str(VALIDATOR_IMAGE)), "validator")
     corpus = [RosettaFile(f"FL20{n}", CorpusFile(path), name) for n, (name, path) in enumerate(
         (("gray", "gray8/gray.tif"), ("kodim02", "rgb8-tiff-lzw/kodim02-lzw.tif"),
          ("prophoto", "icc-prophoto/test_icc_prophoto.jpg")), start=2)]
+    # lossy JP2 recipes grow its tiles to 594x522 (jp2.fit_to_image): iipsrv reads tiles of any size
+    thin_edges = RosettaFile("FL300", CorpusFile("jpeg-baseline/jpg-rgb-594x522x8-baseline.jpg"), "thin-edges")
     return RosettaCatalogue([
         ie(100, "2026-01-01 10:00:00", validator, title="IIIF Image API validator test image",
            sets={p.oai_set for p in PIPELINES}),
-        ie(200, "2026-01-01 10:00:00", *corpus, title="Corpus masters", sets={PIPELINES[0].oai_set})])
+        ie(200, "2026-01-01 10:00:00", *corpus, title="Corpus masters", sets={PIPELINES[0].oai_set}),
+        ie(300, "2026-01-01 10:00:00", thin_edges, title="Edges thinner than half a 512 tile",
+           sets={PIPELINES[1].oai_set})])
 
 
 @dataclass(frozen=True)

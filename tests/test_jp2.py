@@ -15,8 +15,8 @@ from PIL import Image
 from gcis_etl.conversion import convert
 from gcis_etl.errors import ConfigError, ConversionFailed
 from gcis_etl.isolation import IsolatedProcess
-from gcis_etl.jp2 import (GROK_PLT_WITH_RATES, build_command, kdu_compress_path, metadata_carrier, run_encoder,
-                          small_image_fit)
+from gcis_etl.jp2 import (GROK_PLT_WITH_RATES, build_command, fit_to_image, kdu_compress_path, metadata_carrier,
+                          run_encoder)
 from gcis_etl.metadata import exiftool_json, exiftool_run, selection, write_carrier
 from gcis_etl.models import Status
 from gcis_etl.policy import IsolationSettings
@@ -358,15 +358,22 @@ def test_a_reduction_computed_ahead_is_the_one_compared(kodim_jp2s):
     assert [e for e in report.errors if e.startswith("luma PSNR of reduction 1")], report.errors
 
 
-def test_the_reduced_reference_reproduces_a_lossless_decode(kodim_jp2s, tmp_path):
-    """The float model of the 5-3 transform against opj_decompress -r 2 of a lossless JP2: rounding only."""
+@pytest.mark.parametrize("tiles, r", [((512, 512), 2), ((259, 173), 3)])
+def test_the_reduced_reference_reproduces_a_lossless_decode(kodim_jp2s, tiles, r, tmp_path):
+    """The float model of the 5-3 transform against opj_decompress -r of a lossless JP2: rounding only, also
+    with tiles that start at odd coordinates of some resolutions (259 and 173 are odd, 518 and 346 are not)."""
     from gcis_etl.verification import wavelet_reduced
     reference, made = kodim_jp2s
-    subprocess.run(["opj_decompress", "-quiet", "-i", str(made["jp2-openjpeg-lossless"]), "-o",
-                    str(tmp_path / "r2.ppm"), "-r", "2"], check=True, capture_output=True)
-    decoded = np.asarray(Image.open(tmp_path / "r2.ppm").convert("RGB"))
-    model = wavelet_reduced(np.asarray(Image.open(reference)), 2, Jp2Coding(reversible=True, tile=(512, 512)))
-    assert decoded.shape == model.shape == (128, 192, 3)
+    jp2 = made["jp2-openjpeg-lossless"]
+    if tiles != (512, 512):
+        jp2 = tmp_path / "odd-tiles.jp2"
+        run_encoder(("opj_compress", "-i", str(reference), "-o", str(jp2), "-n", "7", "-t", f"{tiles[0]},{tiles[1]}"),
+                    timeout=60)
+    subprocess.run(["opj_decompress", "-quiet", "-i", str(jp2), "-o", str(tmp_path / "reduced.ppm"), "-r", str(r)],
+                   check=True, capture_output=True)
+    decoded = np.asarray(Image.open(tmp_path / "reduced.ppm").convert("RGB"))
+    model = wavelet_reduced(np.asarray(Image.open(reference)), r, Jp2Coding(reversible=True, tile=tiles))
+    assert decoded.shape == model.shape == (-(-512 // 2 ** r), 768 // 2 ** r, 3)
     assert psnr(luma(decoded), luma(model)) >= 40
 
 
@@ -376,12 +383,56 @@ SMALL = ["png/png-rgb-64x56x8.png", "metadata-rich/Canon.jpg"]  # 64x56 and 8x8
 
 def test_small_images_get_fewer_levels_and_layer_budgets_above_the_markers():
     recipe = load_recipe("jp2-grok-lossy")
-    levels, ratios, notes = small_image_fit(recipe, (64, 56))
-    assert levels == 5 and ratios[-1] == 1.0 and ratios == sorted(ratios, reverse=True) and len(ratios) == 6
-    assert ratios[0] < 8 and len(notes) == 2
-    assert small_image_fit(recipe, (8, 8))[:2] == (3, [1.0] * 6)
-    big = build_command(recipe, IN, OUT, size=(8433, 4743))
-    assert list(big.argv) == EXPECTED["jp2-grok-lossy"] and big.levels == 6  # the bench master: the recipe's
+    fit = fit_to_image(recipe, (64, 56))
+    assert fit.levels == 5 and fit.ratios[-1] == 1.0 and list(fit.ratios) == sorted(fit.ratios, reverse=True)
+    assert len(fit.ratios) == 6 and fit.ratios[0] < 8 and len(fit.notes) == 2 and fit.tiles == (512, 512)
+    assert fit_to_image(recipe, (8, 8)).ratios == (1.0,) * 6 and fit_to_image(recipe, (8, 8)).levels == 3
+    big = build_command(recipe, IN, OUT, size=(4000, 3000))
+    assert list(big.argv) == EXPECTED["jp2-grok-lossy"] and big.levels == 6  # edges of 416 and 440: the recipe's
+
+
+@pytest.mark.parametrize("size, tiles", [
+    ((594, 522), (594, 522)),      # edges of 82 and 10: one tile
+    ((1030, 1030), (515, 515)),    # edges of 6: two tiles a side, three pixels larger
+    ((8433, 4743), (528, 527)),    # the bench master: edges of 241 and 135
+    ((1300, 770), (512, 512)),     # edges of 276 and 258, at least half a tile: kept
+    ((300, 200), (512, 512)),      # under one tile
+])
+def test_lossy_recipes_grow_tiles_rather_than_leave_a_thin_edge_tile(size, tiles):
+    for name in ("jp2-openjpeg-lossy", "jp2-grok-lossy"):
+        command = build_command(load_recipe(name), IN, OUT, size=size)
+        assert command.argv[command.argv.index("-t") + 1] == f"{tiles[0]},{tiles[1]}" and command.tiles == tiles
+        assert any("tiles instead of 512x512" in w for w in command.warnings) == (tiles != (512, 512))
+    for name in ("jp2-openjpeg-lossless", "jp2-grok-htj2k"):  # no rates shared out by tile: the recipe's tiles
+        assert build_command(load_recipe(name), IN, OUT, size=size).tiles == (512, 512)
+
+
+def _detailed_master(folder: Path, width: int, height: int) -> Path:
+    """A photograph's detail (the corpus's 594x522, repeated) over the whole of a master of the given size."""
+    photo = pyvips.Image.new_from_file(str(CORPUS / THIN_EDGES))
+    path = folder / f"detailed-{width}x{height}.tif"
+    photo.replicate(-(-width // photo.width), -(-height // photo.height)).crop(0, 0, width, height).tiffsave(str(path))
+    return path
+
+
+THIN_EDGES = "jpeg-baseline/jpg-rgb-594x522x8-baseline.jpg"  # 512 tiles leave edges of 82 and 10 pixels
+
+
+@pytest.mark.parametrize("name", ["jp2-openjpeg-lossy", "jp2-grok-lossy"])
+@pytest.mark.parametrize("size", [None, (1030, 1030)])
+def test_thin_edge_tiles_no_longer_lose_their_pixels(name, size, worker, tmp_path):
+    """With 512 tiles, opj_compress left the 10-row bottom edge of the 594x522 photograph flat (17.9 dB, failed
+    verification) and grk_compress gave up; 1030x1030 is fitted with 515 tiles, which start at odd coordinates
+    of the reduced resolution that verification models."""
+    master = CORPUS / THIN_EDGES if size is None else _detailed_master(tmp_path, *size)
+    result = convert(master, tmp_path / "out.jp2", name, worker=worker)
+    assert result.status is Status.CONVERTED, result.reason
+    assert any("tiles instead of 512x512" in w for w in result.warnings), result.warnings
+    source = pyvips.Image.new_from_file(str(master))
+    expected = np.ndarray(buffer=source.write_to_memory(), dtype=np.uint8, shape=(source.height, source.width, 3))
+    decoded = _jp2_pixels(tmp_path / "out.jp2")
+    edge = source.height // 512 * 512
+    assert psnr(luma(expected[edge:]), luma(decoded[edge:])) >= 35  # the rows a thin edge tile held
 
 
 @pytest.mark.parametrize("name", ["jp2-grok-lossy", "jp2-openjpeg-lossy"])
