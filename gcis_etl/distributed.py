@@ -19,6 +19,7 @@ TASK_NAME = "gcis_etl.process_item"
 QUEUE_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$"
 _BROKER_SCHEMES = ("redis", "rediss", "sentinel", "amqp", "amqps", "pyamqp")
 _RESULT_SCHEMES = ("redis", "rediss", "sentinel")
+OUTAGE_RETRY_CEILING_SECONDS = 10  # the longest wait between two retries of an unreachable broker or backend
 
 
 def redacted(url: str) -> str:
@@ -91,6 +92,9 @@ class CelerySettings(Settings):
         60, gt=0, description="Redis: how often workers look for tasks of vanished workers")
     poll_seconds: float = Field(0.25, gt=0, description="how often the orchestrator checks outcomes")
     max_resends: int = Field(5, ge=0, description="times a task the broker lost is sent again before it fails")
+    outage_retries: int = Field(
+        40, ge=0, le=1000, description="the orchestrator's retries of an unreachable broker or result backend "
+                                       "(backoff doubling to 10 s: 40 is about 5 minutes) before the run stops")
 
     @field_validator("broker_url")
     @classmethod
@@ -171,7 +175,7 @@ class CelerySettings(Settings):
             "worker_max_memory_per_child": self.worker_max_memory_per_child_mb * 1024,  # KiB
             "result_expires": int(self.result_expires_hours * 3600),
             "result_backend_always_retry": True,
-            "result_backend_max_retries": 40,  # about 5 minutes of outage at the 10 s ceiling
-            "result_backend_max_sleep_between_retries_ms": 10_000,
+            "result_backend_max_retries": self.outage_retries,
+            "result_backend_max_sleep_between_retries_ms": OUTAGE_RETRY_CEILING_SECONDS * 1000,
         }
 

@@ -20,6 +20,9 @@ from gcis_etl.work import ItemResult, ItemTask, Worker
 
 
 class Executor(Protocol):
+    def check(self) -> None:
+        """Raise GcisError when no task could run (e.g. the broker is unreachable): called before any item."""
+
     def submit(self, task: ItemTask) -> list[ItemResult]:
         """Start `task` as soon as a slot is free; return the results that finished meanwhile."""
 
@@ -42,6 +45,9 @@ class LocalExecutor:
                          for n in range(concurrency)]
         for thread in self._threads:
             thread.start()
+
+    def check(self) -> None:
+        """Its processes are its own: nothing to reach."""
 
     def submit(self, task: ItemTask) -> list[ItemResult]:
         self._slots.acquire()

@@ -195,6 +195,7 @@ class Harvest:
 
     def execute(self, executor: Executor, since: datetime | None, until: datetime) -> None:
         self.check_store()
+        executor.check()
         for obj in self.objects(since):
             if self.should_stop():
                 break

@@ -30,12 +30,13 @@ import signal
 import socket
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Iterator
 
 from gcis_etl.config import Config, load_config
-from gcis_etl.distributed import TASK_NAME, CelerySettings, redacted
+from gcis_etl.distributed import OUTAGE_RETRY_CEILING_SECONDS, TASK_NAME, CelerySettings, redacted
 from gcis_etl.errors import ConfigError, GcisError
 from gcis_etl.pipelines import Pipeline
 from gcis_etl.recipes import RecipeCache
@@ -44,6 +45,7 @@ from gcis_etl.work import ItemResult, ItemTask, Outcome, Worker
 log = logging.getLogger(__name__)
 
 SENT = "SENT"  # our own state: written before a task is published, so that its disappearance shows a loss
+_CHECK_RETRIES = 2  # the broker's connection before a run: a restart of a few seconds is ridden out
 
 
 def celery_app(settings: CelerySettings):
@@ -52,6 +54,9 @@ def celery_app(settings: CelerySettings):
     from kombu import Exchange, Queue
 
     app = Celery("gcis_etl", set_as_current=False)
+    retries = logging.getLogger("celery.backends.base")
+    if not any(isinstance(f, _OneLineRetries) for f in retries.filters):
+        retries.addFilter(_OneLineRetries())
     app.conf.update(settings.celery_conf())
     app.conf.task_queues = [Queue(name, Exchange(name), routing_key=name)
                             for name in (settings.default_queue, *settings.queues)]
@@ -62,6 +67,18 @@ def celery_app(settings: CelerySettings):
         return _run(self, settings, ItemTask.from_dict(payload)).to_dict()
 
     return app
+
+
+class _OneLineRetries(logging.Filter):
+    """Celery logs each retry of an unreachable result backend with a full traceback (about 50 lines, 40 times in
+    an outage): a line each, with the reason, says the same."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and record.exc_info[1] is not None:
+            error = record.exc_info[1]
+            record.msg, record.args = f"{record.getMessage()} ({type(error).__name__}: {error})", ()
+            record.exc_info, record.exc_text = None, None
+        return True
 
 
 def _run(celery_task, settings: CelerySettings, task: ItemTask) -> ItemResult:
@@ -231,8 +248,21 @@ class CeleryExecutor:
         self._handed: list[str] = []
         self._recipes = RecipeCache(p.recipe for p in pipelines.values())
         self._last_poll = 0.0
+        self._unreachable = False
+
+    def check(self) -> None:
+        """The broker and the result backend answer (within a few tries): otherwise the run stops before its
+        first item rather than after outage_retries on it."""
+        with self._reachable("no task was sent"):
+            with self.app.connection_for_write() as connection:
+                connection.ensure_connection(max_retries=_CHECK_RETRIES)
+            self.app.backend.client.ping()
 
     def submit(self, task: ItemTask) -> list[ItemResult]:
+        with self._reachable("tasks already sent keep running on the workers"):
+            return self._submit(task)
+
+    def _submit(self, task: ItemTask) -> list[ItemResult]:
         self._forget_handed()
         done: list[tuple[str, ItemResult]] = []
         while len(self._flights) >= self.window:
@@ -254,18 +284,22 @@ class CeleryExecutor:
         return [result for _, result in done]
 
     def drain(self) -> Iterator[ItemResult]:
-        self._forget_handed()
-        while self._flights:
-            finished = self._poll()
-            for task_id, result in finished:
-                self._handed.append(task_id)
-                yield result
-                self._forget_handed()
-            if not finished:
-                time.sleep(self.settings.poll_seconds)
+        if self._unreachable:  # nothing more can be learnt: the outcomes stay where the workers record them
+            return
+        with self._reachable("tasks already sent keep running on the workers"):
+            self._forget_handed()
+            while self._flights:
+                finished = self._poll()
+                for task_id, result in finished:
+                    self._handed.append(task_id)
+                    yield result
+                    self._forget_handed()
+                if not finished:
+                    time.sleep(self.settings.poll_seconds)
 
     def close(self) -> None:
-        self._forget_handed()
+        if not self._unreachable:
+            self._forget_handed()
         if self._flights:
             log.warning("%d tasks still in flight: their outcomes stay in the result backend for %g hours",
                         len(self._flights), self.settings.result_expires_hours)
@@ -283,8 +317,9 @@ class CeleryExecutor:
             soft_time_limit=limits.soft_seconds, create_sent_event=app.conf.task_send_sent_event)
         with app.producer_or_acquire() as producer:
             app.amqp.send_task_message(producer, TASK_NAME, message, queue=self.settings.queue_for(recipe),
-                                       retry=True, retry_policy={"max_retries": 60, "interval_start": 0,
-                                                                 "interval_step": 1, "interval_max": 5})
+                                       retry=True, retry_policy={
+                                           "max_retries": self.settings.outage_retries, "interval_start": 0,
+                                           "interval_step": 1, "interval_max": OUTAGE_RETRY_CEILING_SECONDS})
         flight.progress, flight.since, flight.sends = (SENT, "None"), time.monotonic(), flight.sends + 1
         self._flights[task_id] = flight
 
@@ -330,6 +365,23 @@ class CeleryExecutor:
         if name == "WorkerLostError":
             return _failed(task, f"the worker process died during every try ({error})")
         return _failed(task, f"task {meta['status'].lower()}: {name}: {error}")
+
+    @contextmanager
+    def _reachable(self, meanwhile: str) -> Iterator[None]:
+        """The broker's or the result backend's connection errors, once their retries are spent, as the
+        GcisError that stops the run (one line, no traceback)."""
+        from celery.exceptions import BackendError
+        from kombu.exceptions import OperationalError
+        from redis.exceptions import ConnectionError as RedisConnectionError
+        from redis.exceptions import TimeoutError as RedisTimeoutError
+        try:
+            yield
+        except (BackendError, OperationalError, RedisConnectionError, RedisTimeoutError) as exc:
+            self._unreachable = True
+            cause = exc.__cause__ or exc  # BackendGetMetaError says only "failed to get meta"
+            urls = dict.fromkeys((redacted(self.settings.broker_url), redacted(self.settings.results_url)))
+            raise GcisError(f"the Celery broker or result backend ({', '.join(urls)}) cannot be reached "
+                            f"({type(cause).__name__}: {cause}); {meanwhile}") from None
 
     def _forget_handed(self) -> None:
         """Outcomes the caller has had (it came back for more): a later submission of the same work runs it."""

@@ -4,6 +4,8 @@ exactly once, with nothing half-written in the store."""
 from __future__ import annotations
 
 import hashlib
+import os
+import subprocess
 import threading
 import time
 from dataclasses import replace
@@ -11,13 +13,16 @@ from pathlib import Path
 
 import psutil
 import pytest
+import redis as redis_client
 
 from gcis_etl.config import load_config
+from gcis_etl.ledger import Ledger
 from gcis_etl.verification import verify
 from gcis_etl.work import Outcome
 from gcis_etl.worker import CeleryExecutor, celery_app, celery_task_id
 from tests.broker import (Pool, RedisServer, assert_no_stray_conversion_children, expected_outcome, make_masters,
-                          run_all, slow_master, tasks_of)
+                          minio_env, pool_config, run_all, s3_store, slow_master, tasks_of)
+from tests.harvests import GCIS
 from tests.servers import free_port
 
 
@@ -184,3 +189,68 @@ def test_transient_failures_are_retried_with_backoff_and_nothing_else_is(pool, m
     assert received([worker], celery_task_id(second)) == 3  # the first try and two retries
     assert [r.outcome for r in recovered] == [Outcome.DEPOSITED] and received([worker], third_id) >= 2
     assert "retry 1 of 2 in 1 s" in worker.log_text()
+
+
+def _harvest(config: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run([GCIS, "--config", str(config), "harvest", "demo"], capture_output=True, text=True,
+                          env={**os.environ, **env}, timeout=300)
+
+
+def _last_run(config: Path):
+    settings = load_config(config)
+    with Ledger.open(settings) as ledger:
+        return ledger.runs("demo", limit=1)[0], ledger.items("demo")
+
+
+def test_a_harvest_whose_broker_cannot_be_reached_stops_before_its_first_item_in_one_line(tmp_path, minio, aws_env):
+    """It used to spend the result backend's retries (about 3 minutes) on the first item and end in ~2000 lines
+    of tracebacks, without the summary line."""
+    masters = make_masters(tmp_path / "masters", objects=1, per_object=2)
+    unreachable = f"redis://127.0.0.1:{free_port()}/0"
+    config = pool_config(tmp_path / "down.yaml", masters=masters, broker_url=unreachable,
+                         store=s3_store(minio, "unused"), pipeline={"executor": "celery"})
+    proc = _harvest(config, minio_env(minio, tmp_path))
+
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        f"demo: run stopped: the Celery broker or result backend ({unreachable}) cannot be reached "
+        f"(ConnectionError: Error 111 connecting to {unreachable[8:-2]}. Connection refused.); no task was sent "
+        f"(everything settled so far is recorded; run again)"]
+    run, items = _last_run(config)
+    assert run.status == "crashed" and items == []
+
+
+def test_a_broker_lost_mid_run_stops_the_run_with_one_line_per_retry_and_no_traceback(tmp_path, minio, aws_env):
+    """No worker takes the tasks, so the harvest is still waiting for outcomes when Redis goes; it retries as
+    many times as outage_retries says, a line each, then stops the run and records it."""
+    redis = RedisServer(tmp_path / "redis", free_port())
+    (tmp_path / "redis").mkdir()
+    redis.start()
+    masters = make_masters(tmp_path / "masters", objects=2, per_object=3)
+    minio.client().create_bucket(Bucket="outage")
+    config = pool_config(tmp_path / "outage.yaml", masters=masters, broker_url=redis.url(),
+                         store=s3_store(minio, "outage"), celery={"outage_retries": 2},
+                         pipeline={"executor": "celery", "concurrency": 2})
+    harvest = subprocess.Popen([GCIS, "--config", str(config), "harvest", "demo"], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, env={**os.environ, **minio_env(minio, tmp_path)})
+    try:
+        client = redis_client.Redis.from_url(redis.url())
+        deadline = time.monotonic() + 60
+        while client.llen("gcis") < 2 and time.monotonic() < deadline:  # the window is full: it polls
+            time.sleep(0.05)
+        assert client.llen("gcis") == 2
+        redis.stop()
+        out, err = harvest.communicate(timeout=300)
+    finally:
+        harvest.kill()
+        redis.stop()
+
+    assert harvest.returncode == 1, err
+    assert "Traceback" not in err
+    retries = [line for line in err.splitlines() if "Retrying" in line]
+    assert len(retries) == 2 and all("(ConnectionError: " in line for line in retries), err
+    assert err.strip().splitlines()[-1].startswith(
+        f"demo: run stopped: the Celery broker or result backend ({redis.url()}) cannot be reached (")
+    assert "; tasks already sent keep running on the workers (everything settled so far" in err
+    run, _ = _last_run(config)
+    assert run.status == "crashed" and "cannot be reached" in run.note
