@@ -49,8 +49,9 @@ PIPELINE, JP2_PIPELINE = (p.name for p in PIPELINES)
 def catalogue() -> RosettaCatalogue:
     """Several tiles per level, a size above 1024 px, grey and wide-gamut inputs (in the first pipeline's set),
     a JP2 whose tiles are not the recipe's (in the second), and the validator's test image in every set, so that
-    it is deposited as PTIFF and as JP2. Each file's label is the name the tests give it; the validator's image keeps as its file PID the identifier the validator's own
-    server gives it. Gray's PID sorts before kodim02's: the prune test relies on that sync order."""
+    it is deposited as PTIFF and as JP2. Each file's label is the name the tests give it; the validator's image
+    keeps as its file PID the identifier the validator's own server gives it. Gray's PID sorts before kodim02's:
+    the prune test relies on that sync order."""
     validator = RosettaFile(VALIDATOR_ID, GeneratedFile(str(VALIDATOR_IMAGE)), "validator")
     corpus = [RosettaFile(f"FL20{n}", CorpusFile(path), name) for n, (name, path) in enumerate(
         (("gray", "gray8/gray.tif"), ("kodim02", "rgb8-tiff-lzw/kodim02-lzw.tif"),
