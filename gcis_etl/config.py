@@ -18,6 +18,7 @@ from gcis_etl.distributed import CelerySettings
 from gcis_etl.errors import ConfigError
 from gcis_etl.pipelines import Pipeline, PipelineSettings, RunSettings, pipeline_settings
 from gcis_etl.policy import ImagingPolicy, IsolationSettings
+from gcis_etl.recipes import recipe_names
 from gcis_etl.settings import Settings, interpolate_env, parse, read_yaml
 
 
@@ -85,7 +86,24 @@ def load_config(path: str | Path | None = None) -> Config:
     parsed = {name: pipeline_settings(str(name), settings, inherited["defaults"], inherited["imaging"],
                                       inherited["isolation"], source)
               for name, settings in pipelines.items()}
-    return top.model_copy(update={"pipelines": parsed, "source_file": source})
+    config = top.model_copy(update={"pipelines": parsed, "source_file": source})
+    _check_names(config)
+    return config
+
+
+def _check_names(config: Config) -> None:
+    """Names one section gives another's things: a misspelt one would match nothing, silently."""
+    recipes = sorted({*recipe_names(), *(Path(p.recipe).stem for p in config.pipelines.values())})
+    named = [("celery.time_limits", [name for name in config.celery.time_limits if name != "default"],
+              "recipe", recipes),
+             *((f"celery.queues.{queue}.recipes", route.recipes, "recipe", recipes)
+               for queue, route in config.celery.queues.items()),
+             ("cache.pipelines", config.cache.pipelines or (), "pipeline", sorted(config.pipelines))]
+    for key, names, kind, known in named:
+        for name in names:
+            if name not in known:
+                raise ConfigError(f"{config.source_file}: {key}: no {kind} {name!r} "
+                                  f"({kind}s: {', '.join(known) or 'none'})")
 
 
 def _anchored(data: dict, base: Path) -> dict:

@@ -25,6 +25,8 @@ _SIGNATURES: tuple[tuple[bytes, int, str], ...] = (
     (b"8BPS", 0, "PSD"),
 )
 
+FORMAT_NAMES = tuple(dict.fromkeys(name for _, _, name in _SIGNATURES))  # what sniff() can say of content
+
 # What each content format is usually called, to notice a misleading file name.
 _EXTENSIONS = {
     "TIFF": {".tif", ".tiff"},

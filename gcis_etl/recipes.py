@@ -165,6 +165,11 @@ def recipe_dirs() -> list[Path]:
     return dirs + [Path.cwd() / "recipes", _REPO_RECIPES]
 
 
+def recipe_names() -> list[str]:
+    """The recipes that can be named (a recipe's name is its file's)."""
+    return sorted({p.stem for d in recipe_dirs() if d.is_dir() for p in d.glob("*.yaml")})
+
+
 def load_recipe(name_or_path: str | Path = DEFAULT_RECIPE) -> Recipe:
     """A recipe by name (searched in recipe_dirs()) or by path to a YAML file."""
     path = Path(name_or_path)
@@ -172,8 +177,7 @@ def load_recipe(name_or_path: str | Path = DEFAULT_RECIPE) -> Recipe:
         candidates = [d / f"{name_or_path}.yaml" for d in recipe_dirs()]
         path = next((c for c in candidates if c.is_file()), None)
         if path is None:
-            known = sorted({p.stem for d in recipe_dirs() if d.is_dir() for p in d.glob("*.yaml")})
-            raise ConfigError(f"recipe {name_or_path!r} not found (known: {', '.join(known) or 'none'})")
+            raise ConfigError(f"recipe {name_or_path!r} not found (known: {', '.join(recipe_names()) or 'none'})")
     data = read_yaml(path)
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping of recipe parameters")

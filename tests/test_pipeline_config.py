@@ -72,6 +72,20 @@ BROKEN = [
     ("CMYK profile missing", {"imaging": {"cmyk_fallback_profile": "profiles/fogra.icc"}},
      "imaging.cmyk_fallback_profile: Value error, no such file: "),
     ("not YAML", "pipelines: [unclosed", "not valid YAML"),
+    # names that would match nothing, silently: every TIFF rejected, a decoder order or a limit never used
+    ("format in lower case", {"imaging": {"accepted_formats": ["tiff", "JPEG"]}},
+     "imaging.accepted_formats: Value error, unknown format 'tiff': formats are named as they are recognised "
+     "from content (TIFF, BigTIFF, JPEG, PNG, JP2, J2K, "),
+    ("decoders of a misspelt format", with_pipeline(imaging={"decoders": {"TIF": ["tifffile"]}}),
+     "pipelines.museum.imaging.decoders: Value error, unknown format 'TIF'"),
+    ("time limit of a misspelt recipe", {"celery": {"time_limits": {
+        "default": {"soft_seconds": 10, "hard_seconds": 20}, "jp2-openjpeg-lossey": {"soft_seconds": 10,
+                                                                                    "hard_seconds": 20}}}},
+     "celery.time_limits: no recipe 'jp2-openjpeg-lossey' (recipes: jp2-grok-htj2k, "),
+    ("queue of a misspelt recipe", {"celery": {"queues": {"slow": {"recipes": ["ptiff-tiffile-q90"]}}}},
+     "celery.queues.slow.recipes: no recipe 'ptiff-tiffile-q90' (recipes: "),
+    ("cache of a misspelt pipeline", {"cache": {"pipelines": ["musuem"]}, **with_pipeline()},
+     "cache.pipelines: no pipeline 'musuem' (pipelines: museum)"),
 ]
 
 
@@ -160,3 +174,15 @@ def test_a_value_from_the_environment_is_never_shown_in_an_error(tmp_path, monke
     message = str(caught.value)
     assert f"{key}: " in message and "(got a value from the environment, not shown)" in message
     assert "hunter2" not in message
+
+
+def test_a_recipe_given_by_path_can_be_named_in_the_celery_section(tmp_path):
+    recipe = tmp_path / "house-ptiff.yaml"
+    recipe.write_text((ROOT / "recipes" / "ptiff-jpeg-q90.yaml").read_text().replace(
+        "name: ptiff-jpeg-q90", "name: house-ptiff"))
+    data = {**with_pipeline(recipe=str(recipe)),
+            "celery": {"time_limits": {"default": {}, "house-ptiff": {"soft_seconds": 10, "hard_seconds": 20}},
+                       "queues": {"house": {"recipes": ["house-ptiff"]}}}}
+    config = load_config(write(tmp_path, data))
+    assert config.celery.queue_for(config.pipeline("museum").recipe) == "house"
+    assert config.celery.limits_for(config.pipeline("museum").recipe).hard_seconds == 20
