@@ -19,11 +19,12 @@ from typing import TYPE_CHECKING, Callable
 from gcis_etl import isolation
 from gcis_etl.durable import fsync_path, sha256_file
 from gcis_etl.errors import ConversionFailed, RejectedMaster, VerificationFailed
+from gcis_etl.formats import names_of
 from gcis_etl.inspection import inspect
 from gcis_etl.isolation import IsolatedProcess, WorkerCrashed
 from gcis_etl.models import ConversionResult, ImageInfo, Status, Verdict, VerifyReport
 from gcis_etl.policy import ImagingPolicy, IsolationSettings
-from gcis_etl.recipes import PTIFF_ENCODERS, Recipe, load_recipe
+from gcis_etl.recipes import JP2_ENCODERS, PTIFF_ENCODERS, Recipe, load_recipe
 
 if TYPE_CHECKING:
     from gcis_etl.jp2 import Jp2Metadata
@@ -71,6 +72,9 @@ def convert(src: str | Path, dst: str | Path, recipe: Recipe | str | None = None
     if info.verdict is Verdict.REJECT:
         return ConversionResult(Status.REJECTED, reason="; ".join(info.reasons),
                                 seconds=time.monotonic() - started, **base)
+    unservable = output_name_problem(dst)
+    if unservable:
+        return ConversionResult(Status.FAILED, reason=unservable, seconds=time.monotonic() - started, **base)
     if dst.exists() and os.path.samefile(src, dst):
         return ConversionResult(Status.FAILED, reason=f"{dst} is the master itself: the output would replace it",
                                 seconds=time.monotonic() - started, **base)
@@ -95,11 +99,28 @@ def convert(src: str | Path, dst: str | Path, recipe: Recipe | str | None = None
             tmp.unlink()
         if own_worker:
             worker.close()
-    base["warnings"] = info.warnings + notes + outcome.notes
+    base["warnings"] = info.warnings + notes + outcome.notes + _misnamed(dst, recipe)
     return ConversionResult(Status.CONVERTED, output=str(dst), width=outcome.width, height=outcome.height,
                             levels=outcome.levels, bytes=outcome.bytes, sha256=outcome.sha256,
                             decoder=outcome.decoder, peak_rss_mb=outcome.peak_rss_mb,
                             seconds=time.monotonic() - started, **base)
+
+
+def output_name_problem(dst: str | Path) -> str | None:
+    """Why iipsrv could not serve an access master under this name, known before any work: iipsrv 1.1 reads
+    '_pyr_' in a file name as a 3-D sequence marker."""
+    name = Path(dst).name
+    return f"{name}: iipsrv 1.1 reads '_pyr_' in a file name as a 3-D sequence marker" \
+        if "_pyr_" in name.lower() else None
+
+
+def _misnamed(dst: Path, recipe: Recipe) -> tuple[str, ...]:
+    """iipsrv goes by content, but people and tools go by the name: a warning when it says another format."""
+    fmt = "JP2" if recipe.encoder in JP2_ENCODERS else "TIFF"
+    if dst.suffix.lower() in names_of(fmt) | {recipe.extension}:
+        return ()
+    return (f"{dst.name}: recipe {recipe.name} writes {fmt}, which is usually named "
+            f"{' or '.join(sorted(names_of(fmt) | {recipe.extension}))}",)
 
 
 def check_decoding(src: str | Path, policy: ImagingPolicy | None = None,

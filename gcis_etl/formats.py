@@ -50,10 +50,15 @@ def sniff(path: str | Path) -> str:
     return "unknown"
 
 
+def names_of(fmt: str) -> set[str]:
+    """The extensions a file of this content format is usually given (what iipsrv goes by)."""
+    return _EXTENSIONS.get(fmt, set())
+
+
 def extension_mismatch(path: str | Path, fmt: str) -> str | None:
     """A warning when the file name's extension names another format than the content has."""
     ext = Path(path).suffix.lower()
-    expected = _EXTENSIONS.get(fmt)
-    if not ext or expected is None or ext in expected:
+    expected = names_of(fmt)
+    if not ext or not expected or ext in expected:
         return None
     return f"extension {ext} does not match the content ({fmt}); processed as {fmt}"

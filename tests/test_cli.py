@@ -62,6 +62,29 @@ def test_convert_never_replaces_its_master_and_says_why_it_cannot_write(tmp_path
     assert result["status"] == "failed" and result["reason"].startswith(f"cannot write {tmp_path}/plain-file/out.tif")
 
 
+def test_convert_refuses_a_name_iipsrv_cannot_serve_before_any_work_and_warns_of_a_misleading_one(tmp_path):
+    master = str(CORPUS / "jpeg-baseline/flowers.jpeg")
+    sequence = run("convert", master, str(tmp_path / "folio_pyr_001.tif"))
+    assert sequence.returncode == 2 and "3-D sequence marker" in sequence.stderr and "Traceback" not in sequence.stderr
+    assert list(tmp_path.iterdir()) == []
+    misleading = run("convert", "--json", master, str(tmp_path / "access.jp2"))
+    result = json.loads(misleading.stdout)
+    assert misleading.returncode == 0 and result["status"] == "converted"
+    assert "access.jp2: recipe ptiff-jpeg-q90 writes TIFF, which is usually named .tif or .tiff" in result["warnings"]
+    assert not any("usually named" in w for w in json.loads(run("convert", "--json", master, str(
+        tmp_path / "access.TIFF")).stdout)["warnings"])
+
+
+def test_inspect_passes_over_a_folder_among_its_files(tmp_path):
+    (tmp_path / "sub").mkdir()
+    good = tmp_path / "a.jpg"
+    good.write_bytes((CORPUS / "jpeg-baseline/flowers.jpeg").read_bytes())
+    proc = run("inspect", "--json", "--header-only", str(tmp_path / "sub"), str(good))
+    assert proc.returncode == 0, proc.stderr
+    assert [json.loads(line)["path"] for line in proc.stdout.splitlines()] == [str(good)]
+    assert proc.stderr == f"{tmp_path / 'sub'}: a folder, passed over\n"
+
+
 def test_verify_exit_codes(tmp_path):
     assert run("convert", str(CORPUS / "png/exif.png"), str(tmp_path / "ok.tif")).returncode == 0
     good = run("verify", "--json", "--recipe", "ptiff-jpeg-q90", str(tmp_path / "ok.tif"))

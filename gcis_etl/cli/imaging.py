@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import click
@@ -11,7 +12,7 @@ from gcis_etl.errors import ConfigError
 
 
 @main.command()
-@click.argument("files", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
+@click.argument("files", nargs=-1, required=True, type=click.Path(exists=True))
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per file (JSON Lines).")
 @click.option("--header-only", is_flag=True,
               help="Judge from the header alone (fast); by default every pixel is also decoded, "
@@ -20,7 +21,8 @@ from gcis_etl.errors import ConfigError
 def inspect(ctx: click.Context, files: tuple[str, ...], as_json: bool, header_only: bool) -> None:
     """Describe masters and give the verdict: accept, accept-after-conversion or reject.
 
-    Exit code 0 when every file is accepted (possibly after conversion), 1 when any is rejected.
+    Exit code 0 when every file is accepted (possibly after conversion), 1 when any is rejected. Folders
+    among FILES (from a shell glob) are passed over with a note.
 
     \b
     Example:
@@ -34,6 +36,9 @@ def inspect(ctx: click.Context, files: tuple[str, ...], as_json: bool, header_on
     rejected = 0
     with IsolatedProcess(cfg.isolation) as worker:
         for path in files:
+            if os.path.isdir(path):
+                click.echo(f"{path}: a folder, passed over", err=True)
+                continue
             info = (inspect_header(path, cfg.imaging) if header_only
                     else check_decoding(path, cfg.imaging, worker=worker))
             rejected += info.verdict is Verdict.REJECT
@@ -68,12 +73,16 @@ def convert(ctx: click.Context, src: str, dst: str, recipe: str, as_json: bool) 
       gcis-etl convert --recipe ptiff-jpeg-q90 master.tif access/master.tif
     """
     from gcis_etl.conversion import convert as convert_master
+    from gcis_etl.conversion import output_name_problem
     from gcis_etl.recipes import load_recipe
     cfg = _config(ctx)
     try:
         rec = load_recipe(recipe)
     except ConfigError as exc:
         _fail_config(exc)
+    unservable = output_name_problem(dst)
+    if unservable:
+        raise click.BadParameter(unservable, param_hint="DST")
     result = convert_master(src, dst, rec, cfg.imaging, isolation_settings=cfg.isolation)
     if as_json:
         click.echo(json.dumps(result.to_dict()))
