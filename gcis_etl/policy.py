@@ -37,17 +37,16 @@ class ImagingPolicy(Settings):
         "J2K": ("vips", "pillow"),
     }
 
-    @field_validator("accepted_formats")
+    @field_validator("accepted_formats", "decoders")
     @classmethod
-    def _accepted_known(cls, formats: tuple[str, ...]) -> tuple[str, ...]:
-        _known_formats(formats)
-        return formats
-
-    @field_validator("decoders")
-    @classmethod
-    def _decoders_known(cls, decoders: dict) -> dict:
-        _known_formats(decoders)
-        return decoders
+    def _known_formats(cls, names):
+        """Formats are named as sniffing names them ('TIFF', not 'tiff' or 'tif'): another name matches no
+        master (accepted_formats' entries, decoders' keys)."""
+        unknown = [name for name in names if name not in FORMAT_NAMES]
+        if unknown:
+            raise ValueError(f"unknown format {', '.join(map(repr, unknown))}: formats are named as they are "
+                             f"recognised from content ({', '.join(FORMAT_NAMES)})")
+        return names
 
     @field_validator("cmyk_fallback_profile")
     @classmethod
@@ -55,14 +54,6 @@ class ImagingPolicy(Settings):
         if value != "cmyk" and not Path(value).is_file():  # libvips would fall back to its own, silently
             raise ValueError(f"no such file: {value} ('cmyk' is libvips' built-in profile)")
         return value
-
-
-def _known_formats(names) -> None:
-    """Formats are named as sniffing names them ('TIFF', not 'tiff' or 'tif'): another name matches no master."""
-    unknown = [name for name in names if name not in FORMAT_NAMES]
-    if unknown:
-        raise ValueError(f"unknown format {', '.join(map(repr, unknown))}: formats are named as they are "
-                         f"recognised from content ({', '.join(FORMAT_NAMES)})")
 
 
 class IsolationSettings(Settings):
