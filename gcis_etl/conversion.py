@@ -22,6 +22,7 @@ from gcis_etl.errors import ConversionFailed, RejectedMaster, VerificationFailed
 from gcis_etl.formats import names_of
 from gcis_etl.inspection import inspect
 from gcis_etl.isolation import IsolatedProcess, WorkerCrashed
+from gcis_etl.keys import names_a_sequence
 from gcis_etl.models import ConversionResult, ImageInfo, Status, Verdict, VerifyReport
 from gcis_etl.policy import ImagingPolicy, IsolationSettings
 from gcis_etl.recipes import JP2_ENCODERS, PTIFF_ENCODERS, Recipe, load_recipe
@@ -111,7 +112,7 @@ def output_name_problem(dst: str | Path) -> str | None:
     '_pyr_' in a file name as a 3-D sequence marker."""
     name = Path(dst).name
     return f"{name}: iipsrv 1.1 reads '_pyr_' in a file name as a 3-D sequence marker" \
-        if "_pyr_" in name.lower() else None
+        if names_a_sequence(name) else None
 
 
 def _misnamed(dst: Path, recipe: Recipe) -> tuple[str, ...]:

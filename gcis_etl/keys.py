@@ -69,9 +69,14 @@ def check_key(key: str) -> str:
             raise UnsafeKey(f"key {key!r}: segment {segment!r} has a '~' that is not an escape")
         if len(segment) > MAX_SEGMENT_BYTES:
             raise UnsafeKey(f"key {key!r}: segment longer than {MAX_SEGMENT_BYTES} bytes")
-        if "_pyr_" in segment.lower():
+        if names_a_sequence(segment):
             raise UnsafeKey(f"key {key!r}: '_pyr_' would switch iipsrv to 3-D sequence mode")
     return key
+
+
+def names_a_sequence(name: str) -> bool:
+    """iipsrv 1.1 reads '_pyr_' anywhere in a file name as a 3-D sequence marker (in any case, to be safe)."""
+    return "_pyr_" in name.lower()
 
 
 def check_prefix(prefix: str) -> str:

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
+from gcis_etl.keys import names_a_sequence
 from gcis_etl.models import Level, VerifyReport
 from gcis_etl.pyramid import levels_for
 
@@ -32,7 +33,7 @@ def verify(path: str | Path, expect: Expectation | None = None, decode: bool = T
     path = Path(path)
     errors: list[str] = []
     warnings: list[str] = []
-    if "_pyr_" in path.name:
+    if names_a_sequence(path.name):
         errors.append("file name contains '_pyr_', which iipsrv 1.1 reads as a 3-D sequence marker")
     try:
         with tifffile.TiffFile(path) as tf:

@@ -73,6 +73,10 @@ def test_convert_refuses_a_name_iipsrv_cannot_serve_before_any_work_and_warns_of
     assert "access.jp2: recipe ptiff-jpeg-q90 writes TIFF, which is usually named .tif or .tiff" in result["warnings"]
     assert not any("usually named" in w for w in json.loads(run("convert", "--json", master, str(
         tmp_path / "access.TIFF")).stdout)["warnings"])
+    renamed = tmp_path / "folio_PYR_001.tif"  # the same file, under a name verification refuses in any case
+    renamed.write_bytes((tmp_path / "access.TIFF").read_bytes())
+    report = run("verify", "--json", str(renamed))
+    assert report.returncode == 1 and any("3-D sequence marker" in e for e in json.loads(report.stdout)["errors"])
 
 
 def test_inspect_passes_over_a_folder_among_its_files(tmp_path):
