@@ -377,6 +377,14 @@ def test_the_reduced_reference_reproduces_a_lossless_decode(kodim_jp2s, tiles, r
     assert psnr(luma(decoded), luma(model)) >= 40
 
 
+def test_a_jpeg2000_master_converts_again_in_the_same_conversion_process(worker, tmp_path):
+    """libvips' operation cache handed the second conversion the first one's spent jp2kload: "corrupt"."""
+    master = CORPUS / "jpeg2000/example.jp2"
+    for n, recipe in enumerate(("jp2-openjpeg-lossy", "jp2-openjpeg-lossy", "ptiff-jpeg-q90")):
+        result = convert(master, tmp_path / f"{n}{load_recipe(recipe).extension}", recipe, worker=worker)
+        assert result.status is Status.CONVERTED, (n, result.reason)
+
+
 # --- small masters and orientation ---
 SMALL = ["png/png-rgb-64x56x8.png", "metadata-rich/Canon.jpg"]  # 64x56 and 8x8
 
