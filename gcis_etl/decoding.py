@@ -14,12 +14,12 @@ import pyvips
 from gcis_etl.errors import RejectedMaster
 from gcis_etl.models import ImageInfo
 
-# Orientations that need random access (vertical flips and transpositions).
 # libvips' operation cache would hand a conversion the load of the same path made by an earlier one in this
 # long-lived process, and libvips 8.14's jp2kload cannot be read twice ("Need to decode the main header"):
 # the second conversion of a JPEG 2000 master was rejected as corrupt. A conversion repeats no load anyway.
 pyvips.cache_set_max(0)
 
+# Orientations that need random access (vertical flips and transpositions).
 _RANDOM_ACCESS_ORIENTATIONS = {3, 4, 5, 6, 7, 8}
 
 
