@@ -56,13 +56,13 @@ def catalogue() -> RosettaCatalogue:
     corpus = [RosettaFile(f"FL20{n}", CorpusFile(path), name) for n, (name, path) in enumerate(
         (("gray", "gray8/gray.tif"), ("kodim02", "rgb8-tiff-lzw/kodim02-lzw.tif"),
          ("prophoto", "icc-prophoto/test_icc_prophoto.jpg")), start=2)]
-    # lossy JP2 recipes grow its tiles to 594x522 (jp2.fit_to_image): iipsrv reads tiles of any size
+    # lossy JP2 recipes grow its tiles to 512x522 (jp2.fit_to_image): iipsrv reads tiles of any size
     thin_edges = RosettaFile("FL300", CorpusFile("jpeg-baseline/jpg-rgb-594x522x8-baseline.jpg"), "thin-edges")
     return RosettaCatalogue([
         ie(100, "2026-01-01 10:00:00", validator, title="IIIF Image API validator test image",
            sets={p.oai_set for p in PIPELINES}),
         ie(200, "2026-01-01 10:00:00", *corpus, title="Corpus masters", sets={PIPELINES[0].oai_set}),
-        ie(300, "2026-01-01 10:00:00", thin_edges, title="Edges thinner than half a 512 tile",
+        ie(300, "2026-01-01 10:00:00", thin_edges, title="A 10-row edge under a 512 tile grid",
            sets={PIPELINES[1].oai_set})])
 
 

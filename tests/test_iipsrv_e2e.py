@@ -66,8 +66,9 @@ def test_full_image_within_1024_decodes_at_the_best_fit_without_upscaling(deposi
 
 
 def test_iipsrv_shows_the_edge_rows_of_a_jp2_with_grown_tiles(deposited, consumer):
-    """The 594x522 master's JP2 has one 594x522 tile (a 512 grid would leave a 10-row edge tile that the
-    encoder's rate allocation left flat): iipsrv serves its bottom rows as the master has them."""
+    """The 594x522 master's JP2 has 512x522 tiles (a 512 grid would leave a 10-row edge tile that the
+    encoder's rate allocation left flat), so tiles of two widths: iipsrv serves the bottom rows of both as the
+    master has them."""
     image = deposited.image("thin-edges", JP2_PIPELINE)
     r = get(f"{consumer.iiif_url}/{image.key}/0,500,594,22/594,/0/default.jpg")  # iipsrv writes JPEG only
     assert r.status == 200, r.body[:200]

@@ -400,13 +400,18 @@ def test_small_images_get_fewer_levels_and_layer_budgets_above_the_markers():
 
 
 @pytest.mark.parametrize("size, tiles", [
-    ((594, 522), (594, 522)),      # edges of 82 and 10: one tile
+    ((594, 522), (512, 522)),      # a 10-row bottom edge: its tiles grow; the 82-column right edge is kept
     ((1030, 1030), (515, 515)),    # edges of 6: two tiles a side, three pixels larger
-    ((8433, 4743), (528, 527)),    # the bench master: edges of 241 and 135
-    ((1300, 770), (512, 512)),     # edges of 276 and 258, at least half a tile: kept
+    ((1054, 1300), (527, 512)),    # edges of 30 and 276: kept as strips, but the corner tile has 8280 pixels
+    ((1049, 1300), (525, 512)),    # an edge of 25: too thin a strip
+    ((1124, 1124), (562, 512)),    # edges of 100: a 100x100 corner; one axis is enough
+    ((8433, 4743), (512, 512)),    # the bench master: edges of 241 and 135 and their corner are kept
+    ((1300, 770), (512, 512)),     # edges of 276 and 258: kept
     ((300, 200), (512, 512)),      # under one tile
 ])
-def test_lossy_recipes_grow_tiles_rather_than_leave_a_thin_edge_tile(size, tiles):
+def test_lossy_recipes_grow_tiles_rather_than_leave_a_small_edge_tile(size, tiles):
+    """The least a kept edge or corner tile may have: 4x its markers' bytes in the last layer; for these
+    recipes (7 resolutions, 6 layers, tile-parts: 1232 bytes a tile; last layer 3 bpp) 13141 pixels."""
     for name in ("jp2-openjpeg-lossy", "jp2-grok-lossy"):
         command = build_command(load_recipe(name), IN, OUT, size=size)
         assert command.argv[command.argv.index("-t") + 1] == f"{tiles[0]},{tiles[1]}" and command.tiles == tiles
@@ -427,11 +432,11 @@ THIN_EDGES = "jpeg-baseline/jpg-rgb-594x522x8-baseline.jpg"  # 512 tiles leave e
 
 
 @pytest.mark.parametrize("name", ["jp2-openjpeg-lossy", "jp2-grok-lossy"])
-@pytest.mark.parametrize("size", [None, (1030, 1030)])
+@pytest.mark.parametrize("size", [None, (1030, 1030), (1124, 1124)])
 def test_thin_edge_tiles_no_longer_lose_their_pixels(name, size, worker, tmp_path):
     """With 512 tiles, opj_compress left the 10-row bottom edge of the 594x522 photograph flat (17.9 dB, failed
     verification) and grk_compress gave up; 1030x1030 is fitted with 515 tiles, which start at odd coordinates
-    of the reduced resolution that verification models."""
+    of the reduced resolution that verification models; 1124x1124 leaves a 100x100 corner tile."""
     master = CORPUS / THIN_EDGES if size is None else _detailed_master(tmp_path, *size)
     result = convert(master, tmp_path / "out.jp2", name, worker=worker)
     assert result.status is Status.CONVERTED, result.reason
