@@ -192,6 +192,36 @@ def _jp2_pixels(path: Path) -> np.ndarray:
         return np.asarray(im.convert("RGB"))
 
 
+def test_htj2k_output_decodes_exactly_with_an_independent_ht_decoder(worker, tmp_path):
+    """The grok HTJ2K recipe's codestream, read by OpenJPH (the HT block coder's reference implementation, in
+    imagecodecs) rather than OpenJPEG: the master's pixels, exactly. grk_decompress 10.0.5 misreads these
+    files (whole image) and OpenJPEG 2.5.0 any region smaller than a tile; this shows the file is sound."""
+    import imagecodecs
+    master = _detailed_master(tmp_path, 1100, 700)  # 3x2 tiles of 512, edges of 76 and 188
+    result = convert(master, tmp_path / "ht.jp2", "jp2-grok-htj2k", worker=worker)
+    assert result.ok, result.reason
+    decoded = imagecodecs.htj2k_decode(_codestream((tmp_path / "ht.jp2").read_bytes()))
+    source = pyvips.Image.new_from_file(str(master))
+    expected = np.ndarray(buffer=source.write_to_memory(), dtype=np.uint8, shape=(source.height, source.width, 3))
+    assert decoded.shape == expected.shape and (decoded == expected).all()
+
+
+def _codestream(jp2: bytes) -> bytes:
+    """The contiguous codestream box's content (ISO/IEC 15444-1 I.4: 32-bit length, type, 64-bit XLBox if 1,
+    0 for 'to the end')."""
+    at = 0
+    while at < len(jp2):
+        length, kind = int.from_bytes(jp2[at:at + 4], "big"), jp2[at + 4:at + 8]
+        header = 8
+        if length == 1:
+            length, header = int.from_bytes(jp2[at + 8:at + 16], "big"), 16
+        end = len(jp2) if length == 0 else at + length
+        if kind == b"jp2c":
+            return jp2[at + header:end]
+        at = end
+    raise AssertionError("no jp2c box")
+
+
 def test_grok_plt_with_rates_is_dropped_with_a_warning(worker, tmp_path):
     command = build_command(load_recipe("jp2-grok-lossy"), IN, OUT)
     assert "-L" not in command.argv and not command.plt and command.warnings == (GROK_PLT_WITH_RATES,)
