@@ -207,16 +207,16 @@ class Manifests:
                                 f"{'.'.join(map(str, error['loc']))}: {error['msg']} "
                                 f"(got {error.get('input')!r})") from None
 
-    def _lang_map(self, values: Iterable[LangValue]) -> dict[str, list[str]]:
+    def _lang_map(self, values: Iterable[LangValue], *, html_allowed: bool) -> dict[str, list[str]]:
         out: dict[str, list[str]] = {}
         for v in values:
-            out.setdefault(self._language(v), []).append(_as_text(v.value))
+            out.setdefault(self._language(v), []).append(_as_text(v.value, html_allowed))
         return out
 
     def _label_map(self, label: LabelSetting) -> dict[str, list[str]]:
         if isinstance(label, str):
-            return {"none": [label]}
-        return {language: [text] for language, text in label.items()}
+            return {"none": [_as_text(label, html_allowed=False)]}
+        return {language: [_as_text(text, html_allowed=False)] for language, text in label.items()}
 
     def _thumbnail_size(self, image: DepositedImage) -> tuple[int, int]:
         width = min(self.settings.thumbnail_width, image.width)
@@ -232,27 +232,28 @@ class Manifests:
                                   format="image/jpeg", width=image.width, height=image.height, service=[service])
             annotation = Annotation(id=f"{base}/annotation/{image.sequence}", motivation="painting", body=body,
                                     target=canvas_id)
+            label = self._lang_map([LangValue(image.label or str(image.sequence))], html_allowed=False)
             canvases.append(Canvas(
-                id=canvas_id, label=self._lang_map([LangValue(image.label or str(image.sequence))]),
-                width=image.width, height=image.height, thumbnail=[self._thumbnail_3(image)],
+                id=canvas_id, label=label, width=image.width, height=image.height, thumbnail=[self._thumbnail_3(image)],
                 items=[AnnotationPage(id=f"{base}/page/{image.sequence}", items=[annotation])]))
 
         rights, _ = self._rights(obj)
         extra: dict[str, Any] = {}
         if summary := self._first(obj, self.settings.summary):
-            extra["summary"] = self._lang_map(summary)
+            extra["summary"] = self._lang_map(summary, html_allowed=True)
         if pairs := self._metadata_pairs(obj):
-            extra["metadata"] = [KeyValueString(label=self._label_map(label), value=self._lang_map(values))
+            extra["metadata"] = [KeyValueString(label=self._label_map(label),
+                                                value=self._lang_map(values, html_allowed=True))
                                  for label, values in pairs]
         if rights:
             extra["rights"] = rights
         if credit := self._credit(obj):
             extra["requiredStatement"] = KeyValueString(label=self._label_map(self.settings.required_statement.label),
-                                                        value=self._lang_map(credit))
+                                                        value=self._lang_map(credit, html_allowed=True))
         if homepage := self._homepage(obj):
             extra["homepage"] = [Homepage(id=homepage, type="Text", format="text/html",
                                           label=self._label_map(self.settings.homepage_label))]
-        manifest = Manifest(id=manifest_id, label=self._lang_map(self.label_of(obj)),
+        manifest = Manifest(id=manifest_id, label=self._lang_map(self.label_of(obj), html_allowed=False),
                             thumbnail=[self._thumbnail_3(images[0])], items=canvases, **extra)
         return json.loads(manifest.jsonld())
 
@@ -263,16 +264,17 @@ class Manifests:
                               service=[ServiceV2(id=self.image_service_id(image), type="ImageService2",
                                                  profile=IMAGE_2_LEVEL1)])
 
-    def _values_2(self, values: Iterable[LangValue]) -> Any:
+    def _values_2(self, values: Iterable[LangValue], *, html_allowed: bool) -> Any:
         """A 2.1 value: a string, or a list of strings and {"@value", "@language"} objects."""
-        out = [_as_text(v.value) if self._language(v) == "none" else
-               {"@value": _as_text(v.value), "@language": self._language(v)} for v in values]
+        out = [_as_text(v.value, html_allowed) if self._language(v) == "none" else
+               {"@value": _as_text(v.value, html_allowed), "@language": self._language(v)} for v in values]
         return out[0] if len(out) == 1 and isinstance(out[0], str) else out
 
     def _label_2(self, label: LabelSetting) -> Any:
         if isinstance(label, str):
-            return label
-        return [{"@value": text, "@language": language} for language, text in label.items()]
+            return _as_text(label, html_allowed=False)
+        return [{"@value": _as_text(text, html_allowed=False), "@language": language}
+                for language, text in label.items()]
 
     def _service_2(self, image: DepositedImage) -> dict:
         return {"@context": IMAGE_CONTEXT_2, "@id": self.image_service_id(image), "profile": IMAGE_2_LEVEL1}
@@ -283,7 +285,8 @@ class Manifests:
         for image in images:
             canvas_id = f"{base}/canvas/{image.sequence}"
             canvases.append({
-                "@id": canvas_id, "@type": "sc:Canvas", "label": image.label or str(image.sequence),
+                "@id": canvas_id, "@type": "sc:Canvas",
+                "label": _as_text(image.label or str(image.sequence), html_allowed=False),
                 "width": image.width, "height": image.height, "thumbnail": self._thumbnail_2(image),
                 "images": [{
                     "@id": f"{base}/annotation/{image.sequence}", "@type": "oa:Annotation",
@@ -292,17 +295,17 @@ class Manifests:
                                  "@type": "dctypes:Image", "format": "image/jpeg", "width": image.width,
                                  "height": image.height, "service": self._service_2(image)}}]})
         manifest: dict[str, Any] = {"@context": CONTEXT_2, "@id": manifest_id, "@type": "sc:Manifest",
-                                    "label": self._values_2(self.label_of(obj))}
+                                    "label": self._values_2(self.label_of(obj), html_allowed=False)}
         if summary := self._first(obj, self.settings.summary):
-            manifest["description"] = self._values_2(summary)
+            manifest["description"] = self._values_2(summary, html_allowed=True)
         if pairs := self._metadata_pairs(obj):
-            manifest["metadata"] = [{"label": self._label_2(label), "value": self._values_2(values)}
+            manifest["metadata"] = [{"label": self._label_2(label), "value": self._values_2(values, html_allowed=True)}
                                     for label, values in pairs]
         rights, _ = self._rights(obj)
         if rights:
             manifest["license"] = rights
         if credit := self._credit(obj):
-            manifest["attribution"] = self._values_2(credit)
+            manifest["attribution"] = self._values_2(credit, html_allowed=True)
         if homepage := self._homepage(obj):
             manifest["related"] = {"@id": homepage, "format": "text/html",
                                    "label": self._label_2(self.settings.homepage_label)}
@@ -371,8 +374,8 @@ class Manifests:
     def _collection_item(self, entry: CollectionEntry, version: str) -> dict:
         manifest_id = self.manifest_id(entry.object_id, version)
         if version == "3.0":
-            return {"id": manifest_id, "type": "Manifest", "label": self._lang_map(entry.label)}
-        return {"@id": manifest_id, "@type": "sc:Manifest", "label": self._values_2(entry.label)}
+            return {"id": manifest_id, "type": "Manifest", "label": self._lang_map(entry.label, html_allowed=False)}
+        return {"@id": manifest_id, "@type": "sc:Manifest", "label": self._values_2(entry.label, html_allowed=False)}
 
     def collection(self, version: str, items: list[dict]) -> dict:
         collection_id = f"{self.settings.manifest_base_url}/{self.collection_key(version)}"
@@ -384,8 +387,12 @@ class Manifests:
                 "label": self._label_2(label), "manifests": items}
 
 
-def _as_text(value: str) -> str:
-    """IIIF clients render a value that starts with '<' and ends with '>' as HTML: keep such text as text."""
-    if value.startswith("<") and value.endswith(">"):
-        return f"<span>{html.escape(value, quote=False)}</span>"
-    return value
+def _as_text(value: str, html_allowed: bool) -> str:
+    """`value` written so that IIIF clients show it as given: they read a value that starts with '<' and ends
+    with '>' as HTML. Where HTML is allowed (summary/description, metadata values, requiredStatement/attribution)
+    such text is escaped in a span, which also reads right in clients that treat every such value as HTML.
+    Labels must be plain text (2.1 validators refuse markup there), so it gets the trailing space both
+    specifications recommend instead ("HTML Markup in Property Values")."""
+    if not (value.startswith("<") and value.endswith(">")):
+        return value
+    return f"<span>{html.escape(value, quote=False)}</span>" if html_allowed else value + " "
