@@ -116,6 +116,7 @@ class OtmmSource:
         self.http.headers.update({"Accept": "application/json", **settings.extra_headers})
         register(settings.password.get_secret_value(),
                                settings.client_secret.get_secret_value() if settings.client_secret else None)
+        register(*settings.extra_headers.values())  # where a gateway's API key or Authorization header goes
         self.http.on_unauthorized = self._relogin
         self.http.relogin_statuses = settings.relogin_statuses
         self._token: str | None = None

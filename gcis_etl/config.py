@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, PrivateAttr
 
 from gcis_etl.cache import CacheSettings
 from gcis_etl.distributed import CelerySettings
@@ -19,7 +19,7 @@ from gcis_etl.errors import ConfigError
 from gcis_etl.pipelines import Pipeline, PipelineSettings, RunSettings, pipeline_settings
 from gcis_etl.policy import ImagingPolicy, IsolationSettings
 from gcis_etl.recipes import recipe_names
-from gcis_etl.settings import Settings, interpolate_env, parse, read_yaml
+from gcis_etl.settings import Settings, environment_values, interpolate_env, masked, parse, read_yaml
 
 
 class LedgerSettings(Settings):
@@ -39,6 +39,12 @@ class Config(Settings):
     celery: CelerySettings = CelerySettings()
     cache: CacheSettings = CacheSettings()
     source_file: str = "<built-in defaults>"
+    _from_environment: frozenset[str] = PrivateAttr(frozenset())
+
+    def printable(self) -> dict[str, Any]:
+        """The resolved settings as plain data, secrets masked: those under secret-looking keys and every
+        value that came from the environment, whatever its key (an API key in `extra_headers`)."""
+        return masked(self.model_dump(mode="json", exclude={"source_file"}), self._from_environment)
 
     @property
     def ledger_path(self) -> Path:
@@ -72,9 +78,10 @@ def load_config(path: str | Path | None = None) -> Config:
         raise ConfigError(f"{found}: expected a mapping at the top level")
     source = str(found)
     try:
-        data = interpolate_env(_anchored(data, found.resolve().parent), "")
+        data = _anchored(interpolate_env(data, ""), found.resolve().parent)
     except ConfigError as exc:
         raise ConfigError(f"{source}: {exc}") from None
+    hidden = environment_values(data)
     pipelines = data.pop("pipelines", None) or {}
     if not isinstance(pipelines, dict):
         raise ConfigError(f"{source}: pipelines: expected a mapping of pipeline name to settings")
@@ -87,6 +94,7 @@ def load_config(path: str | Path | None = None) -> Config:
                                       inherited["isolation"], source)
               for name, settings in pipelines.items()}
     config = top.model_copy(update={"pipelines": parsed, "source_file": source})
+    config._from_environment = hidden
     _check_names(config)
     return config
 
@@ -107,9 +115,14 @@ def _check_names(config: Config) -> None:
 
 
 def _anchored(data: dict, base: Path) -> dict:
-    """Make the file's relative paths relative to its folder (only keys that are paths by definition)."""
+    """Make the file's relative paths relative to its folder (only keys that are paths by definition).
+
+    Runs after ${VAR} interpolation, so that an absolute path from the environment stays absolute; an
+    anchored value from the environment stays marked as such."""
     def anchor(value: Any) -> Any:
-        return str(base / value) if isinstance(value, str) and value and not Path(value).is_absolute() else value
+        if isinstance(value, str) and value and not Path(value).is_absolute():
+            return type(value)(base / value)
+        return value
 
     data = dict(data)
     data["state_dir"] = anchor(data.get("state_dir", "var/state"))

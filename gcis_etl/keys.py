@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 import string
-from typing import Any
+from typing import Any, Sequence
 
 from pydantic import field_validator
 
@@ -92,13 +92,21 @@ _FIELDS = {
     "collection": {"pipeline", "version"},
 }
 _SAMPLE = {"pipeline": "p", "object_id": "o", "item_id": "i", "sequence": 1, "ext": "tif", "version": "3"}
+# What keeps two things' keys apart: each template must use at least one placeholder of every group.
+_DISTINCT = {
+    "image": ((("object_id",), "two objects' images"), (("item_id", "sequence"), "the images of one object")),
+    "manifest": ((("object_id",), "two objects' manifests"),),
+    "collection": (),
+}
+_PER_VERSION = ("manifest", "collection")
 
 
 class KeyTemplates(Settings):
     """Where objects go inside a store (below the store's root or prefix).
 
     ``{version}`` is the IIIF Presentation major version, 3 or 2: templates for manifests and collections
-    must use it when both versions are deposited, or the 2.1 document would overwrite the 3.0 one.
+    must use it when both versions are deposited, or the 2.1 document would overwrite the 3.0 one (the
+    pipeline, which knows the versions, refuses such templates on load through `version_problems`).
     Collections live outside ``{pipeline}/``: any name there could also be an object id, and on a filesystem
     a file cannot share its name with a directory.
     """
@@ -111,7 +119,7 @@ class KeyTemplates(Settings):
     @classmethod
     def _valid_template(cls, template: str, info: Any) -> str:
         allowed = _FIELDS[info.field_name]
-        used = {name for _, name, _, _ in string.Formatter().parse(template) if name is not None}
+        used = _placeholders(template)
         unknown = used - allowed
         if unknown:
             raise ValueError(f"unknown placeholder(s) {sorted(unknown)}; allowed: {sorted(allowed)}")
@@ -119,7 +127,19 @@ class KeyTemplates(Settings):
             check_key(template.format(**_SAMPLE))
         except (UnsafeKey, ValueError, IndexError) as exc:
             raise ValueError(f"template does not make a safe key: {exc}") from None
+        for names, whose in _DISTINCT[info.field_name]:
+            if not used & set(names):
+                raise ValueError(f"must use {' or '.join(f'{{{name}}}' for name in names)}, "
+                                 f"or {whose} would share one key and overwrite each other")
         return template
+
+    def version_problems(self, versions: Sequence[str]) -> dict[str, str]:
+        """Templates that would put the documents of two deposited IIIF versions on one key: field -> why."""
+        if len(versions) < 2:
+            return {}
+        return {field: f"must use {{version}} when manifests.versions lists {', '.join(versions)}, "
+                       "or one version's document overwrites the other's"
+                for field in _PER_VERSION if "version" not in _placeholders(getattr(self, field))}
 
     def image_key(self, pipeline: str, object_id: str, item_id: str, sequence: int, ext: str) -> str:
         return self._render(self.image, pipeline=pipeline, object_id=object_id, item_id=item_id,
@@ -142,3 +162,7 @@ class KeyTemplates(Settings):
     def _render(template: str, **values: Any) -> str:
         safe = {k: escape_identifier(v) if isinstance(v, str) else int(v) for k, v in values.items()}
         return check_key(template.format(**safe))
+
+
+def _placeholders(template: str) -> set[str]:
+    return {name for _, name, _, _ in string.Formatter().parse(template) if name is not None}

@@ -77,6 +77,11 @@ def pipeline_settings(name: str, data: Any, defaults: dict, imaging: dict, isola
               "imaging": {**imaging, **(data.get("imaging") or {})},
               "isolation": {**isolation, **(data.get("isolation") or {})}}
     settings = parse(PipelineSettings, merged, source, prefix)
+    versions = settings.manifests.versions if settings.manifests else ()
+    problems = settings.store.keys.version_problems(versions)
+    if problems:
+        raise ConfigError("\n".join(f"{source}: {prefix}.store.keys.{field}: {problem}"
+                                     for field, problem in problems.items()))
     try:
         model = settings_model(settings.source.kind)
     except ConfigError as exc:

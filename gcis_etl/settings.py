@@ -14,7 +14,7 @@ from gcis_etl.errors import ConfigError
 M = TypeVar("M", bound=BaseModel)
 
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
-_SECRET_KEY = re.compile(r"password|secret|token|credential|api_?key", re.IGNORECASE)
+_SECRET_KEY = re.compile(r"password|secret|token|credential|api[_-]?key|authorization|cookie", re.IGNORECASE)
 
 
 class Settings(BaseModel):
@@ -76,12 +76,21 @@ def parse(model: type[M], data: Any, source: str, prefix: str = "") -> M:
         raise ConfigError("\n".join(lines)) from None
 
 
-def masked(value: Any, key: str = "") -> Any:
-    """A copy of plain settings data with every secret-named key's value replaced, for printing."""
+def environment_values(value: Any) -> frozenset[str]:
+    """Every string ${NAME} filled in, for `masked`: validation turns them into plain str, marker lost."""
+    if isinstance(value, FromEnvironment):
+        return frozenset({str(value)} if value else ())
+    parts = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
+    return frozenset().union(*map(environment_values, parts))
+
+
+def masked(value: Any, hidden: frozenset[str] = frozenset(), key: str = "") -> Any:
+    """A copy of plain settings data for printing: the values of secret-named keys, and every string in
+    `hidden` (the environment's values) wherever it sits, replaced."""
     if isinstance(value, dict):
-        return {k: masked(v, str(k)) for k, v in value.items()}
+        return {k: masked(v, hidden, str(k)) for k, v in value.items()}
     if isinstance(value, list):
-        return [masked(v, key) for v in value]
-    if _SECRET_KEY.search(key) and value not in (None, ""):
+        return [masked(v, hidden, key) for v in value]
+    if value in hidden or (_SECRET_KEY.search(key) and value not in (None, "") and not isinstance(value, bool)):
         return "********"
     return value

@@ -99,12 +99,28 @@ def test_templates_from_configuration():
     ("image", "{pipeline}/../{item_id}.tif", "starts with '.'"),
     ("image", "{pipeline}/x_pyr_{item_id}.tif", "_pyr_"),
     ("collection", "{pipeline} collection.json", "outside"),
+    # templates that would put two things on one key, the later overwriting the earlier
+    ("image", "{pipeline}/{object_id}.{ext}", "must use {item_id} or {sequence}, or the images of one object"),
+    ("image", "{pipeline}/{item_id}.{ext}", "must use {object_id}, or two objects' images"),
+    ("manifest", "{pipeline}/manifest-v{version}.json", "must use {object_id}, or two objects' manifests"),
 ])
 def test_bad_templates_are_configuration_errors(field, template, problem):
     with pytest.raises(ConfigError) as err:
         parse(KeyTemplates, {field: template}, "config.yaml", "pipelines.demo.store.keys")
     message = str(err.value)
     assert f"config.yaml: pipelines.demo.store.keys.{field}" in message and problem in message
+
+
+def test_templates_of_per_version_documents_need_version_when_both_versions_are_deposited():
+    keys = parse(KeyTemplates, {"manifest": "{pipeline}/{object_id}/manifest.json",
+                                "collection": "collections/{pipeline}.json"}, "config.yaml", "store.keys")
+    assert keys.version_problems(("3.0",)) == {}
+    problems = keys.version_problems(("3.0", "2.1"))
+    assert sorted(problems) == ["collection", "manifest"]
+    assert all(problem.startswith("must use {version} when manifests.versions lists 3.0, 2.1")
+               for problem in problems.values())
+    assert KeyTemplates().version_problems(("3.0", "2.1")) == {}
+    assert {keys.manifest_key("p", "o", v) for v in (3, 2)} == {"p/o/manifest.json"}  # what is refused
 
 
 def test_hostile_identifiers_in_every_placeholder_stay_below_the_root(tmp_path):

@@ -9,7 +9,9 @@ import pytest
 import yaml
 
 from gcis_etl.config import load_config
+from connectors.redaction import scrub
 from gcis_etl.errors import ConfigError
+from gcis_etl.settings import masked
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -19,6 +21,7 @@ GOOD_PIPELINE = {
     "manifests": {"manifest_base_url": "https://iiif.example.org/store",
                   "image_service_base_url": "https://iiif.example.org/iiif"},
 }
+BOTH_VERSIONS = {**GOOD_PIPELINE["manifests"], "versions": ["3.0", "2.1"]}
 
 
 def write(tmp_path: Path, data) -> Path:
@@ -72,6 +75,21 @@ BROKEN = [
     ("CMYK profile missing", {"imaging": {"cmyk_fallback_profile": "profiles/fogra.icc"}},
      "imaging.cmyk_fallback_profile: Value error, no such file: "),
     ("not YAML", "pipelines: [unclosed", "not valid YAML"),
+    # key templates on which the 2.1 document would overwrite the 3.0 one (or an object's images one another)
+    ("manifest key without {version}, two versions",
+     with_pipeline(store={"kind": "local", "root": "store",
+                          "keys": {"manifest": "{pipeline}/{object_id}/manifest.json"}}, manifests=BOTH_VERSIONS),
+     "pipelines.museum.store.keys.manifest: must use {version} when manifests.versions lists 3.0, 2.1"),
+    ("collection key without {version}, two versions",
+     with_pipeline(store={"kind": "s3", "bucket": "iiif", "keys": {"collection": "collections/{pipeline}.json"}},
+                   manifests=BOTH_VERSIONS),
+     "pipelines.museum.store.keys.collection: must use {version} when manifests.versions lists 3.0, 2.1"),
+    ("image key without {item_id} or {sequence}",
+     with_pipeline(store={"kind": "local", "root": "store", "keys": {"image": "{pipeline}/{object_id}.{ext}"}}),
+     "pipelines.museum.store.local.keys.image: Value error, must use {item_id} or {sequence}"),
+    ("manifest key without {object_id}",
+     with_pipeline(store={"kind": "local", "root": "store", "keys": {"manifest": "{pipeline}/v{version}.json"}}),
+     "pipelines.museum.store.local.keys.manifest: Value error, must use {object_id}"),
     # names that would match nothing, silently: every TIFF rejected, a decoder order or a limit never used
     ("format in lower case", {"imaging": {"accepted_formats": ["tiff", "JPEG"]}},
      "imaging.accepted_formats: Value error, unknown format 'tiff': formats are named as they are recognised "
@@ -114,6 +132,12 @@ def test_pipeline_inherits_defaults_and_overrides_single_policy_keys(tmp_path):
     assert museum.isolation.timeout_seconds == 60
 
 
+def test_one_manifest_key_per_object_is_fine_when_one_version_is_deposited(tmp_path):
+    keys = {"manifest": "{pipeline}/{object_id}/manifest.json", "collection": "collections/{pipeline}.json"}
+    cfg = load_config(write(tmp_path, with_pipeline(store={"kind": "local", "root": "store", "keys": keys})))
+    assert cfg.pipeline("museum").store.keys.manifest_key("museum", "o1", 3) == "museum/o1/manifest.json"
+
+
 def test_relative_paths_are_relative_to_the_config_file(tmp_path, monkeypatch):
     folder = tmp_path / "etc"
     (folder / "profiles").mkdir(parents=True)
@@ -143,6 +167,52 @@ def test_config_check_prints_the_resolved_config_with_secrets_masked(tmp_path):
     assert resolved["pipelines"]["museum"]["source"]["password"] == "********"
     assert resolved["pipelines"]["museum"]["source"]["username"] == "etl"
     assert resolved["pipelines"]["museum"]["recipe"] == "ptiff-jpeg-q90"  # defaults filled in
+
+
+def test_config_check_masks_every_value_from_the_environment_whatever_its_key(tmp_path):
+    api_key, basic = "gateway-KEY-abcdef123", "dXNlcjpnYXRld2F5"
+    data = with_pipeline(source={"kind": "otmm", "base_url": "https://otmm.example.org", "username": "etl",
+                                 "password": "${GCIS_TEST_PASSWORD}",
+                                 "extra_headers": {"X-Gateway": "${GCIS_TEST_API_KEY}",
+                                                   "Authorization": "Basic ${GCIS_TEST_BASIC}",
+                                                   "X-OTMM-Locale": "en_US"}})
+    env = {"GCIS_TEST_PASSWORD": "pw-42", "GCIS_TEST_API_KEY": api_key, "GCIS_TEST_BASIC": basic,
+           "PATH": "/usr/bin:/bin"}
+    done = subprocess.run([sys.executable, "-m", "gcis_etl.cli", "--config", str(write(tmp_path, data)),
+                           "config", "check"], capture_output=True, text=True, env=env, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    assert api_key not in done.stdout and basic not in done.stdout
+    headers = yaml.safe_load(done.stdout)["pipelines"]["museum"]["source"]["extra_headers"]
+    assert headers == {"X-Gateway": "********", "Authorization": "********", "X-OTMM-Locale": "en_US"}
+
+
+@pytest.mark.parametrize("key, value", [("X-Api-Key", "literal-key-1"), ("Authorization", "Bearer abc123"),
+                                        ("Cookie", "session=abc123"), ("api_key", "k-9")])
+def test_secret_looking_keys_are_masked_even_when_written_in_the_file(key, value):
+    assert masked({"extra_headers": {key: value, "Accept-Language": "en"}}) == {
+        "extra_headers": {key: "********", "Accept-Language": "en"}}
+
+
+def test_a_switch_under_a_secret_looking_key_is_shown():
+    assert masked({"bearer_otmm_token": False, "client_secret": None}) == {"bearer_otmm_token": False,
+                                                                           "client_secret": None}
+
+
+def test_opening_an_otmm_source_keeps_its_header_values_out_of_messages(tmp_path, monkeypatch):
+    monkeypatch.setenv("GCIS_TEST_API_KEY", "gateway-KEY-0f1e2d")
+    data = with_pipeline(source={"kind": "otmm", "base_url": "https://otmm.example.org", "username": "etl",
+                                 "password": "pw-42", "extra_headers": {"X-Gateway": "${GCIS_TEST_API_KEY}"}})
+    load_config(write(tmp_path, data)).pipeline("museum").source  # opening touches no network
+    assert scrub("401 from gateway: key gateway-KEY-0f1e2d refused") == "401 from gateway: key *** refused"
+
+
+def test_an_absolute_path_from_the_environment_stays_absolute(tmp_path, monkeypatch):
+    monkeypatch.setenv("GCIS_TEST_STATE", str(tmp_path / "elsewhere"))
+    folder = tmp_path / "etc"
+    folder.mkdir()
+    cfg = load_config(write(folder, {"state_dir": "${GCIS_TEST_STATE}"}))
+    assert cfg.state_dir == tmp_path / "elsewhere"
+    assert cfg.printable()["state_dir"] == "********"
 
 
 def test_config_check_exits_2_and_names_the_key(tmp_path):

@@ -309,7 +309,5 @@ def config_check(ctx: click.Context) -> None:
     """
     import yaml
 
-    from gcis_etl.settings import masked
     cfg = _config(ctx)
-    data = masked(cfg.model_dump(mode="json", exclude={"source_file"}))
-    click.echo(f"# {cfg.source_file}: valid\n" + yaml.safe_dump(data, sort_keys=False, allow_unicode=True))
+    click.echo(f"# {cfg.source_file}: valid\n" + yaml.safe_dump(cfg.printable(), sort_keys=False, allow_unicode=True))
