@@ -43,12 +43,14 @@ def orient(image: pyvips.Image, orientation: int) -> pyvips.Image:
 
 def layout(image: pyvips.Image, info: ImageInfo, policy: ImagingPolicy) -> pyvips.Image:
     """The master before colour management, as both PTIFF engines take it: upright, unsigned samples
-    (Lab keeps its signed a*, b*: libvips' LabS is signed by definition), alpha flattened (or dropped),
-    extra bands dropped."""
+    (Lab keeps its signed a*, b*: libvips' LabS is signed by definition) of at most 16 bits, alpha
+    flattened (or dropped), other extra bands dropped."""
     image = orient(image, info.orientation)
     if image.format in ("char", "short", "int") and image.interpretation not in LAB:
         image = _unsigned(image)
-    return _drop_extra_bands(image, policy)
+    if image.format == "uint":
+        image = _sixteen_bits(image)
+    return _drop_extra_bands(image, info.alpha, policy)
 
 
 def normalise(image: pyvips.Image, info: ImageInfo, policy: ImagingPolicy) -> pyvips.Image:
@@ -71,12 +73,21 @@ def _unsigned(image: pyvips.Image) -> pyvips.Image:
     return (image + offset).cast(target).copy(interpretation=image.interpretation)
 
 
-def _drop_extra_bands(image: pyvips.Image, policy: ImagingPolicy) -> pyvips.Image:
+def _sixteen_bits(image: pyvips.Image) -> pyvips.Image:
+    """32-bit samples keep their top 16 bits (the type's full range onto 16 bits): libvips' colour
+    operations scale 8- and 16-bit samples to 8 bits but clip 32-bit ones to 0..255."""
+    interpretation = {"b-w": "grey16", "srgb": "rgb16"}.get(image.interpretation, image.interpretation)
+    return (image >> 16).cast("ushort").copy(interpretation=interpretation)
+
+
+def _drop_extra_bands(image: pyvips.Image, alpha: bool, policy: ImagingPolicy) -> pyvips.Image:
+    """Only a band the master declares alpha (inspection: TIFF ExtraSamples 1 or 2, PNG alpha or tRNS, JP2
+    RGBA) is flattened: an unspecified one (a scanner's infrared channel) is data, and is dropped."""
     interpretation = "labq" if image.coding == "labq" else image.interpretation
     colour = _COLOUR_BANDS.get(interpretation, 3)
     if image.coding != "none" or image.bands <= colour:
         return image
-    if policy.alpha == "flatten":
+    if alpha and policy.alpha == "flatten":
         max_alpha = _MAX_ALPHA.get(image.format, 255)
         scale = max_alpha / 255
         background = [c * scale for c in policy.background][:colour] if colour > 1 else [policy.background[0] * scale]
@@ -90,13 +101,13 @@ def _drop_extra_bands(image: pyvips.Image, policy: ImagingPolicy) -> pyvips.Imag
 def _to_srgb(image: pyvips.Image, policy: ImagingPolicy) -> pyvips.Image:
     intent = _INTENTS[policy.rendering_intent]
     interpretation = "labq" if image.coding == "labq" else image.interpretation
+    if interpretation in LAB:  # device-independent already: an embedded Lab profile would take them as device values
+        return image.icc_export(output_profile=SRGB, intent=intent, depth=8)
     embedded = image.get_typeof("icc-profile-data") != 0
     if embedded and not is_srgb(image, policy):
         return image.icc_transform(SRGB, embedded=True, intent=intent, depth=8)
     if interpretation == "cmyk":
         return image.icc_transform(SRGB, input_profile=policy.cmyk_fallback_profile, intent=intent, depth=8)
-    if interpretation in LAB:
-        return image.icc_export(output_profile=SRGB, intent=intent, depth=8)
     if interpretation in ("srgb", "rgb") and image.format == "uchar":
         return image
     if image.format in ("float", "double") and image.bands == 1:

@@ -43,6 +43,11 @@ def open_master(info: ImageInfo, decoders: tuple[str, ...], strict: bool) -> Dec
         except CannotOpen as exc:
             failures.append(f"{name}: {exc}")
             continue
+        except (RejectedMaster, MemoryError):
+            raise
+        except Exception as exc:  # a decoder library failing in a way it does not document: the master needs review
+            raise RejectedMaster(f"decoder {name} failed on this master ({type(exc).__name__}: {_first_line(exc)}): "
+                                 f"needs review") from None
         notes = tuple(f"fell back to {name}: {f}" for f in failures)
         return Decoded(image=image, decoder=name, notes=notes)
     raise RejectedMaster("no decoder can read the image data: " + "; ".join(failures))
@@ -116,6 +121,8 @@ def _from_array(array: np.ndarray, info: ImageInfo, icc: bytes | None) -> pyvips
         raise CannotOpen("Lab samples are decoded by libvips only")
     if array.ndim == 2:
         array = array[:, :, None]
+    if array.dtype == np.float16:  # half floats (TIFF SampleFormat 3, 16 bits): libvips has no such format
+        array = array.astype(np.float32)
     if array.dtype.kind == "u" and info.bit_depth and info.bit_depth not in (8, 16) and array.dtype.itemsize <= 2:
         full = 255 if info.bit_depth < 8 else 65535
         array = (array.astype(np.float32) * (full / (2 ** info.bit_depth - 1))).round()

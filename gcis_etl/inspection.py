@@ -114,7 +114,7 @@ def _judge(info: ImageInfo, h: _Header, policy: ImagingPolicy, warnings: list[st
         conversions.append("YCbCr->RGB")
     elif h.interpretation == "palette":
         conversions.append("expand palette")
-    if icc_desc and not encodes_srgb(h.icc, policy):
+    if icc_desc and h.interpretation != "lab" and not encodes_srgb(h.icc, policy):  # Lab ignores its profile
         conversions.append(f"ICC->sRGB ({icc_desc})")
     if h.miniswhite:
         conversions.append("invert min-is-white")
@@ -217,7 +217,7 @@ def _read_tiff_tags(path: str) -> _Header:
             pages = list(tf.pages)
             p = pages[0]
             whole_slide = any(getattr(tf, f"is_{k}", False) for k in ("svs", "ndpi", "scn", "bif", "philips"))
-            full_res = 1 if whole_slide else sum(1 for q in pages if not int(q.subfiletype) & 1)
+            full_res = 1 if whole_slide else sum(1 for q in pages if not int(q.subfiletype) & _NOT_A_PAGE)
             tags = p.tags
             photometric = int(p.photometric)
             extrasamples = tuple(int(e) for e in (p.extrasamples or ()))
@@ -244,6 +244,8 @@ def _read_tiff_tags(path: str) -> _Header:
     return header
 
 
+# NewSubfileType bits of an IFD that is not another image: reduced resolution (1), transparency mask (4)
+_NOT_A_PAGE = 1 | 4
 _TIFF_PHOTOMETRIC = {0: "grey", 1: "grey", 2: "rgb", 3: "palette", 5: "cmyk", 6: "ycbcr", 8: "lab", 9: "lab",
                      10: "lab", 32844: "lab", 32845: "lab"}
 
@@ -304,14 +306,15 @@ def _read_png(path: str) -> _Header:
         raise _Unreadable(f"IHDR declares {width}x{height}")
     bands, interpretation = {0: (1, "grey"), 2: (3, "rgb"), 3: (1, "palette"), 4: (2, "grey"),
                              6: (4, "rgb")}.get(colour_type, (0, "multiband"))
-    icc = None
+    icc, transparency = None, False
     if width * height <= 2 ** 31:  # Pillow's header parse is safe, but spare it absurd sizes
         try:
             with Image.open(path) as im:
                 icc = im.info.get("icc_profile")
+                transparency = "transparency" in im.info  # a tRNS chunk: the decoders give it an alpha band
         except (OSError, SyntaxError, ValueError) as exc:
             raise _Unreadable(str(exc)) from None
-    alpha = colour_type in (4, 6)
+    alpha = colour_type in (4, 6) or transparency
     return _Header(width=width, height=height, bands=bands, bit_depth=depth, interpretation=interpretation,
                    icc=icc, alpha=alpha, extra_bands=int(alpha), compression="deflate")
 

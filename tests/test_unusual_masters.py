@@ -1,0 +1,150 @@
+"""Unusual but valid masters, made at test time: extra samples that are not alpha, 32-bit integers, Lab with an
+embedded Lab profile, half floats, a transparency-mask page; and a decoder failing in an undocumented way."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import pyvips
+import tifffile
+from PIL import Image, ImageCms
+
+from gcis_etl.conversion import check_decoding, convert
+from gcis_etl.inspection import inspect
+from gcis_etl.models import Status, Verdict
+from tests.imaging import normalised
+
+ORANGE = (200, 60, 30)
+RECIPES = [("ptiff-jpeg-q90", "tif"), ("ptiff-tifffile-q90", "tif"), ("jp2-openjpeg-lossy", "jp2")]
+
+
+def converted(master, tmp_path, recipe="ptiff-jpeg-q90", extension="tif") -> np.ndarray:
+    """The access master's full-resolution pixels, as a viewer decodes them."""
+    out = tmp_path / f"access.{extension}"
+    result = convert(master, out, recipe)
+    assert result.status is Status.CONVERTED, result.reason
+    return pyvips.Image.new_from_file(str(out)).numpy()
+
+
+def orange_with_extra(path, extrasample: int):
+    """An orange RGB master whose fourth sample is 0 on the left half, full on the right."""
+    rgb = np.empty((64, 128, 3), np.uint8)
+    rgb[:] = ORANGE
+    extra = np.zeros((64, 128), np.uint8)
+    extra[:, 64:] = 255
+    tifffile.imwrite(path, np.dstack([rgb, extra]), photometric="rgb", extrasamples=[extrasample])
+    return path
+
+
+@pytest.mark.parametrize("recipe,extension", RECIPES)
+def test_an_unspecified_extra_sample_is_dropped_not_flattened(tmp_path, recipe, extension):
+    """A scanner's infrared channel (ExtraSamples 0) is data, not opacity: where it is 0 the picture stays."""
+    master = orange_with_extra(tmp_path / "rgbi.tif", extrasample=0)
+    assert inspect(master).reasons == ("drop extra samples",)
+    pixels = converted(master, tmp_path, recipe, extension).astype(int)
+    assert np.abs(pixels[32, 16] - ORANGE).max() <= 4
+    assert np.abs(pixels[32, 112] - ORANGE).max() <= 4
+
+
+@pytest.mark.parametrize("extrasample", [1, 2])  # associated, unassociated
+def test_declared_alpha_is_still_flattened(tmp_path, extrasample):
+    master = orange_with_extra(tmp_path / "rgba.tif", extrasample)
+    pixels = converted(master, tmp_path).astype(int)
+    assert np.abs(pixels[32, 16] - 255).max() <= 2  # transparent: the policy's white background
+    assert np.abs(pixels[32, 112] - ORANGE).max() <= 4
+
+
+def test_a_png_transparent_palette_entry_is_flattened(tmp_path):
+    """A tRNS chunk is PNG's alpha: the decoders give it an alpha band, and inspection must say so."""
+    indices = np.zeros((64, 128), np.uint8)
+    indices[:, 64:] = 1
+    im = Image.fromarray(indices, "P")
+    im.putpalette([0, 0, 255, *ORANGE] + [0] * 762)
+    im.save(tmp_path / "p.png", transparency=bytes([0, 255]))
+    info = inspect(tmp_path / "p.png")
+    assert info.alpha and "flatten alpha/extra samples" in info.reasons
+    pixels = normalised(tmp_path / "p.png").astype(int)
+    assert pixels[32, 16].tolist() == [255, 255, 255]
+    assert pixels[32, 112].tolist() == list(ORANGE)
+
+
+def _ramp16(bands: int) -> np.ndarray:
+    ramp = (np.mgrid[0:16, 0:256][1] * 257).astype(np.uint16)
+    return ramp if bands == 1 else np.dstack([ramp, ramp[:, ::-1], ramp // 2])
+
+
+@pytest.mark.parametrize("decoder", ["vips", "tifffile"])
+@pytest.mark.parametrize("bands", [1, 3])
+def test_32_bit_unsigned_samples_come_out_as_their_top_16_bits(tmp_path, bands, decoder):
+    """A uint32 master spanning its type's range looks like the 16-bit master of its top bits, not 0/255."""
+    ramp16 = _ramp16(bands)
+    photometric = "minisblack" if bands == 1 else "rgb"
+    tifffile.imwrite(tmp_path / "u16.tif", ramp16, photometric=photometric)
+    tifffile.imwrite(tmp_path / "u32.tif", ramp16.astype(np.uint32) * 65536 + 12345, photometric=photometric)
+    expected = normalised(tmp_path / "u16.tif", decoders=(decoder,))
+    assert len(np.unique(expected)) > 200  # a real ramp
+    np.testing.assert_array_equal(normalised(tmp_path / "u32.tif", decoders=(decoder,)), expected)
+
+
+def test_32_bit_signed_samples_are_offset_like_16_bit_ones(tmp_path):
+    """Signed samples go to the unsigned range by the two's-complement offset (as 8- and 16-bit ones do):
+    the type's minimum is black, 0 mid-grey, its maximum white."""
+    ramp16 = _ramp16(1)
+    tifffile.imwrite(tmp_path / "u16.tif", ramp16, photometric="minisblack")
+    signed = (ramp16.astype(np.int64) * 65537 - 2 ** 31).astype(np.int32)
+    tifffile.imwrite(tmp_path / "s32.tif", signed, photometric="minisblack")
+    np.testing.assert_array_equal(normalised(tmp_path / "s32.tif"), normalised(tmp_path / "u16.tif"))
+
+
+def _lab_master(path, profile: bool):
+    """A CIELab (photometric 8) orange master, with or without an embedded Lab (D50 identity) profile."""
+    rgb = np.empty((32, 32, 3), np.uint8)
+    rgb[:] = ORANGE
+    lab = pyvips.Image.new_from_array(rgb).copy(interpretation="srgb").colourspace("lab").numpy()
+    samples = np.dstack([np.round(lab[..., 0] * 2.55).astype(np.uint8),
+                         np.round(lab[..., 1:]).astype(np.int8).view(np.uint8)])
+    icc = ImageCms.ImageCmsProfile(ImageCms.createProfile("LAB")).tobytes()
+    tifffile.imwrite(path, samples, photometric=8, extratags=[(34675, 7, len(icc), icc, True)] if profile else [])
+    return path
+
+
+def test_lab_with_an_embedded_lab_profile_converts_like_lab_without_one(tmp_path):
+    with_icc = _lab_master(tmp_path / "lab-icc.tif", profile=True)
+    reference = normalised(_lab_master(tmp_path / "lab.tif", profile=False))
+    assert np.abs(reference[16, 16].astype(int) - ORANGE).max() <= 8  # the reference itself is right
+    np.testing.assert_array_equal(normalised(with_icc), reference)
+    assert inspect(with_icc).reasons == ("Lab->sRGB",)  # the profile is not applied, so not announced
+
+
+def test_half_float_master_converts_like_its_float32_twin(tmp_path):
+    ramp = (np.mgrid[0:16, 0:256][1] / 255).astype(np.float16)
+    tifffile.imwrite(tmp_path / "f16.tif", ramp, photometric="minisblack")
+    tifffile.imwrite(tmp_path / "f32.tif", ramp.astype(np.float32), photometric="minisblack")
+    assert check_decoding(tmp_path / "f16.tif").verdict is Verdict.ACCEPT_AFTER_CONVERSION
+    assert convert(tmp_path / "f16.tif", tmp_path / "f16-access.tif").status is Status.CONVERTED
+    np.testing.assert_array_equal(normalised(tmp_path / "f16.tif"), normalised(tmp_path / "f32.tif"))
+
+
+def test_a_decoder_failing_unexpectedly_rejects_the_master(tmp_path):
+    """64-bit integer samples: only tifffile opens them, and libvips cannot take its array (ValueError).
+    The master is rejected with the decoder's reason, not left to end as an internal error to retry."""
+    samples = np.zeros((16, 16), np.uint64)
+    tifffile.imwrite(tmp_path / "u64.tif", samples, photometric="minisblack")
+    result = convert(tmp_path / "u64.tif", tmp_path / "access.tif")
+    assert result.status is Status.REJECTED
+    assert "decoder tifffile failed on this master (ValueError" in result.reason
+    assert check_decoding(tmp_path / "u64.tif").verdict is Verdict.REJECT
+
+
+def test_a_transparency_mask_page_is_not_a_page(tmp_path):
+    """NewSubfileType 4 marks a mask of the image before it, as 1 marks a reduced-resolution copy."""
+    rgb = np.empty((32, 48, 3), np.uint8)
+    rgb[:] = ORANGE
+    with tifffile.TiffWriter(tmp_path / "masked.tif") as tw:
+        tw.write(rgb, photometric="rgb")
+        tw.write(np.ones((32, 48), bool), photometric="mask", subfiletype=4)
+    info = inspect(tmp_path / "masked.tif")
+    assert info.pages == 1 and info.verdict is Verdict.ACCEPT, info.reasons
+    with tifffile.TiffWriter(tmp_path / "two.tif") as tw:  # the rule still counts a real second page
+        tw.write(rgb, photometric="rgb")
+        tw.write(rgb, photometric="rgb")
+    assert inspect(tmp_path / "two.tif").verdict is Verdict.REJECT
