@@ -86,8 +86,8 @@ def _judge(info: ImageInfo, h: _Header, policy: ImagingPolicy, warnings: list[st
     rejects: list[str] = []
     conversions: list[str] = []
     if info.megapixels > policy.max_megapixels:
-        rejects.append(f"{info.width}x{info.height} = {info.megapixels:,.0f} Mpx is over the "
-                       f"{policy.max_megapixels:,.0f} Mpx limit (refused from the header, before decoding)")
+        rejects.append(f"{info.width}x{info.height} = {info.megapixels:,.6g} Mpx is over the "
+                       f"{policy.max_megapixels:,.6g} Mpx limit (refused from the header, before decoding)")
     if h.dng and policy.reject_dng:
         rejects.append("camera raw (DNG) is not an accepted master format")
     if h.compression_code in policy.rejected_tiff_compressions:

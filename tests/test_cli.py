@@ -132,6 +132,9 @@ def test_config_policy_applies(tmp_path):
     proc = run("--config", str(cfg), "inspect", "--json", str(CORPUS / "jpeg-baseline/flowers.jpeg"))
     row = json.loads(proc.stdout)
     assert row["verdict"] == "reject" and "over the 1 Mpx limit" in row["reasons"][0]
+    cfg.write_text("imaging:\n  max_megapixels: 1.5\n")  # it used to read "2 Mpx is over the 2 Mpx limit"
+    proc = run("--config", str(cfg), "inspect", "--json", str(CORPUS / "jpeg-baseline/flowers.jpeg"))
+    assert "1920x1080 = 2.0736 Mpx is over the 1.5 Mpx limit" in json.loads(proc.stdout)["reasons"][0]
 
 
 @pytest.mark.parametrize("command", ["inspect", "convert", "verify"])
