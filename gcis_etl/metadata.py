@@ -129,8 +129,20 @@ class Carried:
 
 
 def selection(keep: tuple[str, ...], exclude: tuple[str, ...]) -> list[str]:
-    """exiftool arguments selecting the kept tags."""
-    return [f"-{tag}" for tag in keep] + [f"--{tag}" for tag in exclude]
+    """exiftool arguments selecting the kept tags, and with IPTC its CodedCharacterSet.
+
+    exiftool marks CodedCharacterSet 'unsafe': IPTC:all does not copy it, and -TagsFromFile then writes the IPTC
+    text in exiftool's default IPTC charset, Latin ('Café 東京' arrives as 'Café ??'). Copied with the text, it
+    makes exiftool write back the bytes it read, in any charset. It is left out when every kept entry names
+    another group, or it would make an IPTC record of its own (deciding from the names costs no exiftool read)."""
+    charset = [] if all(_other_group(tag) for tag in keep) else ["-IPTC:CodedCharacterSet"]
+    return [f"-{tag}" for tag in keep] + charset + [f"--{tag}" for tag in exclude]
+
+
+def _other_group(tag: str) -> bool:
+    """True when an exiftool tag or group name ('EXIF:all', '1XMP-dc:Title') cannot select IPTC tags."""
+    group = tag.rpartition(":")[0]
+    return bool(group) and group.lstrip("0123456789").lower() not in ("iptc", "all", "*")
 
 
 def write_carrier(master: str | Path, keep: tuple[str, ...], exclude: tuple[str, ...], carrier: Path) -> Path:

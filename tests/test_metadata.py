@@ -2,9 +2,12 @@
 from __future__ import annotations
 
 import shutil
+import struct
 
+import numpy as np
 import pytest
 import pyvips
+import tifffile
 
 from gcis_etl import tiff, tifffile_ptiff
 from gcis_etl.colour import srgb_profile
@@ -21,8 +24,7 @@ RICH = sorted((CORPUS / "metadata-rich").iterdir())
 # What exiftool does not carry by design (it describes the master's own file, or is exiftool-internal);
 # see README "Metadata". Everything else must arrive with the same value.
 NOT_CARRIED = {"EXIF:CompressedBitsPerPixel", "EXIF:InteropIndex", "EXIF:InteropVersion",
-               "EXIF:RelatedImageWidth", "EXIF:RelatedImageHeight", "XMP:About", "XMP:HasExtendedXMP",
-               "IPTC:CodedCharacterSet"}
+               "EXIF:RelatedImageWidth", "EXIF:RelatedImageHeight", "XMP:About", "XMP:HasExtendedXMP"}
 UNDEFINED_TAGS = ("EXIF:ComponentsConfiguration", "EXIF:FileSource", "EXIF:SceneType")  # TIFF type UNDEFINED
 
 
@@ -140,3 +142,78 @@ def test_bigtiff_master_keeps_its_undefined_exif_tags(exif_master, monkeypatch, 
     after = kept_tag_values(tmp_path / "a.tif", recipe.metadata.keep, recipe.metadata.exclude)
     assert {k: after.get(k) for k in UNDEFINED_TAGS} == {k: carried.values[k] for k in UNDEFINED_TAGS}
     assert after == carried.values
+
+
+# --- IPTC charsets ---------------------------------------------------------------------------------
+# IPTC text is bytes in the charset CodedCharacterSet (1:90) declares, Latin when it declares none (as exiftool
+# reads it). The masters are made here from raw datasets, so that the expected bytes are not exiftool's.
+IPTC_RECIPES = ("ptiff-jpeg-q90", "ptiff-tifffile-q90", "jp2-openjpeg-lossless")
+UTF8 = b"\x1b%G"
+HIGH_BYTES = bytes(range(0x80, 0x100))
+
+
+def dataset(record: int, number: int, data: bytes) -> bytes:
+    return b"\x1c" + bytes((record, number)) + struct.pack(">H", len(data)) + data
+
+
+def iptc_master(path, charset: bytes | None, name: bytes, byline: bytes, caption: bytes):
+    """A 64x64 TIFF whose IPTC-NAA tag holds these datasets; returns the datasets the output must hold as they are."""
+    text = [dataset(2, 5, name), dataset(2, 80, byline), dataset(2, 120, caption)]
+    declared = [dataset(1, 90, charset)] if charset else []
+    block = b"".join(declared + [dataset(2, 0, b"\x00\x04")] + text)
+    tifffile.imwrite(path, np.full((64, 64, 3), 128, np.uint8), photometric="rgb", metadata=None,
+                     extratags=[(33723, 7, len(block), block, True)])
+    return declared + text
+
+
+IPTC_MASTERS = {  # name: (CodedCharacterSet, ObjectName, By-line, Caption-Abstract)
+    "utf8": (UTF8, "Café 東京".encode(), "Ζωή".encode(), "Москва ✓".encode()),
+    "latin-undeclared": (None, "Café München".encode("latin-1"), HIGH_BYTES[:64], HIGH_BYTES[64:]),
+    "utf8-undeclared": (None, "Café 東京".encode(), "Ζωή".encode(), "Москва ✓".encode()),
+    "iso-8859-1-declared": (b"\x1b-A", "Café".encode("latin-1"), HIGH_BYTES[:64], HIGH_BYTES[64:]),
+    "unsupported-declared": (b"\x1b%/I", "Café 東京".encode("utf-16-be"), HIGH_BYTES[:64], "Ζωή".encode()),
+}
+
+
+def recipe_keeping(*keep: str):
+    recipe = load_recipe()
+    return recipe.model_copy(update={"metadata": recipe.metadata.model_copy(update={"keep": keep})})
+
+
+@pytest.mark.parametrize("recipe_name", IPTC_RECIPES)
+@pytest.mark.parametrize("kind", IPTC_MASTERS)
+def test_iptc_text_arrives_byte_for_byte_in_its_declared_charset(kind, recipe_name, tmp_path):
+    """exiftool does not copy CodedCharacterSet with IPTC:all ('unsafe'): UTF-8 text was written as Latin,
+    'Café 東京' as 'Café ??', and verification, reading the damaged carrier, passed it. Every byte 0x80-0xFF of
+    an undeclared (Latin) master, UTF-8 that a master does not declare, and charsets exiftool does not decode
+    must arrive unchanged too."""
+    master = tmp_path / f"{kind}.tif"
+    datasets = iptc_master(master, *IPTC_MASTERS[kind])
+    out = tmp_path / ("a.jp2" if recipe_name.startswith("jp2") else "a.tif")
+    result = convert(master, out, recipe=recipe_name)
+    assert result.ok, result.reason
+    written = out.read_bytes()  # IPTC is stored as it is: in the IPTC-NAA tag, or a JP2 uuid box
+    assert [d for d in datasets if d not in written] == []
+    tags = exiftool_json(out)
+    if IPTC_MASTERS[kind][0] is None:
+        assert "IPTC:CodedCharacterSet" not in tags
+    if kind == "utf8":
+        assert (tags["IPTC:ObjectName"], tags["IPTC:By-line"], tags["IPTC:Caption-Abstract"]) == (
+            "Café 東京", "Ζωή", "Москва ✓")
+
+
+def test_a_recipe_without_iptc_gets_no_iptc_record_for_the_charset(tmp_path):
+    """The charset travels with IPTC text, not on its own."""
+    master = tmp_path / "utf8.tif"
+    iptc_master(master, *IPTC_MASTERS["utf8"])
+    assert convert(master, tmp_path / "a.tif", recipe=recipe_keeping("EXIF:all", "1XMP-dc:all")).ok
+    assert not any(key.startswith("IPTC:") for key in exiftool_json(tmp_path / "a.tif"))
+
+
+def test_an_iptc_tag_kept_by_its_bare_name_keeps_its_charset(tmp_path):
+    master = tmp_path / "utf8.tif"
+    charset, name = iptc_master(master, *IPTC_MASTERS["utf8"])[:2]
+    assert convert(master, tmp_path / "a.tif", recipe=recipe_keeping("EXIF:all", "ObjectName")).ok
+    written = (tmp_path / "a.tif").read_bytes()
+    assert charset in written and name in written
+    assert exiftool_json(tmp_path / "a.tif")["IPTC:ObjectName"] == "Café 東京"
