@@ -28,9 +28,11 @@ import math
 import sys
 import threading
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Callable
+from urllib.parse import urlsplit
 
 import click
 import yaml
@@ -46,7 +48,7 @@ from gcis_etl.pipelines import Pipeline
 from gcis_etl.reports import PROBLEMS as RUN_PROBLEMS
 from gcis_etl.reports import RunReport, report_from_ledger
 from gcis_etl.settings import Settings, interpolate_env, parse, read_yaml
-from gcis_etl.stores import LocalStoreSettings, S3StoreSettings, StoreSettings
+from gcis_etl.stores import LocalStoreSettings, S3StoreSettings, Store, StoreSettings
 
 log = logging.getLogger(__name__)
 
@@ -302,6 +304,42 @@ def store_settings(spec: str, option: str) -> LocalStoreSettings | S3StoreSettin
     if data.get("kind") == "local" and isinstance(data.get("root"), str) and not Path(data["root"]).is_absolute():
         data = {**data, "root": str(base / data["root"])}
     return parse(_StoreSpec, {"store": data}, source).store
+
+
+def same_store(a: LocalStoreSettings | S3StoreSettings, b: LocalStoreSettings | S3StoreSettings) -> bool:
+    """Whether two store settings name the same objects. Only what names them counts: a local root wherever its
+    symlinks lead; an S3 server, bucket and prefix. Not how they are reached (region, addressing style,
+    retries...): comparing whole settings took the live store, given without its region, for another one."""
+    if isinstance(a, S3StoreSettings) and isinstance(b, S3StoreSettings):
+        return (_s3_server(a.endpoint_url), a.bucket, a.prefix) == (_s3_server(b.endpoint_url), b.bucket, b.prefix)
+    if isinstance(a, LocalStoreSettings) and isinstance(b, LocalStoreSettings):
+        try:
+            return a.root.samefile(b.root)
+        except OSError:  # a root not made yet
+            return a.root.resolve() == b.root.resolve()
+    return False
+
+
+def _s3_server(endpoint_url: str | None) -> str:
+    """AWS for no endpoint or any *.amazonaws.com one (a bucket name is unique across its regions), otherwise
+    host:port/path with the scheme's default port."""
+    if endpoint_url is None:
+        return "aws"
+    url = urlsplit(endpoint_url)
+    if url.hostname == "amazonaws.com" or url.hostname.endswith(".amazonaws.com"):
+        return "aws"
+    return f"{url.hostname}:{url.port or (443 if url.scheme == 'https' else 80)}{url.path.rstrip('/')}"
+
+
+def shows_through(written: Store, read: Store) -> bool:
+    """Whether an object put in `written` can be read from `read`: the same objects reached two ways that no
+    comparison of settings sees (another host name for the server, a bind mount). The object is removed."""
+    key = f"gcis-etl-store-check-{uuid.uuid4().hex}"
+    written.put_bytes(key, b"gcis-etl: are these two stores one?\n", content_type="text/plain")
+    try:
+        return read.exists(key)
+    finally:
+        written.delete(key)
 
 
 # ------------------------------------------------------------------------------------------------ scripts

@@ -9,8 +9,8 @@ object with unsettled items), so the cron harvests carry on from there; a run cu
 With --ids: the objects of a CSV file (column --id-column) or of a text file (one id per line, '#' comments),
 in harvest runs of --batch-size objects. Objects whose manifest is published and that have no failed item are
 not asked of the source again, so a re-run goes straight to what is left. The checkpoint is left alone. An id
-the source does not know stops the migration with its name (the objects before it are kept): remove it from
-the list and run again.
+the source does not know fails on its own: the other objects, before and after it, are loaded, and the summary
+names it as failed (exit 1). Every re-run asks for it again and fails it again: remove it from the list.
 
 The pipeline's max_run_minutes (a cron limit) does not apply; --max-minutes does. Pause the pipeline's cron
 harvests meanwhile: a harvest holding the pipeline stops the migration (exit 3).

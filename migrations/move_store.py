@@ -21,9 +21,13 @@ A store is a YAML/JSON file or an inline mapping, written like a pipeline's stor
   --to-store '{kind: s3, bucket: iiif-new, prefix: access, region: us-east-1}'
   --to-store '{kind: local, root: /srv/iiif/store}'
 
---delete-source refuses to delete from the store the pipeline is configured with. Both stores must place
-objects alike (the same keys: templates). Manifests are copied byte for byte: their ids and image service URLs
-come from the pipeline's manifests: settings, not from the store.
+--delete-source refuses to delete from the store the pipeline is configured with, or from the target, however
+the source is written: only the S3 server, bucket and prefix count (not the region, addressing style, ...), or
+the local root's real path (symlinks followed). Before deleting anything it also puts a small object in both
+and refuses if it shows in the source (one server under two host names, a directory mounted twice).
+
+Both stores must place objects alike (the same keys: templates). Manifests are copied byte for byte: their ids
+and image service URLs come from the pipeline's manifests: settings, not from the store.
 
 \b
 Exit codes: 0 done; 1 some keys failed or are missing, or stopped on an error (run again);
@@ -44,7 +48,7 @@ import click
 
 from gcis_etl.errors import GcisError, IntegrityError
 from gcis_etl.ledger import Ledger
-from gcis_etl.migration import MigrationContext, migration, store_settings
+from gcis_etl.migration import MigrationContext, migration, same_store, shows_through, store_settings
 from gcis_etl.pipelines import Pipeline
 from gcis_etl.stores import Store, open_store
 
@@ -56,27 +60,48 @@ from gcis_etl.stores import Store, open_store
 @click.option("--delete-source", is_flag=True, help="Delete each key from the source once verified in the target.")
 @click.option("--concurrency", type=click.IntRange(1, 64), default=4, show_default=True,
               help="Keys copied at once.")
-@click.option("--limit", type=click.IntRange(min=1), help="Look at no more than this many keys (a trial).")
+@click.option("--limit", type=click.IntRange(min=1),
+              help="Look at no more than this many keys (a trial: it stops at the limit; run again to go on).")
 def main(ctx: MigrationContext, name: str, to_spec: str | None, from_spec: str | None, delete_source: bool,
          concurrency: int, limit: int | None) -> None:
     pipeline = ctx.pipeline(name)
     configured = pipeline.settings.store
     source = store_settings(from_spec, "--from-store") if from_spec else configured
     target = store_settings(to_spec, "--to-store") if to_spec else configured
-    if source == target:
+    if same_store(source, target):
         raise click.UsageError("the source and the target are the same store: give --to-store or --from-store")
     if source.keys != target.keys:
         raise click.UsageError("the two stores place objects differently (their keys: templates differ); "
                                "a move keeps every key as it is: give the target the same keys:")
-    if delete_source and source == configured:
+    if delete_source and same_store(source, configured):
         raise click.UsageError(f"--delete-source would delete from the store pipeline {name!r} uses: point its "
                                f"store: at the new store first, then give the old one as --from-store")
     move = Move(ctx, open_store(source), open_store(target), delete_source, ctx.scratch(name))
     with ctx.ledger() as ledger, nullcontext() if ctx.dry_run else ctx.lock(name):
-        move.run(islice(pipeline_keys(ledger, pipeline), limit), concurrency)
-    if target != configured and not ctx.dry_run and ctx.report.exit_code == 0 and not ctx.stop.is_set():
+        if delete_source and not ctx.dry_run:
+            check_apart(move.source, {"the target": move.target,
+                                      f"the store pipeline {name!r} uses": open_store(configured)})
+        keys = pipeline_keys(ledger, pipeline)
+        move.run(islice(keys, limit), concurrency)
+        if limit is not None and not ctx.stop.is_set() and next(keys, None) is not None:
+            stopped = f"stopped at the limit of {limit} keys: run again to go on"
+            if ctx.dry_run:
+                ctx.report.notes.append(stopped)
+            else:
+                ctx.report.stop("stopped", stopped)
+    if ctx.report.status == "completed" and ctx.report.exit_code == 0 and not ctx.stop.is_set() \
+            and not same_store(target, configured):
         ctx.report.notes.append(f"next: point pipelines.{name}.store in {ctx.config.source_file} (and iipsrv) at "
                                 f"the new store, then run with --from-store OLD --delete-source")
+
+
+def check_apart(source: Store, kept: dict[str, Store]) -> None:
+    """Before --delete-source deletes anything: an object put in each store that keeps the keys must not show in
+    the source. Settings cannot tell one S3 server under two host names, or one directory mounted twice."""
+    for what, store in kept.items():
+        if shows_through(store, source):
+            raise click.UsageError(f"--delete-source: an object written to {what} shows in the source: the source "
+                                   f"is that store, reached another way; nothing was deleted")
 
 
 @dataclass(frozen=True)

@@ -195,10 +195,11 @@ def test_initial_load_from_an_id_list(site):
     assert "2 objects already loaded" in ok(site.migrate("initial_load", "--pipeline", PIPELINE, "--ids", "ids.csv"))
     assert site.runs() == runs  # nothing asked of the source again
 
-    (site.root / "ids.txt").write_text("# one per line\na\nzzz\n")
-    proc = site.migrate("initial_load", "--pipeline", PIPELINE, "--ids", "ids.txt")
-    assert proc.returncode == 1 and "no object 'zzz'" in proc.stdout and "2 deposited" in proc.stdout
-    assert {"a/p1.png", "a/p2.jpg"} <= set(site.items())  # what came before the bad id is kept
+    (site.root / "ids.txt").write_text("# one per line\nzzz\na\n")
+    proc = site.migrate("initial_load", "--pipeline", PIPELINE, "--ids", "ids.txt", "--batch-size", "1")
+    assert proc.returncode == 1 and "failed: zzz" in proc.stdout and "no object 'zzz'" in proc.stdout
+    assert "2 deposited" in proc.stdout
+    assert {"a/p1.png", "a/p2.jpg"} <= set(site.items())  # an unknown id fails alone: the run after it loads a
 
     (site.root / "wrong.csv").write_text("pid\nb\n")
     proc = site.migrate("initial_load", "--pipeline", PIPELINE, "--ids", "wrong.csv")
@@ -301,11 +302,14 @@ def test_move_store_copies_verified_resumes_and_deletes_the_source_only_after_th
                                              "--dry-run"))
     assert bucket_objects(minio, s3_bucket) == {}
 
-    assert "3 copied" in ok(site.migrate("move_store", "--pipeline", PIPELINE, "--to-store", str(target),
-                                         "--limit", "3"))
+    out = ok(site.migrate("move_store", "--pipeline", PIPELINE, "--to-store", str(target), "--limit", "3"))
+    assert out.startswith("move_store: stopped: 3 copied") and "stopped at the limit of 3 keys" in out
+    assert "next:" not in out  # a trial is no reason to switch the pipeline yet
     assert len(bucket_objects(minio, s3_bucket)) == 3
-    out = ok(site.migrate("move_store", "--pipeline", PIPELINE, "--to-store", str(target)))
-    assert "3 present, 5 copied" in out and "--delete-source" in out
+    out = ok(site.migrate("move_store", "--pipeline", PIPELINE, "--to-store", str(target),
+                          "--limit", "8"))  # every key: a limit nothing is left beyond stops nothing
+    assert out.startswith("move_store: completed: 3 present, 5 copied")
+    assert f"next: point pipelines.{PIPELINE}.store" in out and "--delete-source" in out
     assert bucket_objects(minio, s3_bucket) == local
     with site.ledger() as ledger:
         for record in ledger.items(PIPELINE):
@@ -335,3 +339,45 @@ def test_move_store_refuses_an_object_whose_bytes_are_not_what_was_recorded(site
     assert "failed: museum/b/b~2Fx.jpg.tif:" in proc.stdout and "not the recorded" in proc.stdout
     moved = bucket_objects(minio, s3_bucket)
     assert "museum/b/b~2Fx.jpg.tif" not in moved and len(moved) == 7
+
+
+def test_delete_source_refuses_the_live_s3_store_however_it_is_written(site, minio, s3_bucket, aws_env):
+    live = s3_store(minio, s3_bucket)
+    site.configure(live)
+    ok(site.migrate("initial_load", "--pipeline", PIPELINE))
+    stored = bucket_objects(minio, s3_bucket)
+    assert len(stored) == 8
+    # the same server, bucket and prefix, without the region and addressing style config.yaml gives
+    written_otherwise = {"kind": "s3", "bucket": s3_bucket, "prefix": "iiif/", "endpoint_url": minio.endpoint + "/",
+                         "retry": {"max_attempts": 3}}
+    proc = site.migrate("move_store", "--pipeline", PIPELINE, "--from-store", json.dumps(written_otherwise),
+                        "--delete-source")
+    assert proc.returncode == 2 and "the source and the target are the same store" in proc.stderr
+    proc = site.migrate("move_store", "--pipeline", PIPELINE, "--from-store", json.dumps(written_otherwise),
+                        "--to-store", "{kind: local, root: other}", "--delete-source")
+    assert proc.returncode == 2 and "would delete from the store pipeline 'museum' uses" in proc.stderr
+    assert not (site.root / "other").exists()
+
+    # another host name for the same server: only an object written to the live store shows it
+    aliased = {**live, "endpoint_url": minio.endpoint.replace("127.0.0.1", "localhost")}
+    proc = site.migrate("move_store", "--pipeline", PIPELINE, "--from-store", json.dumps(aliased),
+                        "--delete-source")
+    assert proc.returncode == 2, proc.stdout
+    assert "an object written to the target shows in the source" in proc.stderr
+    assert "nothing was deleted" in proc.stderr
+    assert bucket_objects(minio, s3_bucket) == stored  # every key still there, and no check object left behind
+    with site.ledger() as ledger:
+        assert ledger.counts(PIPELINE)["deposited"] == 4
+
+
+def test_delete_source_refuses_the_live_local_store_through_a_symlink(site):
+    ok(site.migrate("initial_load", "--pipeline", PIPELINE))
+    stored = site.stored()
+    (site.root / "link").symlink_to("store")
+    proc = site.migrate("move_store", "--pipeline", PIPELINE, "--from-store", "{kind: local, root: link}",
+                        "--delete-source")
+    assert proc.returncode == 2 and "the source and the target are the same store" in proc.stderr
+    proc = site.migrate("move_store", "--pipeline", PIPELINE, "--from-store", "{kind: local, root: link}",
+                        "--to-store", "{kind: local, root: other}", "--delete-source")
+    assert proc.returncode == 2 and "would delete from the store pipeline 'museum' uses" in proc.stderr
+    assert site.stored() == stored and not (site.root / "other").exists()
