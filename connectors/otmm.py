@@ -130,10 +130,13 @@ class OtmmSource:
         since = as_utc(since) if since else None
         until = as_utc(until) if until else None
         groups_done: set[str] = set()
+        assets_seen: set[str] = set()
         for summary in self._discover(since):
             if summary.get("deleted"):
                 log.info("%s: asset %s is deleted; nothing to harvest", self.name, summary.get("asset_id"))
                 continue
+            relisted = summary["asset_id"] in assets_seen  # the listing moved: the run must see its group again
+            assets_seen.add(summary["asset_id"])
             if not within(_updated(summary), since, until):
                 continue
             object_id = summary["asset_id"]  # the asset's group, once the asset is read
@@ -145,7 +148,7 @@ class OtmmSource:
                     obj = self._object(object_id, [asset])
                 else:
                     object_id = self._group_value(asset) or asset["asset_id"]
-                    if object_id in groups_done:
+                    if object_id in groups_done and not relisted:
                         continue
                     groups_done.add(object_id)
                     obj = self._group(object_id, asset)
@@ -226,7 +229,7 @@ class OtmmSource:
             return self._search(self._conditions(since))
         if self.settings.discovery == "folder":
             return self._walk(self.settings.folder.folder_id)
-        return ({"asset_id": asset_id} for asset_id in self.settings.id_list.read())
+        return ({"asset_id": asset_id} for asset_id in dict.fromkeys(self.settings.id_list.read()))  # once each
 
     def _conditions(self, since: datetime | None) -> list[dict]:
         s = self.settings.search

@@ -189,7 +189,7 @@ class RosettaSource:
             return self._oai(since, until)
         if self.settings.discovery == "sru":
             return self._sru(since, until)
-        return ((pid, None) for pid in self.settings.pid_list.read())
+        return ((pid, None) for pid in dict.fromkeys(self.settings.pid_list.read()))  # once each: see Harvest.objects
 
     def _oai(self, since: datetime | None, until: datetime | None) -> Iterator[tuple[str, datetime | None]]:
         oai = self.settings.oai
@@ -216,9 +216,10 @@ class RosettaSource:
             for header in container.iter(f"{{{NS['oai']}}}header"):
                 identifier = (header.findtext("oai:identifier", "", NS)).strip()
                 match = pattern.search(identifier)
-                if not match:
-                    raise SourceDataError(f"OAI-PMH identifier {identifier!r} does not match "
-                                          f"oai.identifier_pattern {oai.identifier_pattern!r}")
+                if not match:  # e.g. a collection record published to the same set: no IE of this pipeline
+                    log.warning("%s: OAI-PMH identifier %r does not match oai.identifier_pattern %r; skipped",
+                                self.name, identifier, oai.identifier_pattern)
+                    continue
                 if header.get("status") == "deleted":
                     log.info("%s: %s is deleted in the OAI-PMH feed; nothing to harvest", self.name, match.group(1))
                     continue
@@ -282,14 +283,15 @@ class RosettaSource:
         mets = _xml(self._get_ie(pid).encode("utf-8"), f"{pid}: getIE METS")
         document = _IeDocument(pid, mets, self.settings, self._zone)
         group = document.representation()
-        if group is None:
+        items = tuple(document.items(group, self._delivery_url)) if group is not None else ()
+        if not items:  # no images to harvest either way: the one missing_representation policy
             wanted, found = " or ".join(self.settings.preservation_types), ", ".join(document.types()) or "none"
-            message = f"{pid}: no representation of preservation type {wanted} (found: {found})"
+            message = (f"{pid}: representation {group.get('ID')} ({wanted}) has no files" if group is not None
+                       else f"{pid}: no representation of preservation type {wanted} (found: {found})")
             if explicit or self.settings.missing_representation == "error":
                 raise ObjectNotFound(message)
             log.warning("%s: %s; skipped", self.name, message)
             return None
-        items = tuple(document.items(group, self._delivery_url))
         modified = max([m for m in (document.modified(), *(i.modified for i in items)) if m] or
                        [stamp or datetime.now(timezone.utc)])
         url = self.settings.source_url_template

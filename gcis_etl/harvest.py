@@ -5,7 +5,8 @@ Why it is safe to kill at any point: item results are committed as they arrive; 
 run dies is redone next time (processing is idempotent, so at worst it is converted again, never deposited
 twice); a manifest is published only once all its object's items are settled and recorded as such; the
 collection lists the objects the ledger says are published but not yet listed; and the checkpoint moves only
-at the end of a complete run, never past an object that still has an unsettled item.
+at the end of a complete run, never past an object that still has an unsettled item, and not at all after a
+listing that moved while it was paged (see Harvest.objects).
 """
 from __future__ import annotations
 
@@ -121,6 +122,7 @@ class Harvest:
         minutes = options.max_run_minutes or pipeline.settings.max_run_minutes
         self.deadline = time.monotonic() + minutes * 60 if minutes else None
         self.cut_short: str | None = None
+        self.checkpoint_held: str | None = None  # why a complete run leaves the checkpoint where it was
         self.listed: set[str] = set()  # objects this run has seen in the source
 
     # ------------------------------------------------------------------------------------ listing
@@ -137,9 +139,11 @@ class Harvest:
         seen = self.listed
         # No upper bound: an object modified during the run (or stamped ahead by a skewed clock) is taken now;
         # the checkpoint stays at the run's start, so the next run sees it again and skips it as unchanged.
-        listing = self._by_id(self.options.object_ids) if self.options.object_ids else source.changes(since)
+        listing = (self._by_id(dict.fromkeys(self.options.object_ids)) if self.options.object_ids
+                   else source.changes(since))
         for obj in listing:
-            if obj.id in seen:  # listed twice (a repeated id, an offset-paged search that shifted): once is enough
+            if obj.id in seen:
+                self._listed_twice(obj.id)
                 continue
             seen.add(obj.id)
             yield obj
@@ -149,6 +153,17 @@ class Harvest:
         if retry:
             self.progress.note(f"revisiting {len(retry)} objects with failed items")
         yield from self._by_id(retry)
+
+    def _listed_twice(self, object_id: str) -> None:
+        """Sources page their listings by offset over a result sorted by modification time: an object edited
+        after its page was read moves to the end, every later object moves back one place, and the one on the
+        next page boundary is never served. Which one is unknown, so the checkpoint stays where it was: the next
+        run lists the same window again, skipping what is unchanged and taking what this run passed over."""
+        if self.checkpoint_held is None:
+            self.checkpoint_held = (f"{object_id} was listed twice: the source's listing moved while it was paged "
+                                    "(an object edited during the run) and may have passed over others; the "
+                                    "checkpoint stays where it was, so the next run lists them again")
+            log.warning("%s: %s", self.pipeline.name, self.checkpoint_held)
 
     def _by_id(self, object_ids) -> Iterator[SourceObject | UnreadableObject]:
         """One at a time, so that an object the source cannot describe, or no longer has, stands alone."""
@@ -331,7 +346,8 @@ class Harvest:
 
     def next_checkpoint(self, since: datetime | None, until: datetime) -> datetime | None:
         """Only a complete run over the checkpoint's own window moves it, and never past an unsettled object."""
-        if self.cut_short or self.options.since is not None or self.options.object_ids or None in self.unsettled:
+        if (self.cut_short or self.checkpoint_held or self.options.since is not None or self.options.object_ids
+                or None in self.unsettled):
             return None
         target = min([until, *self.unsettled])
         current = self.ledger.checkpoint(self.pipeline.name)
@@ -385,7 +401,7 @@ def harvest(config: Config, name: str, options: HarvestOptions = HarvestOptions(
             if checkpoint is not None:
                 ledger.set_checkpoint(name, checkpoint, run.run_id)
             ledger.finish_run(run.run_id, "stopped" if run.cut_short else "completed", run.counts,
-                              run.manifests_published, checkpoint, run.cut_short)
+                              run.manifests_published, checkpoint, run.cut_short or run.checkpoint_held)
             return write_report(report_from_ledger(ledger, ledger.run(run.run_id)), reports)
 
 

@@ -206,6 +206,17 @@ def test_a_changed_member_brings_its_whole_group(emulator):
     assert len(irises.items) == 3  # recto and verso did not change, the detail did
 
 
+def test_a_group_whose_asset_comes_again_in_a_listing_that_moved_is_listed_again(emulator):
+    """The listing is sorted by last modified and paged by offset: the recto, edited once the first page is read,
+    comes again at the end, and 84_PA_1 moves back onto that page, never served. Its group listed twice is how
+    the run learns that the listing moved and holds its checkpoint."""
+    recto = asset_id(emulator, "2019_M_1_recto.tif")
+    listing_page_2 = r"GET /otmmapi/v6/search/text\?(?!.*search_condition_list).*after=2"  # not a group's members
+    emulator.before(listing_page_2, lambda: emulator.app.catalogue.touch(recto))
+    source = otmm(emulator.url, group=GROUP, search={"page_size": 2, "method": "GET", "sort": f"asc_{MODIFIED_FIELD}"})
+    assert [o.id for o in source.changes(None)] == ["2019.M.1", "2019.M.10", "86.XM.2", "2019.M.1"]
+
+
 def test_explicit_group_ids(emulator):
     (obj,) = otmm(emulator.url, group=GROUP).get(["2019.M.1"])
     assert len(obj.items) == 3

@@ -19,9 +19,10 @@ from connectors.errors import (AuthenticationFailed, FetchIntegrityError, Object
 from connectors.rosetta import RosettaSource
 from gcis_etl.errors import ConfigError
 from tests.emulators import FAST_RETRY
-from tests.emulators.catalogue import CORPUS
+from tests.emulators.catalogue import CORPUS, CorpusFile
 from tests.emulators.faults import Fault
-from tests.emulators.rosetta import SRU_DATE_INDEX, RosettaEmulator
+from tests.emulators.rosetta import (SRU_DATE_INDEX, Entity, Representation, RosettaCatalogue, RosettaEmulator,
+                                     RosettaFile, seed)
 from tests.emulators.server import EmulatorServer
 from tests.servers import free_port, wait_for_port
 
@@ -120,6 +121,18 @@ def test_oai_protocol_errors_are_reported_and_empty_results_are_empty(emulator):
         list(rosetta(emulator.url, oai={"set": "gcis", "metadata_prefix": "marc21"}).changes(None))
 
 
+def test_an_oai_record_that_is_no_ie_is_skipped_with_a_warning_and_the_listing_goes_on(caplog):
+    catalogue = seed()  # a collection record published to the harvested set, amid the IEs
+    catalogue.entities["COL77"] = Entity("COL77", [("dc:title", "A collection", "en")], utc("2023-01-01 00:00:00"),
+                                         utc("2024-01-20 00:00:00"), [])
+    with EmulatorServer(RosettaEmulator(catalogue)) as server, caplog.at_level(logging.WARNING, logger="connectors"):
+        assert [o.id for o in rosetta(server.url).changes(None)] == LIVE_IN_SET
+        assert len(server.requests("verb=ListIdentifiers")) == 4  # every page, COL77's included
+        assert "COL77" not in " ".join(r.body.decode() for r in server.requests(SOAP))
+    assert "'oai:rosetta.emulator:COL77' does not match oai.identifier_pattern" in caplog.text
+    assert "skipped" in caplog.text
+
+
 def test_pid_list_from_a_file_with_comments(emulator, tmp_path):
     pids = tmp_path / "pids.txt"
     pids.write_text("# migration batch 1\nIE1016\n\nIE1001  # irises\n")
@@ -191,6 +204,26 @@ def test_an_ie_without_the_wanted_representation(emulator, caplog):
     assert "IE1026" in caplog.text and "skipped" in caplog.text
     with pytest.raises(ObjectNotFound):
         list(skipping.get(["IE1026"]))  # named explicitly: always an error
+
+
+def test_an_ie_whose_wanted_representation_has_no_files_follows_the_same_policy(caplog):
+    catalogue = RosettaCatalogue([
+        Entity("IE2011", [("dc:title", "Empty", "en")], utc("2023-01-01 00:00:00"), utc("2024-01-02 00:00:00"),
+               [Representation("REP2012", "MODIFIED_MASTER", [])]),
+        Entity("IE2021", [("dc:title", "Normal", "en")], utc("2023-01-01 00:00:00"), utc("2024-01-03 00:00:00"),
+               [Representation("REP2022", "MODIFIED_MASTER", [RosettaFile("FL2023", CorpusFile("gray8/gray.tif"),
+                                                                          "Only")])])])
+    with EmulatorServer(RosettaEmulator(catalogue)) as server:
+        listed, normal = rosetta(server.url).changes(None)  # in its place: the run records it as failed
+        assert isinstance(listed, UnreadableObject) and listed.id == "IE2011" and not listed.gone
+        assert listed.reason == "IE2011: representation REP2012 (MODIFIED_MASTER) has no files"
+        assert [i.id for i in normal.items] == ["FL2023"]
+        skipping = rosetta(server.url, missing_representation="skip")
+        with caplog.at_level(logging.WARNING, logger="connectors"):
+            assert [o.id for o in skipping.changes(None)] == ["IE2021"]
+        assert "IE2011: representation REP2012 (MODIFIED_MASTER) has no files; skipped" in caplog.text
+        with pytest.raises(ObjectNotFound, match="has no files"):
+            list(skipping.get(["IE2011"]))  # named explicitly: always an error
 
 
 def test_descriptive_metadata_keeps_languages_and_order(emulator):

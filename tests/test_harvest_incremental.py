@@ -195,6 +195,30 @@ def test_an_object_listed_twice_in_one_run_is_processed_once(rig):
         assert len(emulator.requests("DeliveryManagerServlet")) == 3
 
 
+def test_an_object_edited_while_the_listing_is_paged_holds_the_checkpoint(rig):
+    """The OAI listing pages by offset over IEs in datestamp order: IE5000, edited once the first page is read,
+    moves to the end and IE5020 moves back onto the page already read. The run never sees IE5020, so it must
+    leave the checkpoint where it was for the next run to list it again."""
+    source = catalogue()
+    with serving(RosettaEmulator(source, oai_page_size=2)) as emulator:
+        rig.write(rosetta_source(emulator.url))
+        emulator.before("resumptionToken=", lambda: source.touch("IE5000"))
+        run = rig.harvest()
+        assert run.status == "completed" and run.checkpoint_after is None
+        assert run.note.startswith("IE5000 was listed twice: the source's listing moved while it was paged")
+        assert outcomes(rig, run.run_id) == {("IE5000", "FL5002"): "deposited", ("IE5000", "FL5003"): "deposited",
+                                             ("IE5010", "FL5012"): "deposited"}  # IE5020 passed over
+        with rig.ledger() as ledger:
+            assert ledger.checkpoint(rig.pipeline) is None
+
+        run = rig.harvest()
+        assert outcomes(rig, run.run_id) == {("IE5000", "FL5002"): "skipped", ("IE5000", "FL5003"): "skipped",
+                                             ("IE5010", "FL5012"): "skipped", ("IE5020", "FL5022"): "rejected",
+                                             ("IE5020", "FL5023"): "deposited"}
+        assert run.note is None and run.checkpoint_after is not None
+        rig.check_final_state(rosetta_expected(source))
+
+
 def test_an_object_the_source_cannot_describe_fails_alone_and_holds_the_checkpoint(rig):
     source = catalogue()
     broken = source.entities["IE5010"]

@@ -2,8 +2,9 @@
 
 An emulator is an App: `handle(Request) -> Response`, plus `control(name, Request)` for its own
 demo switches. The server adds what every emulator needs: faults (tests call `server.inject`,
-people running it standalone POST JSON to /_emulator/faults), a log of the requests received,
-streamed file bodies, and a command line (`run_cli`).
+people running it standalone POST JSON to /_emulator/faults), edits made between two of a client's
+requests (`server.before`), a log of the requests received, streamed file bodies, and a command line
+(`run_cli`).
 """
 from __future__ import annotations
 
@@ -87,6 +88,7 @@ class EmulatorServer:
         self.faults = FaultInjector()
         self.log: list[Request] = []
         self._log_lock = threading.Lock()
+        self._before: list[tuple[re.Pattern, Callable[[], None]]] = []
         self._stopping = threading.Event()
         self._httpd = ThreadingHTTPServer((host, port), _handler_for(self))
         self._httpd.daemon_threads = True
@@ -124,6 +126,13 @@ class EmulatorServer:
     def inject(self, pattern: str, fault: Fault, times: int | None = 1) -> None:
         self.faults.inject(pattern, fault, times)
 
+    def before(self, pattern: str, action: Callable[[], None]) -> None:
+        """Run `action` once, just before answering the first request whose "METHOD /path?query" matches
+        `pattern`: the source changing between two requests of a client (an object edited between two pages of
+        a listing), at a known point rather than after a guessed delay."""
+        with self._log_lock:
+            self._before.append((re.compile(pattern), action))
+
     def requests(self, pattern: str = "") -> list[Request]:
         """Requests received whose "METHOD /path?query" contains `pattern` (a regex), oldest first."""
         with self._log_lock:
@@ -132,6 +141,14 @@ class EmulatorServer:
     def record(self, request: Request) -> None:
         with self._log_lock:
             self.log.append(request)
+
+    def run_before(self, request: Request) -> None:
+        line = f"{request.method} {request.target}"
+        with self._log_lock:
+            due = [rule for rule in self._before if rule[0].search(line)]
+            self._before = [rule for rule in self._before if rule not in due]
+        for _, action in due:
+            action()
 
     def wait(self, seconds: float) -> None:
         """Sleep that ends early when the server stops, so slow faults never hold a test up."""
@@ -160,6 +177,7 @@ def _handler_for(server: EmulatorServer) -> type[BaseHTTPRequestHandler]:
                 self._send(self._control(parts.path[len(CONTROL_PREFIX):], request))
                 return
             server.record(request)
+            server.run_before(request)
             fault = server.faults.take(self.command, self.path)
             if fault and fault.kind == "reset":
                 self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
