@@ -182,7 +182,8 @@ class Harvest:
             decision = decide(record, fingerprint(item), self.recipe.digest, settings.max_attempts,
                               self.options.force, self.options.redo_rejected, self.options.reencode)
             attempt = record.attempts + 1 if record and record.status == "failed" else 1
-            task = ItemTask(self.pipeline.name, obj.id, item, self.recipe.name, self.recipe.digest, attempt)
+            task = ItemTask(self.pipeline.name, obj.id, item, self.recipe.name, self.recipe.digest, attempt,
+                            self.options.force)
             yield item, decision, (task if decision.process else None)
 
     def should_stop(self) -> bool:

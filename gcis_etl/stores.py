@@ -96,8 +96,10 @@ class Store(Protocol):
     keys: KeyTemplates
 
     def put(self, key: str, path: Path, *, sha256: str | None = None, provenance: Provenance = Provenance(),
-            content_type: str | None = None) -> StoredObject:
-        """Deposit a local file; `sha256` is the hex digest computed while the file was written, if known."""
+            content_type: str | None = None, overwrite: bool = False) -> StoredObject:
+        """Deposit a local file; `sha256` is the hex digest computed while the file was written, if known.
+        Identical bytes already under `key` are left alone (`unchanged`), as the store's own record of them
+        says, unless `overwrite`: that record outlives damage to the bytes it describes."""
 
     def put_bytes(self, key: str, data: bytes, *, content_type: str,
                   provenance: Provenance = Provenance()) -> StoredObject:
@@ -177,12 +179,12 @@ class LocalStore:
         return str(self.root / key)
 
     def put(self, key: str, path: Path, *, sha256: str | None = None, provenance: Provenance = Provenance(),
-            content_type: str | None = None) -> StoredObject:
+            content_type: str | None = None, overwrite: bool = False) -> StoredObject:
         _check_sha256(sha256)
         try:
             with open(path, "rb") as f:
                 return self._write(key, iter(lambda: f.read(CHUNK), b""), sha256, provenance,
-                                   content_type or content_type_for(key))
+                                   content_type or content_type_for(key), overwrite)
         except OSError as exc:
             raise StoreError(f"{self.describe(key)}: cannot read {path}: {exc.strerror}") from None
 
@@ -191,7 +193,7 @@ class LocalStore:
         return self._write(key, [data], None, provenance, content_type)
 
     def _write(self, key: str, chunks: Iterable[bytes], expected: str | None, provenance: Provenance,
-               content_type: str) -> StoredObject:
+               content_type: str, overwrite: bool = False) -> StoredObject:
         dest = self.root / check_key(key)
         try:
             dest.parent.mkdir(parents=True, exist_ok=True)
@@ -213,7 +215,7 @@ class LocalStore:
             if expected is not None and sha256 != expected:
                 raise IntegrityError(f"{self.describe(key)}: the file read has SHA-256 {sha256}, "
                                      f"not the {expected} it was produced with; nothing was stored")
-            current = self.head(key)
+            current = None if overwrite else self.head(key)
             if current is not None and current.sha256 == sha256 and current.size == size:
                 return replace(current, unchanged=True)
             os.chmod(tmp, 0o644)
@@ -526,7 +528,7 @@ class S3Store:
         return None
 
     def put(self, key: str, path: Path, *, sha256: str | None = None, provenance: Provenance = Provenance(),
-            content_type: str | None = None) -> StoredObject:
+            content_type: str | None = None, overwrite: bool = False) -> StoredObject:
         _check_sha256(sha256)
         content_type = content_type or content_type_for(key)
         try:
@@ -539,7 +541,7 @@ class S3Store:
                 # Needed before sending: for the no-op check, and as the checksum a single PUT announces.
                 sha256 = sha256_stream(f)
                 f.seek(0)
-            done = self._unchanged(key, sha256, size)
+            done = None if overwrite else self._unchanged(key, sha256, size)
             if done:
                 return done
             if size < self.settings.multipart_threshold:

@@ -45,6 +45,7 @@ class ItemTask:
     recipe: str
     recipe_digest: str
     attempt: int = 1
+    force: bool = False  # harvest --force: convert and deposit again, whatever the store says it holds
 
     @property
     def fingerprint(self) -> str:
@@ -172,7 +173,7 @@ class Worker:
         store = pipeline.store
         key = store.keys.image_key(task.pipeline, task.object_id, task.item.id, task.item.sequence,
                                    recipe.extension.lstrip("."))
-        done = store.head(key)
+        done = None if task.force else store.head(key)  # a damaged copy keeps its provenance
         if done is not None and done.sha256 and done.provenance.source_checksum == task.fingerprint \
                 and done.provenance.recipe_digest == recipe.digest and done.provenance.width:
             return replace(base, outcome=Outcome.DEPOSITED, key=key, sha256=done.sha256, bytes=done.size,
@@ -193,7 +194,8 @@ class Worker:
                 return replace(base, reason=reason, **common)
             stored = store.put(key, output, sha256=converted.sha256, provenance=Provenance(
                 source_id=f"{task.object_id}/{task.item.id}", source_checksum=task.fingerprint,
-                recipe=recipe.name, recipe_digest=recipe.digest, width=converted.width, height=converted.height))
+                recipe=recipe.name, recipe_digest=recipe.digest, width=converted.width, height=converted.height),
+                overwrite=task.force)
             return replace(base, outcome=Outcome.DEPOSITED, key=key, sha256=stored.sha256, bytes=stored.size,
                            width=converted.width, height=converted.height, **common)
         finally:

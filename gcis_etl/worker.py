@@ -212,7 +212,7 @@ def __getattr__(name: str) -> Any:
 def celery_task_id(task: ItemTask) -> str:
     """The same work always gets the same id: a resubmission after a restart finds its outcome or its task."""
     key = "\0".join((task.pipeline, task.object_id, task.item.id, task.fingerprint, task.recipe_digest,
-                     str(task.attempt)))
+                     str(task.attempt), *(("force",) if task.force else ())))  # forced: not an earlier outcome
     return "gcis-" + hashlib.sha256(key.encode()).hexdigest()[:40]
 
 

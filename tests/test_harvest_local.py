@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
 import os
 import shutil
@@ -186,6 +187,25 @@ def test_force_publishes_the_manifest_again(site):
     forced = cli(site, "harvest", "--object", "print-2", "--force")
     assert "1 deposited, 0 skipped, 0 rejected, 0 failed; 1 manifests published" in forced.stdout, forced.stderr
     assert manifest.read_text() == published
+
+
+def test_force_repairs_an_access_master_damaged_in_the_store(site):
+    """The store's record of an access master (its sidecar) outlives damage to the bytes in place: --force
+    converts and deposits again instead of trusting that record."""
+    cli(site, "harvest")
+    (row,) = [r for (o, _), r in ledger_rows(site).items() if o == "print-2"]
+    master = site / "store" / row["output_key"]
+    with open(master, "r+b") as f:  # same size, same inode: the sidecar still vouches for it
+        f.seek(2000)
+        damaged = bytes(b ^ 0xFF for b in f.read(500))
+        f.seek(2000)
+        f.write(damaged)
+    assert hashlib.sha256(master.read_bytes()).hexdigest() != row["sha256"]
+    forced = cli(site, "harvest", "--object", "print-2", "--force")
+    assert "1 deposited, 0 skipped, 0 rejected, 0 failed" in forced.stdout, forced.stderr
+    assert hashlib.sha256(master.read_bytes()).hexdigest() == ledger_rows(site)[("print-2", row["item_id"])]["sha256"]
+    report = verify(master)
+    assert report.ok, report.errors
 
 
 def test_status_and_report_summarise_the_ledger(site):

@@ -127,8 +127,10 @@ def _common(command):
 @click.option("--limit", type=click.IntRange(min=1), help="Process at most this many items (skips do not count).")
 @click.option("--object", "object_ids", multiple=True, metavar="ID",
               help="Only this object (repeatable); the checkpoint is left where it is.")
-@click.option("--force", is_flag=True, help="Process items even when unchanged (e.g. after a recipe change) "
-                                           "and publish their manifests again (e.g. one lost from the store).")
+@click.option("--force", is_flag=True, help="Process the listed items even when unchanged (e.g. after a recipe "
+                                           "change) and publish their manifests again (e.g. one lost from the "
+                                           "store). Only what is listed: the changes since the checkpoint, or "
+                                           "with --since / --object; the whole store: the reencode migration.")
 @click.option("--max-minutes", type=click.FloatRange(min=0, min_open=True),
               help="Take no new item after this many minutes (the pipeline's max_run_minutes otherwise).")
 @_common
@@ -153,6 +155,9 @@ def harvest(ctx: click.Context, pipelines: tuple[str, ...], dry_run: bool, since
       */15 * * * *  gcis-etl --config /etc/gcis/config.yaml harvest --log-json --max-minutes 14
     """
     from gcis_etl.harvest import HarvestOptions
+    if force and since is None and not object_ids:
+        click.echo("note: --force reaches only what changed since the checkpoint; add --since or --object for "
+                   "older items (or use the reencode migration)", err=True)
     _run(ctx, pipelines, HarvestOptions(dry_run=dry_run, since=since, limit=limit, object_ids=tuple(object_ids),
                                         force=force, max_run_minutes=max_minutes), log_json, verbose)
 
