@@ -275,13 +275,16 @@ def reduction(width: int, height: int, levels: int) -> int:
 
 def regions(width: int, height: int, tile: tuple[int, int] | None = None) -> list[tuple[int, int, int, int]]:
     """Full-resolution regions (x0, y0, x1, y1): the four corners and the centre; with `tile`, the whole
-    tiles that hold them (OpenJPEG 2.5.0 decodes an HTJ2K region that is not a whole tile wrongly)."""
-    w, h = min(REGION, width), min(REGION, height)
-    xs, ys = (0, (width - w) // 2, width - w), (0, (height - h) // 2, height - h)
-    spots = [(xs[0], ys[0]), (xs[2], ys[0]), (xs[0], ys[2]), (xs[2], ys[2]), (xs[1], ys[1])]
+    tiles that hold the corner pixels and the centre one (OpenJPEG 2.5.0 decodes an HTJ2K region that is not
+    a whole tile wrongly)."""
     if tile:
         w, h = tile
-        spots = [(x // w * w, y // h * h) for x, y in spots]
+        points = [(0, 0), (width - 1, 0), (0, height - 1), (width - 1, height - 1), (width // 2, height // 2)]
+        spots = [(x // w * w, y // h * h) for x, y in points]
+    else:
+        w, h = min(REGION, width), min(REGION, height)
+        xs, ys = (0, (width - w) // 2, width - w), (0, (height - h) // 2, height - h)
+        spots = [(xs[0], ys[0]), (xs[2], ys[0]), (xs[0], ys[2]), (xs[2], ys[2]), (xs[1], ys[1])]
     return [(x, y, min(width, x + w), min(height, y + h)) for x, y in dict.fromkeys(spots)]
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -314,6 +315,26 @@ def test_sampling_decodes_a_reduced_resolution_and_five_regions():
     # HTJ2K: whole tiles (OpenJPEG 2.5.0 decodes a part of an HT tile wrongly; the centre shares tile 0,0)
     assert regions(1000, 1000, (512, 512)) == [(0, 0, 512, 512), (512, 0, 1000, 512), (0, 512, 512, 1000),
                                                (512, 512, 1000, 1000)]
+    # edge tiles narrower than a region (241 and 135 px) are the ones checked, not their neighbours
+    assert regions(8433, 4743, (512, 512)) == [(0, 0, 512, 512), (8192, 0, 8433, 512), (0, 4608, 512, 4743),
+                                               (8192, 4608, 8433, 4743), (4096, 2048, 4608, 2560)]
+
+
+def test_htj2k_verification_checks_the_narrow_corner_tile(tmp_path):
+    """1100x700 in 512 tiles: the bottom-right tile is 76x188, narrower than the 256 px regions. Four pixels
+    one level off there (invisible at reduced resolution) fail the lossless HTJ2K recipe."""
+    master = _detailed_master(tmp_path, 1100, 700)
+    reference, out = tmp_path / "reference.tif", tmp_path / "ht.jp2"
+    pyvips.Image.new_from_file(str(master)).tiffsave(str(reference), compression="none", strip=True)
+    command = build_command(load_recipe("jp2-grok-htj2k"), reference, out, size=(1100, 700))
+    run_encoder(command.argv, timeout=60)
+    expect = Jp2Expectation(width=1100, height=700, levels=command.levels, layers=1, progression="RPCL", ht=True,
+                            plt=True, min_psnr=LOSSLESS, reference=reference,
+                            coding=Jp2Coding(reversible=True, tile=(512, 512)))
+    assert verify_jp2(out, expect).ok
+    altered = _altered(reference, tmp_path, 1090, 690, 2, lambda patch: patch ^ 1)
+    report = verify_jp2(out, replace(expect, reference=altered))
+    assert report.errors == ("lossless recipe but region 1024,512,1100,700 differ from the normalised image",)
 
 
 @pytest.mark.parametrize("name", ["jp2-openjpeg-lossless", "jp2-openjpeg-lossy"])
