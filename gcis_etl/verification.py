@@ -252,8 +252,8 @@ def _int(result, xpath: str) -> int | None:
 
 # Pixels are checked without decoding the full resolution (which cost more than the encoder on 40 Mpx):
 # one reduced resolution is decoded whole and compared with the reference reduced by the same wavelet,
-# tile by tile, and full-resolution regions at the corners and the centre are decoded alone (opj_decompress
-# -d reads only their code-blocks) and compared with the reference's pixels.
+# tile by tile, and full-resolution regions at the corners and the centre are decoded alone (the decoder
+# reads only their code-blocks) and compared with the reference's pixels.
 REDUCED_PIXELS = 2 ** 18  # the reduced resolution decoded whole: the first one at or under ~0.26 Mpx
 REGION = 256              # side of the full-resolution regions
 BLOCK = 8                 # the reduced comparison is made per 8x8 block, so a local defect is not averaged away
@@ -290,15 +290,12 @@ def regions(width: int, height: int, tile: tuple[int, int] | None = None) -> lis
 
 def jp2_pixel_errors(path: Path, expect: Jp2Expectation, coding: Jp2Coding,
                      reduced: Callable[[], Any] | None = None) -> list[str]:
-    """Decode with OpenJPEG (as iipsrv does) one reduced resolution whole and full-resolution regions, all at
-    once. `reduced`: the reference's reduced_reference, when it was computed ahead."""
-    import tempfile
+    """Decode with OpenJPEG, in-process as iipsrv does, one reduced resolution whole and full-resolution
+    regions. `reduced`: the reference's reduced_reference, when it was computed ahead."""
     r = reduction(expect.width, expect.height, expect.levels)
     lossless = expect.min_psnr == LOSSLESS
     spots = regions(expect.width, expect.height, coding.tile if expect.ht else None) if r else []
-    with tempfile.TemporaryDirectory(prefix="gcis-jp2-") as scratch:
-        decoded, *pieces = _opj_decompress(path, Path(scratch), [("-r", str(r))] + [
-            ("-d", f"{x0},{y0},{x1},{y1}") for x0, y0, x1, y1 in spots])
+    decoded, *pieces = [_decoded(path, r, None)] + [_decoded(path, 0, spot) for spot in spots]
     if isinstance(decoded, str):
         return [f"reduction {r} does not decode: {decoded}"]
     size = (_down(expect.width, r), _down(expect.height, r))
@@ -332,26 +329,13 @@ def reduced_reference(expect: Jp2Expectation):
     return wavelet_reduced(_reference_pixels(expect.reference), r, expect.coding) if r else None
 
 
-def _opj_decompress(path: Path, scratch: Path, decodes: list[tuple[str, ...]]) -> list:
-    """For each set of arguments, the decoded RGB pixels or opj_decompress's complaint. The decoders run
-    side by side: each is small, and mostly process start-up."""
-    import subprocess
-
-    import numpy as np
-    from PIL import Image
-    outs = [scratch / f"decoded-{i}.ppm" for i in range(len(decodes))]
-    procs = [subprocess.Popen(["opj_decompress", "-quiet", "-i", str(path), "-o", str(out), *args],
-                              stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True, errors="replace") for out, args in zip(outs, decodes)]
-    results = []
-    for proc, out in zip(procs, outs):
-        said = proc.communicate()[0]
-        if proc.returncode or not out.is_file():
-            results.append(said.strip()[-200:] or f"exit {proc.returncode}")
-            continue
-        with Image.open(out) as im:
-            results.append(np.asarray(im.convert("RGB")))
-    return results
+def _decoded(path: Path, reduce: int, area: tuple[int, int, int, int] | None):
+    """The decoded RGB pixels, or the decoder's complaint."""
+    from gcis_etl.openjpeg import DecodeError, decode_rgb
+    try:
+        return decode_rgb(path, reduce, area)
+    except DecodeError as exc:
+        return str(exc)
 
 
 def _reference_pixels(reference: Path):
