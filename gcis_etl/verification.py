@@ -159,15 +159,17 @@ class Jp2Expectation:
     metadata: dict = field(default_factory=dict)
 
 
-def verify_jp2(path: str | Path, expect: Jp2Expectation, reduced: Callable[[], Any] | None = None) -> VerifyReport:
+def verify_jp2(path: str | Path, expect: Jp2Expectation, reduced: Callable[[], Any] | None = None,
+               checked=None) -> VerifyReport:
     """Structure with jpylyzer (the validator Bodleian uses), geometry, sRGB colour box, pixels, metadata.
     exiftool reads the metadata beside jpylyzer, and so does the pixel check when the coding is expected;
-    `reduced` may give the reference's reduction computed ahead (reduced_reference, e.g. beside the encoder)."""
+    `reduced` may give the reference's reduction computed ahead (reduced_reference, e.g. beside the encoder),
+    `checked` jpylyzer's result when it was read already."""
     from gcis_etl.isolation import beside
     path = Path(path)
     pixels = beside(jp2_pixel_errors, path, expect, expect.coding, reduced) if expect.coding else None
     kept = beside(metadata_differences, expect.metadata, path) if expect.metadata else None
-    errors, warnings, found = _jp2_structure(path, expect)
+    errors, warnings, found = _jp2_structure(_jpylyzer(path) if checked is None else checked, expect)
     pixel_errors = pixels.result() if pixels else None
     if not errors:  # without the coding expected, the pixels are modelled with the coding the codestream has
         errors.extend(pixel_errors if pixels else jp2_pixel_errors(path, expect, Jp2Coding(
@@ -195,9 +197,10 @@ def verify_jp2_alone(path: str | Path, asked=None) -> VerifyReport:
     PLT are the file's own; `asked` (a recipe's Jp2Parameters) adds its layers, progression, block coder
     and wavelet."""
     path, unknown = Path(path), Jp2Expectation(0, 0, 0, 0, "")
-    _, _, found = _jp2_structure(path, unknown)
+    checked = _jpylyzer(path)
+    _, _, found = _jp2_structure(checked, unknown)
     if not found:  # unreadable: verify_jp2 says why
-        return verify_jp2(path, unknown)
+        return verify_jp2(path, unknown, checked=checked)
     width, height = found["size"]
     own = Jp2Expectation(width=width or 0, height=height or 0, levels=found["levels"] or 0,
                          layers=found["layers"] or 0, progression=found["progression"] or "", ht=found["ht"],
@@ -205,18 +208,25 @@ def verify_jp2_alone(path: str | Path, asked=None) -> VerifyReport:
     if asked is not None:
         own = replace(own, layers=asked.layers, progression=asked.progression, ht=asked.ht,
                       coding=Jp2Coding(reversible=asked.reversible, tile=found["tile"]))
-    return verify_jp2(path, own)
+    return verify_jp2(path, own, checked=checked)
 
 
-def _jp2_structure(path: Path, expect: Jp2Expectation) -> tuple[list[str], list[str], dict]:
-    """jpylyzer's verdict and what it reads of the header and codestream, against what is expected."""
+def _jpylyzer(path: Path):
+    """jpylyzer's result (an XML element), or why it could not read the file."""
     from jpylyzer import jpylyzer
+    try:
+        return jpylyzer.checkOneFile(str(path), "jp2")
+    except Exception as exc:  # jpylyzer raises on unreadable files
+        return f"jpylyzer cannot read the file: {exc}"
+
+
+def _jp2_structure(result, expect: Jp2Expectation) -> tuple[list[str], list[str], dict]:
+    """jpylyzer's verdict (see _jpylyzer) and what it reads of the header and codestream, against what is
+    expected."""
+    if isinstance(result, str):
+        return [result], [], {}
     errors: list[str] = []
     warnings: list[str] = []
-    try:
-        result = jpylyzer.checkOneFile(str(path), "jp2")
-    except Exception as exc:  # jpylyzer raises on unreadable files
-        return [f"jpylyzer cannot read the file: {exc}"], [], {}
     failed = sorted({e.tag for e in result.find("tests").iter() if e.text == "False"})
     rsiz = int(result.findtext(f"{_CODESTREAM}/siz/rsiz") or 0)
     if failed == ["rsizIsValid"] and expect.ht and rsiz & _HT_RSIZ:
