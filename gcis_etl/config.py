@@ -93,7 +93,9 @@ def load_config(path: str | Path | None = None) -> Config:
     parsed = {name: pipeline_settings(str(name), settings, inherited["defaults"], inherited["imaging"],
                                       inherited["isolation"], source)
               for name, settings in pipelines.items()}
-    config = top.model_copy(update={"pipelines": parsed, "source_file": source})
+    config = top.model_copy(update={"pipelines": _served(parsed, top.cache.server.max_cvt, top.cache.pipelines,
+                                                         source),
+                                    "source_file": source})
     config._from_environment = hidden
     _check_names(config)
     return config
@@ -112,6 +114,25 @@ def _check_names(config: Config) -> None:
             if name not in known:
                 raise ConfigError(f"{config.source_file}: {key}: no {kind} {name!r} "
                                   f"({kind}s: {', '.join(known) or 'none'})")
+
+
+def _served(pipelines: dict[str, PipelineSettings], max_cvt: int, cached: tuple[str, ...] | None,
+            source: str) -> dict[str, PipelineSettings]:
+    """The manifests ask for images no larger than iipsrv renders: manifests.max_image_size is
+    cache.server.max_cvt unless a pipeline sets it (for another image server, or a smaller size). A pipeline
+    whose images this cache serves cannot ask for more than its iipsrv renders."""
+    out = {}
+    for name, settings in pipelines.items():
+        manifests = settings.manifests
+        if manifests is not None and manifests.max_image_size is None:
+            settings = settings.model_copy(update={"manifests": manifests.model_copy(
+                update={"max_image_size": max_cvt})})
+        elif manifests is not None and manifests.max_image_size > max_cvt and (cached is None or name in cached):
+            raise ConfigError(f"{source}: pipelines.{name}.manifests.max_image_size: more than "
+                              f"cache.server.max_cvt, the largest size the iipsrv serving this pipeline's images "
+                              f"renders (unset, it follows max_cvt)")
+        out[name] = settings
+    return out
 
 
 def _anchored(data: dict, base: Path) -> dict:

@@ -17,6 +17,15 @@ Identifiers:
   clients and the IIIF validator require that ``@id`` to equal the service id, so the manifests say what the
   server says. Keys only contain URL-unreserved characters otherwise (see keys.py).
 
+Sizes: the painted image (the annotation body) and the thumbnails are Image API 2 URLs of that service. iipsrv
+renders nothing wider or taller than its MAX_CVT (`max_image_size`, by default config.yaml's
+`cache.server.max_cvt`): asked for more, it scales the image down without saying so, and a viewer that uses
+the body as it is would get an image smaller than the size the manifest declares. So a body or thumbnail
+beyond that limit asks for the largest size within it, as ``w,h``: iipsrv 1.1 renders exactly that size,
+whereas what it makes of ``!w,h`` depends on the pyramid level it reads (a 3000x2999 master at ``!600,600``
+comes out 600x599) and of ``w,`` on a float ratio (650x10 at ``600,`` comes out 585x9). Its info.json lists
+``sizeByWh``. The canvas and the image service keep the master's full size.
+
 3.0 manifests are built with iiif-prezi3 (the IIIF community's library, which checks them against its model of
 the schema as they are built). It has no 2.x model and the older iiif-prezi factory is built for authoring by
 hand, so 2.1 manifests are plain JSON, as are collections (a list of references that can grow to millions).
@@ -71,6 +80,8 @@ class ManifestSettings(Settings):
     homepage_label: LabelSetting | None = "Source record"  # a homepage to SourceObject.source_url; None: none
     default_language: str = Field("none", pattern=r"^[a-zA-Z-]+$")  # for values the source gives no language
     thumbnail_width: int = Field(400, ge=16, le=2000)
+    max_image_size: int | None = Field(None, ge=1, description="the largest width or height the image server "
+                                       "renders (iipsrv MAX_CVT); unset: config.yaml's cache.server.max_cvt")
     collection_label: LabelSetting | None = None   # the pipeline name otherwise
 
     @field_validator("manifest_base_url", "image_service_base_url")
@@ -98,6 +109,15 @@ class DepositedImage:
     width: int
     height: int
     label: str | None = None
+
+
+@dataclass(frozen=True)
+class ImageRequest:
+    """An Image API request for a whole image at one size, and the size the image server renders for it."""
+
+    id: str
+    width: int
+    height: int
 
 
 @dataclass(frozen=True)
@@ -218,9 +238,24 @@ class Manifests:
             return {"none": [_as_text(label, html_allowed=False)]}
         return {language: [_as_text(text, html_allowed=False)] for language, text in label.items()}
 
-    def _thumbnail_size(self, image: DepositedImage) -> tuple[int, int]:
+    def _request(self, image: DepositedImage, size: str, width: int, height: int) -> ImageRequest:
+        """`image` at `size` (which renders width x height), or at the largest size within max_image_size
+        (None: no limit known, for settings not read through config.yaml)."""
+        limit = self.settings.max_image_size
+        if limit is not None and max(width, height) > limit:
+            if image.width >= image.height:
+                width, height = limit, max(1, round(image.height * limit / image.width))
+            else:
+                width, height = max(1, round(image.width * limit / image.height)), limit
+            size = f"{width},{height}"
+        return ImageRequest(f"{self.image_service_id(image)}/full/{size}/0/default.jpg", width, height)
+
+    def _painted(self, image: DepositedImage) -> ImageRequest:
+        return self._request(image, "full", image.width, image.height)
+
+    def _thumbnail(self, image: DepositedImage) -> ImageRequest:
         width = min(self.settings.thumbnail_width, image.width)
-        return width, max(1, round(image.height * width / image.width))
+        return self._request(image, f"{width},", width, max(1, round(image.height * width / image.width)))
 
     def _build_3(self, obj: SourceObject, images: list[DepositedImage], manifest_id: str) -> dict:
         base = manifest_id.removesuffix(".json")
@@ -228,8 +263,9 @@ class Manifests:
         for image in images:
             service = ServiceV2(id=self.image_service_id(image), type="ImageService2", profile=IMAGE_2_LEVEL1)
             canvas_id = f"{base}/canvas/{image.sequence}"
-            body = AnnotationBody(id=f"{self.image_service_id(image)}/full/full/0/default.jpg", type="Image",
-                                  format="image/jpeg", width=image.width, height=image.height, service=[service])
+            painted = self._painted(image)
+            body = AnnotationBody(id=painted.id, type="Image", format="image/jpeg", width=painted.width,
+                                  height=painted.height, service=[service])
             annotation = Annotation(id=f"{base}/annotation/{image.sequence}", motivation="painting", body=body,
                                     target=canvas_id)
             label = self._lang_map([LangValue(image.label or str(image.sequence))], html_allowed=False)
@@ -258,9 +294,9 @@ class Manifests:
         return json.loads(manifest.jsonld())
 
     def _thumbnail_3(self, image: DepositedImage) -> AnnotationBody:
-        width, height = self._thumbnail_size(image)
-        return AnnotationBody(id=f"{self.image_service_id(image)}/full/{width},/0/default.jpg", type="Image",
-                              format="image/jpeg", width=width, height=height,
+        thumbnail = self._thumbnail(image)
+        return AnnotationBody(id=thumbnail.id, type="Image", format="image/jpeg", width=thumbnail.width,
+                              height=thumbnail.height,
                               service=[ServiceV2(id=self.image_service_id(image), type="ImageService2",
                                                  profile=IMAGE_2_LEVEL1)])
 
@@ -284,6 +320,7 @@ class Manifests:
         canvases = []
         for image in images:
             canvas_id = f"{base}/canvas/{image.sequence}"
+            painted = self._painted(image)
             canvases.append({
                 "@id": canvas_id, "@type": "sc:Canvas",
                 "label": _as_text(image.label or str(image.sequence), html_allowed=False),
@@ -291,9 +328,9 @@ class Manifests:
                 "images": [{
                     "@id": f"{base}/annotation/{image.sequence}", "@type": "oa:Annotation",
                     "motivation": "sc:painting", "on": canvas_id,
-                    "resource": {"@id": f"{self.image_service_id(image)}/full/full/0/default.jpg",
-                                 "@type": "dctypes:Image", "format": "image/jpeg", "width": image.width,
-                                 "height": image.height, "service": self._service_2(image)}}]})
+                    "resource": {"@id": painted.id, "@type": "dctypes:Image", "format": "image/jpeg",
+                                 "width": painted.width, "height": painted.height,
+                                 "service": self._service_2(image)}}]})
         manifest: dict[str, Any] = {"@context": CONTEXT_2, "@id": manifest_id, "@type": "sc:Manifest",
                                     "label": self._values_2(self.label_of(obj), html_allowed=False)}
         if summary := self._first(obj, self.settings.summary):
@@ -314,9 +351,9 @@ class Manifests:
         return manifest
 
     def _thumbnail_2(self, image: DepositedImage) -> dict:
-        width, height = self._thumbnail_size(image)
-        return {"@id": f"{self.image_service_id(image)}/full/{width},/0/default.jpg", "@type": "dctypes:Image",
-                "format": "image/jpeg", "width": width, "height": height, "service": self._service_2(image)}
+        thumbnail = self._thumbnail(image)
+        return {"@id": thumbnail.id, "@type": "dctypes:Image", "format": "image/jpeg", "width": thumbnail.width,
+                "height": thumbnail.height, "service": self._service_2(image)}
 
     # ------------------------------------------------------------------------------------ depositing
 

@@ -6,19 +6,26 @@ from __future__ import annotations
 
 import os
 import time
+from datetime import datetime, timezone
 from urllib.parse import quote, unquote, urlsplit
 
 import psutil
 import pytest
 import pyvips
+import yaml
 
+from connectors.base import SourceObject
 from gcis_etl.cache import CacheSource, prune, purge, sync
+from gcis_etl.config import load_config
 from gcis_etl.iipsrv import Consumer
+from gcis_etl.manifests import DepositedImage
 from gcis_etl.stores import LocalStore, LocalStoreSettings
-from tests.conftest import CORPUS, cache_settings
+from tests.conftest import CORPUS, cache_config, cache_settings
 from tests.consumer import (JP2_PIPELINE, PIPELINE, VALIDATOR_ID, fit, get, image_api_validator, jpeg_size,
                             wait_logged)
 from tests.measures import luma, psnr
+from tests.servers import free_port
+from tests.test_manifests import painted, thumbnails
 
 pytestmark = pytest.mark.slow
 
@@ -95,12 +102,6 @@ def _service_ids(manifest: dict) -> list[tuple[str, int, int]]:
     return found
 
 
-def _thumbnails(manifest: dict) -> list[dict]:
-    if "items" in manifest:
-        return manifest["thumbnail"] + [t for c in manifest["items"] for t in c["thumbnail"]]
-    return [manifest["thumbnail"]] + [c["thumbnail"] for c in manifest["sequences"][0]["canvases"]]
-
-
 def test_every_image_service_of_every_manifest_answers_with_a_valid_info_json(deposited, consumer):
     checked = 0
     for key in deposited.manifest_keys:
@@ -120,7 +121,7 @@ def test_every_image_service_of_every_manifest_answers_with_a_valid_info_json(de
             assert unquote(doc["@id"]) == unquote(service_id)  # the same image (see the strict test below)
             assert doc["tiles"][0]["width"] == 256 and doc["tiles"][0]["scaleFactors"][0] == 1
             checked += 1
-        for thumbnail in _thumbnails(r.json()):
+        for thumbnail in thumbnails(r.json()):
             served = jpeg_size(get(thumbnail.get("id") or thumbnail["@id"]).body)
             # iipsrv 1.1 derives "w," sizes through a float aspect ratio: 1680x1050 at "400," comes out 399x250
             assert abs(served[0] - thumbnail["width"]) <= 1 and abs(served[1] - thumbnail["height"]) <= 1
@@ -131,6 +132,43 @@ def test_info_json_id_is_exactly_the_manifest_service_id(deposited, consumer):
     for key in deposited.manifest_keys:
         for service_id, _, _ in _service_ids(get(deposited.manifest_url(key)).json()):
             assert get(f"{service_id}/info.json").json()["@id"] == service_id
+
+
+def test_with_a_small_max_cvt_every_manifest_image_is_served_at_exactly_its_declared_size(deposited, synced_cache,
+                                                                                         tmp_path):
+    """config.yaml's cache.server.max_cvt alone (600 here) sets iipsrv's MAX_CVT and what the manifests ask for:
+    every master wider or taller (PTIFF and JP2, pyramids as deposited) is painted at a size iipsrv serves
+    exactly, the others at full size; thumbnails (1000 px asked) too."""
+    port = free_port()
+    (tmp_path / "masters").mkdir()
+    pipelines = {pipeline: {"source": {"kind": "filesystem", "root": "masters"},
+                            "store": {"kind": "local", "root": "store"},
+                            "manifests": {"manifest_base_url": "http://127.0.0.1/store", "versions": ["3.0", "2.1"],
+                                          "image_service_base_url": f"http://127.0.0.1:{port}/iiif",
+                                          "thumbnail_width": 1000}}
+                 for pipeline in (PIPELINE, JP2_PIPELINE)}
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump({"cache": cache_config(tmp_path, port, max_cvt=600),
+                                                          "pipelines": pipelines}))
+    config = load_config(tmp_path / "config.yaml")
+    limited = set()
+    with Consumer(config.cache.server, synced_cache.images_dir):
+        for image in deposited.images:
+            obj = SourceObject(image.object_id, datetime(2026, 1, 1, tzinfo=timezone.utc), ())
+            manifests = config.pipeline(image.pipeline).manifests
+            for version in ("3.0", "2.1"):
+                manifest = manifests.build(obj, [DepositedImage(1, image.key, image.width, image.height)], version)
+                for served in painted(manifest) + thumbnails(manifest):
+                    url = served.get("id") or served["@id"]
+                    assert jpeg_size(get(url).body) == (served["width"], served["height"]), url
+                    assert max(served["width"], served["height"]) <= 600, url
+                [body] = painted(manifest)
+                if max(image.width, image.height) > 600:
+                    limited.add((image.pipeline, image.name))
+                    assert f"/full/{body['width']},{body['height']}/0/" in (body.get("id") or body["@id"])
+                else:
+                    assert (body["width"], body["height"]) == (image.width, image.height)
+    assert limited == {(PIPELINE, "validator"), (PIPELINE, "kodim02"), (PIPELINE, "prophoto"),
+                       (JP2_PIPELINE, "validator")}  # not gray or thin-edges (594x522)
 
 
 # ------------------------------------------------------------------------------ IIIF Image API validator

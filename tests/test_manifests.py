@@ -59,6 +59,22 @@ def image(sequence: int, width: int = 6000, height: int = 4000, object_id: str =
                           width=width, height=height, label=label)
 
 
+def painted(manifest: dict) -> list[dict]:
+    """The image painted on each canvas, in 3.0 or 2.1."""
+    if "items" in manifest:
+        return [annotation["body"] for canvas in manifest["items"] for page in canvas["items"]
+                for annotation in page["items"]]
+    return [annotation["resource"] for canvas in manifest["sequences"][0]["canvases"]
+            for annotation in canvas["images"]]
+
+
+def thumbnails(manifest: dict) -> list[dict]:
+    """The manifest's thumbnail, then each canvas's, in 3.0 or 2.1."""
+    if "items" in manifest:
+        return manifest["thumbnail"] + [t for c in manifest["items"] for t in c["thumbnail"]]
+    return [manifest["thumbnail"]] + [c["thumbnail"] for c in manifest["sequences"][0]["canvases"]]
+
+
 @pytest.fixture
 def store(tmp_path) -> LocalStore:
     return LocalStore(LocalStoreSettings(root=tmp_path / "store"))

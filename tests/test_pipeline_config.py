@@ -104,6 +104,11 @@ BROKEN = [
      "celery.queues.slow.recipes: no recipe 'ptiff-tiffile-q90' (recipes: "),
     ("cache of a misspelt pipeline", {"cache": {"pipelines": ["musuem"]}, **with_pipeline()},
      "cache.pipelines: no pipeline 'musuem' (pipelines: museum)"),
+    ("manifests asking for more than the cache's iipsrv renders",
+     {"cache": {"server": {"max_cvt": 4000}},
+      **with_pipeline(manifests={**GOOD_PIPELINE["manifests"], "max_image_size": 5000})},
+     "pipelines.museum.manifests.max_image_size: more than cache.server.max_cvt, the largest size the iipsrv "
+     "serving this pipeline's images renders"),
 ]
 
 
@@ -130,6 +135,20 @@ def test_pipeline_inherits_defaults_and_overrides_single_policy_keys(tmp_path):
     assert museum.imaging.max_megapixels == 200 and museum.imaging.strict is False  # merged key by key
     assert library.imaging.max_megapixels == 500
     assert museum.isolation.timeout_seconds == 60
+
+
+def test_manifests_ask_for_no_more_than_the_configured_iipsrv_renders_unless_told_otherwise(tmp_path):
+    """cache.server.max_cvt is the one number: iipsrv's MAX_CVT and the manifests' limit. A pipeline sets its
+    own only below it, or when this cache does not serve its images (another image server)."""
+    def limits(data: dict) -> dict[str, int]:
+        return {name: p.manifests.max_image_size for name, p in load_config(write(tmp_path, data)).pipelines.items()}
+
+    assert limits(with_pipeline()) == {"museum": 5000}  # iipsrv's default, as deploy/iipsrv runs it
+    pipelines = {"museum": GOOD_PIPELINE,
+                 "library": {**GOOD_PIPELINE, "manifests": {**GOOD_PIPELINE["manifests"], "max_image_size": 300}},
+                 "archive": {**GOOD_PIPELINE, "manifests": {**GOOD_PIPELINE["manifests"], "max_image_size": 9000}}}
+    assert limits({"cache": {"pipelines": ["museum", "library"], "server": {"max_cvt": 600}},
+                   "pipelines": pipelines}) == {"museum": 600, "library": 300, "archive": 9000}
 
 
 def test_one_manifest_key_per_object_is_fine_when_one_version_is_deposited(tmp_path):
@@ -230,6 +249,7 @@ def test_the_shipped_config_is_valid_and_harvests_the_samples():
     assert Path(samples.settings.source.options["root"]) == ROOT / "samples/masters"
     assert samples.settings.store.root == ROOT / "var/store"
     assert samples.manifests is not None
+    assert samples.manifests.settings.max_image_size == cfg.cache.server.max_cvt == 5000
 
 
 @pytest.mark.parametrize("data, key", [
