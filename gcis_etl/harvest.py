@@ -25,7 +25,7 @@ from connectors.errors import OBJECT_ERRORS, ObjectNotFound
 from gcis_etl.config import Config
 from gcis_etl.errors import ManifestError
 from gcis_etl.executors import Executor, open_executor
-from gcis_etl.ledger import COUNTED, ItemRecord, Ledger, now
+from gcis_etl.ledger import COUNTED, MANIFEST, ItemRecord, Ledger, now
 from gcis_etl.locks import pipeline_lock
 from gcis_etl.manifests import CollectionEntry, DepositedImage
 from gcis_etl.pipelines import Pipeline
@@ -35,8 +35,7 @@ from gcis_etl.work import ItemResult, ItemTask, Outcome, fingerprint
 
 log = logging.getLogger(__name__)
 
-MANIFEST = "(manifest)"  # stands for the item id where the run reports an object's manifest problem
-OBJECT = "(object)"      # ... and where the source could not describe the object
+OBJECT = "(object)"  # stands for the item id where the run reports that the source could not describe the object
 
 
 @dataclass(frozen=True)
@@ -96,7 +95,7 @@ class _PendingObject:
 
 
 class Progress:
-    """Receives what a run does; the CLI draws it (a bar on a terminal, JSON log lines otherwise)."""
+    """Receives what a run does; the CLI draws it (a bar on a terminal) and logs each item (the run does not)."""
 
     def planned(self, obj: SourceObject, tasks: int) -> None: ...
     def item(self, object_id: str, item_id: str, outcome: str, reason: str | None) -> None: ...
@@ -301,8 +300,6 @@ class Harvest:
     def _count(self, object_id: str, item_id: str, outcome: str, reason: str | None) -> None:
         self.counts[outcome] += 1
         self.progress.item(object_id, item_id, outcome, reason)
-        if outcome in ("rejected", "failed"):
-            log.warning("%s %s/%s: %s", outcome, object_id, item_id, reason)
 
     def object_settled(self, object_id: str) -> None:
         """All items have an outcome: publish the manifest when every item is deposited or rejected."""
@@ -330,7 +327,7 @@ class Harvest:
         except ManifestError as exc:  # the object's metadata: it waits for the source to change, the run goes on
             reason = f"manifest not published: {exc}"
             self._count(obj.id, MANIFEST, Outcome.REJECTED.value, reason)
-            self.ledger.record_unprocessed(self.run_id, obj.id, MANIFEST, Outcome.REJECTED.value, reason)
+            self.ledger.reject_manifest(self.run_id, self.pipeline.name, obj.id, reason)
             return
         self.ledger.record_manifest(self.pipeline.name, obj.id, obj.modified, label, digest)
         self.manifests_published += 1

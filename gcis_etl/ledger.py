@@ -5,7 +5,8 @@ pipelines may run at once against one file). Every result is committed as it arr
 loses at most the items in flight, which the next run redoes (item processing is idempotent).
 
 Item rows hold the item's settled state: `deposited`, `rejected` or `failed` (with attempts for the current
-source version). What a run did with each item, `skipped` included, is in `run_items`.
+source version). What a run did with each item, `skipped` included, is in `run_items`. An object whose
+manifest was rejected is in `manifest_problems` until a manifest of it is published.
 """
 from __future__ import annotations
 
@@ -50,12 +51,17 @@ CREATE TABLE IF NOT EXISTS run_items (
     outcome TEXT NOT NULL, reason TEXT, seconds REAL, at TEXT NOT NULL,
     PRIMARY KEY (run_id, object_id, item_id)
 );
+CREATE TABLE IF NOT EXISTS manifest_problems (
+    pipeline TEXT NOT NULL, object_id TEXT NOT NULL, reason TEXT NOT NULL, run_id INTEGER NOT NULL, at TEXT NOT NULL,
+    PRIMARY KEY (pipeline, object_id)
+);
 CREATE TABLE IF NOT EXISTS checkpoints (
     pipeline TEXT PRIMARY KEY, checkpoint TEXT NOT NULL, run_id INTEGER, updated TEXT NOT NULL
 );
 """
 
 COUNTED = ("deposited", "skipped", "rejected", "failed")
+MANIFEST = "(manifest)"  # stands for the item id where a run records an object's manifest problem
 _KILLED = "the process ended without finishing the run (killed?): the counts are the items it had recorded"
 
 
@@ -139,6 +145,15 @@ class ObjectRecord:
     manifest_fingerprint: str | None
     published: str | None
     in_collection: int
+
+
+@dataclass(frozen=True)
+class ManifestProblem:
+    pipeline: str
+    object_id: str
+    reason: str
+    run_id: int
+    at: str
 
 
 def _columns(cls) -> str:
@@ -324,14 +339,29 @@ class Ledger:
 
     def record_manifest(self, pipeline: str, object_id: str, modified: datetime, label: list[list[str | None]],
                         fingerprint: str) -> None:
-        """The object's manifest is deposited; it still has to be added to the collection."""
+        """The object's manifest is deposited (a rejection of an earlier one is over); it still has to be added
+        to the collection."""
         with self.db:
+            self.db.execute("DELETE FROM manifest_problems WHERE pipeline=? AND object_id=?", (pipeline, object_id))
             self.db.execute(
                 "INSERT INTO objects (pipeline, object_id, modified, label, manifest_fingerprint, published, "
                 "in_collection) VALUES (?,?,?,?,?,?,0) ON CONFLICT (pipeline, object_id) DO UPDATE SET "
                 "modified=excluded.modified, label=excluded.label, manifest_fingerprint=excluded.manifest_fingerprint, "
                 "published=excluded.published, in_collection=0",
                 (pipeline, object_id, _ts(modified), json.dumps(label), fingerprint, _ts(now())))
+
+    def reject_manifest(self, run_id: int, pipeline: str, object_id: str, reason: str) -> None:
+        """The object's manifest was not published; kept beyond the run, for `status`, until one is."""
+        stamp = _ts(now())
+        with self.db:
+            self.db.execute("INSERT INTO manifest_problems (pipeline, object_id, reason, run_id, at) "
+                            "VALUES (?,?,?,?,?) ON CONFLICT (pipeline, object_id) DO UPDATE SET "
+                            "reason=excluded.reason, run_id=excluded.run_id, at=excluded.at",
+                            (pipeline, object_id, reason, run_id, stamp))
+            self._run_item(run_id, object_id, MANIFEST, Outcome.REJECTED.value, reason, 0.0, stamp)
+
+    def manifest_problems(self, pipeline: str) -> list[ManifestProblem]:
+        return self._all(ManifestProblem, "manifest_problems WHERE pipeline=? ORDER BY object_id", pipeline)
 
     def published(self, pipeline: str, page: int = 1000) -> Iterator[str]:
         """Ids of the pipeline's objects whose manifests are deposited, in order, a page at a time."""

@@ -11,7 +11,8 @@ A script is a module in migrations/ (or any .py path) whose `main(args) -> exit 
 configuration, makes the first Ctrl-C or SIGTERM a clean stop, and ends with the report: a summary on stdout
 and, unless --dry-run, a JSON summary and a CSV of the problems and destructive actions in <state_dir>/reports.
 Exit codes are those of `gcis-etl harvest`: 0 done; 1 some items or keys failed or were rejected, or the
-migration stopped on an error; 2 configuration or usage error; 3 another run holds the pipeline.
+migration stopped on an error; 2 configuration or usage error; 3 another run holds the pipeline; 128 + the
+signal's number (130 Ctrl-C, 143 SIGTERM) stopped by a signal.
 
 Work that is a harvest goes through harvest(), where the ledger decides what is already settled: re-running a
 migration continues where the last run stopped. Other work (copying between stores) uses the stores and the
@@ -376,8 +377,9 @@ def migration(help_text: str, budget: bool = False) -> Callable[[Callable[..., N
             from gcis_etl.logs import configure
             configure(log_json, verbose)
             config = load_config(config_file)
+            stop = stop_on_signals()
             ctx = MigrationContext(config, MigrationReport(script, dry_run, config.state_dir / "reports"),
-                                   dry_run, verbose, stop_on_signals())
+                                   dry_run, verbose, stop)
             if budget:
                 ctx.budget = Budget(options.pop("limit"), options.pop("max_minutes"))
             code = None
@@ -395,7 +397,7 @@ def migration(help_text: str, budget: bool = False) -> Callable[[Callable[..., N
                 ctx.report.stop("stopped", "stopped on request: run again to continue")
             ctx.report.finish()
             click.echo(ctx.report.summary())
-            return ctx.report.exit_code if code is None else code
+            return max(ctx.report.exit_code if code is None else code, stop.exit_code)
 
         params = _common_options() + list(reversed(getattr(function, "__click_params__", []))) + (
             _budget_options() if budget else [])

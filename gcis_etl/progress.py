@@ -1,4 +1,5 @@
-"""What a harvest shows while it runs: a live line on a terminal, an INFO log line per item otherwise."""
+"""What a harvest shows while it runs: a live line on a terminal, and one log line per item: INFO, or WARNING
+(shown without -v too) for a rejected or failed one."""
 from __future__ import annotations
 
 import logging
@@ -10,6 +11,7 @@ import click
 from connectors.base import SourceObject
 from gcis_etl.harvest import Progress
 from gcis_etl.ledger import COUNTED
+from gcis_etl.reports import PROBLEMS
 
 log = logging.getLogger("gcis_etl.harvest")
 
@@ -31,9 +33,12 @@ class TerminalProgress(Progress):
 
     def item(self, object_id: str, item_id: str, outcome: str, reason: str | None) -> None:
         self.counts[outcome] += 1
-        log.info("%s %s/%s%s", outcome, object_id, item_id, f": {reason}" if reason else "",
-                 extra={"pipeline": self.pipeline, "object_id": object_id, "item_id": item_id, "outcome": outcome,
-                        "reason": reason})
+        level = logging.WARNING if outcome in PROBLEMS else logging.INFO
+        if log.isEnabledFor(level):
+            self.clear()  # on a line of its own, not glued to the live one
+        log.log(level, "%s %s/%s%s", outcome, object_id, item_id, f": {reason}" if reason else "",
+                extra={"pipeline": self.pipeline, "object_id": object_id, "item_id": item_id, "outcome": outcome,
+                       "reason": reason})
         self._draw()
 
     def note(self, message: str) -> None:

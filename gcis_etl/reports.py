@@ -1,4 +1,5 @@
-"""Run reports: a JSON summary and a CSV of the items that did not end well, written next to the ledger.
+"""Run reports: a JSON summary and a CSV of the items that did not end well, written next to the ledger; and
+where a pipeline stands (`gcis-etl status`).
 
 Built from the ledger alone, so `gcis-etl report RUN` gives the same document for any past run, including one
 that crashed before it could write its own.
@@ -12,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from gcis_etl.durable import atomic_write
-from gcis_etl.ledger import COUNTED, Ledger, RunItem, RunRecord
+from gcis_etl.ledger import COUNTED, MANIFEST, Ledger, RunItem, RunRecord
 
 PROBLEMS = ("rejected", "failed")
 PLANNED = ("process", "skip", "fail")  # a dry run's actions; fail: an object the source cannot describe
@@ -93,3 +94,54 @@ def write_report(report: RunReport, directory: Path) -> RunReport:
     atomic_write(Path(report.csv_path), text.getvalue())
     atomic_write(Path(report.json_path), json.dumps(report.to_dict(), indent=2) + "\n")
     return report
+
+
+@dataclass(frozen=True)
+class Problem:
+    """An item, or an object's manifest (item id MANIFEST), that waits for the source to change or a retry."""
+
+    object_id: str
+    item_id: str
+    status: str
+    attempts: int
+    reason: str | None
+
+
+@dataclass(frozen=True)
+class PipelineStatus:
+    pipeline: str
+    checkpoint: str | None
+    items: dict[str, int]
+    last_run: RunRecord | None
+    last_run_counts: dict[str, int]
+    problems: list[Problem]
+
+    def to_dict(self) -> dict:
+        run = self.last_run
+        return {"pipeline": self.pipeline, "checkpoint": self.checkpoint, "items": self.items,
+                "last_run": {"run_id": run.run_id, "status": run.status, "started": run.started,
+                             "finished": run.finished, **self.last_run_counts} if run else None,
+                "problems": [asdict(p) for p in self.problems]}
+
+    def summary(self) -> str:
+        counts = ", ".join(f"{n} {status}" for status, n in self.items.items())
+        lines = [self.pipeline, f"  checkpoint: {self.checkpoint or 'none (the next run reads everything)'}",
+                 f"  items: {counts}"]
+        if self.last_run:
+            lines.append(f"  last run: {self.last_run.run_id} {self.last_run.status}, started {self.last_run.started}, "
+                         + ", ".join(f"{n} {k}" for k, n in self.last_run_counts.items()))
+        lines += [f"  {p.status}: {p.object_id}/{p.item_id} (attempts {p.attempts}): {p.reason}" for p in self.problems]
+        return "\n".join(lines)
+
+
+def pipeline_status(ledger: Ledger, pipeline: str, shown: int = 10) -> PipelineStatus:
+    """Its problems: the first `shown` failed items, rejected items and rejected manifests, each kept in the
+    ledger until a later run settles them (a rejected manifest, until one is published)."""
+    checkpoint = ledger.checkpoint(pipeline)
+    run = next(iter(ledger.runs(pipeline, limit=1)), None)
+    problems = [Problem(r.object_id, r.item_id, r.status, r.attempts, r.reason)
+                for status in ("failed", "rejected") for r in ledger.items(pipeline, status=status)[:shown]]
+    problems += [Problem(m.object_id, MANIFEST, "rejected", 0, m.reason)
+                 for m in ledger.manifest_problems(pipeline)[:shown]]
+    return PipelineStatus(pipeline, checkpoint.isoformat() if checkpoint else None, ledger.counts(pipeline), run,
+                          ledger.counts_so_far(run) if run else {}, problems)

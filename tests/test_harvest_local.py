@@ -1,10 +1,12 @@
 """`gcis-etl harvest` on a filesystem source into a local store: the embedded default's shape, end to end."""
 from __future__ import annotations
 
+import contextlib
 import csv
 import hashlib
 import json
 import os
+import pty
 import shutil
 import subprocess
 import sys
@@ -18,6 +20,7 @@ from gcis_etl.config import load_config
 from gcis_etl.harvest import HarvestOptions, decide, harvest
 from gcis_etl.iiif_validation import require_valid
 from gcis_etl.ledger import Ledger
+from gcis_etl.reports import pipeline_status
 from gcis_etl.verification import verify
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -143,6 +146,46 @@ def test_second_run_skips_everything_and_a_changed_master_is_the_only_work(site)
     assert all(r["last_run"] == 1 for k, r in rows.items() if k[0] != "photo-3")
 
 
+def test_each_item_is_logged_once_and_a_rejected_one_as_a_warning_with_its_fields(site):
+    plain = cli(site, "harvest")  # without -v: the problems alone, one readable line each
+    assert plain.returncode == 1, plain.stderr
+    rows = ledger_rows(site)
+    problems = {key: r for key, r in rows.items() if r["status"] in ("rejected", "failed")}
+    assert sorted(plain.stderr.splitlines()) == sorted(f"WARNING {r['status']} {o}/{i}: {r['reason']}"
+                                                       for (o, i), r in problems.items())
+
+    shutil.rmtree(site / "var")
+    shutil.rmtree(site / "store")
+    logged = cli(site, "harvest", "--log-json")
+    assert logged.returncode == 1, logged.stderr
+    lines = [json.loads(line) for line in logged.stderr.splitlines()]
+    for (object_id, item_id), row in ledger_rows(site).items():
+        about = [line for line in lines if f"{object_id}/{item_id}" in line["message"]]
+        assert len(about) == 1, about
+        line = about[0]
+        assert (line["pipeline"], line["object_id"], line["item_id"], line["outcome"]) == (
+            "museum", object_id, item_id, row["status"])
+        assert line["level"] == ("warning" if (object_id, item_id) in problems else "info"), line
+        assert line["reason"] == row["reason"]
+
+
+def test_on_a_terminal_each_logged_line_stands_apart_from_the_live_line(site):
+    main, terminal = pty.openpty()
+    run = subprocess.Popen([sys.executable, "-m", "gcis_etl.cli", "--config", str(site / "config.yaml"), "harvest"],
+                           stdout=subprocess.PIPE, stderr=terminal, cwd=site)
+    os.close(terminal)
+    shown = b""
+    with contextlib.suppress(OSError):  # EIO once the run has closed the terminal
+        while chunk := os.read(main, 65536):
+            shown += chunk
+    os.close(main)
+    assert run.wait(300) == 1
+    lines = shown.decode().replace("\r\n", "\n").split("\n")
+    warnings = [line for line in lines if "WARNING" in line]
+    assert len(warnings) == 3 and all(line.startswith("WARNING rejected ") for line in warnings), lines
+    assert any(line.startswith("\rmuseum: ") and "items (deposited" in line for line in lines), lines
+
+
 def test_dry_run_lists_the_plan_and_changes_nothing(site):
     done = cli(site, "harvest", "--dry-run")
     assert done.returncode == 0, done.stderr
@@ -225,6 +268,33 @@ def test_status_and_report_summarise_the_ledger(site):
         unknown = cli(site, *command)
         assert unknown.returncode == 2 and "no pipeline 'library'" in unknown.stderr, (command, unknown.stderr)
         assert "Traceback" not in unknown.stderr
+
+
+def test_status_shows_a_rejected_manifest_until_a_later_run_publishes_it(site):
+    sidecar = site / "masters/objects.csv"  # the curator typed "en gb" for a language
+    sidecar.write_text("object_id,file,title@en gb,title@en\nprint-2,print-2/p1-pil_sample_cmyk.jpg,Misfiled,\n"
+                       "photo-3,photo-3/p1-sample.jpg,,Fine\n")
+    os.utime(sidecar, (LAST_YEAR, LAST_YEAR))
+    first = cli(site, "harvest")
+    assert "1 manifests published" in first.stdout and "rejected: print-2/(manifest)" in first.stdout, first.stderr
+    assert cli(site, "harvest").returncode == 0  # a later run with nothing to do: the problem is still there
+
+    status = cli(site, "status", "--json")
+    problems = json.loads(status.stdout)["problems"]
+    assert len(problems) == 1, status.stdout
+    problem = problems[0]
+    assert (problem["object_id"], problem["item_id"], problem["status"]) == ("print-2", "(manifest)", "rejected")
+    assert problem["reason"].startswith("manifest not published: ") and "'en gb'" in problem["reason"]
+    assert f"rejected: print-2/(manifest) (attempts 0): {problem['reason']}" in cli(site, "status").stdout
+    with Ledger.open(load_config(site / "config.yaml")) as ledger:
+        assert pipeline_status(ledger, "museum").to_dict() == json.loads(status.stdout)
+
+    sidecar.write_text(sidecar.read_text().replace("title@en gb,title@en", "title@en-GB,title@en"))  # the fix
+    os.utime(sidecar, (time.time() + 5, time.time() + 5))
+    fixed = cli(site, "harvest")
+    assert fixed.returncode == 0 and "2 manifests published" in fixed.stdout, fixed.stdout + fixed.stderr
+    assert (site / "store/museum/print-2/manifest-v3.json").is_file()
+    assert json.loads(cli(site, "status", "--json").stdout)["problems"] == []
 
 
 def test_demo_on_the_shipped_config_harvests_the_samples_then_has_nothing_to_do(tmp_path):

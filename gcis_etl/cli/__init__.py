@@ -13,6 +13,7 @@ import click
 from gcis_etl.errors import ConfigError
 
 EXIT_OK, EXIT_ITEM_FAILED, EXIT_USAGE, EXIT_LOCKED = 0, 1, 2, 3  # every command and migration script
+EXIT_SIGNALLED = 128  # + the signal's number: a run SIGINT (130) or SIGTERM (143) stopped before its end
 
 
 def _fail_config(exc: ConfigError) -> None:
@@ -54,6 +55,10 @@ def main(ctx: click.Context, config_file: str | None) -> None:
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def migrate_main(script: str, args: tuple[str, ...]) -> None:
     """Run a migration script from migrations/ (by name or path) with its own arguments.
+
+    Exit codes: 0 done; 1 some items or keys failed or were rejected, or the migration stopped on an error;
+    2 configuration or usage error; 3 another run holds the pipeline's lock; 130 (Ctrl-C) or 143 (SIGTERM)
+    stopped by that signal before the end (what was settled is recorded: run it again to continue).
 
     \b
     Example:

@@ -9,7 +9,7 @@ from datetime import datetime, timedelta, timezone
 
 import click
 
-from gcis_etl.cli import EXIT_ITEM_FAILED, EXIT_LOCKED, EXIT_OK, EXIT_USAGE, _config, main
+from gcis_etl.cli import EXIT_ITEM_FAILED, EXIT_LOCKED, EXIT_OK, EXIT_SIGNALLED, EXIT_USAGE, _config, main
 from gcis_etl.errors import ConfigError, GcisError
 
 
@@ -44,13 +44,27 @@ def _pipelines(cfg, names: tuple[str, ...]) -> list[str]:
     return list(names) or sorted(cfg.pipelines)
 
 
-def stop_on_signals() -> threading.Event:
+class StopRequest(threading.Event):
+    """Set by the first SIGINT or SIGTERM, which it remembers: a command it stopped exits 128 + the signal's
+    number, as a shell reports a process the signal killed, so that cron or systemd never takes a run cut
+    short for a success."""
+
+    signum: int | None = None
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_OK if self.signum is None else EXIT_SIGNALLED + self.signum
+
+
+def stop_on_signals() -> StopRequest:
     """First SIGINT/SIGTERM: finish the items in flight, record everything, exit. A second Ctrl-C: stop now."""
-    stop = threading.Event()
+    stop = StopRequest()
 
     def handler(signum, frame):
         if stop.is_set() and signum == signal.SIGINT:
             raise KeyboardInterrupt
+        if not stop.is_set():
+            stop.signum = signum
         stop.set()
         click.echo("\nstopping after the items in flight (Ctrl-C again to abandon them)", err=True)
 
@@ -64,16 +78,18 @@ def _logging(log_json: bool, verbose: int) -> None:
     configure(log_json, verbose)
 
 
-def _run(ctx: click.Context, names: tuple[str, ...], options, log_json: bool, verbose: int) -> None:
+def _run(ctx: click.Context, names: tuple[str, ...], options, log_json: bool, verbose: int,
+         stop: StopRequest) -> None:
     from gcis_etl.harvest import harvest
     from gcis_etl.locks import LockHeld
     from gcis_etl.progress import progress_for
     _logging(log_json, verbose)
     cfg = _config(ctx)
     selected = _pipelines(cfg, names)
-    stop = stop_on_signals()
     code = EXIT_OK
     for name in selected:
+        if stop.is_set():
+            break
         progress = progress_for(name)
         try:
             report = harvest(cfg, name, options, progress, stop)
@@ -102,9 +118,7 @@ def _run(ctx: click.Context, names: tuple[str, ...], options, log_json: bool, ve
             continue
         click.echo(report.summary())
         code = max(code, report.exit_code)
-        if stop.is_set():
-            break
-    sys.exit(code)
+    sys.exit(max(code, stop.exit_code))
 
 
 _COMMON = [
@@ -145,7 +159,9 @@ def harvest(ctx: click.Context, pipelines: tuple[str, ...], dry_run: bool, since
     are retried up to max_attempts. A report (JSON, and CSV of the problems) is written next to the ledger.
 
     Exit codes: 0 all deposited or skipped; 1 some items rejected or failed (or the source failed);
-    2 configuration or usage error; 3 another run holds the pipeline's lock (nothing was done).
+    2 configuration or usage error; 3 another run holds the pipeline's lock (nothing was done);
+    130 (Ctrl-C) or 143 (SIGTERM) stopped by that signal before the end, after recording the items in
+    flight. With several pipelines, the highest code wins.
 
     \b
     Examples:
@@ -159,7 +175,8 @@ def harvest(ctx: click.Context, pipelines: tuple[str, ...], dry_run: bool, since
         click.echo("note: --force reaches only what changed since the checkpoint; add --since or --object for "
                    "older items (or use the reencode migration)", err=True)
     _run(ctx, pipelines, HarvestOptions(dry_run=dry_run, since=since, limit=limit, object_ids=tuple(object_ids),
-                                        force=force, max_run_minutes=max_minutes), log_json, verbose)
+                                        force=force, max_run_minutes=max_minutes), log_json, verbose,
+         stop_on_signals())
 
 
 @main.command()
@@ -171,7 +188,7 @@ def demo(ctx: click.Context) -> None:
     """
     from gcis_etl.harvest import HarvestOptions
     try:
-        _run(ctx, (), HarvestOptions(), False, 0)
+        _run(ctx, (), HarvestOptions(), False, 0, stop_on_signals())
     except SystemExit as exit_:
         cfg = _config(ctx)
         for name in sorted(cfg.pipelines):
@@ -222,9 +239,11 @@ def retry(ctx: click.Context, pipelines: tuple[str, ...], failed: bool, rejected
     for name, ids in targets.items():
         click.echo(f"{name}: retrying {len(ids)} objects")
     codes = []
+    stop = stop_on_signals()  # one for every pipeline: once stopped, the next is not started
     for name, ids in targets.items():
         try:
-            _run(ctx, (name,), HarvestOptions(object_ids=ids, redo_rejected=rejected, fresh_attempts=failed), log_json, verbose)
+            _run(ctx, (name,), HarvestOptions(object_ids=ids, redo_rejected=rejected, fresh_attempts=failed), log_json,
+                 verbose, stop)
         except SystemExit as exit_:
             codes.append(exit_.code or 0)
     sys.exit(max(codes))
@@ -235,38 +254,20 @@ def retry(ctx: click.Context, pipelines: tuple[str, ...], failed: bool, rejected
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per pipeline.")
 @click.pass_context
 def status(ctx: click.Context, pipelines: tuple[str, ...], as_json: bool) -> None:
-    """Checkpoint, item counts, last run and recent problems of each pipeline.
+    """Checkpoint, item counts, last run and problems of each pipeline: failed and rejected items, and objects
+    whose manifest was rejected (until a later run publishes it).
 
     \b
     Example:
       gcis-etl status museum
     """
     from gcis_etl.ledger import Ledger
+    from gcis_etl.reports import pipeline_status
     cfg = _config(ctx)
     with Ledger.open(cfg) as ledger:
         for name in _pipelines(cfg, pipelines):
-            checkpoint = ledger.checkpoint(name)
-            runs = ledger.runs(name, limit=1)
-            problems = ledger.items(name, status="failed")[:10] + ledger.items(name, status="rejected")[:10]
-            state = {"pipeline": name, "checkpoint": checkpoint.isoformat() if checkpoint else None,
-                     "items": ledger.counts(name),
-                     "last_run": {"run_id": runs[0].run_id, "status": runs[0].status, "started": runs[0].started,
-                                  "finished": runs[0].finished, **ledger.counts_so_far(runs[0])} if runs else None,
-                     "problems": [{"object_id": p.object_id, "item_id": p.item_id, "status": p.status,
-                                   "attempts": p.attempts, "reason": p.reason} for p in problems]}
-            if as_json:
-                click.echo(json.dumps(state))
-                continue
-            counts = ", ".join(f"{n} {status}" for status, n in state["items"].items())
-            click.echo(f"{name}\n  checkpoint: {state['checkpoint'] or 'none (the next run reads everything)'}"
-                       f"\n  items: {counts}")
-            if runs:
-                run = runs[0]
-                click.echo(f"  last run: {run.run_id} {run.status}, started {run.started}, "
-                           + ", ".join(f"{n} {k}" for k, n in ledger.counts_so_far(run).items()))
-            for p in state["problems"]:
-                click.echo(f"  {p['status']}: {p['object_id']}/{p['item_id']} "
-                           f"(attempts {p['attempts']}): {p['reason']}")
+            state = pipeline_status(ledger, name)
+            click.echo(json.dumps(state.to_dict()) if as_json else state.summary())
 
 
 @main.command()
