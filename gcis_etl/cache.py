@@ -27,6 +27,9 @@ iipsrv answers 404 for that request, and the image is served again after the nex
 Without an access log, evicted images stay out until purged and deposited again.
 
 purge: removes the cached copies (and the records) of images no longer in their store, or of given keys.
+"No longer in their store" is only ever concluded from a complete listing: a store that cannot be listed
+(an unmounted volume, an unreadable folder, an unreachable bucket) fails the sync of that source, or the
+purge, and nothing of it is removed.
 """
 from __future__ import annotations
 
@@ -481,7 +484,10 @@ def purge(settings: CacheSettings, sources: Sequence[CacheSource], keys: Iterabl
         else:
             targets = []
             for source in sources:
-                listed = {o.key for o in source.store.list(source.prefix)}
+                try:
+                    listed = {o.key for o in source.store.list(source.prefix)}
+                except StoreError as exc:
+                    raise StoreError(f"{exc}; nothing was purged") from None
                 targets.extend(sorted(cache.state.keys(source.name, source.prefix) - listed))
         removed, not_cached, freed = [], [], 0
         for key in targets:

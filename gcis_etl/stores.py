@@ -289,10 +289,22 @@ class LocalStore:
         return True
 
     def list(self, prefix: str = "") -> Iterator[ListedObject]:
+        """A listing that cannot be read completely is a StoreError, never a shorter listing: the cache sync
+        takes what is not listed for deleted. So a missing root is an error (an unmounted volume looks
+        exactly like that), as a missing bucket is for S3; only a missing folder below an existing root is
+        empty (nothing deposited under that prefix yet)."""
         _check_list_prefix(prefix)
+        if not self.root.is_dir():
+            raise StoreError(f"{self.root}: cannot list: the store's root folder is missing (its volume not "
+                             f"mounted?) or nothing was ever deposited there")
         start = self.root / prefix.rpartition("/")[0]
+
+        def unreadable(exc: OSError) -> None:
+            if not (isinstance(exc, FileNotFoundError) and Path(exc.filename) == start != self.root):
+                raise StoreError(f"{exc.filename}: cannot list: {exc.strerror}") from None
+
         found = []
-        for dirpath, dirnames, filenames in os.walk(start):
+        for dirpath, dirnames, filenames in os.walk(start, onerror=unreadable):
             dirnames[:] = [d for d in dirnames if not d.startswith(".")]
             for name in filenames:
                 if name.startswith("."):
@@ -300,7 +312,12 @@ class LocalStore:
                 path = Path(dirpath, name)
                 key = path.relative_to(self.root).as_posix()
                 if key.startswith(prefix):
-                    st = path.stat()
+                    try:
+                        st = path.stat()
+                    except FileNotFoundError:  # deleted since the folder was read
+                        continue
+                    except OSError as exc:
+                        raise StoreError(f"{path}: cannot list: {exc.strerror}") from None
                     found.append(ListedObject(key, st.st_size, datetime.fromtimestamp(st.st_mtime, timezone.utc)))
         return iter(sorted(found, key=lambda o: o.key))
 

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from gcis_etl.cache import CacheSettings, CacheSource, prune, purge, sync
-from gcis_etl.errors import ConfigError
+from gcis_etl.config import load_config
+from gcis_etl.errors import ConfigError, StoreError
 from gcis_etl.keys import UnsafeKey
 from gcis_etl.locks import LockHeld, RunLock
 from gcis_etl.settings import parse
@@ -174,6 +175,21 @@ def test_a_store_that_cannot_be_listed_fails_that_source_only(setup, minio, tmp_
     assert [(f.source, f.key) for f in result.failed] == [("s3", None)]
     assert "listing failed" in result.failed[0].reason and "wrong" not in result.failed[0].reason
     assert len(result.copied) == 2
+
+
+def test_a_store_that_cannot_be_listed_loses_none_of_its_cached_images(setup, tmp_path):
+    """An unmounted volume lists as nothing: that must not read as "every image was deleted"."""
+    store, source, settings = setup
+    sync(settings, [source])
+    (tmp_path / "store").rename(tmp_path / "unmounted")
+    result = sync(settings, [source], purge_gone=True)
+    assert [(f.source, f.key) for f in result.failed] == [("p", None)] and result.gone == ()
+    assert "listing failed" in result.failed[0].reason and "root folder is missing" in result.failed[0].reason
+    with pytest.raises(StoreError, match="root folder is missing.*; nothing was purged"):
+        purge(settings, [source])
+    assert cached(settings) == {"p/o1/a.tif": b"A" * 1000, "p/o1/b.jp2": b"B" * 2000}
+    (tmp_path / "unmounted").rename(tmp_path / "store")
+    assert sync(settings, [source], purge_gone=True).unchanged == 2  # the records were kept too
 
 
 # --------------------------------------------------------------------------------------------------- purge
@@ -373,6 +389,18 @@ def test_cli_usage_errors_and_exit_codes(configured):
     assert failed.returncode == 1 and "failed: samples: samples/o/a.tif:" in failed.stderr
     unsafe = gcis(config, "purge", "../x.tif")
     assert unsafe.returncode == 1 and "error:" in unsafe.stderr
+
+
+def test_cli_sync_and_purge_of_a_store_that_cannot_be_listed_fail_and_remove_nothing(configured, tmp_path):
+    config, store = configured
+    assert gcis(config, "sync").returncode == 0
+    (tmp_path / "store").rename(tmp_path / "unmounted")
+    synced = gcis(config, "sync", "--purge")
+    assert synced.returncode == 1 and "failed: samples: (whole source): listing failed" in synced.stderr
+    assert "removed" not in synced.stdout
+    purged = gcis(config, "purge")
+    assert purged.returncode == 1 and "nothing was purged" in purged.stderr
+    assert sorted(cached(load_config(config).cache)) == ["samples/o/a.tif", "samples/o/b.tif"]
 
 
 @pytest.mark.parametrize("command", ["sync", "prune", "purge", "serve"])

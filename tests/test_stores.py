@@ -130,6 +130,7 @@ def test_download_streams_to_a_file_and_returns_what_reached_the_disk(store, tmp
 
 @pytest.mark.parametrize("key", HOSTILE_KEYS)
 def test_hostile_keys_are_refused_by_every_operation(store, tmp_path, key):
+    (tmp_path / "store").mkdir()  # the local store's root: an empty store, not a missing one
     path, sha = write(tmp_path / "a.tif", b"data")
     for operation in (lambda: store.put(key, path, sha256=sha), lambda: store.head(key),
                       lambda: store.exists(key), lambda: store.delete(key), lambda: store.get_bytes(key),
@@ -157,6 +158,35 @@ def test_local_store_writes_atomically_and_hides_its_bookkeeping(local_store, tm
     directory = tmp_path / "store" / "demo" / "IE1"
     assert sorted(p.name for p in directory.iterdir()) == ["FL1.tif"]  # no temporary file left behind
     assert [o.key for o in local_store.list()] == ["demo/IE1/FL1.tif"]  # sidecars are not objects
+
+
+def unlistable_folder(folder: Path) -> None:
+    """A folder below `folder` whose path is too long to be read (ENAMETOOLONG), made through directory
+    descriptors: an unreadable folder even for root, whom chmod 000 does not stop."""
+    folder.mkdir(parents=True)
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    for _ in range(20):
+        os.mkdir("d" * 250, dir_fd=fd)
+        inner = os.open("d" * 250, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+        os.close(fd)
+        fd = inner
+    os.close(fd)
+
+
+def test_a_local_listing_that_cannot_be_read_is_an_error_never_a_shorter_listing(local_store, tmp_path):
+    """The cache sync takes what a listing leaves out for deleted from the store."""
+    with pytest.raises(StoreError, match=r"store: cannot list: the store's root folder is missing"):
+        local_store.list("demo/")
+    path, sha = write(tmp_path / "a.tif", b"content")
+    local_store.put("demo/IE1/FL1.tif", path, sha256=sha)
+    assert list(local_store.list("other/")) == []  # nothing deposited under that prefix yet: empty
+    unlistable_folder(tmp_path / "store" / "demo" / "IE2")
+    with pytest.raises(StoreError, match=r"/dddd+: cannot list: File name too long"):
+        local_store.list("demo/")
+    assert [o.key for o in local_store.list("demo/IE1/")] == ["demo/IE1/FL1.tif"]
+    (tmp_path / "store").rename(tmp_path / "unmounted")
+    with pytest.raises(StoreError, match=r"store: cannot list: the store's root folder is missing"):
+        local_store.list("demo/")
 
 
 def test_local_store_ignores_a_sidecar_describing_older_content(local_store, tmp_path):
