@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import re
 from typing import Annotated, Any, Literal
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 from pydantic import Field, PlainSerializer, field_validator, model_validator
 
 from gcis_etl.recipes import JP2_ENCODERS, Recipe
-from gcis_etl.settings import Settings
+from gcis_etl.settings import Settings, redacted
 
 TASK_NAME = "gcis_etl.process_item"
 QUEUE_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$"
@@ -22,14 +22,24 @@ _RESULT_SCHEMES = ("redis", "rediss", "sentinel")
 OUTAGE_RETRY_CEILING_SECONDS = 10  # the longest wait between two retries of an unreachable broker or backend
 
 
-def redacted(url: str) -> str:
-    """The URL with its password masked: what may be printed or logged."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.rsplit("@", 1)[1]
-    user = parts.username or ""
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc}"))
+def _checked(url: str, schemes: tuple[str, ...], what: str) -> str:
+    """Each URL of a ';'-separated list: of an accepted scheme, and parsed as kombu will parse it. A password
+    with an unencoded '#', '?' or '/' ends the host part early: kombu then fails on a "port" made of the
+    password's first characters (and shows them), or connects somewhere else. The value is not repeated."""
+    for one in url.split(";"):
+        parts = urlsplit(one)
+        if parts.scheme not in schemes:
+            raise ValueError(what)
+        try:
+            parts.port
+        except ValueError:
+            parsed = False
+        else:
+            parsed = "@" not in one[len(parts.scheme) + 3 + len(parts.netloc):]
+        if not parsed:
+            raise ValueError("cannot be parsed: percent-encode the reserved characters of its user name and "
+                             "password ('#' as %23, '?' as %3F, '/' as %2F, '@' as %40, ':' as %3A, '%' as %25)")
+    return url
 
 
 # A URL that may carry a password (from ${VAR}): shown masked whenever the settings are printed.
@@ -92,6 +102,9 @@ class CelerySettings(Settings):
         60, gt=0, description="Redis: how often workers look for tasks of vanished workers")
     poll_seconds: float = Field(0.25, gt=0, description="how often the orchestrator checks outcomes")
     max_resends: int = Field(5, ge=0, description="times a task the broker lost is sent again before it fails")
+    sentinel_master_name: str | None = Field(
+        None, min_length=1, description="with sentinel:// URLs: the master the Sentinels monitor "
+                                        "(`sentinel monitor <name> ...` in sentinel.conf)")
     outage_retries: int = Field(
         40, ge=0, le=1000, description="the orchestrator's retries of an unreachable broker or result backend "
                                        "(backoff doubling to 10 s: 40 is about 5 minutes) before the run stops")
@@ -99,17 +112,15 @@ class CelerySettings(Settings):
     @field_validator("broker_url")
     @classmethod
     def _broker_scheme(cls, url: str) -> str:
-        if urlsplit(url).scheme not in _BROKER_SCHEMES:
-            raise ValueError(f"must be a Redis or RabbitMQ URL ({', '.join(s + '://' for s in _BROKER_SCHEMES)})")
-        return url
+        return _checked(url, _BROKER_SCHEMES,
+                        f"must be a Redis or RabbitMQ URL ({', '.join(s + '://' for s in _BROKER_SCHEMES)})")
 
     @field_validator("result_backend")
     @classmethod
     def _result_scheme(cls, url: str | None) -> str | None:
-        if url is not None and urlsplit(url).scheme not in _RESULT_SCHEMES:
-            raise ValueError("must be a Redis URL: outcomes are looked up by task id, also by an orchestrator "
-                             "that restarted (rpc:// cannot do that)")
-        return url
+        return url if url is None else _checked(
+            url, _RESULT_SCHEMES, "must be a Redis URL: outcomes are looked up by task id, also by an orchestrator "
+                                  "that restarted (rpc:// cannot do that)")
 
     @field_validator("queues")
     @classmethod
@@ -123,6 +134,13 @@ class CelerySettings(Settings):
     def _consistent(self) -> "CelerySettings":
         if self.result_backend is None and urlsplit(self.broker_url).scheme not in _RESULT_SCHEMES:
             raise ValueError("result_backend: required when the broker is not Redis (a redis:// URL)")
+        sentinel = [key for key, url in (("broker_url", self.broker_url), ("result_backend", self.result_backend))
+                    if url is not None and urlsplit(url).scheme == "sentinel"]
+        if sentinel and self.sentinel_master_name is None:
+            raise ValueError(f"sentinel_master_name: required with a sentinel:// {' and '.join(sentinel)}: the "
+                             f"name of the master the Sentinels monitor (`sentinel monitor <name> ...`)")
+        if self.sentinel_master_name is not None and not sentinel:
+            raise ValueError("sentinel_master_name: only used with a sentinel:// broker_url or result_backend")
         if "default" not in self.time_limits:
             raise ValueError("time_limits: needs a 'default' entry")
         if self.default_queue in self.queues:
@@ -153,10 +171,14 @@ class CelerySettings(Settings):
         """The Celery configuration shared by workers and orchestrators (queues are declared by the app)."""
         transport = {"visibility_timeout": self.visibility_timeout_seconds,
                      "unacked_restore_interval": self.restore_check_seconds, "unacked_restore_throttle": 1}
+        sentinel = {"master_name": self.sentinel_master_name}
+        broker_scheme = urlsplit(self.broker_url).scheme
         return {
             "broker_url": self.broker_url,
             "result_backend": self.results_url,
-            "broker_transport_options": transport if urlsplit(self.broker_url).scheme in _RESULT_SCHEMES else {},
+            "broker_transport_options": {**transport, **sentinel} if broker_scheme == "sentinel"
+                                        else transport if broker_scheme in _RESULT_SCHEMES else {},
+            "result_backend_transport_options": sentinel if urlsplit(self.results_url).scheme == "sentinel" else {},
             "broker_connection_retry_on_startup": True,
             "broker_connection_max_retries": None,
             "task_serializer": "json", "result_serializer": "json", "accept_content": ["json"],

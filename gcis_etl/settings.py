@@ -15,6 +15,8 @@ M = TypeVar("M", bound=BaseModel)
 
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _SECRET_KEY = re.compile(r"password|secret|token|credential|api[_-]?key|authorization|cookie", re.IGNORECASE)
+_MIN_SECRET = 4  # shorter environment values ("0", "yes") are no secrets; masked everywhere, they hide settings
+_MASK = "********"
 
 
 class Settings(BaseModel):
@@ -37,18 +39,27 @@ def read_yaml(path: str | Path) -> Any:
 
 class FromEnvironment(str):
     """A value that ${NAME} filled in: the environment holds the secrets, so an error never shows it,
-    whatever the key it was put under (a misspelt `passwd:` is not secret-named)."""
+    whatever the key it was put under (a misspelt `passwd:` is not secret-named). `secrets`: what the
+    secret-named variables in it (or all of them, under a secret-named key) put there."""
+
+    secrets: frozenset[str] = frozenset()
 
 
 def interpolate_env(value: Any, where: str = "") -> Any:
     """Replace ${NAME} with the environment variable NAME; a missing variable is a ConfigError."""
     if isinstance(value, str) and _ENV_REF.search(value):
+        secrets = set()
+
         def sub(match: re.Match) -> str:
             name = match.group(1)
             if name not in os.environ:
                 raise ConfigError(f"{where}: environment variable {name} is not set")
+            if len(os.environ[name]) >= _MIN_SECRET and (_SECRET_KEY.search(name) or _SECRET_KEY.search(where)):
+                secrets.add(os.environ[name])
             return os.environ[name]
-        return FromEnvironment(_ENV_REF.sub(sub, value))
+        filled = FromEnvironment(_ENV_REF.sub(sub, value))
+        filled.secrets = frozenset(secrets)
+        return filled
     if isinstance(value, dict):
         return {k: interpolate_env(v, f"{where}.{k}" if where else str(k)) for k, v in value.items()}
     if isinstance(value, list):
@@ -71,26 +82,64 @@ def parse(model: type[M], data: Any, source: str, prefix: str = "") -> M:
             elif err["type"] == "missing" or isinstance(got, dict) or secret:
                 shown = ""
             else:
-                shown = f" (got {got!r})"
+                shown = f" (got {redacted(got) if isinstance(got, str) else got!r})"
             lines.append(f"{source}: {key or '<top>'}: {err['msg']}{shown}")
         raise ConfigError("\n".join(lines)) from None
 
 
-def environment_values(value: Any) -> frozenset[str]:
-    """Every string ${NAME} filled in, for `masked`: validation turns them into plain str, marker lost."""
+class EnvironmentValues(frozenset):
+    """Every string ${NAME} filled in (but the shortest), for `masked`: validation turns them into plain str,
+    marker lost. And `secrets`: the values of secret-named variables, which `masked` also finds inside other
+    strings (one a validator derived from the value, a URL `redacted` could not parse)."""
+
+    secrets: frozenset[str] = frozenset()
+
+
+def environment_values(value: Any) -> EnvironmentValues:
+    """What `masked` hides of the interpolated (not yet validated) settings data."""
     if isinstance(value, FromEnvironment):
-        return frozenset({str(value)} if value else ())
-    parts = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
-    return frozenset().union(*map(environment_values, parts))
+        found = EnvironmentValues({str(value)} if len(value) >= _MIN_SECRET else ())
+        found.secrets = value.secrets
+        return found
+    parts = [environment_values(v) for v in (value.values() if isinstance(value, dict)
+                                              else value if isinstance(value, list) else ())]
+    found = EnvironmentValues(frozenset().union(*parts))
+    found.secrets = frozenset().union(*(p.secrets for p in parts))
+    return found
 
 
 def masked(value: Any, hidden: frozenset[str] = frozenset(), key: str = "") -> Any:
     """A copy of plain settings data for printing: the values of secret-named keys, and every string in
-    `hidden` (the environment's values) wherever it sits, replaced."""
+    `hidden` (the environment's values) wherever it sits, replaced; and the `secrets` of hidden
+    EnvironmentValues inside any string."""
     if isinstance(value, dict):
         return {k: masked(v, hidden, str(k)) for k, v in value.items()}
     if isinstance(value, list):
         return [masked(v, hidden, key) for v in value]
     if value in hidden or (_SECRET_KEY.search(key) and value not in (None, "") and not isinstance(value, bool)):
-        return "********"
+        return _MASK
+    if isinstance(value, str):
+        for secret in getattr(hidden, "secrets", ()):
+            value = value.replace(secret, _MASK)
     return value
+
+
+def redacted(url: str) -> str:
+    """The URL, or the ';'-separated URLs (Sentinel, failover), with every password masked: the userinfo's
+    and those of secret-named query parameters (redis' ?password=). The userinfo ends at the last '@', so a
+    password with an unencoded '#', '?' or '/' is masked too; an '@' after the host masks more than needed,
+    never less."""
+    return ";".join(map(_redacted_one, url.split(";")))
+
+
+def _redacted_one(url: str) -> str:
+    scheme, separator, rest = url.partition("://")
+    if not separator:
+        return url
+    userinfo, at, rest = rest.rpartition("@")
+    if at:
+        user, colon, _ = userinfo.partition(":")
+        userinfo = f"{user}:***@" if colon else f"{userinfo}@"
+    query = re.sub(r"([?&]([^=&#]*)=)([^&#]*)",
+                   lambda m: m.group(1) + ("***" if _SECRET_KEY.search(m.group(2)) else m.group(3)), rest)
+    return f"{scheme}://{userinfo}{query}"
