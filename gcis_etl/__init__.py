@@ -17,8 +17,8 @@ def verify(path, expect=None) -> VerifyReport:
         return worker.call(verify_in_child, str(path), expect)
 
 
-_PIPELINE = {"load_config": "gcis_etl.config", "Config": "gcis_etl.config", "harvest": "gcis_etl.harvest",
-             "HarvestOptions": "gcis_etl.harvest"}
+_PIPELINE = {"load_config": "gcis_etl.config", "Config": "gcis_etl.config", "harvest": "gcis_etl.harvesting",
+             "HarvestOptions": "gcis_etl.harvesting"}
 
 
 def __getattr__(name: str):

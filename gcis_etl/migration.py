@@ -42,7 +42,7 @@ from gcis_etl.cli import EXIT_ITEM_FAILED, EXIT_LOCKED, EXIT_OK, EXIT_USAGE
 from gcis_etl.config import Config, load_config
 from gcis_etl.durable import atomic_write
 from gcis_etl.errors import ConfigError, GcisError
-from gcis_etl.harvest import HarvestOptions, harvest
+from gcis_etl.harvesting import HarvestOptions, harvest
 from gcis_etl.ledger import Ledger, now
 from gcis_etl.locks import LockHeld, RunLock, pipeline_lock
 from gcis_etl.pipelines import Pipeline

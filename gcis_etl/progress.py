@@ -9,7 +9,7 @@ import time
 import click
 
 from connectors.base import SourceObject
-from gcis_etl.harvest import Progress
+from gcis_etl.harvesting import Progress
 from gcis_etl.ledger import COUNTED
 from gcis_etl.reports import PROBLEMS
 

@@ -15,7 +15,7 @@ child with it; it is replaced after `worker_max_tasks_per_child` tasks or when i
 `worker_max_memory_per_child_mb`, closing its conversion child, which itself is recycled on the
 `isolation:` limits (libvips' long-run memory growth lives there).
 
-Per-object manifests and the collection are not tasks: the orchestrator (gcis_etl.harvest) publishes an
+Per-object manifests and the collection are not tasks: the orchestrator (gcis_etl.harvesting) publishes an
 object's manifest once the ledger holds an outcome for each of its items, whichever executor produced them,
 and updates the collection once at the end under the pipeline's lock — one writer per pipeline.
 """

@@ -357,7 +357,7 @@ def assert_harvests_agree(pool: Pool, **celery: object) -> list[CeleryWorker]:
     records the same ledger and stores the same objects as a harvest with the local executor. Returns the
     workers, which both took work."""
     from gcis_etl.config import load_config
-    from gcis_etl.harvest import harvest
+    from gcis_etl.harvesting import harvest
     manifests = {"manifest_base_url": "http://127.0.0.1:8182/store", "image_service_base_url": "http://127.0.0.1/iiif"}
     configs = {run: pool.config(run, pipeline={"executor": run, "concurrency": 4, "manifests": manifests}, **celery)
                for run in ("celery", "local")}

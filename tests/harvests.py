@@ -236,7 +236,7 @@ class Rig:
     def harvest(self, **options):
         """One run in this process (the library entry point)."""
         from gcis_etl.config import load_config
-        from gcis_etl.harvest import HarvestOptions, harvest
+        from gcis_etl.harvesting import HarvestOptions, harvest
         return harvest(load_config(self.config), self.pipeline, HarvestOptions(**options))
 
     # ------------------------------------------------------------------------------------ observing

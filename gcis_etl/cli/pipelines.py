@@ -80,7 +80,7 @@ def _logging(log_json: bool, verbose: int) -> None:
 
 def _run(ctx: click.Context, names: tuple[str, ...], options, log_json: bool, verbose: int,
          stop: StopRequest) -> None:
-    from gcis_etl.harvest import harvest
+    from gcis_etl.harvesting import harvest
     from gcis_etl.locks import LockHeld
     from gcis_etl.progress import progress_for
     _logging(log_json, verbose)
@@ -170,7 +170,7 @@ def harvest(ctx: click.Context, pipelines: tuple[str, ...], dry_run: bool, since
       gcis-etl harvest library --since 7d --limit 100
       */15 * * * *  gcis-etl --config /etc/gcis/config.yaml harvest --log-json --max-minutes 14
     """
-    from gcis_etl.harvest import HarvestOptions
+    from gcis_etl.harvesting import HarvestOptions
     if force and since is None and not object_ids:
         click.echo("note: --force reaches only what changed since the checkpoint; add --since or --object for "
                    "older items (or use the reencode migration)", err=True)
@@ -186,7 +186,7 @@ def demo(ctx: click.Context) -> None:
     and say where the access masters, manifests and run reports are. Run it twice: the second run has
     nothing to do.
     """
-    from gcis_etl.harvest import HarvestOptions
+    from gcis_etl.harvesting import HarvestOptions
     try:
         _run(ctx, (), HarvestOptions(), False, 0, stop_on_signals())
     except SystemExit as exit_:
@@ -221,7 +221,7 @@ def retry(ctx: click.Context, pipelines: tuple[str, ...], failed: bool, rejected
       gcis-etl retry museum --object IE12345    one object
       gcis-etl retry museum --rejected          after relaxing the imaging policy
     """
-    from gcis_etl.harvest import HarvestOptions
+    from gcis_etl.harvesting import HarvestOptions
     from gcis_etl.ledger import Ledger
     cfg = _config(ctx)
     targets = {}

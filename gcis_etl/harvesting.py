@@ -33,7 +33,7 @@ from gcis_etl.recipes import load_recipe
 from gcis_etl.reports import PLANNED, PlannedItem, RunReport, report_from_ledger, write_report
 from gcis_etl.work import ItemResult, ItemTask, Outcome, fingerprint
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("gcis_etl.harvest")  # the name log shippers filter on (progress.py logs items under it)
 
 OBJECT = "(object)"  # stands for the item id where the run reports that the source could not describe the object
 
