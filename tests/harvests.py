@@ -247,16 +247,7 @@ class Rig:
             yield ledger
 
     def peek(self, sql: str) -> list[tuple]:
-        """A read-only look at the ledger while a run writes it (no schema set-up, no write lock)."""
-        if not self.ledger_path.exists():
-            return []
-        db = sqlite3.connect(f"file:{self.ledger_path}?mode=ro", uri=True, timeout=10)
-        try:
-            return db.execute(sql).fetchall()
-        except sqlite3.OperationalError:  # the run has not created the tables yet
-            return []
-        finally:
-            db.close()
+        return peek(self.ledger_path, sql)
 
     def statuses(self) -> dict[tuple[str, str], str]:
         return {(o, i): s for o, i, s in self.peek("SELECT object_id, item_id, status FROM items")}
@@ -386,3 +377,15 @@ def kill(proc: subprocess.Popen) -> None:
     proc.communicate(timeout=30)
     assert proc.returncode == -signal.SIGKILL
 
+
+def peek(ledger: Path, sql: str) -> list[tuple]:
+    """A read-only look at the ledger while a run writes it (no schema set-up, no write lock)."""
+    if not ledger.exists():
+        return []
+    db = sqlite3.connect(f"file:{ledger}?mode=ro", uri=True, timeout=10)
+    try:
+        return db.execute(sql).fetchall()
+    except sqlite3.OperationalError:  # the run has not created the tables yet
+        return []
+    finally:
+        db.close()

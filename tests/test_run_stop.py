@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import signal
-import sqlite3
 import subprocess
 import sys
 import threading
@@ -18,7 +17,7 @@ import pytest
 import yaml
 
 from tests.emulators.rosetta import RosettaCatalogue, RosettaEmulator
-from tests.harvests import PATIENT_RETRY, SECRETS, Gate, ie, rosetta_source, serving, wait_for
+from tests.harvests import PATIENT_RETRY, SECRETS, Gate, ie, peek, rosetta_source, serving, wait_for
 
 BIN = Path(sys.executable).parent
 HELD = ("IE7000", "FL7002"), ("IE7000", "FL7003")  # both slots (concurrency 2)
@@ -30,19 +29,6 @@ def catalogue() -> RosettaCatalogue:
         ie(7010, "2024-01-02 10:00:00", "gray8/gray.tif"),
         ie(7020, "2024-01-03 10:00:00", "png/png-rgb-64x56x8.png"),
     ])
-
-
-def peek(ledger: Path, sql: str) -> list[tuple]:
-    """A read-only look at the ledger while the run writes it."""
-    if not ledger.exists():
-        return []
-    db = sqlite3.connect(f"file:{ledger}?mode=ro", uri=True, timeout=10)
-    try:
-        return db.execute(sql).fetchall()
-    except sqlite3.OperationalError:  # the run has not created the tables yet
-        return []
-    finally:
-        db.close()
 
 
 @pytest.mark.parametrize("command, signum", [
