@@ -43,14 +43,18 @@ def orient(image: pyvips.Image, orientation: int) -> pyvips.Image:
 
 def layout(image: pyvips.Image, info: ImageInfo, policy: ImagingPolicy) -> pyvips.Image:
     """The master before colour management, as both PTIFF engines take it: upright, unsigned samples
-    (Lab keeps its signed a*, b*: libvips' LabS is signed by definition) of at most 16 bits, alpha
-    flattened (or dropped), other extra bands dropped."""
+    (Lab keeps its signed a*, b*: libvips' LabS is signed by definition) of at most 16 bits, float kept
+    only where no profile is embedded, alpha flattened (or dropped), other extra bands dropped."""
     image = orient(image, info.orientation)
     if image.format in ("char", "short", "int") and image.interpretation not in LAB:
         image = _unsigned(image)
     if image.format == "uint":
-        image = _sixteen_bits(image)
-    return _drop_extra_bands(image, info.alpha, policy)
+        image = _sixteen_bits(image >> 16)
+    image = _drop_extra_bands(image, info.alpha, policy)
+    if image.format in ("float", "double") and image.interpretation not in LAB \
+            and image.get_typeof("icc-profile-data"):
+        image = _sixteen_bits(image.linear(65535, 0.5))  # 0..1 onto 0..65535, rounded
+    return image
 
 
 def normalise(image: pyvips.Image, info: ImageInfo, policy: ImagingPolicy) -> pyvips.Image:
@@ -73,11 +77,16 @@ def _unsigned(image: pyvips.Image) -> pyvips.Image:
     return (image + offset).cast(target).copy(interpretation=image.interpretation)
 
 
-def _sixteen_bits(image: pyvips.Image) -> pyvips.Image:
-    """32-bit samples keep their top 16 bits (the type's full range onto 16 bits): libvips' colour
-    operations scale 8- and 16-bit samples to 8 bits but clip 32-bit ones to 0..255."""
-    interpretation = {"b-w": "grey16", "srgb": "rgb16"}.get(image.interpretation, image.interpretation)
-    return (image >> 16).cast("ushort").copy(interpretation=interpretation)
+def _sixteen_bits(samples: pyvips.Image) -> pyvips.Image:
+    """Samples already on the 16-bit scale, cast (clipped) to ushort and labelled as libvips' 16-bit spaces.
+
+    uint32 keeps its top 16 bits: libvips' colour operations scale 8- and 16-bit samples to 8 bits but clip
+    32-bit integers to 0..255. Float samples (0..1, as TIFF and LittleCMS's float formats hold them) meet an
+    embedded profile as 16 bits: libvips' icc_transform reads float on its 0..255 scale (a 0..1 master came
+    out black) and Pillow ImageCms has no float mode. Float without a profile stays linear scRGB."""
+    interpretation = {"b-w": "grey16", "srgb": "rgb16", "scrgb": "rgb16"}.get(samples.interpretation,
+                                                                              samples.interpretation)
+    return samples.cast("ushort").copy(interpretation=interpretation)
 
 
 def _drop_extra_bands(image: pyvips.Image, alpha: bool, policy: ImagingPolicy) -> pyvips.Image:

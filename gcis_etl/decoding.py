@@ -59,6 +59,8 @@ def _first_line(exc: Exception) -> str:
 
 
 def _open_vips(info: ImageInfo, strict: bool) -> pyvips.Image:
+    if info.format in ("TIFF", "BigTIFF") and _tiled_separate_planes(info.path):
+        raise CannotOpen("libvips cannot read tiled planar-separate TIFF")
     access = "random" if info.orientation in _RANDOM_ACCESS_ORIENTATIONS else "sequential"
     try:
         image = pyvips.Image.new_from_file(info.path, access=access, fail_on="warning" if strict else "none")
@@ -67,6 +69,19 @@ def _open_vips(info: ImageInfo, strict: bool) -> pyvips.Image:
     if info.interpretation == "lab" and image.interpretation == "multiband":
         return _icc_lab(image, info)
     return image
+
+
+def _tiled_separate_planes(path: str) -> bool:
+    """libvips (8.14 to 8.17 at least: libvips/libvips#4615) opens the header of a tiled planar-separate TIFF
+    but fails on its first pixel ("tiff2vips: tiled separate planes not supported"), which would read as
+    corrupt data: the header routes such a valid master to the next decoder instead."""
+    import tifffile
+    try:
+        with tifffile.TiffFile(path) as tif:
+            page = tif.pages[0]
+            return page.is_tiled and page.planarconfig == tifffile.PLANARCONFIG.SEPARATE
+    except Exception:  # a header tifffile cannot read: libvips says what is wrong with it
+        return False
 
 
 def _icc_lab(image: pyvips.Image, info: ImageInfo) -> pyvips.Image:
@@ -107,10 +122,14 @@ def _open_pillow(info: ImageInfo, strict: bool) -> pyvips.Image:
 def _open_tifffile(info: ImageInfo, strict: bool) -> pyvips.Image:
     import tifffile
     try:
-        array = tifffile.imread(info.path, key=0)
+        with tifffile.TiffFile(info.path) as tif:
+            page = tif.pages[0]
+            array, axes, icc = page.asarray(), page.axes, page.iccprofile
     except Exception as exc:  # tifffile/imagecodecs raise many types for unsupported encodings
         raise CannotOpen(_first_line(exc)) from None
-    return _from_array(array, info, None)
+    if axes.startswith("S"):  # planar-separate samples come plane by plane
+        array = np.moveaxis(array, 0, -1)
+    return _from_array(array, info, icc)
 
 
 def _from_array(array: np.ndarray, info: ImageInfo, icc: bytes | None) -> pyvips.Image:

@@ -10,7 +10,8 @@ it encodes sRGB already (inspection.encodes_srgb, 8-bit); CMYK without one throu
 Lab through a Lab (D50) profile. A master with none of these needs no colour management on either path: its
 samples are brought to 8-bit sRGB by colour.normalise, exactly as on the main path.
 
-Pillow has no 16-bit RGB or CMYK mode: 16-bit samples are rounded to 8 bits (x / 257) before the transform.
+Pillow has no 16-bit RGB or CMYK mode: 16-bit samples are rounded to 8 bits (x / 257) before the transform
+(float samples with an embedded profile arrive as 16-bit: colour.layout).
 The main path transforms 16 bits in float; on 16-bit masters the two differ by a mean CIEDE2000 of 0.36
 (Adobe RGB) and 0.56 (ProPhoto, whose out-of-gamut dark blues clip differently), below what JPEG Q90 adds;
 8-bit masters come out identical (tests/test_tifffile_path.py). Lab goes through Pillow's 8-bit Lab (0.62).

@@ -11,6 +11,7 @@ from PIL import Image, ImageCms
 from gcis_etl.conversion import check_decoding, convert
 from gcis_etl.inspection import inspect
 from gcis_etl.models import Status, Verdict
+from gcis_etl.policy import ImagingPolicy
 from tests.imaging import normalised
 
 ORANGE = (200, 60, 30)
@@ -148,3 +149,35 @@ def test_a_transparency_mask_page_is_not_a_page(tmp_path):
         tw.write(rgb, photometric="rgb")
         tw.write(rgb, photometric="rgb")
     assert inspect(tmp_path / "two.tif").verdict is Verdict.REJECT
+
+
+def _tiled_planar(path) -> np.ndarray:
+    """A valid tiled planar-separate (RRR..GGG..BBB) RGB master of flat 16x16 patches; returns its pixels."""
+    pixels = np.random.default_rng(3).integers(0, 256, (3, 5, 3), np.uint8).repeat(16, 0).repeat(16, 1)
+    tifffile.imwrite(path, np.moveaxis(pixels, 2, 0), photometric="rgb", planarconfig="separate", tile=(32, 32),
+                     metadata=None)
+    with tifffile.TiffFile(path) as tif:
+        assert tif.pages[0].is_tiled and tif.pages[0].planarconfig == tifffile.PLANARCONFIG.SEPARATE
+    return pixels
+
+
+def test_a_tiled_planar_separate_master_goes_to_the_next_decoder(tmp_path):
+    """libvips opens its header but cannot read its pixels, which looked like corrupt data: the header sends
+    it on to Pillow (then tifffile), as the other encodings libvips lacks."""
+    pixels = _tiled_planar(tmp_path / "planar.tif")
+    assert check_decoding(tmp_path / "planar.tif").verdict is Verdict.ACCEPT
+    result = convert(tmp_path / "planar.tif", tmp_path / "access.tif")
+    assert result.status is Status.CONVERTED and result.decoder == "pillow", result.reason
+    centres = np.s_[8::16, 8::16]  # JPEG Q90 blurs the patches' edges
+    access = pyvips.Image.new_from_file(str(tmp_path / "access.tif")).numpy()
+    assert np.abs(access[centres].astype(int) - pixels[centres]).max() <= 8
+    for decoder in ("pillow", "tifffile"):
+        np.testing.assert_array_equal(normalised(tmp_path / "planar.tif", decoders=(decoder,)), pixels)
+
+
+def test_vips_alone_says_it_cannot_read_the_encoding_rather_than_corrupt(tmp_path):
+    _tiled_planar(tmp_path / "planar.tif")
+    policy = ImagingPolicy(decoders={"TIFF": ("vips",)})
+    result = convert(tmp_path / "planar.tif", tmp_path / "access.tif", policy=policy)
+    assert result.status is Status.REJECTED
+    assert "libvips cannot read tiled planar-separate TIFF" in result.reason and "corrupt" not in result.reason
