@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.servers import MinioServer, free_port
+pytest.register_assert_rewrite("tests.harvests")  # before any test module imports it: its checks explain failures
+
+from tests.servers import MinioServer, free_port  # noqa: E402
 
 MiB = 1024 * 1024
 

@@ -14,16 +14,13 @@ import urllib.request
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-import pytest
 from PIL import Image
 
 from gcis_etl.config import load_config
 from gcis_etl.stores import Store
 from tests.emulators.catalogue import CorpusFile
 from tests.emulators.rosetta import RosettaCatalogue, RosettaEmulator, RosettaFile
-
-pytest.register_assert_rewrite("tests.harvests")  # before the import: its checks explain their failures too
-from tests.harvests import (GeneratedFile, Rig, ie, rosetta_expected, rosetta_listing, rosetta_source,  # noqa: E402
+from tests.harvests import (GeneratedFile, Rig, ie, rosetta_expected, rosetta_listing, rosetta_source,
                             serving)
 
 REPO = Path(__file__).resolve().parents[1]

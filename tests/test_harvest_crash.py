@@ -17,9 +17,7 @@ import pytest
 from gcis_etl.ledger import COUNTED
 from tests.conftest import MiB
 from tests.emulators.rosetta import Entity, RosettaCatalogue, RosettaEmulator
-
-pytest.register_assert_rewrite("tests.harvests")  # before the import: its checks explain their failures too
-from tests.harvests import (PATIENT_RETRY, Gate, GeneratedFile, Rig, ie, kill, rosetta_expected,  # noqa: E402
+from tests.harvests import (PATIENT_RETRY, Gate, GeneratedFile, Rig, ie, kill, rosetta_expected,
                             rosetta_source, serving, wait_for, write_noise_tiff)
 
 pytest_plugins = ("tests.harvests",)  # the `rig` fixture

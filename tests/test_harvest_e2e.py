@@ -9,13 +9,9 @@ from __future__ import annotations
 import csv
 import json
 
-import pytest
-
 from tests.emulators.otmm import OtmmEmulator
 from tests.emulators.rosetta import RosettaCatalogue, RosettaEmulator
-
-pytest.register_assert_rewrite("tests.harvests")  # before the import: its checks explain their failures too
-from tests.harvests import (corpus_verdicts, ie, otmm_expected, otmm_source, rosetta_expected,  # noqa: E402
+from tests.harvests import (corpus_verdicts, ie, otmm_expected, otmm_source, rosetta_expected,
                             rosetta_source, serving)
 
 pytest_plugins = ("tests.harvests",)  # the `rig` fixture

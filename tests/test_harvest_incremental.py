@@ -5,14 +5,10 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 
-import pytest
-
 from tests.emulators.catalogue import CorpusFile
 from tests.emulators.faults import Fault
 from tests.emulators.rosetta import RosettaCatalogue, RosettaEmulator
-
-pytest.register_assert_rewrite("tests.harvests")  # before the import: its checks explain their failures too
-from tests.harvests import ie, rosetta_expected, rosetta_source, serving  # noqa: E402
+from tests.harvests import ie, rosetta_expected, rosetta_source, serving
 
 pytest_plugins = ("tests.harvests",)  # the `rig` fixture
 

@@ -4,13 +4,9 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
-import pytest
-
 from tests.emulators.faults import Fault
 from tests.emulators.rosetta import RosettaCatalogue, RosettaEmulator
-
-pytest.register_assert_rewrite("tests.harvests")  # before the import: its checks explain their failures too
-from tests.harvests import PATIENT_RETRY, Gate, ie, rosetta_source, serving, wait_for  # noqa: E402
+from tests.harvests import PATIENT_RETRY, Gate, ie, rosetta_source, serving, wait_for
 
 pytest_plugins = ("tests.harvests",)  # the `rig` fixture
 
