@@ -13,7 +13,7 @@ import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Iterator
+from typing import BinaryIO, Callable, Iterator
 
 import exiftool
 
@@ -86,16 +86,18 @@ class MetadataSummary:
 def summarise(path: str | Path) -> MetadataSummary:
     tags = exiftool_json(path)
     groups = {k.split(":", 1)[0] for k in tags}
-    raw = tags.get("EXIF:Orientation", tags.get("XMP:Orientation"))
-    orientation, invalid = None, None
-    if raw is not None:
-        if isinstance(raw, int) and 1 <= raw <= 8:
-            orientation = raw
-        else:
-            invalid = raw
+    orientation, invalid = _orientation(tags)
     return MetadataSummary(exif="EXIF" in groups, xmp="XMP" in groups, iptc="IPTC" in groups,
                            orientation=orientation, orientation_invalid=invalid,
                            icc_description=tags.get("ICC_Profile:ProfileDescription"))
+
+
+def _orientation(tags: dict) -> tuple[int | None, object]:
+    """The orientation the conversion applies (1..8, or None), and the raw value when it is not one of those."""
+    raw = tags.get("EXIF:Orientation", tags.get("XMP:Orientation"))
+    if raw is None:
+        return None, None
+    return (raw, None) if isinstance(raw, int) and 1 <= raw <= 8 else (None, raw)
 
 
 # --- carrying metadata into the access master ------------------------------------------------------
@@ -108,6 +110,87 @@ _STRUCTURAL = {254, 255, 256, 257, 258, 259, 262, 263, 266, 273, 274, 277, 278, 
                517, 518, 519, 520, 521, 529, 530, 531, 532, 34675}
 _POINTERS = {34665, 34853, 40965}  # ExifIFD, GPS IFD, Interoperability IFD
 _COLOURSPACE_SRGB = ("-ExifIFD:ColorSpace#=1",)  # 1 = sRGB; '#' writes the numeric value
+
+# Tags that describe the master's encoding (pixel size, sample layout, colour space and profile, file format).
+# The access master is upright 8-bit sRGB in another format, which its own IFD0, ICC profile and file say: these
+# would contradict them, so they are never carried, whatever a recipe keeps (EXIF ColorSpace is rewritten).
+ENCODING_TAGS = (
+    "XMP-tiff:ImageWidth", "XMP-tiff:ImageHeight", "XMP-tiff:BitsPerSample", "XMP-tiff:Compression",
+    "XMP-tiff:PhotometricInterpretation", "XMP-tiff:Orientation", "XMP-tiff:SamplesPerPixel",
+    "XMP-tiff:PlanarConfiguration", "XMP-tiff:YCbCrSubSampling", "XMP-tiff:YCbCrPositioning",
+    "XMP-tiff:XResolution", "XMP-tiff:YResolution", "XMP-tiff:ResolutionUnit", "XMP-tiff:TransferFunction",
+    "XMP-tiff:WhitePoint", "XMP-tiff:PrimaryChromaticities", "XMP-tiff:YCbCrCoefficients",
+    "XMP-tiff:ReferenceBlackWhite", "XMP-tiff:NativeDigest",
+    "XMP-exif:ColorSpace", "XMP-exif:ExifImageWidth", "XMP-exif:ExifImageHeight", "XMP-exif:NativeDigest",
+    "XMP-photoshop:ICCProfileName", "XMP-photoshop:ColorMode", "XMP-dc:Format",
+    "IFD0:TransferFunction", "IFD0:WhitePoint", "IFD0:PrimaryChromaticities",
+    "ExifIFD:Gamma", "ExifIFD:ExifImageWidth", "ExifIFD:ExifImageHeight",
+)
+RESOLUTION_TAGS = ("IFD0:XResolution", "IFD0:YResolution", "IFD0:ResolutionUnit")
+
+
+@dataclass(frozen=True)
+class Resolution:
+    """Pixels per unit across and down; unit as TIFF's ResolutionUnit (1 none, 2 inch, 3 centimetre)."""
+
+    x: float
+    y: float
+    unit: int
+
+    def upright(self, orientation: int | None) -> Resolution:
+        """The resolution once the orientation is applied: orientations 5-8 swap rows and columns."""
+        return Resolution(self.y, self.x, self.unit) if orientation in (5, 6, 7, 8) else self
+
+    def exiftool_args(self) -> list[str]:
+        x, y, unit = RESOLUTION_TAGS
+        return [f"-{x}={self.x!r}", f"-{y}={self.y!r}", f"-{unit}#={self.unit}"]
+
+
+@dataclass(frozen=True)
+class _ResolutionSource:
+    """Where one container states the resolution (exiftool -G0 -n names), and its units as TIFF units."""
+
+    x: str
+    y: str
+    x_unit: str
+    y_unit: str
+    units: Callable[[object], tuple[int, float] | None]  # unit tag value -> (TIFF unit, factor), None: no unit
+
+    def read(self, tags: dict) -> Resolution | None:
+        axes = []
+        for value, unit in ((tags.get(self.x), self.units(tags.get(self.x_unit))),
+                            (tags.get(self.y), self.units(tags.get(self.y_unit)))):
+            if not isinstance(value, (int, float)) or value <= 0 or unit is None:
+                return None
+            axes.append((value * unit[1], unit[0]))
+        (x, x_unit), (y, y_unit) = axes
+        return Resolution(x, y, x_unit) if x_unit == y_unit else None
+
+
+# First to last, as libvips reads a JPEG (EXIF over JFIF). JFIF and PNG unit 0 state an aspect ratio only.
+_RESOLUTION_SOURCES = (
+    _ResolutionSource("EXIF:XResolution", "EXIF:YResolution", "EXIF:ResolutionUnit", "EXIF:ResolutionUnit",
+                      {None: (2, 1.0), 1: (1, 1.0), 2: (2, 1.0), 3: (3, 1.0)}.get),  # absent: inches (TIFF)
+    _ResolutionSource("JFIF:XResolution", "JFIF:YResolution", "JFIF:ResolutionUnit", "JFIF:ResolutionUnit",
+                      {1: (2, 1.0), 2: (3, 1.0)}.get),
+    _ResolutionSource("PNG:PixelsPerUnitX", "PNG:PixelsPerUnitY", "PNG:PixelUnits", "PNG:PixelUnits",
+                      {1: (3, 0.01)}.get),  # per metre
+    _ResolutionSource("Jpeg2000:CaptureXResolution", "Jpeg2000:CaptureYResolution",  # per 10^-unit metre
+                      "Jpeg2000:CaptureXResolutionUnit", "Jpeg2000:CaptureYResolutionUnit",
+                      lambda e: (3, 10.0 ** (e - 2)) if isinstance(e, int) and -10 <= e <= 10 else None),
+)
+_RESOLUTION_READ = ("-EXIF:Orientation", "-XMP:Orientation", *(f"-{t}" for t in RESOLUTION_TAGS),
+                    "-JFIF:XResolution", "-JFIF:YResolution", "-JFIF:ResolutionUnit", "-PNG-pHYs:all",
+                    "-Jpeg2000:CaptureXResolution", "-Jpeg2000:CaptureYResolution",
+                    "-Jpeg2000:CaptureXResolutionUnit", "-Jpeg2000:CaptureYResolutionUnit")
+
+
+def upright_resolution(master: str | Path) -> Resolution | None:
+    """The master's resolution from whichever container states it, turned as its pixels are; None when none
+    does (no resolution is better than a made-up one)."""
+    tags = exiftool_json(master, *_RESOLUTION_READ)
+    stated = next((r for r in (s.read(tags) for s in _RESOLUTION_SOURCES) if r is not None), None)
+    return stated.upright(_orientation(tags)[0]) if stated else None
 
 
 # exiftool names of the structural entries above (they describe the file, not the image).
@@ -134,9 +217,10 @@ def selection(keep: tuple[str, ...], exclude: tuple[str, ...]) -> list[str]:
     exiftool marks CodedCharacterSet 'unsafe': IPTC:all does not copy it, and -TagsFromFile then writes the IPTC
     text in exiftool's default IPTC charset, Latin ('Café 東京' arrives as 'Café ??'). Copied with the text, it
     makes exiftool write back the bytes it read, in any charset. It is left out when every kept entry names
-    another group, or it would make an IPTC record of its own (deciding from the names costs no exiftool read)."""
+    another group, or it would make an IPTC record of its own (deciding from the names costs no exiftool read).
+    ENCODING_TAGS are excluded always."""
     charset = [] if all(_other_group(tag) for tag in keep) else ["-IPTC:CodedCharacterSet"]
-    return [f"-{tag}" for tag in keep] + charset + [f"--{tag}" for tag in exclude]
+    return [f"-{tag}" for tag in keep] + charset + [f"--{tag}" for tag in (*exclude, *ENCODING_TAGS)]
 
 
 def _other_group(tag: str) -> bool:
@@ -146,13 +230,15 @@ def _other_group(tag: str) -> bool:
 
 
 def write_carrier(master: str | Path, keep: tuple[str, ...], exclude: tuple[str, ...], carrier: Path) -> Path:
-    """A 1-pixel classic TIFF holding the master's kept tags as exiftool normalises them, ColorSpace = sRGB."""
-    import numpy as np
-    import tifffile
-    tifffile.imwrite(carrier, np.zeros((1, 1, 3), np.uint8), photometric="rgb", byteorder="<", metadata=None)
+    """A 1-pixel classic TIFF holding the master's kept tags as exiftool normalises them, ColorSpace = sRGB,
+    and the master's resolution (upright_resolution) whatever the recipe keeps: it belongs to the pixels, as
+    their size does. The carrier starts without one, so a master without a resolution gets none."""
+    _classic_copy([], carrier)
+    resolution = upright_resolution(master)  # from the master itself: its classic view has no Orientation
     with classic_view(master) as source:  # a BigTIFF master loses UNDEFINED tags otherwise (see classic_view)
         exiftool_run("-m", "-q", "-n", "-overwrite_original", "-TagsFromFile", str(source),
-                     *selection(keep, exclude), *_COLOURSPACE_SRGB, str(carrier))
+                     *selection(keep, exclude), *_COLOURSPACE_SRGB, *(resolution.exiftool_args() if resolution else ()),
+                     str(carrier))
     return carrier
 
 

@@ -16,7 +16,7 @@ from gcis_etl.inspection import inspect
 from gcis_etl.metadata import carried_tags, exiftool_json, exiftool_run, kept_tag_values
 from gcis_etl.policy import ImagingPolicy
 from gcis_etl.ptiff import encode_ptiff
-from gcis_etl.recipes import load_recipe
+from gcis_etl.recipes import DEFAULT_RECIPE, load_recipe
 from gcis_etl.verification import Expectation, verify
 from tests.conftest import CORPUS
 
@@ -175,8 +175,8 @@ IPTC_MASTERS = {  # name: (CodedCharacterSet, ObjectName, By-line, Caption-Abstr
 }
 
 
-def recipe_keeping(*keep: str):
-    recipe = load_recipe()
+def recipe_keeping(*keep: str, name: str = DEFAULT_RECIPE):
+    recipe = load_recipe(name)
     return recipe.model_copy(update={"metadata": recipe.metadata.model_copy(update={"keep": keep})})
 
 
