@@ -52,6 +52,7 @@ from gcis_etl.iipsrv import ServerSettings, reload
 from gcis_etl.keys import check_key
 from gcis_etl.locks import RunLock
 from gcis_etl.settings import Settings
+from gcis_etl.spans import parse_span
 from gcis_etl.stores import ListedObject, Store
 
 SCHEMA = """
@@ -79,6 +80,12 @@ class CacheSettings(Settings):
     max_bytes: ByteSize | None = None           # `prune` default: e.g. 500G
     max_age: timedelta | None = None            # `prune` default: e.g. 30d (since the last access)
     server: ServerSettings = ServerSettings()
+
+    @field_validator("max_age", mode="before")
+    @classmethod
+    def _span(cls, value):
+        """The spans `cache prune --max-age` and `harvest --since` take (gcis_etl.spans), not pydantic's own."""
+        return parse_span(value) if isinstance(value, str) else value
 
     @field_validator("extensions")
     @classmethod

@@ -6,6 +6,8 @@ import logging
 import sys
 from datetime import datetime, timezone
 
+import click
+
 _STANDARD = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime"}
 
 
@@ -29,3 +31,13 @@ def configure(json_lines: bool, verbose: int) -> None:
     root.setLevel(logging.DEBUG if verbose > 1 else logging.INFO if verbose or json_lines else logging.WARNING)
     for noisy in ("botocore", "boto3", "s3transfer", "urllib3"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def say(message: str, level: int = logging.ERROR, **fields: object) -> None:
+    """A message for whoever runs the command (run stopped, lock held, configuration error): under --log-json a
+    JSON log line like every other, as a log shipper reads nothing else; otherwise the plain text, whatever the
+    log level (the JSON message leaves out the blank line padding a terminal's ^C)."""
+    if any(isinstance(handler.formatter, JsonFormatter) for handler in logging.getLogger().handlers):
+        logging.getLogger("gcis_etl.cli").log(level, message.strip(), extra=fields)
+    else:
+        click.echo(message, err=True)

@@ -109,6 +109,13 @@ class VerifyReport:
     def ok(self) -> bool:
         return not self.errors
 
+    def summary(self) -> str:
+        """One line for people: the size and levels only as far as the file could be read (a file that is not a
+        TIFF at all has neither)."""
+        found = [f"{self.width}x{self.height}"] if self.width is not None and self.height is not None else []
+        found += [f"{len(self.levels)} level{'s' if len(self.levels) > 1 else ''}"] if self.levels else []
+        return ", ".join([f"{self.path}: {'valid' if self.ok else 'NOT a valid'} access master", *found])
+
     def to_dict(self) -> dict:
         return {"path": self.path, "valid": self.ok, "errors": list(self.errors), "warnings": list(self.warnings),
                 "width": self.width, "height": self.height,

@@ -379,6 +379,17 @@ def test_cli_sync_prune_purge(configured, tmp_path):
     assert gcis(config, "purge").stdout.startswith("removed 1")
 
 
+def test_cli_prune_max_age_takes_the_spans_harvest_since_takes(configured):
+    config, store = configured
+    assert gcis(config, "sync").returncode == 0
+    for span in ("36h", "2w", "P1DT12H"):
+        kept = gcis(config, "prune", "--max-bytes", "1G", "--max-age", span, "--json")
+        assert kept.returncode == 0 and json.loads(kept.stdout)["kept"] == 2, kept.stderr  # both synced just now
+    refused = gcis(config, "prune", "--max-age", "12:00:00")  # 12 hours, or since noon? refused, not guessed
+    assert refused.returncode == 2 and "'12:00:00' is not a span of time: write 90m, 36h" in refused.stderr
+    assert sorted(cached(load_config(config).cache)) == ["samples/o/a.tif", "samples/o/b.tif"]
+
+
 def test_cli_usage_errors_and_exit_codes(configured):
     config, store = configured
     bad = gcis(config, "prune", "--max-bytes", "lots")

@@ -7,18 +7,37 @@ from __future__ import annotations
 
 import importlib
 import sys
+from datetime import timedelta
 
 import click
 
 from gcis_etl.errors import ConfigError
+from gcis_etl.spans import parse_span
 
 EXIT_OK, EXIT_ITEM_FAILED, EXIT_USAGE, EXIT_LOCKED = 0, 1, 2, 3  # every command and migration script
 EXIT_SIGNALLED = 128  # + the signal's number: a run SIGINT (130) or SIGTERM (143) stopped before its end
 
 
 def _fail_config(exc: ConfigError) -> None:
-    click.echo(f"configuration error:\n{exc}", err=True)
+    """Exit 2 naming what is wrong: a JSON log line once a command's --log-json has configured the log (harvest
+    does before it loads the configuration), plain text otherwise."""
+    from gcis_etl.logs import say
+    say(f"configuration error:\n{exc}")
     sys.exit(EXIT_USAGE)
+
+
+class Span(click.ParamType):
+    """A span of time in the syntax every option shares (gcis_etl.spans)."""
+
+    name = "span"
+
+    def convert(self, value, param, ctx) -> timedelta:
+        if isinstance(value, timedelta):
+            return value
+        try:
+            return parse_span(str(value))
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
 
 
 def _config(ctx: click.Context):

@@ -10,12 +10,13 @@ from datetime import timedelta
 import click
 from pydantic import ByteSize, TypeAdapter, ValidationError
 
-from gcis_etl.cli import EXIT_ITEM_FAILED, EXIT_LOCKED, EXIT_OK, _config, main
+from gcis_etl.cli import EXIT_ITEM_FAILED, EXIT_LOCKED, EXIT_OK, Span, _config, main
 from gcis_etl.errors import ConfigError, GcisError
+from gcis_etl.spans import SPAN_FORMATS
 
 
 class _Parsed(click.ParamType):
-    """A value parsed the way config.yaml parses it (pydantic), so '500G' or '30d' mean the same in both."""
+    """A value parsed the way config.yaml parses it (pydantic), so '500G' means the same in both."""
 
     def __init__(self, kind: type, name: str, hint: str):
         self.adapter = TypeAdapter(kind)
@@ -30,7 +31,6 @@ class _Parsed(click.ParamType):
 
 
 SIZE = _Parsed(ByteSize, "size", "a size such as 500G, 20GiB or 1000000")
-AGE = _Parsed(timedelta, "age", "an age such as 30d, 12:00:00 or P1DT12H")
 
 
 def _human(n: int) -> str:
@@ -122,7 +122,8 @@ def sync(ctx: click.Context, names: tuple[str, ...], purge_gone: bool, as_json: 
 @cache.command()
 @click.option("--max-bytes", type=SIZE, help="Evict until the cache holds at most this much (default: "
                                              "cache.max_bytes).")
-@click.option("--max-age", type=AGE, help="Evict what was not accessed for this long (default: cache.max_age).")
+@click.option("--max-age", type=Span(), help=f"Evict what was not accessed for this long: {SPAN_FORMATS} "
+                                              "(default: cache.max_age).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
 @click.pass_context
 def prune(ctx: click.Context, max_bytes: int | None, max_age: timedelta | None, as_json: bool) -> None:

@@ -138,8 +138,7 @@ def verify(ctx: click.Context, file: str, recipe: str | None, as_json: bool) -> 
     if as_json:
         click.echo(json.dumps(report.to_dict()))
     else:
-        state = "valid access master" if report.ok else "NOT a valid access master"
-        click.echo(f"{file}: {state}, {report.width}x{report.height}, {len(report.levels)} levels")
+        click.echo(report.summary())
         for error in report.errors:
             click.echo(f"    error: {error}")
     sys.exit(EXIT_OK if report.ok else EXIT_ITEM_FAILED)

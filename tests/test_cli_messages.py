@@ -1,0 +1,206 @@
+"""What the commands say on stderr, and the option formats they take: with --log-json every stderr line is a JSON
+object (a log shipper reads nothing else), without it the same messages are plain lines; one syntax for spans of
+time in every option; verify says nothing it does not know. Run as real subprocesses."""
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gcis_etl.spans import SPAN_FORMATS, parse_span
+from tests.conftest import CORPUS
+from tests.emulators.rosetta import RosettaCatalogue, RosettaEmulator
+from tests.harvests import PATIENT_RETRY, SECRETS, Gate, ie, rosetta_source, serving, wait_for
+
+GCIS = str(Path(sys.executable).with_name("gcis-etl"))
+
+
+def gcis(cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([GCIS, *args], capture_output=True, text=True, cwd=cwd, timeout=120)
+
+
+def json_lines(stderr: str) -> list[dict]:
+    """Every line of stderr as a JSON object (the test fails on the first that is not one)."""
+    lines = stderr.splitlines()
+    assert lines, "nothing on stderr"
+    return [json.loads(line) for line in lines]
+
+
+def not_json(line: str) -> bool:
+    try:
+        json.loads(line)
+    except ValueError:
+        return True
+    return False
+
+
+@pytest.fixture
+def two_pipelines(tmp_path) -> Path:
+    """`p` harvests one master; `q`'s source root is missing, so its run stops on a source error; an empty cache."""
+    (tmp_path / "m" / "o").mkdir(parents=True)
+    (tmp_path / "m" / "o" / "flowers.jpeg").write_bytes((CORPUS / "jpeg-baseline/flowers.jpeg").read_bytes())
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump({"state_dir": "state", "pipelines": {
+        "p": {"source": {"kind": "filesystem", "root": "m"}, "store": {"kind": "local", "root": "store"}},
+        "q": {"source": {"kind": "filesystem", "root": "missing"}, "store": {"kind": "local", "root": "store"}}},
+        "cache": {"dir": str(tmp_path / "cache")}}))
+    return tmp_path
+
+
+# ------------------------------------------------------------------------------------------- --log-json
+
+
+def test_a_run_stopped_by_its_source_is_a_json_line_with_log_json_and_the_same_plain_line_without(two_pipelines):
+    logged = gcis(two_pipelines, "harvest", "q", "--log-json")
+    assert logged.returncode == 1
+    [stopped] = [e for e in json_lines(logged.stderr) if e["logger"] == "gcis_etl.cli"]
+    assert stopped["level"] == "error" and stopped["pipeline"] == "q"
+    assert stopped["message"].startswith("q: run stopped: q: root ") and stopped["message"].endswith("run again)")
+    plain = gcis(two_pipelines, "harvest", "q")
+    assert plain.returncode == 1 and plain.stderr.splitlines() == [stopped["message"]]
+
+
+def test_a_held_lock_is_a_json_line_with_log_json(two_pipelines):
+    lock = two_pipelines / "state" / "locks" / "p.lock"
+    lock.parent.mkdir(parents=True)
+    with open(lock, "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        logged = gcis(two_pipelines, "harvest", "p", "--log-json")
+        plain = gcis(two_pipelines, "harvest", "p")
+    assert logged.returncode == 3 and plain.returncode == 3
+    [entry] = json_lines(logged.stderr)
+    assert entry["level"] == "error" and entry["pipeline"] == "p"
+    assert entry["message"].startswith("pipeline 'p' is already running") and str(lock) in entry["message"]
+    assert plain.stderr.splitlines() == [entry["message"]]
+
+
+def test_a_configuration_error_is_one_json_line_with_log_json(tmp_path):
+    (tmp_path / "bad.yaml").write_text("pipelines:\n  p: {source: {kind: filesystem, root: m}, stor: {}}\n")
+    logged = gcis(tmp_path, "--config", "bad.yaml", "harvest", "--log-json")
+    assert logged.returncode == 2
+    [entry] = json_lines(logged.stderr)
+    assert entry["level"] == "error" and entry["message"].splitlines() == [
+        "configuration error:", "bad.yaml: pipelines.p.store: Field required",
+        "bad.yaml: pipelines.p.stor: Extra inputs are not permitted"]
+    plain = gcis(tmp_path, "--config", "bad.yaml", "harvest")
+    assert plain.returncode == 2 and plain.stderr == entry["message"] + "\n"
+
+
+def test_the_signal_taken_is_a_json_line_with_log_json(tmp_path):
+    """The Rosetta emulator holds the downloads at a Gate, so the run is certainly at work when SIGTERM comes."""
+    catalogue = RosettaCatalogue([ie(7000, "2024-01-01 10:00:00", "rgb8-tiff-uncompressed/hopper.tif")])
+    gate = Gate(RosettaEmulator(catalogue), "dps_pid=FL7002&")
+    with serving(gate) as emulator:
+        (tmp_path / "config.yaml").write_text(yaml.safe_dump({"state_dir": "state", "pipelines": {"dam": {
+            "source": rosetta_source(emulator.url, retry=PATIENT_RETRY),
+            "store": {"kind": "local", "root": str(tmp_path / "store")}}}}))
+        run = subprocess.Popen([GCIS, "harvest", "--log-json"], cwd=tmp_path, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, env={**os.environ, **SECRETS})
+        wait_for(lambda: gate.held == 1, "the download is held", run)
+        stderr: list[str] = []
+        reader = threading.Thread(target=lambda: stderr.extend(run.stderr), daemon=True)
+        reader.start()
+        run.send_signal(signal.SIGTERM)
+        wait_for(lambda: any("stopping after the items in flight" in line for line in stderr), "the signal was taken")
+        gate.open()
+        run.wait(120)
+        reader.join(10)
+    assert run.returncode == 128 + signal.SIGTERM
+    said = [(e["level"], e["message"]) for e in json_lines("".join(stderr)) if e["logger"] == "gcis_etl.cli"]
+    assert said == [("warning", "stopping after the items in flight (Ctrl-C again to abandon them)")]
+
+
+# -------------------------------------------------------------------------------------------- spans of time
+
+
+@pytest.mark.parametrize("text, span", [
+    ("90m", timedelta(minutes=90)), ("36h", timedelta(hours=36)), ("7d", timedelta(days=7)),
+    ("2w", timedelta(weeks=2)), ("PT90M", timedelta(minutes=90)), ("P1DT12H", timedelta(hours=36)),
+    ("P2W", timedelta(weeks=2)), ("PT1.5H", timedelta(minutes=90)), ("P1D", timedelta(days=1)),
+])
+def test_spans_in_both_syntaxes(text, span):
+    assert parse_span(text) == span
+
+
+@pytest.mark.parametrize("text", ["12:00:00", "10", "P1M", "P1Y", "PT", "1d12h", "-P1D", "soon"])
+def test_ambiguous_or_unknown_spans_are_refused_naming_the_forms(text):
+    with pytest.raises(ValueError, match=re.escape(SPAN_FORMATS)):
+        parse_span(text)
+
+
+@pytest.mark.parametrize("text", ["0m", "P0D"])
+def test_a_span_of_zero_is_refused(text):
+    with pytest.raises(ValueError, match="a span of zero"):
+        parse_span(text)
+
+
+@pytest.mark.parametrize("span", ["36h", "P1D", "2w"])
+def test_since_and_max_age_take_the_same_spans(two_pipelines, span):
+    before = datetime.now(timezone.utc)
+    planned = gcis(two_pipelines, "harvest", "p", "--dry-run", "--since", span)
+    after = datetime.now(timezone.utc)
+    assert planned.returncode == 0, planned.stderr
+    since = datetime.fromisoformat(re.search(r"\(since (\S+)\)", planned.stdout)[1])
+    assert before - parse_span(span) <= since <= after - parse_span(span)
+    pruned = gcis(two_pipelines, "cache", "prune", "--max-bytes", "1G", "--max-age", span, "--json")
+    assert pruned.returncode == 0 and json.loads(pruned.stdout)["evicted"] == [], pruned.stderr
+
+
+def test_since_and_max_age_refuse_the_same_spans(two_pipelines):
+    for option in (["harvest", "p", "--dry-run", "--since"], ["cache", "prune", "--max-age"]):
+        refused = gcis(two_pipelines, *option, "12:00:00")
+        assert refused.returncode == 2 and SPAN_FORMATS in " ".join(refused.stderr.split()), refused.stderr
+
+
+def test_config_max_age_takes_the_options_spans():
+    """cache.max_age in config.yaml is the default of --max-age: the same spans, the same refusals."""
+    from gcis_etl.cache import CacheSettings
+    from gcis_etl.errors import ConfigError
+    from gcis_etl.settings import parse
+    assert parse(CacheSettings, {"max_age": "36h"}, "config.yaml", "cache").max_age == timedelta(hours=36)
+    assert parse(CacheSettings, {"max_age": "2w"}, "config.yaml", "cache").max_age == timedelta(weeks=2)
+    with pytest.raises(ConfigError, match="cache.max_age: .*'12:00:00' is not a span of time"):
+        parse(CacheSettings, {"max_age": "12:00:00"}, "config.yaml", "cache")
+
+
+def test_since_in_the_future_is_refused(two_pipelines):
+    refused = gcis(two_pipelines, "harvest", "p", "--since", "2999-01-01")
+    assert refused.returncode == 2 and "'2999-01-01' is in the future" in refused.stderr
+    assert not (two_pipelines / "state").exists()  # nothing ran
+
+
+def test_since_takes_a_past_date_with_its_offset(two_pipelines):
+    planned = gcis(two_pipelines, "harvest", "p", "--dry-run", "--since", "2026-01-01T08:00+02:00")
+    assert planned.returncode == 0 and "(since 2026-01-01T08:00:00+02:00)" in planned.stdout, planned.stderr
+
+
+@pytest.mark.parametrize("command", [["harvest"], ["cache", "prune"]])
+def test_help_lists_the_span_formats(command):
+    shown = subprocess.run([GCIS, *command, "--help"], capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 0 and SPAN_FORMATS in " ".join(shown.stdout.split())
+
+
+# ---------------------------------------------------------------------------------------------------- verify
+
+
+def test_verify_of_a_file_that_is_not_a_tiff_shows_no_unknown_size(tmp_path):
+    master = CORPUS / "jpeg-baseline/flowers.jpeg"
+    refused = gcis(tmp_path, "verify", str(master))
+    assert refused.returncode == 1
+    assert refused.stdout.splitlines()[0] == f"{master}: NOT a valid access master"
+
+
+def test_verify_of_an_access_master_shows_its_size_and_levels(tmp_path):
+    made = gcis(tmp_path, "convert", str(CORPUS / "rgb8-tiff-uncompressed/hopper.tif"), "out.tif")
+    assert made.returncode == 0, made.stderr
+    valid = gcis(tmp_path, "verify", "out.tif")
+    assert valid.returncode == 0 and valid.stdout == "out.tif: valid access master, 128x128, 1 level\n"
