@@ -23,9 +23,9 @@ from typing import Iterator
 from connectors.base import LangValue, SourceItem, SourceObject, UnreadableObject
 from connectors.errors import OBJECT_ERRORS, ObjectNotFound
 from gcis_etl.config import Config
-from gcis_etl.errors import ManifestError
+from gcis_etl.errors import GcisError, ManifestError
 from gcis_etl.executors import Executor, open_executor
-from gcis_etl.ledger import COUNTED, MANIFEST, ItemRecord, Ledger, now
+from gcis_etl.ledger import COUNTED, MANIFEST, STOPPED_ON_REQUEST, ItemRecord, Ledger, now
 from gcis_etl.locks import pipeline_lock
 from gcis_etl.manifests import CollectionEntry, DepositedImage
 from gcis_etl.pipelines import Pipeline
@@ -189,7 +189,7 @@ class Harvest:
         if self.cut_short:
             return True
         if self.stop.is_set():
-            self.cut_short = "stopped on request"
+            self.cut_short = STOPPED_ON_REQUEST
         elif self.deadline is not None and time.monotonic() > self.deadline:
             self.cut_short = "stopped at the run time limit"
         elif self.options.limit is not None and self.submitted >= self.options.limit:
@@ -361,7 +361,7 @@ def harvest(config: Config, name: str, options: HarvestOptions = HarvestOptions(
     progress = progress or Progress()
     stop = stop or threading.Event()
     reports = config.ledger_path.parent / "reports"
-    with Ledger.open(config) as ledger:
+    with Ledger.open(config, read_only=options.dry_run) as ledger:  # a dry run does not even create it
         run = Harvest(config, pipeline, options, ledger, progress, stop)
         if options.dry_run:
             since, until = run.window()
@@ -385,11 +385,12 @@ def harvest(config: Config, name: str, options: HarvestOptions = HarvestOptions(
                                                  pipeline.settings.concurrency, scratch)
             try:
                 run.execute(executor, since, until)
-            except BaseException as exc:  # the source or the store failed as a whole, or a second Ctrl-C
+            except BaseException as exc:
                 for result in executor.drain():
                     run.settle(result)
-                ledger.finish_run(run.run_id, "crashed", run.counts, run.manifests_published, None,
-                                  f"{type(exc).__name__}: {exc}")
+                # failed: the source or the store failed as a whole, and said why; crashed: a second Ctrl-C, a bug
+                ledger.finish_run(run.run_id, "failed" if isinstance(exc, GcisError) else "crashed", run.counts,
+                                  run.manifests_published, None, f"{type(exc).__name__}: {exc}")
                 raise
             finally:
                 if own:

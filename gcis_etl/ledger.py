@@ -17,9 +17,20 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterator
 
+from gcis_etl.errors import ConfigError
 from gcis_etl.work import ItemResult, Outcome
 
-SCHEMA = """
+RUNS = """CREATE TABLE IF NOT EXISTS runs (
+    run_id INTEGER PRIMARY KEY AUTOINCREMENT, pipeline TEXT NOT NULL,
+    started TEXT NOT NULL, finished TEXT,
+    status TEXT NOT NULL CHECK (status IN ('running', 'completed', 'stopped', 'failed', 'crashed', 'dry-run')),
+    since TEXT, until TEXT, checkpoint_after TEXT, options TEXT NOT NULL DEFAULT '{}',
+    deposited INTEGER NOT NULL DEFAULT 0, skipped INTEGER NOT NULL DEFAULT 0,
+    rejected INTEGER NOT NULL DEFAULT 0, failed INTEGER NOT NULL DEFAULT 0,
+    manifests INTEGER NOT NULL DEFAULT 0, note TEXT
+)"""
+
+SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS items (
     pipeline TEXT NOT NULL, object_id TEXT NOT NULL, item_id TEXT NOT NULL, sequence INTEGER NOT NULL,
     fingerprint TEXT NOT NULL, source_modified TEXT, master_sha256 TEXT,
@@ -37,15 +48,7 @@ CREATE TABLE IF NOT EXISTS objects (
     in_collection INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (pipeline, object_id)
 );
-CREATE TABLE IF NOT EXISTS runs (
-    run_id INTEGER PRIMARY KEY AUTOINCREMENT, pipeline TEXT NOT NULL,
-    started TEXT NOT NULL, finished TEXT,
-    status TEXT NOT NULL CHECK (status IN ('running', 'completed', 'stopped', 'crashed', 'dry-run')),
-    since TEXT, until TEXT, checkpoint_after TEXT, options TEXT NOT NULL DEFAULT '{}',
-    deposited INTEGER NOT NULL DEFAULT 0, skipped INTEGER NOT NULL DEFAULT 0,
-    rejected INTEGER NOT NULL DEFAULT 0, failed INTEGER NOT NULL DEFAULT 0,
-    manifests INTEGER NOT NULL DEFAULT 0, note TEXT
-);
+{RUNS};
 CREATE TABLE IF NOT EXISTS run_items (
     run_id INTEGER NOT NULL, object_id TEXT NOT NULL, item_id TEXT NOT NULL,
     outcome TEXT NOT NULL, reason TEXT, seconds REAL, at TEXT NOT NULL,
@@ -63,6 +66,12 @@ CREATE TABLE IF NOT EXISTS checkpoints (
 COUNTED = ("deposited", "skipped", "rejected", "failed")
 MANIFEST = "(manifest)"  # stands for the item id where a run records an object's manifest problem
 _KILLED = "the process ended without finishing the run (killed?): the counts are the items it had recorded"
+STOPPED_ON_REQUEST = "stopped on request"  # the note of a run SIGINT or SIGTERM stopped (which one is not kept)
+
+
+class LedgerError(ConfigError):
+    """The ledger cannot be opened (state_dir unwritable, not a SQLite file): the deployment must change before
+    any run can, so it is reported and exits like a configuration error."""
 
 
 def now() -> datetime:
@@ -156,22 +165,71 @@ class ManifestProblem:
     at: str
 
 
+def _allow_failed_runs(db: sqlite3.Connection) -> None:
+    """Ledgers made before a run could be recorded as 'failed' (its source or store stopped it) have the older
+    CHECK on runs.status; SQLite cannot alter a constraint, so the table is copied under the new one."""
+    def current() -> bool:
+        return "'failed'" in db.execute("SELECT sql FROM sqlite_master WHERE name='runs'").fetchone()[0]
+
+    if current():
+        return
+    db.execute("BEGIN IMMEDIATE")  # then look again: another process may have copied it meanwhile
+    try:
+        if not current():
+            db.execute("ALTER TABLE runs RENAME TO runs_before_failed")
+            db.execute(RUNS)
+            db.execute("INSERT INTO runs SELECT * FROM runs_before_failed")
+            db.execute("DROP TABLE runs_before_failed")
+        db.commit()
+    except BaseException:
+        db.rollback()
+        raise
+
+
 def _columns(cls) -> str:
     return ", ".join(f.name for f in fields(cls))
 
 
 class Ledger:
-    def __init__(self, path: Path, journal_mode: str = "wal", busy_timeout_seconds: float = 30):
-        path.parent.mkdir(parents=True, exist_ok=True)
+    """read_only: for commands that only look (status, report, dry runs), which must change nothing; a ledger
+    that does not exist yet reads as an empty one (no runs, no items) and is not created."""
+
+    def __init__(self, path: Path, journal_mode: str = "wal", busy_timeout_seconds: float = 30,
+                 read_only: bool = False):
         self.path = path
-        self.db = sqlite3.connect(path, timeout=busy_timeout_seconds)
-        self.db.execute(f"PRAGMA journal_mode={journal_mode}")
-        self.db.execute("PRAGMA synchronous=NORMAL")  # with WAL: consistent after any crash, durable per commit
-        self.db.executescript(SCHEMA)
+        try:
+            self.db = self._connect(path, journal_mode, busy_timeout_seconds, read_only)
+        except (OSError, sqlite3.Error) as exc:
+            cause = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            raise LedgerError(f"ledger {path} (under state_dir) cannot be opened: {cause}; is state_dir there "
+                              f"and writable by this user? (reading a ledger in WAL mode writes beside it too)") \
+                from None
+
+    @staticmethod
+    def _connect(path: Path, journal_mode: str, busy_timeout_seconds: float, read_only: bool) -> sqlite3.Connection:
+        if read_only and not path.exists():
+            db = sqlite3.connect(":memory:")
+            db.executescript(SCHEMA)
+            return db
+        if read_only:
+            db = sqlite3.connect(path.resolve().as_uri() + "?mode=ro", uri=True, timeout=busy_timeout_seconds)
+            db.execute("SELECT count(*) FROM sqlite_master").fetchone()  # opens the file now, not at a query
+            return db
+        path.parent.mkdir(parents=True, exist_ok=True)
+        db = sqlite3.connect(path, timeout=busy_timeout_seconds)
+        try:
+            db.execute(f"PRAGMA journal_mode={journal_mode}")
+            db.execute("PRAGMA synchronous=NORMAL")  # with WAL: consistent after any crash, durable per commit
+            db.executescript(SCHEMA)
+            _allow_failed_runs(db)
+        except BaseException:
+            db.close()
+            raise
+        return db
 
     @classmethod
-    def open(cls, config) -> Ledger:
-        return cls(config.ledger_path, config.ledger.journal_mode, config.ledger.busy_timeout_seconds)
+    def open(cls, config, read_only: bool = False) -> Ledger:
+        return cls(config.ledger_path, config.ledger.journal_mode, config.ledger.busy_timeout_seconds, read_only)
 
     def close(self) -> None:
         self.db.close()

@@ -33,6 +33,21 @@ class RunLock:
         self._fd = fd
         return self
 
+    def held(self) -> bool:
+        """Whether a run holds the lock now, for `gcis-etl status`. Takes it shared for an instant (a run starting
+        in that instant would find it held) and never creates the lock file: looking changes nothing."""
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except FileNotFoundError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        finally:
+            os.close(fd)
+        return False
+
     def __exit__(self, *exc: object) -> None:
         if self._fd is not None:
             os.close(self._fd)

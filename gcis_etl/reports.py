@@ -13,10 +13,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from gcis_etl.durable import atomic_write
-from gcis_etl.ledger import COUNTED, MANIFEST, Ledger, RunItem, RunRecord
+from gcis_etl.ledger import COUNTED, MANIFEST, STOPPED_ON_REQUEST, Ledger, RunItem, RunRecord
+from gcis_etl.locks import RunLock
 
 PROBLEMS = ("rejected", "failed")
 PLANNED = ("process", "skip", "fail")  # a dry run's actions; fail: an object the source cannot describe
+ENDED_UNFINISHED = "ended without finishing (killed?)"  # a run shown as running whose process is gone
 
 
 @dataclass(frozen=True)
@@ -42,6 +44,7 @@ class RunReport:
     counts: dict[str, int]
     manifests: int
     note: str | None = None
+    process_gone: bool = False  # recorded as running, but nothing holds the pipeline's lock: killed
     problems: list[RunItem] = field(default_factory=list)
     planned: list[PlannedItem] = field(default_factory=list)
     json_path: str | None = None
@@ -49,16 +52,21 @@ class RunReport:
 
     @property
     def exit_code(self) -> int:
-        """0: everything deposited or skipped; 1: some items rejected or failed."""
-        return 1 if any(self.counts.get(name) for name in PROBLEMS) else 0
+        """As the harvest's: 0 everything deposited or skipped; 1 some items rejected or failed, or the run did not
+        complete (failed, crashed, killed, still running, or stopped by a signal: the ledger does not keep which
+        signal, so 1 rather than the harvest's 130 or 143). A run stopped at its --limit or time limit exits as
+        the harvest did: by its items."""
+        unfinished = self.status not in ("completed", "stopped", "dry-run") or self.note == STOPPED_ON_REQUEST
+        return 1 if unfinished or any(self.counts.get(name) for name in PROBLEMS) else 0
 
     def to_dict(self) -> dict:
         return asdict(self)
 
     def summary(self) -> str:
         counts = ", ".join(f"{self.counts.get(name, 0)} {name}" for name in COUNTED)
-        lines = [f"{self.pipeline}: run {self.run_id} {self.status}: {counts}; {self.manifests} manifests published"]
-        if not any(self.counts.values()):
+        shown = ENDED_UNFINISHED if self.process_gone else self.status
+        lines = [f"{self.pipeline}: run {self.run_id} {shown}: {counts}; {self.manifests} manifests published"]
+        if self.status == "completed" and not any(self.counts.values()):
             lines.append(f"  nothing changed in the source since {self.since or 'the beginning'}")
         if self.checkpoint_after:
             lines.append(f"  checkpoint now {self.checkpoint_after}")
@@ -73,11 +81,25 @@ class RunReport:
         return "\n".join(lines)
 
 
-def report_from_ledger(ledger: Ledger, run: RunRecord) -> RunReport:
+def report_from_ledger(ledger: Ledger, run: RunRecord, lock: RunLock | None = None) -> RunReport:
+    """`lock`: the pipeline's, when the run may be recorded as running (`gcis-etl report`), to tell one killed
+    without a trace from a live one; a harvest reporting its own finished run has no need of it."""
+    run, gone = _unless_gone(ledger, run, lock) if lock else (run, False)
     problems = [item for name in PROBLEMS for item in ledger.run_items(run.run_id, name)]
     return RunReport(pipeline=run.pipeline, run_id=run.run_id, status=run.status, started=run.started,
                      finished=run.finished, since=run.since, until=run.until, checkpoint_after=run.checkpoint_after,
-                     counts=ledger.counts_so_far(run), manifests=run.manifests, note=run.note, problems=problems)
+                     counts=ledger.counts_so_far(run), manifests=run.manifests, note=run.note, process_gone=gone,
+                     problems=problems)
+
+
+def _unless_gone(ledger: Ledger, run: RunRecord, lock: RunLock) -> tuple[RunRecord, bool]:
+    """The run, and whether its process is gone. A run killed (kill -9, power loss) stays 'running' in the ledger
+    until the next run takes the pipeline's lock; a free lock tells it apart from a live run (the run is read
+    again after the lock: it may have finished between the two looks)."""
+    if run.status != "running" or lock.held():
+        return run, False
+    run = ledger.run(run.run_id)
+    return run, run.status == "running"
 
 
 def write_report(report: RunReport, directory: Path) -> RunReport:
@@ -115,12 +137,14 @@ class PipelineStatus:
     last_run: RunRecord | None
     last_run_counts: dict[str, int]
     problems: list[Problem]
+    process_gone: bool  # the last run is recorded as running, but nothing holds the pipeline's lock
 
     def to_dict(self) -> dict:
         run = self.last_run
         return {"pipeline": self.pipeline, "checkpoint": self.checkpoint, "items": self.items,
-                "last_run": {"run_id": run.run_id, "status": run.status, "started": run.started,
-                             "finished": run.finished, **self.last_run_counts} if run else None,
+                "last_run": {"run_id": run.run_id, "status": run.status, "process_gone": self.process_gone,
+                             "started": run.started, "finished": run.finished, "note": run.note,
+                             **self.last_run_counts} if run else None,
                 "problems": [asdict(p) for p in self.problems]}
 
     def summary(self) -> str:
@@ -128,20 +152,25 @@ class PipelineStatus:
         lines = [self.pipeline, f"  checkpoint: {self.checkpoint or 'none (the next run reads everything)'}",
                  f"  items: {counts}"]
         if self.last_run:
-            lines.append(f"  last run: {self.last_run.run_id} {self.last_run.status}, started {self.last_run.started}, "
+            shown = ENDED_UNFINISHED if self.process_gone else self.last_run.status
+            lines.append(f"  last run: {self.last_run.run_id} {shown}, started {self.last_run.started}, "
                          + ", ".join(f"{n} {k}" for k, n in self.last_run_counts.items()))
+            if self.last_run.note:  # why it failed, stopped, or left the checkpoint where it was
+                lines.append(f"    {self.last_run.note}")
         lines += [f"  {p.status}: {p.object_id}/{p.item_id} (attempts {p.attempts}): {p.reason}" for p in self.problems]
         return "\n".join(lines)
 
 
-def pipeline_status(ledger: Ledger, pipeline: str, shown: int = 10) -> PipelineStatus:
+def pipeline_status(ledger: Ledger, pipeline: str, lock: RunLock, shown: int = 10) -> PipelineStatus:
     """Its problems: the first `shown` failed items, rejected items and rejected manifests, each kept in the
-    ledger until a later run settles them (a rejected manifest, until one is published)."""
+    ledger until a later run settles them (a rejected manifest, until one is published). `lock`: as for
+    report_from_ledger."""
     checkpoint = ledger.checkpoint(pipeline)
     run = next(iter(ledger.runs(pipeline, limit=1)), None)
+    run, gone = _unless_gone(ledger, run, lock) if run else (None, False)
     problems = [Problem(r.object_id, r.item_id, r.status, r.attempts, r.reason)
                 for status in ("failed", "rejected") for r in ledger.items(pipeline, status=status)[:shown]]
     problems += [Problem(m.object_id, MANIFEST, "rejected", 0, m.reason)
                  for m in ledger.manifest_problems(pipeline)[:shown]]
     return PipelineStatus(pipeline, checkpoint.isoformat() if checkpoint else None, ledger.counts(pipeline), run,
-                          ledger.counts_so_far(run) if run else {}, problems)
+                          ledger.counts_so_far(run) if run else {}, problems, gone)

@@ -217,7 +217,7 @@ def test_a_harvest_whose_broker_cannot_be_reached_stops_before_its_first_item_in
         f"(ConnectionError: Error 111 connecting to {unreachable[8:-2]}. Connection refused.); no task was sent "
         f"(everything settled so far is recorded; run again)"]
     run, items = _last_run(config)
-    assert run.status == "crashed" and items == []
+    assert run.status == "failed" and items == []
 
 
 def test_a_broker_lost_mid_run_stops_the_run_with_one_line_per_retry_and_no_traceback(tmp_path, minio, aws_env):
@@ -253,4 +253,4 @@ def test_a_broker_lost_mid_run_stops_the_run_with_one_line_per_retry_and_no_trac
         f"demo: run stopped: the Celery broker or result backend ({redis.url()}) cannot be reached (")
     assert "; tasks already sent keep running on the workers (everything settled so far" in err
     run, _ = _last_run(config)
-    assert run.status == "crashed" and "cannot be reached" in run.note
+    assert run.status == "failed" and "cannot be reached" in run.note

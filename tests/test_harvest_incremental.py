@@ -286,4 +286,4 @@ def test_a_store_that_refuses_the_credentials_stops_the_run_before_any_item(rig,
         assert len(emulator.requests("DeliveryManagerServlet")) == 0
         with rig.ledger() as ledger:
             assert ledger.items(rig.pipeline) == []  # no item spent an attempt
-            assert ledger.runs(rig.pipeline)[0].status == "crashed"
+            assert ledger.runs(rig.pipeline)[0].status == "failed"

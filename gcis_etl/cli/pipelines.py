@@ -2,34 +2,46 @@
 from __future__ import annotations
 
 import json
+import logging
 import signal
 import sys
 import threading
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 
 import click
 
-from gcis_etl.cli import EXIT_ITEM_FAILED, EXIT_LOCKED, EXIT_OK, EXIT_SIGNALLED, EXIT_USAGE, _config, main
+from gcis_etl.cli import EXIT_ITEM_FAILED, EXIT_LOCKED, EXIT_OK, EXIT_SIGNALLED, _config, _fail_config, main
 from gcis_etl.errors import ConfigError, GcisError
+from gcis_etl.spans import SPAN_FORMATS, parse_span
 
 
 class When(click.ParamType):
-    """An ISO date/time (UTC unless it says otherwise) or an age: 90m, 36h, 7d."""
+    """A past moment: an ISO date/time (UTC unless it says otherwise) or a span back from now (gcis_etl.spans).
+    A moment in the future is refused: the harvest would look at no change at all, and say nothing of it."""
 
     name = "when"
-    _UNITS = {"m": "minutes", "h": "hours", "d": "days"}
+    FORMATS = f"a date/time (2026-11-01, 2026-11-01T08:00, UTC unless an offset is given) or a span back " \
+              f"from now: {SPAN_FORMATS}"
 
     def convert(self, value, param, ctx) -> datetime:
         if isinstance(value, datetime):
             return value
         text = str(value).strip()
-        if text[:-1].isdigit() and text[-1:] in self._UNITS:
-            return datetime.now(timezone.utc) - timedelta(**{self._UNITS[text[-1]]: int(text[:-1])})
+        now = datetime.now(timezone.utc)
         try:
             parsed = datetime.fromisoformat(text)
         except ValueError:
-            self.fail(f"{value!r} is neither an ISO date/time (2026-11-01, 2026-11-01T08:00) nor an age (36h, 7d)")
-        return parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)
+            try:
+                return now - parse_span(text)
+            except ValueError:
+                self.fail(f"{value!r} is not {self.FORMATS}", param, ctx)
+            except OverflowError:
+                self.fail(f"{value!r} reaches back before the year 1", param, ctx)
+        parsed = parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)
+        if parsed > now:
+            self.fail(f"{value!r} is in the future (it is now {now:%Y-%m-%dT%H:%M:%SZ}): give a past moment",
+                      param, ctx)
+        return parsed
 
 
 def _pipelines(cfg, names: tuple[str, ...]) -> list[str]:
@@ -58,6 +70,7 @@ class StopRequest(threading.Event):
 
 def stop_on_signals() -> StopRequest:
     """First SIGINT/SIGTERM: finish the items in flight, record everything, exit. A second Ctrl-C: stop now."""
+    from gcis_etl.logs import say
     stop = StopRequest()
 
     def handler(signum, frame):
@@ -66,7 +79,7 @@ def stop_on_signals() -> StopRequest:
         if not stop.is_set():
             stop.signum = signum
         stop.set()
-        click.echo("\nstopping after the items in flight (Ctrl-C again to abandon them)", err=True)
+        say("\nstopping after the items in flight (Ctrl-C again to abandon them)", logging.WARNING)
 
     signal.signal(signal.SIGINT, handler)
     signal.signal(signal.SIGTERM, handler)
@@ -82,6 +95,7 @@ def _run(ctx: click.Context, names: tuple[str, ...], options, log_json: bool, ve
          stop: StopRequest) -> None:
     from gcis_etl.harvesting import harvest
     from gcis_etl.locks import LockHeld
+    from gcis_etl.logs import say
     from gcis_etl.progress import progress_for
     _logging(log_json, verbose)
     cfg = _config(ctx)
@@ -95,16 +109,15 @@ def _run(ctx: click.Context, names: tuple[str, ...], options, log_json: bool, ve
             report = harvest(cfg, name, options, progress, stop)
         except LockHeld as exc:
             progress.clear()
-            click.echo(str(exc), err=True)
+            say(str(exc), pipeline=name)
             code = max(code, EXIT_LOCKED)
             continue
         except ConfigError as exc:
             progress.clear()
-            click.echo(f"configuration error:\n{exc}", err=True)
-            sys.exit(EXIT_USAGE)
+            _fail_config(exc)
         except GcisError as exc:
             progress.clear()
-            click.echo(f"{name}: run stopped: {exc} (everything settled so far is recorded; run again)", err=True)
+            say(f"{name}: run stopped: {exc} (everything settled so far is recorded; run again)", pipeline=name)
             code = max(code, EXIT_ITEM_FAILED)
             continue
         progress.clear()
@@ -137,7 +150,7 @@ def _common(command):
 @click.argument("pipelines", nargs=-1)
 @click.option("--dry-run", is_flag=True, help="List what would be processed or skipped, and why; change nothing.")
 @click.option("--since", type=When(), help="Look at changes since this time instead of the checkpoint "
-                                           "(the checkpoint is then left where it is).")
+                                           f"(the checkpoint is then left where it is): {When.FORMATS}.")
 @click.option("--limit", type=click.IntRange(min=1), help="Process at most this many items (skips do not count).")
 @click.option("--object", "object_ids", multiple=True, metavar="ID",
               help="Only this object (repeatable); the checkpoint is left where it is.")
@@ -203,6 +216,16 @@ def demo(ctx: click.Context) -> None:
         raise exit_
 
 
+def _ledger_to_read(cfg):
+    """The ledger opened read-only: looking changes nothing, not even by creating it (a missing ledger reads as
+    empty); one that cannot be read is a configuration error (exit 2), in one line rather than a traceback."""
+    from gcis_etl.ledger import Ledger
+    try:
+        return Ledger.open(cfg, read_only=True)
+    except ConfigError as exc:
+        _fail_config(exc)
+
+
 @main.command()
 @click.argument("pipelines", nargs=-1)
 @click.option("--failed/--no-failed", default=True, show_default=True,
@@ -222,11 +245,11 @@ def retry(ctx: click.Context, pipelines: tuple[str, ...], failed: bool, rejected
       gcis-etl retry museum --rejected          after relaxing the imaging policy
     """
     from gcis_etl.harvesting import HarvestOptions
-    from gcis_etl.ledger import Ledger
     cfg = _config(ctx)
     targets = {}
-    with Ledger.open(cfg) as ledger:
-        for name in _pipelines(cfg, pipelines):
+    names = _pipelines(cfg, pipelines)
+    with _ledger_to_read(cfg) as ledger:
+        for name in names:
             ids = set(object_ids)
             if not ids:
                 statuses = (["failed"] if failed else []) + (["rejected"] if rejected else [])
@@ -261,12 +284,13 @@ def status(ctx: click.Context, pipelines: tuple[str, ...], as_json: bool) -> Non
     Example:
       gcis-etl status museum
     """
-    from gcis_etl.ledger import Ledger
+    from gcis_etl.locks import pipeline_lock
     from gcis_etl.reports import pipeline_status
     cfg = _config(ctx)
-    with Ledger.open(cfg) as ledger:
-        for name in _pipelines(cfg, pipelines):
-            state = pipeline_status(ledger, name)
+    names = _pipelines(cfg, pipelines)
+    with _ledger_to_read(cfg) as ledger:
+        for name in names:
+            state = pipeline_status(ledger, name, pipeline_lock(cfg.state_dir, name))
             click.echo(json.dumps(state.to_dict()) if as_json else state.summary())
 
 
@@ -278,21 +302,26 @@ def status(ctx: click.Context, pipelines: tuple[str, ...], as_json: bool) -> Non
 def report(ctx: click.Context, run_id: int | None, pipeline: str | None, as_json: bool) -> None:
     """The report of a run (the latest when RUN_ID is not given), rebuilt from the ledger.
 
+    Exit codes: 0 the run completed and every item was deposited or skipped; 1 some items rejected or failed,
+    or the run did not complete (its source or store failed, it crashed, was killed, is still running, or was
+    stopped by a signal: the ledger does not keep which, so 1, not 130 or 143); 2 no such run, or a
+    configuration or usage error. A run stopped at its --limit or time limit exits as the harvest did.
+
     \b
     Examples:
       gcis-etl report                 the latest run of any pipeline
       gcis-etl report 42 --json | jq '.problems[] | .reason'
     """
-    from gcis_etl.ledger import Ledger
+    from gcis_etl.locks import pipeline_lock
     from gcis_etl.reports import report_from_ledger
     cfg = _config(ctx)
     if pipeline is not None:
         _pipelines(cfg, (pipeline,))
-    with Ledger.open(cfg) as ledger:
+    with _ledger_to_read(cfg) as ledger:
         run = ledger.run(run_id) if run_id is not None else next(iter(ledger.runs(pipeline, limit=1)), None)
         if run is None:
             raise click.UsageError(f"no run {run_id}" if run_id is not None else "no run recorded yet")
-        result = report_from_ledger(ledger, run)
+        result = report_from_ledger(ledger, run, pipeline_lock(cfg.state_dir, run.pipeline))
     click.echo(json.dumps(result.to_dict(), indent=2) if as_json else result.summary())
     sys.exit(result.exit_code)
 

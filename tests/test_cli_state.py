@@ -1,0 +1,209 @@
+"""The ledger, `status` and `report` as a user meets them: runs that did not complete, a state_dir that cannot be
+written, commands that only look, a run killed without a trace. Real subprocesses on a filesystem source."""
+from __future__ import annotations
+
+import json
+import shutil
+import sqlite3
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gcis_etl.config import load_config
+from gcis_etl.harvesting import harvest
+from gcis_etl.ledger import Ledger
+from gcis_etl.locks import pipeline_lock
+from tests.conftest import CORPUS
+
+MASTER = CORPUS / "gray8/hopper_gray.jpg"
+
+
+@pytest.fixture
+def site(tmp_path) -> Path:
+    """One pipeline, two objects of one small master each; state in ./state."""
+    for name in ("a", "b"):
+        (tmp_path / "masters" / name).mkdir(parents=True)
+        shutil.copy(MASTER, tmp_path / "masters" / name / "p1.jpg")
+    write_config(tmp_path, "masters")
+    return tmp_path
+
+
+def write_config(site: Path, root: str, **settings) -> None:
+    config = {"state_dir": "state", **settings,
+              "pipelines": {"p": {"source": {"kind": "filesystem", "root": root},
+                                  "store": {"kind": "local", "root": "store"}}}}
+    (site / "config.yaml").write_text(yaml.safe_dump(config))
+
+
+def cli(site: Path, *args: str, config: bool = True) -> subprocess.CompletedProcess:
+    options = ["--config", str(site / "config.yaml")] if config else []
+    return subprocess.run([sys.executable, "-m", "gcis_etl.cli", *options, *args], capture_output=True, text=True,
+                          cwd=site, timeout=300)
+
+
+def files_under(folder: Path) -> list[str]:
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))
+
+
+# --------------------------------------------------------------------------- F2: reports of unfinished runs
+
+def test_the_report_of_a_run_whose_source_failed_exits_1_and_does_not_say_nothing_changed(site):
+    write_config(site, "nomasters")
+    harvested = cli(site, "harvest")
+    assert harvested.returncode == 1, harvested.stderr
+    for args in (("report", "1"), ("report",), ("report", "--pipeline", "p")):
+        shown = cli(site, *args)
+        assert shown.returncode == 1, shown.stdout + shown.stderr
+        assert "run 1 failed" in shown.stdout and "nothing changed" not in shown.stdout
+        assert "not a readable folder" in shown.stdout
+    as_json = cli(site, "report", "1", "--json")
+    assert as_json.returncode == 1 and json.loads(as_json.stdout)["status"] == "failed"
+
+
+def test_the_report_of_a_run_stopped_on_request_exits_1_and_one_cut_at_its_limit_as_the_harvest_did(site):
+    cfg = load_config(site / "config.yaml")
+    stop = threading.Event()
+    stop.set()  # what the first SIGINT or SIGTERM does
+    assert harvest(cfg, "p", stop=stop).status == "stopped"
+    stopped = cli(site, "report", "1")
+    assert stopped.returncode == 1, stopped.stdout + stopped.stderr
+    assert "run 1 stopped" in stopped.stdout and "nothing changed" not in stopped.stdout
+
+    limited = cli(site, "harvest", "--limit", "1")
+    assert limited.returncode == 0 and "stopped at the limit of 1 items" in limited.stdout, limited.stderr
+    assert cli(site, "report", "2").returncode == 0
+
+
+def test_a_completed_run_that_found_nothing_still_says_nothing_changed_and_exits_0(site):
+    (site / "empty").mkdir()
+    write_config(site, "empty")
+    assert cli(site, "harvest").returncode == 0
+    shown = cli(site, "report", "1")
+    assert shown.returncode == 0, shown.stderr
+    assert "run 1 completed" in shown.stdout and "nothing changed in the source since the beginning" in shown.stdout
+
+
+# -------------------------------------------------------------------------- F1: a ledger that cannot open
+
+@pytest.mark.parametrize("command", [("harvest",), ("harvest", "--dry-run"), ("status",), ("report",),
+                                     ("retry", "p")])
+def test_a_ledger_that_cannot_be_opened_is_a_configuration_error_in_one_message(site, command):
+    ledger = site / "state/ledger.sqlite"
+    ledger.mkdir(parents=True)  # sqlite3: "unable to open database file", as in a state_dir it may not write
+    done = cli(site, *command)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr
+    heading, message = done.stderr.splitlines()
+    assert heading == "configuration error:"
+    assert message.startswith(f"ledger {ledger} (under state_dir) cannot be opened: "), message
+    assert message.endswith("; is state_dir there and writable by this user? (reading a ledger in WAL mode writes "
+                            "beside it too)")
+
+
+def test_a_state_dir_that_cannot_be_made_is_a_configuration_error_naming_the_ledger(site):
+    (site / "plain-file").write_text("")
+    write_config(site, "masters", state_dir="plain-file/state")
+    done = cli(site, "harvest")
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert f"ledger {site}/plain-file/state/ledger.sqlite (under state_dir) cannot be opened: Not a directory" \
+        in done.stderr
+
+
+# ------------------------------------------------------------------- F4: commands that only look write nothing
+
+def test_a_dry_run_status_and_report_on_a_fresh_pipeline_create_nothing(site):
+    before = files_under(site)
+    planned = cli(site, "harvest", "--dry-run")
+    assert planned.returncode == 0 and "p: would process 2 items, skip 0" in planned.stdout, planned.stderr
+    status = cli(site, "status", "--json")
+    assert status.returncode == 0, status.stderr
+    assert json.loads(status.stdout)["last_run"] is None and json.loads(status.stdout)["checkpoint"] is None
+    assert cli(site, "status").returncode == 0
+    none_yet = cli(site, "report")
+    assert none_yet.returncode == 2 and "no run recorded yet" in none_yet.stderr
+    missing = cli(site, "report", "7")
+    assert missing.returncode == 2 and "no run 7" in missing.stderr
+    assert cli(site, "retry", "p").stdout == "nothing to retry\n"
+    assert files_under(site) == before
+
+
+def test_status_without_a_configuration_leaves_no_ledger_behind(tmp_path):
+    done = cli(tmp_path, "status", config=False)
+    assert done.returncode == 2 and "configures no pipelines" in done.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_dry_run_after_real_runs_reads_the_ledger_and_changes_nothing(site):
+    assert cli(site, "harvest").returncode == 0
+    ledger = site / "state/ledger.sqlite"
+    before = ledger.read_bytes()
+    planned = cli(site, "harvest", "--dry-run")
+    assert "p: would process 0 items, skip 2" in planned.stdout, planned.stderr
+    assert ledger.read_bytes() == before
+
+
+# ------------------------------------------------------------------------- F8: a run killed without a trace
+
+def test_status_tells_a_run_whose_process_is_gone_from_a_running_one(site):
+    cfg = load_config(site / "config.yaml")
+    with Ledger.open(cfg) as ledger:  # what a harvest killed with kill -9 leaves: its run, still 'running'
+        ledger.begin_run("p", None, None, {})
+    gone = cli(site, "status")
+    assert "last run: 1 ended without finishing (killed?)" in gone.stdout, gone.stdout + gone.stderr
+    assert json.loads(cli(site, "status", "--json").stdout)["last_run"]["process_gone"] is True
+    killed = cli(site, "report", "1")
+    assert killed.returncode == 1 and "p: run 1 ended without finishing (killed?): " in killed.stdout, killed.stdout
+    assert json.loads(cli(site, "report", "1", "--json").stdout)["process_gone"] is True
+    with pipeline_lock(cfg.state_dir, "p"):  # a live run holds the pipeline's lock
+        live = cli(site, "status")
+        assert "last run: 1 running" in live.stdout, live.stdout + live.stderr
+        assert json.loads(cli(site, "status", "--json").stdout)["last_run"]["process_gone"] is False
+        running = cli(site, "report", "1")
+        assert running.returncode == 1 and "p: run 1 running: " in running.stdout, running.stdout
+    assert cli(site, "harvest").returncode == 0  # the next run records it as crashed
+    with Ledger.open(cfg) as ledger:
+        assert ledger.run(1).status == "crashed"
+
+
+# -------------------------------------------------------------- F5: a run its source stopped is 'failed'
+
+def test_a_run_its_source_stopped_is_recorded_failed_with_the_reason(site):
+    write_config(site, "nomasters")
+    assert cli(site, "harvest").returncode == 1
+    with Ledger.open(load_config(site / "config.yaml")) as ledger:
+        run = ledger.run(1)
+    assert run.status == "failed" and run.finished is not None
+    assert run.note == f"SourceError: p: root {site}/nomasters is not a readable folder"
+    status = cli(site, "status").stdout
+    assert "last run: 1 failed" in status and f"\n    {run.note}\n" in status, status
+    assert json.loads(cli(site, "status", "--json").stdout)["last_run"]["note"] == run.note
+
+
+OLD_RUNS = """CREATE TABLE runs (
+    run_id INTEGER PRIMARY KEY AUTOINCREMENT, pipeline TEXT NOT NULL,
+    started TEXT NOT NULL, finished TEXT,
+    status TEXT NOT NULL CHECK (status IN ('running', 'completed', 'stopped', 'crashed', 'dry-run')),
+    since TEXT, until TEXT, checkpoint_after TEXT, options TEXT NOT NULL DEFAULT '{}',
+    deposited INTEGER NOT NULL DEFAULT 0, skipped INTEGER NOT NULL DEFAULT 0,
+    rejected INTEGER NOT NULL DEFAULT 0, failed INTEGER NOT NULL DEFAULT 0,
+    manifests INTEGER NOT NULL DEFAULT 0, note TEXT
+)"""
+
+
+def test_a_ledger_made_before_failed_runs_takes_them_and_keeps_its_runs(tmp_path):
+    path = tmp_path / "ledger.sqlite"
+    db = sqlite3.connect(path)
+    db.execute(OLD_RUNS)
+    db.execute("INSERT INTO runs (run_id, pipeline, started, status, deposited) VALUES (7, 'p', 't', 'completed', 3)")
+    db.commit()
+    db.close()
+    with Ledger(path) as ledger:
+        run_id = ledger.begin_run("p", None, None, {})
+        ledger.finish_run(run_id, "failed", {}, 0, None, "SourceError: gone")
+        assert run_id == 8 and ledger.run(7).deposited == 3 and ledger.run(8).status == "failed"
+    with Ledger(path) as ledger:  # opened again: nothing more to change
+        assert [r.run_id for r in ledger.runs("p")] == [8, 7]
