@@ -24,10 +24,11 @@ class RunLock:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "another process"
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip()
             os.close(fd)
-            raise LockHeld(f"{self.what} is already running (pid {holder}; lock {self.path}): "
-                           f"nothing was done") from None
+            where = f"pid {holder}; lock {self.path}" if holder else \
+                f"lock {self.path}, held by a process that did not record its pid"
+            raise LockHeld(f"{self.what} is already running ({where}): nothing was done") from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self._fd = fd

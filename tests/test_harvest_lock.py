@@ -2,8 +2,13 @@
 exits 3 at once, saying so, and touches nothing."""
 from __future__ import annotations
 
+import fcntl
+import os
 from datetime import datetime, timezone
 
+import pytest
+
+from gcis_etl.locks import LockHeld, RunLock
 from tests.emulators.faults import Fault
 from tests.emulators.rosetta import RosettaCatalogue, RosettaEmulator
 from tests.harvests import PATIENT_RETRY, Gate, ie, rosetta_source, serving, wait_for
@@ -61,3 +66,18 @@ def test_retry_during_a_harvest_exits_3_and_leaves_the_attempts_alone(rig):
         emulator.faults.clear()
         retry = rig.cli("retry")
         assert retry.returncode == 0 and "1 deposited" in retry.stdout, retry.stderr
+
+
+def test_a_lock_held_by_a_process_that_wrote_no_pid_says_so(tmp_path):
+    """A lock taken by hand (flock(1), another tool) holds no pid: the message says that, not 'pid another
+    process'."""
+    path = tmp_path / "p.lock"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        with pytest.raises(LockHeld, match=r"already running \(lock .*p\.lock, held by a process that did not "
+                                           r"record its pid\): nothing was done"):
+            with RunLock(path, "pipeline 'p'"):
+                pass
+    finally:
+        os.close(fd)
