@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Callable
 from gcis_etl import isolation
 from gcis_etl.durable import fsync_path, sha256_file
 from gcis_etl.errors import ConversionFailed, RejectedMaster, VerificationFailed
-from gcis_etl.formats import names_of
+from gcis_etl.formats import names_of, sniff
 from gcis_etl.inspection import inspect
 from gcis_etl.isolation import IsolatedProcess, WorkerCrashed
 from gcis_etl.keys import names_a_sequence
@@ -118,10 +118,10 @@ def output_name_problem(dst: str | Path) -> str | None:
 def _misnamed(dst: Path, recipe: Recipe) -> tuple[str, ...]:
     """iipsrv goes by content, but people and tools go by the name: a warning when it says another format."""
     fmt = "JP2" if recipe.encoder in JP2_ENCODERS else "TIFF"
-    if dst.suffix.lower() in names_of(fmt) | {recipe.extension}:
+    usual = names_of(fmt) | {recipe.extension}
+    if dst.suffix.lower() in usual:
         return ()
-    return (f"{dst.name}: recipe {recipe.name} writes {fmt}, which is usually named "
-            f"{' or '.join(sorted(names_of(fmt) | {recipe.extension}))}",)
+    return (f"{dst.name}: recipe {recipe.name} writes {fmt}, which is usually named {' or '.join(sorted(usual))}",)
 
 
 def check_decoding(src: str | Path, policy: ImagingPolicy | None = None,
@@ -182,8 +182,8 @@ def decode_in_child(job: DecodeJob) -> str:
 def verify_in_child(path: str, expect) -> VerifyReport:
     """A pyramidal TIFF against `expect` (an Expectation), or a JP2 on its own (`expect`: a recipe's
     Jp2Parameters or None)."""
-    from gcis_etl.verification import is_jp2, verify, verify_jp2_alone
-    return verify_jp2_alone(path, expect) if is_jp2(path) else verify(path, expect)
+    from gcis_etl.verification import verify, verify_jp2_alone
+    return verify_jp2_alone(path, expect) if sniff(path) == "JP2" else verify(path, expect)
 
 
 def encode_in_child(job: EncodeJob) -> EncodeOutcome:

@@ -182,15 +182,6 @@ def verify_jp2(path: str | Path, expect: Jp2Expectation, reduced: Callable[[], A
                         levels=levels)
 
 
-JP2_SIGNATURE = b"\x00\x00\x00\x0cjP  \r\n\x87\n"
-
-
-def is_jp2(path: str | Path) -> bool:
-    """By the JP2 signature box, whatever the file's name says."""
-    with open(path, "rb") as f:
-        return f.read(len(JP2_SIGNATURE)) == JP2_SIGNATURE
-
-
 def verify_jp2_alone(path: str | Path, asked=None) -> VerifyReport:
     """A JP2 checked on its own (`gcis-etl verify`), without the normalised image it was made from: jpylyzer,
     the sRGB colour box, and the reduced resolution and regions decoded (not compared). Levels, tiles and

@@ -120,12 +120,13 @@ def verify(ctx: click.Context, file: str, recipe: str | None, as_json: bool) -> 
     from gcis_etl.conversion import verify_in_child
     from gcis_etl.isolation import IsolatedProcess
     from gcis_etl.recipes import load_recipe
-    from gcis_etl.verification import Expectation, is_jp2
+    from gcis_etl.formats import sniff
+    from gcis_etl.verification import Expectation
     try:
         rec = load_recipe(recipe) if recipe else None
     except ConfigError as exc:
         _fail_config(exc)
-    jp2 = is_jp2(file)
+    jp2 = sniff(file) == "JP2"  # by content, whatever the name says
     if rec is not None and (rec.jp2 is not None) != jp2:
         raise click.UsageError(f"{file} is {'a JP2' if jp2 else 'not a JP2'}, and recipe {rec.name} makes "
                                f"{'JP2' if rec.jp2 else 'pyramidal TIFF'} files")
