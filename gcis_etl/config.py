@@ -50,6 +50,11 @@ class Config(Settings):
     def ledger_path(self) -> Path:
         return self.ledger.path or self.state_dir / "ledger.sqlite"
 
+    @property
+    def reports_dir(self) -> Path:
+        """Run and migration reports: under state_dir wherever the ledger is (ledger.path may be elsewhere)."""
+        return self.state_dir / "reports"
+
     def pipeline(self, name: str) -> Pipeline:
         try:
             return Pipeline(name, self.pipelines[name], self.source_file)

@@ -360,7 +360,6 @@ def harvest(config: Config, name: str, options: HarvestOptions = HarvestOptions(
     pipeline = config.pipeline(name)
     progress = progress or Progress()
     stop = stop or threading.Event()
-    reports = config.ledger_path.parent / "reports"
     with Ledger.open(config, read_only=options.dry_run) as ledger:  # a dry run does not even create it
         run = Harvest(config, pipeline, options, ledger, progress, stop)
         if options.dry_run:
@@ -401,7 +400,7 @@ def harvest(config: Config, name: str, options: HarvestOptions = HarvestOptions(
                 ledger.set_checkpoint(name, checkpoint, run.run_id)
             ledger.finish_run(run.run_id, "stopped" if run.cut_short else "completed", run.counts,
                               run.manifests_published, checkpoint, run.cut_short or run.checkpoint_held)
-            return write_report(report_from_ledger(ledger, ledger.run(run.run_id)), reports)
+            return write_report(report_from_ledger(ledger, ledger.run(run.run_id)), config.reports_dir)
 
 
 def _abort_uploads(config: Config, pipeline: Pipeline, run_id: int, progress: Progress) -> None:

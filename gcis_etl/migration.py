@@ -378,7 +378,7 @@ def migration(help_text: str, budget: bool = False) -> Callable[[Callable[..., N
             configure(log_json, verbose)
             config = load_config(config_file)
             stop = stop_on_signals()
-            ctx = MigrationContext(config, MigrationReport(script, dry_run, config.state_dir / "reports"),
+            ctx = MigrationContext(config, MigrationReport(script, dry_run, config.reports_dir),
                                    dry_run, verbose, stop)
             if budget:
                 ctx.budget = Budget(options.pop("limit"), options.pop("max_minutes"))

@@ -102,12 +102,26 @@ def _unless_gone(ledger: Ledger, run: RunRecord, lock: RunLock) -> tuple[RunReco
     return run, run.status == "running"
 
 
-def write_report(report: RunReport, directory: Path) -> RunReport:
-    """Write `<pipeline>-run<N>.json` and `<pipeline>-run<N>-problems.csv` atomically."""
-    directory.mkdir(parents=True, exist_ok=True)
+def report_files(report: RunReport, directory: Path) -> tuple[Path, Path]:
+    """Where a run's report is written: `<pipeline>-run<N>.json` and `<pipeline>-run<N>-problems.csv`."""
     stem = f"{report.pipeline}-run{report.run_id}"
-    report.json_path = str(directory / f"{stem}.json")
-    report.csv_path = str(directory / f"{stem}-problems.csv")
+    return directory / f"{stem}.json", directory / f"{stem}-problems.csv"
+
+
+def with_written_files(report: RunReport, directory: Path) -> RunReport:
+    """A report rebuilt from the ledger, with the paths of the files its run wrote when it ended (a run that is
+    still going, or was killed, wrote none)."""
+    json_path, csv_path = report_files(report, directory)
+    report.json_path = str(json_path) if json_path.is_file() else None
+    report.csv_path = str(csv_path) if csv_path.is_file() else None
+    return report
+
+
+def write_report(report: RunReport, directory: Path) -> RunReport:
+    """Write the report's files (report_files) atomically."""
+    directory.mkdir(parents=True, exist_ok=True)
+    json_path, csv_path = report_files(report, directory)
+    report.json_path, report.csv_path = str(json_path), str(csv_path)
     text = io.StringIO()
     writer = csv.writer(text)
     writer.writerow(["object_id", "item_id", "outcome", "reason", "seconds", "at"])

@@ -87,6 +87,30 @@ def test_a_completed_run_that_found_nothing_still_says_nothing_changed_and_exits
     assert "run 1 completed" in shown.stdout and "nothing changed in the source since the beginning" in shown.stdout
 
 
+def test_report_names_the_files_its_run_wrote_under_state_dir_wherever_the_ledger_is(site):
+    write_config(site, "masters", ledger={"path": "elsewhere/ledger.sqlite"})
+    assert cli(site, "harvest").returncode == 0
+    shown = json.loads(cli(site, "report", "1", "--json").stdout)
+    assert shown["json_path"] == str(site / "state/reports/p-run1.json")
+    assert shown["csv_path"] == str(site / "state/reports/p-run1-problems.csv")
+    assert json.loads(Path(shown["json_path"]).read_text())["counts"]["deposited"] == 2
+    assert f"report: {site / 'state/reports/p-run1.json'}" in cli(site, "report", "1").stdout
+    assert not (site / "elsewhere/reports").exists()
+
+
+def test_report_refuses_a_run_of_another_pipeline_than_the_one_named(site):
+    config = yaml.safe_load((site / "config.yaml").read_text())
+    config["pipelines"]["q"] = {**config["pipelines"]["p"], "store": {"kind": "local", "root": "store-q"}}
+    (site / "config.yaml").write_text(yaml.safe_dump(config))
+    assert cli(site, "harvest", "p").returncode == 0
+    other = cli(site, "report", "1", "--pipeline", "q")
+    assert other.returncode == 2 and "run 1 is a run of p, not of q" in other.stderr, other.stdout + other.stderr
+    assert other.stdout == ""
+    none_yet = cli(site, "report", "--pipeline", "q")
+    assert none_yet.returncode == 2 and "no run of q recorded yet" in none_yet.stderr
+    assert cli(site, "report", "1", "--pipeline", "p").returncode == 0
+
+
 # -------------------------------------------------------------------------- F1: a ledger that cannot open
 
 @pytest.mark.parametrize("command", [("harvest",), ("harvest", "--dry-run"), ("status",), ("report",),
@@ -157,7 +181,8 @@ def test_status_tells_a_run_whose_process_is_gone_from_a_running_one(site):
     assert json.loads(cli(site, "status", "--json").stdout)["last_run"]["process_gone"] is True
     killed = cli(site, "report", "1")
     assert killed.returncode == 1 and "p: run 1 ended without finishing (killed?): " in killed.stdout, killed.stdout
-    assert json.loads(cli(site, "report", "1", "--json").stdout)["process_gone"] is True
+    killed_json = json.loads(cli(site, "report", "1", "--json").stdout)
+    assert killed_json["process_gone"] is True and killed_json["json_path"] is None  # it wrote no report
     with pipeline_lock(cfg.state_dir, "p"):  # a live run holds the pipeline's lock
         live = cli(site, "status")
         assert "last run: 1 running" in live.stdout, live.stdout + live.stderr

@@ -212,7 +212,7 @@ def demo(ctx: click.Context) -> None:
                 for version in pipeline.manifests.settings.versions:
                     click.echo(f"  collection (IIIF {version}): "
                                f"{pipeline.store.describe(pipeline.manifests.collection_key(version))}")
-        click.echo(f"run reports: {cfg.ledger_path.parent / 'reports'}; `gcis-etl status` sums up the ledger")
+        click.echo(f"run reports: {cfg.reports_dir}; `gcis-etl status` sums up the ledger")
         raise exit_
 
 
@@ -296,7 +296,7 @@ def status(ctx: click.Context, pipelines: tuple[str, ...], as_json: bool) -> Non
 
 @main.command()
 @click.argument("run_id", required=False, type=int)
-@click.option("--pipeline", help="The latest run of this pipeline (when RUN_ID is not given).")
+@click.option("--pipeline", help="The latest run of this pipeline; with RUN_ID, a check that the run is one of its.")
 @click.option("--json", "as_json", is_flag=True, help="The full report as JSON.")
 @click.pass_context
 def report(ctx: click.Context, run_id: int | None, pipeline: str | None, as_json: bool) -> None:
@@ -313,15 +313,19 @@ def report(ctx: click.Context, run_id: int | None, pipeline: str | None, as_json
       gcis-etl report 42 --json | jq '.problems[] | .reason'
     """
     from gcis_etl.locks import pipeline_lock
-    from gcis_etl.reports import report_from_ledger
+    from gcis_etl.reports import report_from_ledger, with_written_files
     cfg = _config(ctx)
     if pipeline is not None:
         _pipelines(cfg, (pipeline,))
     with _ledger_to_read(cfg) as ledger:
         run = ledger.run(run_id) if run_id is not None else next(iter(ledger.runs(pipeline, limit=1)), None)
         if run is None:
-            raise click.UsageError(f"no run {run_id}" if run_id is not None else "no run recorded yet")
-        result = report_from_ledger(ledger, run, pipeline_lock(cfg.state_dir, run.pipeline))
+            raise click.UsageError(f"no run {run_id}" if run_id is not None else
+                                   f"no run of {pipeline} recorded yet" if pipeline else "no run recorded yet")
+        if pipeline is not None and run.pipeline != pipeline:
+            raise click.UsageError(f"run {run_id} is a run of {run.pipeline}, not of {pipeline}")
+        result = with_written_files(report_from_ledger(ledger, run, pipeline_lock(cfg.state_dir, run.pipeline)),
+                                    cfg.reports_dir)
     click.echo(json.dumps(result.to_dict(), indent=2) if as_json else result.summary())
     sys.exit(result.exit_code)
 
