@@ -87,6 +87,9 @@ def test_inspect_passes_over_a_folder_among_its_files(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert [json.loads(line)["path"] for line in proc.stdout.splitlines()] == [str(good)]
     assert proc.stderr == f"{tmp_path / 'sub'}: a folder, passed over\n"
+    only_folders = run("inspect", str(tmp_path / "sub"))
+    assert only_folders.returncode == 2 and only_folders.stdout == "", only_folders.stderr
+    assert "no file to inspect: every argument is a folder" in only_folders.stderr
 
 
 def test_verify_exit_codes(tmp_path):

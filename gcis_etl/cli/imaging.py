@@ -21,8 +21,8 @@ from gcis_etl.errors import ConfigError
 def inspect(ctx: click.Context, files: tuple[str, ...], as_json: bool, header_only: bool) -> None:
     """Describe masters and give the verdict: accept, accept-after-conversion or reject.
 
-    Exit code 0 when every file is accepted (possibly after conversion), 1 when any is rejected. Folders
-    among FILES (from a shell glob) are passed over with a note.
+    Exit code 0 when every file is accepted (possibly after conversion), 1 when any is rejected, 2 when there
+    was no file to inspect. Folders among FILES (from a shell glob) are passed over with a note.
 
     \b
     Example:
@@ -34,9 +34,12 @@ def inspect(ctx: click.Context, files: tuple[str, ...], as_json: bool, header_on
     from gcis_etl.models import Verdict
     cfg = _config(ctx)
     rejected = 0
+    folders = [path for path in files if os.path.isdir(path)]
+    if len(folders) == len(files):
+        raise click.UsageError("no file to inspect: every argument is a folder (give its files, e.g. masters/*.tif)")
     with IsolatedProcess(cfg.isolation) as worker:
         for path in files:
-            if os.path.isdir(path):
+            if path in folders:
                 click.echo(f"{path}: a folder, passed over", err=True)
                 continue
             info = (inspect_header(path, cfg.imaging) if header_only
