@@ -48,7 +48,7 @@ import click
 
 from gcis_etl.errors import GcisError, IntegrityError
 from gcis_etl.ledger import Ledger
-from gcis_etl.migration import MigrationContext, migration, same_store, shows_through, store_settings
+from gcis_etl.migration import Budget, MigrationContext, migration, same_store, shows_through, store_settings
 from gcis_etl.pipelines import Pipeline
 from gcis_etl.stores import Store, open_store
 
@@ -62,8 +62,10 @@ from gcis_etl.stores import Store, open_store
               help="Keys copied at once.")
 @click.option("--limit", type=click.IntRange(min=1),
               help="Look at no more than this many keys (a trial: it stops at the limit; run again to go on).")
+@click.option("--max-minutes", type=click.FloatRange(min=0, min_open=True),
+              help="Start no new key after this many minutes (a night's window: run again to go on).")
 def main(ctx: MigrationContext, name: str, to_spec: str | None, from_spec: str | None, delete_source: bool,
-         concurrency: int, limit: int | None) -> None:
+         concurrency: int, limit: int | None, max_minutes: float | None) -> None:
     pipeline = ctx.pipeline(name)
     configured = pipeline.settings.store
     source = store_settings(from_spec, "--from-store") if from_spec else configured
@@ -82,9 +84,14 @@ def main(ctx: MigrationContext, name: str, to_spec: str | None, from_spec: str |
             check_apart(move.source, {"the target": move.target,
                                       f"the store pipeline {name!r} uses": open_store(configured)})
         keys = pipeline_keys(ledger, pipeline)
-        move.run(islice(keys, limit), concurrency)
-        if limit is not None and not ctx.stop.is_set() and next(keys, None) is not None:
+        budget = Budget(minutes=max_minutes)
+        cut = move.run(islice(keys, limit), concurrency, budget)
+        stopped = None
+        if cut and not ctx.stop.is_set():
+            stopped = f"stopped: {budget.exhausted()}: run again to go on"
+        elif limit is not None and not ctx.stop.is_set() and next(keys, None) is not None:
             stopped = f"stopped at the limit of {limit} keys: run again to go on"
+        if stopped:
             if ctx.dry_run:
                 ctx.report.notes.append(stopped)
             else:
@@ -136,18 +143,22 @@ class Move:
         self.delete_source = delete_source
         self.scratch = scratch
 
-    def run(self, keys: Iterator[StoreKey], concurrency: int) -> None:
-        """A bounded window of keys in flight: millions of keys never sit in memory at once."""
+    def run(self, keys: Iterator[StoreKey], concurrency: int, budget: Budget) -> bool:
+        """A bounded window of keys in flight: millions of keys never sit in memory at once. True when it stopped
+        with keys left (on request, or the budget's time spent): keys started are finished first."""
+        cut = False
         with ThreadPoolExecutor(concurrency, thread_name_prefix="gcis-move") as pool:
             window: deque = deque()
             for key in keys:
-                if self.ctx.stop.is_set():
+                if self.ctx.stop.is_set() or budget.exhausted():
+                    cut = True
                     break
                 window.append(pool.submit(self.move, key))
                 if len(window) >= 2 * concurrency:
                     window.popleft().result()
             for future in window:
                 future.result()
+        return cut
 
     def move(self, item: StoreKey) -> None:
         report = self.ctx.report

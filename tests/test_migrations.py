@@ -327,6 +327,17 @@ def test_move_store_copies_verified_resumes_and_deletes_the_source_only_after_th
     assert site.stored() == {} and bucket_objects(minio, s3_bucket) == local
 
 
+def test_move_store_stops_starting_keys_when_max_minutes_are_spent_and_a_rerun_goes_on(site):
+    ok(site.migrate("initial_load", "--pipeline", PIPELINE))
+    target = "{kind: local, root: other}"
+    out = ok(site.migrate("move_store", "--pipeline", PIPELINE, "--to-store", target, "--max-minutes", "0.000001"))
+    assert out.startswith("move_store: stopped: nothing done"), out
+    assert report_of(out)["notes"] == ["stopped: --max-minutes 1e-06 spent: run again to go on"]
+    assert [p for p in (site.root / "other").rglob("*") if p.is_file()] == []
+    out = ok(site.migrate("move_store", "--pipeline", PIPELINE, "--to-store", target, "--max-minutes", "60"))
+    assert out.startswith("move_store: completed: 8 copied"), out
+
+
 def test_move_store_refuses_an_object_whose_bytes_are_not_what_was_recorded(site, minio, s3_bucket, aws_env):
     ok(site.migrate("initial_load", "--pipeline", PIPELINE))
     damaged = site.store / "museum" / "b" / "b~2Fx.jpg.tif"
