@@ -108,15 +108,16 @@ def _drop_extra_bands(image: pyvips.Image, alpha: bool, policy: ImagingPolicy) -
 
 
 def _to_srgb(image: pyvips.Image, policy: ImagingPolicy) -> pyvips.Image:
-    intent = _INTENTS[policy.rendering_intent]
+    cms = dict(intent=_INTENTS[policy.rendering_intent], black_point_compensation=policy.black_point_compensation,
+               depth=8)
     interpretation = "labq" if image.coding == "labq" else image.interpretation
     if interpretation in LAB:  # device-independent already: an embedded Lab profile would take them as device values
-        return image.icc_export(output_profile=SRGB, intent=intent, depth=8)
+        return image.icc_export(output_profile=SRGB, **cms)
     embedded = image.get_typeof("icc-profile-data") != 0
     if embedded and not is_srgb(image, policy):
-        return image.icc_transform(SRGB, embedded=True, intent=intent, depth=8)
+        return image.icc_transform(SRGB, embedded=True, **cms)
     if interpretation == "cmyk":
-        return image.icc_transform(SRGB, input_profile=policy.cmyk_fallback_profile, intent=intent, depth=8)
+        return image.icc_transform(SRGB, input_profile=policy.cmyk_fallback_profile, **cms)
     if interpretation in ("srgb", "rgb") and image.format == "uchar":
         return image
     if image.format in ("float", "double") and image.bands == 1:

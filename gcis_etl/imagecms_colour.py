@@ -139,8 +139,9 @@ def _profile(data: bytes) -> ImageCms.ImageCmsProfile:
 
 
 def _transform(source: ImageCms.ImageCmsProfile, mode: str, policy: ImagingPolicy) -> ImageCms.ImageCmsTransform:
+    flags = ImageCms.Flags.BLACKPOINTCOMPENSATION if policy.black_point_compensation else ImageCms.Flags.NONE
     return ImageCms.buildTransform(source, _profile(srgb_profile()), mode, "RGBX",
-                                   renderingIntent=_INTENTS[policy.rendering_intent])
+                                   renderingIntent=_INTENTS[policy.rendering_intent], flags=flags)
 
 
 def _pillow_samples(samples: np.ndarray) -> np.ndarray:

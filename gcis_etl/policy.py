@@ -22,6 +22,10 @@ class ImagingPolicy(Settings):
     alpha: Literal["flatten", "drop"] = "flatten"
     background: tuple[int, int, int] = (255, 255, 255)
     rendering_intent: Literal["perceptual", "relative", "saturation", "absolute"] = "relative"
+    black_point_compensation: bool = Field(
+        False, description="LittleCMS black-point compensation (Photoshop's default with relative colorimetric): "
+                           "a CMYK master's paper black maps to sRGB black instead of a dark grey; off as tificc "
+                           "without -b. Matrix RGB profiles (Adobe RGB, ProPhoto) have a zero black: no change")
     srgb_descriptions: tuple[str, ...] = Field(
         ("sRGB",), description="an embedded profile whose description contains one of these is a candidate for "
                                "sRGB; it passes 8-bit samples through untransformed only if LittleCMS also "

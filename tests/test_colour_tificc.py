@@ -1,6 +1,6 @@
 """Colour of unusual profiled masters against LittleCMS's own TIFF applier (tificc, relative colorimetric, no
-black-point compensation), on both PTIFF engines: float samples with an embedded profile, and a 12-bit master
-only the tifffile decoder opens."""
+black-point compensation unless the policy asks), on both PTIFF engines: float samples with an embedded profile,
+a 12-bit master only the tifffile decoder opens, and black-point compensation on a CMYK master."""
 from __future__ import annotations
 
 import subprocess
@@ -37,11 +37,13 @@ def profiles(tmp_path_factory) -> dict[str, Path]:
     folder = tmp_path_factory.mktemp("icc")
     with tifffile.TiffFile(CORPUS / "icc-adobergb/example.tif") as tif:
         adobe = tif.pages[0].iccprofile
+    with tifffile.TiffFile(CORPUS / "cmyk-tiff-icc/fogra-0-100-100-0.tif") as tif:
+        fogra = tif.pages[0].iccprofile
     with Image.open(CORPUS / "icc-prophoto/test_icc_prophoto.jpg") as im:
         prophoto = im.info["icc_profile"]
     made = {}
     for name, data in (("adobe-rgb", adobe), ("prophoto", prophoto), ("grey-2.2", _grey_profile(2.2)),
-                       ("srgb", srgb_profile())):
+                       ("fogra39", fogra), ("srgb", srgb_profile())):
         made[name] = folder / f"{name}.icc"
         made[name].write_bytes(data)
     return made
@@ -55,11 +57,12 @@ def _patches(bands: int, full: int) -> np.ndarray:
     return grid[..., 0] if bands == 1 else grid
 
 
-def tificc(master: Path, profile: Path, profiles: dict[str, Path]) -> np.ndarray:
-    """The reference: tificc, relative colorimetric, no black-point compensation (as colour.py transforms)."""
-    out = master.with_name(master.stem + ".tificc.tif")
-    subprocess.run(["tificc", "-w8", "-t1", f"-i{profile}", f"-o{profiles['srgb']}", str(master), str(out)],
-                   check=True, capture_output=True)
+def tificc(master: Path, profile: Path, profiles: dict[str, Path], bpc: bool = False) -> np.ndarray:
+    """The reference: tificc, relative colorimetric, black-point compensation (-b) only when asked (as
+    colour.py transforms by default)."""
+    out = master.with_name(master.stem + (".tificc-bpc.tif" if bpc else ".tificc.tif"))
+    subprocess.run(["tificc", "-w8", "-t1", *(["-b"] if bpc else []), f"-i{profile}", f"-o{profiles['srgb']}",
+                    str(master), str(out)], check=True, capture_output=True)
     return tifffile.imread(out)
 
 
@@ -142,3 +145,20 @@ def test_the_reference_tells_the_profile_apart(profiles, tmp_path):
     untransformed = np.round(samples / 257).astype(np.uint8)
     reference = tificc(tmp_path / "adobe16.tif", profiles["adobe-rgb"], profiles)
     assert delta_e(untransformed, reference).mean() > 2.0
+
+
+@pytest.mark.parametrize("engine", ["vips", "tifffile"])
+@pytest.mark.parametrize("bpc", [False, True], ids=["bpc-off", "bpc-on"])
+def test_black_point_compensation_follows_the_policy_on_a_cmyk_master(bpc, engine, profiles, tmp_path):
+    """FOGRA39's 400% black is a dark grey in sRGB unless black-point compensation maps it to black."""
+    master = tmp_path / "cmyk.tif"
+    tifffile.imwrite(master, _patches(4, 255).astype(np.uint8), photometric="separated", metadata=None,
+                     extratags=_icc_tag(profiles["fogra39"].read_bytes()))
+    policy = ImagingPolicy(black_point_compensation=bpc)
+    ours = normalised(master, policy) if engine == "vips" else strips_of(master, policy)
+    asked, other = (tificc(master, profiles["fogra39"], profiles, bpc=flag) for flag in (bpc, not bpc))
+    difference = delta_e(ours, asked)
+    assert difference.mean() <= 0.2 and difference.max() <= 1.0, (difference.mean(), difference.max())
+    assert delta_e(ours, other).max() > 3  # the setting changes the shadows: the comparison can tell
+    rich_black = ours[PATCH // 2, PATCH + PATCH // 2]  # the second patch: every ink at 100%
+    assert (rich_black.max() <= 3) if bpc else (rich_black.min() >= 10), rich_black

@@ -68,9 +68,9 @@ def _master(name: str, sixteen_bit: dict[str, Path]) -> Path:
     return sixteen_bit.get(name) or CORPUS / name
 
 
-def strips_of(path: Path) -> np.ndarray:
+def strips_of(path: Path, policy: ImagingPolicy | None = None) -> np.ndarray:
     """The whole image as this path's colour stage produces it, band by band (before JPEG)."""
-    policy = ImagingPolicy()
+    policy = policy or ImagingPolicy()
     info = inspect(path, policy)
     strips = srgb_strips(open_master(info, policy.decoders[info.format], policy.strict).image, info, policy)
     with ThreadPoolExecutor(2) as pool:
