@@ -231,7 +231,9 @@ class MigrationContext:
         return self.config.pipeline(name)
 
     def ledger(self) -> Ledger:
-        return Ledger.open(self.config)
+        """Read-only in a dry run, which changes nothing: not even by creating the ledger (a missing one reads as
+        empty, so the dry run says what a first run would do)."""
+        return Ledger.open(self.config, read_only=self.dry_run)
 
     def lock(self, name: str) -> RunLock:
         """The pipeline's run lock (the one harvest takes), for work that must not overlap a harvest."""

@@ -5,8 +5,13 @@ the collections) is copied from the source store (default: the pipeline's config
 store (default: the configured one). The bytes read must have the SHA-256 that the ledger and the source
 store recorded; the target verifies the SHA-256 it receives, and what it reports afterwards must match.
 Keys do not change (they are relative to a store's root or prefix), so the ledger stays valid as it is.
-Re-running continues where the last run stopped: keys already in the target with the same SHA-256 are not
-copied again. The pipeline is locked while keys are copied, so no harvest deposits into the old store meanwhile.
+Re-running continues where the last run stopped: keys already in the target with the same SHA-256 (as the
+target records it) are not copied again. The pipeline is locked while keys are copied, so no harvest deposits
+into the old store meanwhile. A run starts by removing what a killed run left: its scratch copies, and its
+incomplete uploads to the target.
+
+Once the pipeline uses the target (step 3), the target holds the current keys: harvests went on there. A key
+that differs there is never replaced from the source: the source's copy is stale ("newer in the target").
 
 \b
 A move, step by step:
@@ -20,6 +25,10 @@ A move, step by step:
 A store is a YAML/JSON file or an inline mapping, written like a pipeline's store: section:
   --to-store '{kind: s3, bucket: iiif-new, prefix: access, region: us-east-1}'
   --to-store '{kind: local, root: /srv/iiif/store}'
+
+--delete-source reads each key's bytes back from the target, and deletes the source's copy only when they have
+the SHA-256 the ledger recorded (for manifests and collections, the one the target recorded); otherwise the key
+is a problem and stays in the source. A dry run does not read them.
 
 --delete-source refuses to delete from the store the pipeline is configured with, or from the target, however
 the source is written: only the S3 server, bucket and prefix count (not the region, addressing style, ...), or
@@ -35,11 +44,13 @@ Exit codes: 0 done; 1 some keys failed or are missing, or stopped on an error (r
 """
 from __future__ import annotations
 
+import shutil
 import tempfile
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
+from datetime import timedelta
 from itertools import islice
 from pathlib import Path
 from typing import Iterator
@@ -50,14 +61,15 @@ from gcis_etl.errors import GcisError, IntegrityError
 from gcis_etl.ledger import Ledger
 from gcis_etl.migration import Budget, MigrationContext, migration, same_store, shows_through, store_settings
 from gcis_etl.pipelines import Pipeline
-from gcis_etl.stores import Store, open_store
+from gcis_etl.stores import Store, StoredObject, open_store
 
 
 @migration(__doc__)
 @click.option("--pipeline", "name", required=True, help="The pipeline whose deposits move.")
 @click.option("--to-store", "to_spec", metavar="STORE", help="The target (default: the configured store).")
 @click.option("--from-store", "from_spec", metavar="STORE", help="The source (default: the configured store).")
-@click.option("--delete-source", is_flag=True, help="Delete each key from the source once verified in the target.")
+@click.option("--delete-source", is_flag=True,
+              help="Delete each key from the source once its bytes, read back from the target, are verified.")
 @click.option("--concurrency", type=click.IntRange(1, 64), default=4, show_default=True,
               help="Keys copied at once.")
 @click.option("--limit", type=click.IntRange(min=1),
@@ -78,11 +90,14 @@ def main(ctx: MigrationContext, name: str, to_spec: str | None, from_spec: str |
     if delete_source and same_store(source, configured):
         raise click.UsageError(f"--delete-source would delete from the store pipeline {name!r} uses: point its "
                                f"store: at the new store first, then give the old one as --from-store")
-    move = Move(ctx, open_store(source), open_store(target), delete_source, ctx.scratch(name))
+    authoritative = same_store(target, configured)
+    move = Move(ctx, open_store(source), open_store(target), authoritative, delete_source, ctx.scratch(name))
     with ctx.ledger() as ledger, nullcontext() if ctx.dry_run else ctx.lock(name):
-        if delete_source and not ctx.dry_run:
-            check_apart(move.source, {"the target": move.target,
-                                      f"the store pipeline {name!r} uses": open_store(configured)})
+        if not ctx.dry_run:
+            move.clean_up(pipeline)
+            if delete_source:
+                check_apart(move.source, {"the target": move.target,
+                                          f"the store pipeline {name!r} uses": open_store(configured)})
         keys = pipeline_keys(ledger, pipeline)
         budget = Budget(minutes=max_minutes)
         cut = move.run(islice(keys, limit), concurrency, budget)
@@ -96,8 +111,12 @@ def main(ctx: MigrationContext, name: str, to_spec: str | None, from_spec: str |
                 ctx.report.notes.append(stopped)
             else:
                 ctx.report.stop("stopped", stopped)
+    newer = ctx.report.counts.get("newer in the target")
+    if newer:
+        ctx.report.notes.append(f"{newer} keys are newer in the target, the store pipeline {name!r} uses "
+                                f"(deposited there after the switch): kept; the source's copies are stale")
     if ctx.report.status == "completed" and ctx.report.exit_code == 0 and not ctx.stop.is_set() \
-            and not same_store(target, configured):
+            and not authoritative:
         ctx.report.notes.append(f"next: point pipelines.{name}.store in {ctx.config.source_file} (and iipsrv) at "
                                 f"the new store, then run with --from-store OLD --delete-source")
 
@@ -135,13 +154,41 @@ def pipeline_keys(ledger: Ledger, pipeline: Pipeline) -> Iterator[StoreKey]:
         yield StoreKey(manifests.collection_key(version), None, published)
 
 
+LISTED = ("replaced", "newer in the target")  # in the CSV: the target's content changed, or the source's is stale
+
+
+@dataclass(frozen=True)
+class Step:
+    """What became of one key. `in_source`: the source holds a copy that --delete-source may delete once the
+    target's bytes are read back with `sha256`."""
+
+    outcome: str
+    reason: str = ""
+    sha256: str | None = None
+    in_source: bool = False
+
+
 class Move:
-    def __init__(self, ctx: MigrationContext, source: Store, target: Store, delete_source: bool, scratch: Path):
+    def __init__(self, ctx: MigrationContext, source: Store, target: Store, authoritative: bool,
+                 delete_source: bool, scratch: Path):
         self.ctx = ctx
         self.source = source
         self.target = target
+        self.authoritative = authoritative  # the target is the pipeline's store: harvests deposit there
         self.delete_source = delete_source
         self.scratch = scratch
+
+    def clean_up(self, pipeline: Pipeline) -> None:
+        """What a killed run left: its scratch copies, and its uploads to the target (multipart parts in S3,
+        hidden temporary files in a local store). Under the pipeline's lock no run of ours still writes; an
+        upload of a killed harvest's worker that is aborted too was never an object, and its item is not
+        recorded as deposited, so the next harvest makes it again."""
+        shutil.rmtree(self.scratch, ignore_errors=True)
+        aborted = self.target.abort_incomplete_uploads(older_than=timedelta(0),
+                                                       keys=self.target.keys.image_prefix(pipeline.name))
+        if aborted:
+            self.ctx.report.notes.append(f"aborted {len(aborted)} incomplete uploads to the target left by a "
+                                         f"killed run: {', '.join(aborted)}")
 
     def run(self, keys: Iterator[StoreKey], concurrency: int, budget: Budget) -> bool:
         """A bounded window of keys in flight: millions of keys never sit in memory at once. True when it stopped
@@ -163,39 +210,43 @@ class Move:
     def move(self, item: StoreKey) -> None:
         report = self.ctx.report
         try:
-            outcome, reason = self.copy(item)
-        except GcisError as exc:  # this key fails; the others go on
+            step = self.copy(item)
+            if step is None:
+                return
+            deleting = self.delete_source and step.in_source
+            if deleting and not self.ctx.dry_run:
+                self.verify(item.key, step.sha256)
+        except GcisError as exc:  # this key fails, and stays in the source; the others go on
             report.event(item.key, "failed", str(exc))
             return
-        if outcome is None:
+        report.event(item.key, step.outcome, step.reason, listed=step.outcome in LISTED)
+        if not deleting:
             return
-        report.event(item.key, outcome, reason, listed=outcome == "replaced")
-        if self.delete_source and outcome in ("copied", "replaced", "present", "would copy"):
-            if self.ctx.dry_run:
-                report.event(item.key, "would delete from the source", listed=False)
-            elif self.source.delete(item.key):
-                report.event(item.key, "deleted from the source", self.source.describe(item.key))
+        if self.ctx.dry_run:
+            report.event(item.key, "would delete from the source", listed=False)
+        elif self.source.delete(item.key):
+            report.event(item.key, "deleted from the source", self.source.describe(item.key))
 
-    def copy(self, item: StoreKey) -> tuple[str | None, str]:
-        """(outcome, reason): copied, replaced (other content was there), present (already there, same SHA-256),
-        missing; None when a key that need not exist does not."""
+    def copy(self, item: StoreKey) -> Step | None:
+        """copied, replaced (other content was there), present (already there, same SHA-256), newer in the
+        target, missing; None when a key that need not exist does not."""
         here = self.source.head(item.key)
         there = self.target.head(item.key)
         expected = item.sha256 or (here.sha256 if here else None)
         if here is None:
             if there is not None and there.sha256 and (item.sha256 is None or there.sha256 == item.sha256):
-                return "present", "already moved (not in the source any more)"
-            return ("missing", f"not in {self.source.describe(item.key)}") if item.required else (None, "")
+                return Step("present", "already moved (not in the source any more)")
+            return Step("missing", f"not in {self.source.describe(item.key)}") if item.required else None
+        if self.authoritative and there is not None:
+            return self.kept(item, here, there)
         if item.sha256 and here.sha256 and here.sha256 != item.sha256:
             raise IntegrityError(f"{self.source.describe(item.key)} has SHA-256 {here.sha256}, the ledger "
                                  f"recorded {item.sha256}: not copied")
         if there is not None and expected and there.sha256 == expected and there.size == here.size:
-            return "present", ""
+            return Step("present", "", expected, True)
         if self.ctx.dry_run:
-            return "would copy", ""
-        self.scratch.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=self.scratch) as scratch:
-            copy = Path(scratch) / "object"
+            return Step("would copy", "", expected, True)
+        with self.scratch_file() as copy:
             actual = self.source.download(item.key, copy)
             size = copy.stat().st_size
             if expected and actual != expected:
@@ -207,4 +258,37 @@ class Move:
         if stored is None or stored.sha256 != actual or stored.size != size:
             raise IntegrityError(f"{self.target.describe(item.key)}: the target reports "
                                  f"{stored and stored.sha256} after the copy, not {actual}")
-        return ("copied", "") if there is None else ("replaced", f"the target held SHA-256 {there.sha256}")
+        if there is None:
+            return Step("copied", "", actual, True)
+        return Step("replaced", f"the target held SHA-256 {there.sha256}", actual, True)
+
+    def kept(self, item: StoreKey, here: StoredObject, there: StoredObject) -> Step:
+        """The target is the pipeline's store, so what it holds is current (harvests went on there after the
+        switch) and is never replaced from the source: the source's copy is stale where they differ. An access
+        master there must be the one the ledger recorded; a manifest or collection there is the current one."""
+        if item.sha256 and there.sha256 != item.sha256:
+            raise IntegrityError(f"{self.target.describe(item.key)} records SHA-256 {there.sha256}, the ledger "
+                                 f"recorded {item.sha256}: the pipeline's store is never replaced from the "
+                                 f"source, which keeps its copy")
+        if there.sha256 is None:
+            raise IntegrityError(f"{self.target.describe(item.key)}: the pipeline's store records no SHA-256 for "
+                                 f"it, so it cannot be verified; the source keeps its copy")
+        if here.sha256 == there.sha256 and here.size == there.size:
+            return Step("present", "", there.sha256, True)
+        return Step("newer in the target", f"kept: the source's copy (SHA-256 {here.sha256}) is stale",
+                    there.sha256, True)
+
+    def verify(self, key: str, sha256: str | None) -> None:
+        """Before the source's copy is deleted, the target's bytes are read back: the record a store keeps of
+        them (a sidecar, S3 metadata) outlives damage to them."""
+        with self.scratch_file() as copy:
+            actual = self.target.download(key, copy)
+        if actual != sha256:
+            raise IntegrityError(f"{self.target.describe(key)}: read back with SHA-256 {actual}, not {sha256}: "
+                                 f"not deleted from the source")
+
+    @contextmanager
+    def scratch_file(self) -> Iterator[Path]:
+        self.scratch.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=self.scratch) as folder:
+            yield Path(folder) / "object"

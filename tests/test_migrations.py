@@ -67,10 +67,11 @@ class Site:
     def store(self) -> Path:
         return self.root / "store"
 
-    def stored(self) -> dict[str, bytes]:
-        """Every object in the local store (sidecars and temporary files aside)."""
-        return {p.relative_to(self.store).as_posix(): p.read_bytes() for p in sorted(self.store.rglob("*"))
-                if p.is_file() and not any(part.startswith(".") for part in p.relative_to(self.store).parts)}
+    def stored(self, root: Path | None = None) -> dict[str, bytes]:
+        """Every object in the local store, or in a local store at `root` (sidecars and temporary files aside)."""
+        root = root or self.store
+        return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*"))
+                if p.is_file() and not any(part.startswith(".") for part in p.relative_to(root).parts)}
 
 
 @pytest.fixture
@@ -392,3 +393,79 @@ def test_delete_source_refuses_the_live_local_store_through_a_symlink(site):
                         "--to-store", "{kind: local, root: other}", "--delete-source")
     assert proc.returncode == 2 and "would delete from the store pipeline 'museum' uses" in proc.stderr
     assert site.stored() == stored and not (site.root / "other").exists()
+
+
+def test_delete_source_after_the_switch_keeps_what_harvests_deposited_in_the_new_store(site):
+    ok(site.migrate("initial_load", "--pipeline", PIPELINE))
+    other = site.root / "other"
+    (other / "museum" / "a").mkdir(parents=True)
+    (other / "museum" / "a" / "manifest-v3.json").write_text("{}")  # before the switch the source is current
+    out = ok(site.migrate("move_store", "--pipeline", PIPELINE, "--to-store", "{kind: local, root: other}"))
+    assert report_of(out)["counts"] == {"copied": 7, "replaced": 1}
+    assert site.stored(other) == site.stored()
+
+    site.configure({"kind": "local", "root": "other"})
+    shutil.copy(CORPUS / "png/exif.png", site.root / "masters" / "a" / "p1.png")  # re-derived in the new store
+    (site.root / "masters" / "d").mkdir()
+    shutil.copy(CORPUS / "gray8/hopper_gray.jpg", site.root / "masters" / "d" / "new.jpg")  # and a new object
+    assert "2 deposited" in ok(site.run("gcis-etl", "harvest"))
+    current = site.stored(other)
+    assert current["museum/a/a~2Fp1.png.tif"] != site.stored()["museum/a/a~2Fp1.png.tif"]
+
+    out = ok(site.migrate("move_store", "--pipeline", PIPELINE, "--from-store", "{kind: local, root: store}",
+                          "--delete-source"))
+    assert report_of(out)["counts"] == {"present": 7, "newer in the target": 3, "deleted from the source": 8}
+    assert "3 keys are newer in the target" in out
+    assert site.stored(other) == current and site.stored() == {}
+    rows = Path(report_of(out)["csv_path"]).read_text().splitlines()
+    assert sorted(row.split(",")[0] for row in rows if ",newer in the target," in row) == [
+        "collections/museum-v3.json", "museum/a/a~2Fp1.png.tif", "museum/a/manifest-v3.json"]
+    out = ok(site.migrate("move_store", "--pipeline", PIPELINE, "--from-store", "{kind: local, root: store}",
+                          "--delete-source"))
+    assert report_of(out)["counts"] == {"present": 10}
+
+
+def test_delete_source_reads_the_target_back_and_keeps_the_source_of_a_damaged_copy(site):
+    ok(site.migrate("initial_load", "--pipeline", PIPELINE))
+    ok(site.migrate("move_store", "--pipeline", PIPELINE, "--to-store", "{kind: local, root: other}"))
+    site.configure({"kind": "local", "root": "other"})
+    key = "museum/b/b~2Fx.jpg.tif"
+    good = site.stored()[key]
+    with open(site.root / "other" / key, "r+b") as f:  # in place: same file, same size, the sidecar vouches for it
+        f.seek(len(good) // 2)
+        f.write(b"XXXXXXXX")
+
+    proc = site.migrate("move_store", "--pipeline", PIPELINE, "--from-store", "{kind: local, root: store}",
+                        "--delete-source")
+    assert proc.returncode == 1, proc.stdout
+    assert f"failed: {key}:" in proc.stdout and "read back with SHA-256" in proc.stdout
+    assert report_of(proc.stdout)["counts"] == {"present": 7, "failed": 1, "deleted from the source": 7}
+    assert site.stored() == {key: good}
+
+
+def test_move_store_removes_what_a_killed_run_left(site, minio, s3_bucket, aws_env):
+    ok(site.migrate("initial_load", "--pipeline", PIPELINE))
+    client = minio.client()
+    for key in ("iiif/museum/a/a~2Fp1.png.tif", "iiif/library/z/z.tif"):  # ours, and another pipeline's
+        upload = client.create_multipart_upload(Bucket=s3_bucket, Key=key)
+        client.upload_part(Bucket=s3_bucket, Key=key, UploadId=upload["UploadId"], PartNumber=1, Body=b"part")
+    leftover = site.root / "state" / "scratch" / f"move_store-{PIPELINE}" / "tmpkilled" / "object"
+    leftover.parent.mkdir(parents=True)
+    leftover.write_bytes(b"half a copy")
+
+    target = json.dumps(s3_store(minio, s3_bucket))
+    out = ok(site.migrate("move_store", "--pipeline", PIPELINE, "--to-store", target))
+    assert "aborted 1 incomplete uploads to the target left by a killed run: museum/a/a~2Fp1.png.tif" in out
+    assert [u["Key"] for u in client.list_multipart_uploads(Bucket=s3_bucket).get("Uploads", [])] == [
+        "iiif/library/z/z.tif"]
+    assert not leftover.parent.exists()
+    assert bucket_objects(minio, s3_bucket) == site.stored()
+
+
+def test_dry_runs_do_not_create_the_ledger(site):
+    assert "4 would process" in ok(site.migrate("initial_load", "--pipeline", PIPELINE, "--dry-run"))
+    assert "nothing to do" in ok(site.migrate("move_store", "--pipeline", PIPELINE,
+                                              "--to-store", "{kind: local, root: other}", "--dry-run"))
+    ok(site.migrate("reencode", "--pipeline", PIPELINE, "--from-recipe", "ptiff-jpeg-q90",
+                    "--to-recipe", "ptiff-jpeg-q90-444", "--dry-run"))
+    assert list(site.root.rglob("ledger.sqlite*")) == [] and not site.store.exists()
