@@ -303,13 +303,16 @@ class Ledger:
         return self._one(ItemRecord, "items WHERE pipeline=? AND object_id=? AND item_id=?",
                          pipeline, object_id, item_id)
 
-    def items(self, pipeline: str, object_id: str | None = None, status: str | None = None) -> list[ItemRecord]:
+    def items(self, pipeline: str, object_id: str | None = None, status: str | None = None,
+              limit: int = -1) -> list[ItemRecord]:
+        """`limit`: the first so many (-1: all); `status` shows ten of a million failed items without reading
+        them all."""
         sql, args = "items WHERE pipeline=?", [pipeline]
         if object_id is not None:
             sql, args = sql + " AND object_id=?", args + [object_id]
         if status is not None:
             sql, args = sql + " AND status=?", args + [status]
-        return self._all(ItemRecord, sql + " ORDER BY object_id, sequence, item_id", *args)
+        return self._all(ItemRecord, sql + " ORDER BY object_id, sequence, item_id LIMIT ?", *args, limit)
 
     def iter_items(self, pipeline: str, where: str = "1", args: tuple = (), page: int = 1000) -> Iterator[ItemRecord]:
         """The pipeline's items matching the SQL condition `where`, in (object_id, item_id) order, a page at a
@@ -418,8 +421,9 @@ class Ledger:
                             (pipeline, object_id, reason, run_id, stamp))
             self._run_item(run_id, object_id, MANIFEST, Outcome.REJECTED.value, reason, 0.0, stamp)
 
-    def manifest_problems(self, pipeline: str) -> list[ManifestProblem]:
-        return self._all(ManifestProblem, "manifest_problems WHERE pipeline=? ORDER BY object_id", pipeline)
+    def manifest_problems(self, pipeline: str, limit: int = -1) -> list[ManifestProblem]:
+        return self._all(ManifestProblem, "manifest_problems WHERE pipeline=? ORDER BY object_id LIMIT ?", pipeline,
+                         limit)
 
     def published(self, pipeline: str, page: int = 1000) -> Iterator[str]:
         """Ids of the pipeline's objects whose manifests are deposited, in order, a page at a time."""

@@ -183,8 +183,8 @@ def pipeline_status(ledger: Ledger, pipeline: str, lock: RunLock, shown: int = 1
     run = next(iter(ledger.runs(pipeline, limit=1)), None)
     run, gone = _unless_gone(ledger, run, lock) if run else (None, False)
     problems = [Problem(r.object_id, r.item_id, r.status, r.attempts, r.reason)
-                for status in ("failed", "rejected") for r in ledger.items(pipeline, status=status)[:shown]]
+                for status in ("failed", "rejected") for r in ledger.items(pipeline, status=status, limit=shown)]
     problems += [Problem(m.object_id, MANIFEST, "rejected", 0, m.reason)
-                 for m in ledger.manifest_problems(pipeline)[:shown]]
+                 for m in ledger.manifest_problems(pipeline, limit=shown)]
     return PipelineStatus(pipeline, checkpoint.isoformat() if checkpoint else None, ledger.counts(pipeline), run,
                           ledger.counts_so_far(run) if run else {}, problems, gone)

@@ -84,4 +84,4 @@ def loaded(ledger: Ledger, pipeline: str, object_id: str) -> bool:
     once every item of the object is settled)."""
     record = ledger.object(pipeline, object_id)
     return record is not None and record.published is not None \
-        and not ledger.items(pipeline, object_id, status="failed")
+        and not ledger.items(pipeline, object_id, status="failed", limit=1)

@@ -17,6 +17,8 @@ from gcis_etl.config import load_config
 from gcis_etl.harvesting import harvest
 from gcis_etl.ledger import Ledger
 from gcis_etl.locks import pipeline_lock
+from gcis_etl.reports import pipeline_status
+from gcis_etl.work import ItemResult, Outcome
 from tests.conftest import CORPUS
 
 MASTER = CORPUS / "gray8/hopper_gray.jpg"
@@ -109,6 +111,22 @@ def test_report_refuses_a_run_of_another_pipeline_than_the_one_named(site):
     none_yet = cli(site, "report", "--pipeline", "q")
     assert none_yet.returncode == 2 and "no run of q recorded yet" in none_yet.stderr
     assert cli(site, "report", "1", "--pipeline", "p").returncode == 0
+
+
+def test_status_shows_the_first_problems_of_each_kind_in_object_order(site):
+    cfg = load_config(site / "config.yaml")
+    with Ledger.open(cfg) as ledger:
+        run_id = ledger.begin_run("p", None, None, {})
+        for i in reversed(range(30)):  # recorded in reverse: the order shown is the ledger's, not arrival's
+            outcome = Outcome.FAILED if i % 2 else Outcome.REJECTED
+            ledger.record(run_id, ItemResult("p", f"o{i:02d}", "m", 1, outcome, f"sha256:{i}", "r", "d", 1,
+                                             f"reason {i}"), None)
+        ledger.finish_run(run_id, "completed", {"failed": 15, "rejected": 15}, 0, None)
+        state = pipeline_status(ledger, "p", pipeline_lock(cfg.state_dir, "p"), shown=4)
+    assert [(p.status, p.object_id) for p in state.problems] == [
+        ("failed", "o01"), ("failed", "o03"), ("failed", "o05"), ("failed", "o07"),
+        ("rejected", "o00"), ("rejected", "o02"), ("rejected", "o04"), ("rejected", "o06")]
+    assert state.items["failed"] == state.items["rejected"] == 15  # the counts are of every item
 
 
 # -------------------------------------------------------------------------- F1: a ledger that cannot open
