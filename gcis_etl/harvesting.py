@@ -245,10 +245,11 @@ class Harvest:
             self.unsettled.append(pending.obj.modified)
 
     def check_store(self) -> None:
-        """One request before any item: a store that refuses the credentials, or that is down past its retries,
-        stops the run here (a StoreError), rather than failing every item and spending its attempts."""
-        store = self.pipeline.store
-        store.head(f"{store.keys.image_prefix(self.pipeline.name)}gcis-etl-store-check")
+        """One request before any item: a store that is missing (a mistyped bucket, a local root whose volume
+        is not mounted), refuses the credentials or is down past its retries stops the run here (a StoreError),
+        rather than failing every item and spending its attempts. A local root is made only while the ledger
+        holds no deposit of the pipeline: on its first run."""
+        self.pipeline.store.check(create=not self.ledger.counts(self.pipeline.name)["deposited"])
 
     def unreadable(self, obj: UnreadableObject, since: datetime | None) -> None:
         """The object's failure, under the item id OBJECT: it has attempts like an item's, holds the checkpoint

@@ -25,7 +25,8 @@ from urllib.parse import quote, unquote, urlsplit
 
 import boto3
 from botocore.config import Config
-from botocore.exceptions import BotoCoreError, ClientError
+from botocore.exceptions import (BotoCoreError, ClientError, ConnectionClosedError, EndpointConnectionError,
+                                 NoCredentialsError)
 from pydantic import Field, field_validator
 from s3transfer.manager import TransferConfig, TransferManager
 from s3transfer.subscribers import BaseSubscriber
@@ -130,6 +131,12 @@ class Store(Protocol):
     def describe(self, key: str) -> str:
         """Where `key` lives, for messages (never carries credentials)."""
 
+    def check(self, *, create: bool = False) -> None:
+        """One cheap request before work that would otherwise fail on every object: a StoreError, in one line
+        saying what to do, if the store cannot be used (missing, refusing the credentials, unreachable past
+        its retries). `create`: the caller knows nothing was deposited here yet, so a missing local root is
+        made rather than taken for an unmounted volume; buckets are never created."""
+
 
 def _write_durably(dest: Path, fill) -> str:
     """Let `fill` write `dest`, fsync it, and hash what reached the disk (not what was meant to)."""
@@ -178,6 +185,24 @@ class LocalStore:
     def describe(self, key: str) -> str:
         return str(self.root / key)
 
+    def _missing_root(self, action: str) -> StoreError:
+        return StoreError(f"{self.root}: {action}: the store's root folder is missing (its volume not mounted? "
+                          f"if the store is new, create the folder)")
+
+    def check(self, *, create: bool = False) -> None:
+        """A missing root is an error unless `create`, as for list(): an unmounted volume looks exactly like
+        that, and deposits written into its empty mount point would vanish from view once it is mounted.
+        Writing is tried for real (an unnamed temporary file, gone even if the process is killed), so a
+        read-only mount or another user's folder is found whatever this process's privileges."""
+        try:
+            if create:
+                self.root.mkdir(parents=True, exist_ok=True)
+            tempfile.TemporaryFile(dir=self.root).close()
+        except FileNotFoundError:
+            raise self._missing_root("cannot use the store") from None
+        except OSError as exc:
+            raise StoreError(f"{self.root}: cannot write into the store's root folder: {exc.strerror}") from None
+
     def put(self, key: str, path: Path, *, sha256: str | None = None, provenance: Provenance = Provenance(),
             content_type: str | None = None, overwrite: bool = False) -> StoredObject:
         _check_sha256(sha256)
@@ -219,11 +244,14 @@ class LocalStore:
             if current is not None and current.sha256 == sha256 and current.size == size:
                 return replace(current, unchanged=True)
             os.chmod(tmp, 0o644)
-            os.replace(tmp, dest)
-            fsync_path(dest.parent)
             record = StoredObject(key=key, size=size, sha256=sha256, content_type=content_type,
                                   provenance=provenance)
-            self._write_sidecar(key, record, dest.stat().st_ino)
+            # The sidecar first, naming the inode the rename keeps: a sidecar that cannot be written (a full
+            # disk) leaves the key as it was, with its own sidecar; a crash between the two renames leaves a
+            # sidecar naming an inode not under the key, which head() ignores.
+            self._write_sidecar(key, record, tmp.stat().st_ino)
+            os.replace(tmp, dest)
+            fsync_path(dest.parent)
             return record
         except OSError as exc:
             raise StoreError(f"{self.describe(key)}: cannot write: {exc.strerror}") from None
@@ -238,12 +266,17 @@ class LocalStore:
         sidecar.parent.mkdir(parents=True, exist_ok=True)
         body = {"size": record.size, "sha256": record.sha256, "content_type": record.content_type,
                 "inode": inode, "provenance": asdict(record.provenance)}
-        fd, tmp = tempfile.mkstemp(prefix=f".{sidecar.name}.", suffix=".tmp", dir=sidecar.parent)
-        with os.fdopen(fd, "w") as out:
-            json.dump(body, out)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, sidecar)
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{sidecar.name}.", suffix=".tmp", dir=sidecar.parent)
+        tmp = Path(tmp_name)
+        try:
+            with os.fdopen(fd, "w") as out:
+                json.dump(body, out)
+                out.flush()
+                os.fsync(out.fileno())
+            os.replace(tmp, sidecar)
+            fsync_path(sidecar.parent)
+        finally:
+            tmp.unlink(missing_ok=True)
 
     def head(self, key: str) -> StoredObject | None:
         path = self.root / check_key(key)
@@ -295,8 +328,7 @@ class LocalStore:
         empty (nothing deposited under that prefix yet)."""
         _check_list_prefix(prefix)
         if not self.root.is_dir():
-            raise StoreError(f"{self.root}: cannot list: the store's root folder is missing (its volume not "
-                             f"mounted?) or nothing was ever deposited there")
+            raise self._missing_root("cannot list")
         start = self.root / prefix.rpartition("/")[0]
 
         def unreadable(exc: OSError) -> None:
@@ -503,10 +535,32 @@ class S3Store:
         if isinstance(exc, ClientError):
             error = exc.response.get("Error", {})
             cls = IntegrityError if error.get("Code") in _INTEGRITY_CODES else StoreError
-            hint = " (check the store's credentials and its bucket policy)" if error.get("Code") in _REFUSED else ""
+            if error.get("Code") in _REFUSED:
+                hint = " (check the store's credentials and its bucket policy)"
+            elif error.get("Code") == "NoSuchBucket":
+                hint = " (check store.bucket, endpoint_url and region; gcis-etl never creates a bucket)"
+            else:
+                hint = ""
             return cls(f"{self.describe(key)}: {action} refused by the server: "
                        f"{error.get('Code')}: {error.get('Message')}{hint}")
+        if isinstance(exc, NoCredentialsError):
+            return StoreError(f"{self.describe(key)}: {action} failed: {exc} (set AWS_ACCESS_KEY_ID and "
+                              f"AWS_SECRET_ACCESS_KEY, store.profile, or give the host a role)")
+        if isinstance(exc, (EndpointConnectionError, ConnectionClosedError)):
+            return StoreError(f"{self.describe(key)}: {action} failed after {self.settings.retry.max_attempts} "
+                              f"attempts: {exc} (is the server up, and store.endpoint_url right?)")
         return StoreError(f"{self.describe(key)}: {action} failed: {exc}")
+
+    def check(self, *, create: bool = False) -> None:
+        """A ListObjectsV2 of at most one key under the prefix: it needs only s3:ListBucket on the prefix,
+        which a deposit-only policy grants (with an s3:prefix condition) since, without it, S3 answers a HEAD
+        of a key not yet deposited with 403 and no put could tell a new key from a refusal. HeadBucket would
+        need s3:ListBucket on the whole bucket; a HEAD of some key cannot tell a missing bucket, whose 404 has
+        no body either, from a missing key. The bucket is never created, whatever `create` says."""
+        try:
+            self.client.list_objects_v2(Bucket=self.settings.bucket, Prefix=self._base, MaxKeys=1)
+        except (BotoCoreError, ClientError) as exc:
+            raise self._error("", "store check", exc) from None
 
     def _call(self, key: str, action: str, operation: str, **kwargs) -> dict:
         try:

@@ -202,13 +202,14 @@ def _last_run(config: Path):
         return ledger.runs("demo", limit=1)[0], ledger.items("demo")
 
 
-def test_a_harvest_whose_broker_cannot_be_reached_stops_before_its_first_item_in_one_line(tmp_path, minio, aws_env):
+def test_a_harvest_whose_broker_cannot_be_reached_stops_before_its_first_item_in_one_line(tmp_path, minio, s3_bucket,
+                                                                                       aws_env):
     """It used to spend the result backend's retries (about 3 minutes) on the first item and end in ~2000 lines
     of tracebacks, without the summary line."""
     masters = make_masters(tmp_path / "masters", objects=1, per_object=2)
     unreachable = f"redis://127.0.0.1:{free_port()}/0"
     config = pool_config(tmp_path / "down.yaml", masters=masters, broker_url=unreachable,
-                         store=s3_store(minio, "unused"), pipeline={"executor": "celery"})
+                         store=s3_store(minio, s3_bucket), pipeline={"executor": "celery"})
     proc = _harvest(config, minio_env(minio, tmp_path))
 
     assert proc.returncode == 1, proc.stderr

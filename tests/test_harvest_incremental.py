@@ -281,7 +281,7 @@ def test_a_store_that_refuses_the_credentials_stops_the_run_before_any_item(rig,
         monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-the-secret")  # the CLI's environment
         run = rig.cli("harvest")
         assert run.returncode == 1 and "dam: run stopped:" in run.stderr, run.stdout + run.stderr
-        assert "403" in run.stderr and "check the store's credentials" in run.stderr
+        assert "SignatureDoesNotMatch" in run.stderr and "check the store's credentials" in run.stderr
         assert "not-the-secret" not in run.stdout + run.stderr
         assert len(emulator.requests("DeliveryManagerServlet")) == 0
         with rig.ledger() as ledger:

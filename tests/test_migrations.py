@@ -469,3 +469,13 @@ def test_dry_runs_do_not_create_the_ledger(site):
     ok(site.migrate("reencode", "--pipeline", PIPELINE, "--from-recipe", "ptiff-jpeg-q90",
                     "--to-recipe", "ptiff-jpeg-q90-444", "--dry-run"))
     assert list(site.root.rglob("ledger.sqlite*")) == [] and not site.store.exists()
+
+
+def test_move_store_to_a_missing_bucket_stops_before_any_key(site, minio, aws_env):
+    ok(site.migrate("initial_load", "--pipeline", PIPELINE))
+    target = json.dumps(s3_store(minio, "no-such-bucket"))
+    proc = site.migrate("move_store", "--pipeline", PIPELINE, "--to-store", target)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "NoSuchBucket" in proc.stdout and "gcis-etl never creates a bucket" in proc.stdout, proc.stdout
+    assert report_of(proc.stdout)["counts"] == {}
+    assert "no-such-bucket" not in [b["Name"] for b in minio.client().list_buckets()["Buckets"]]

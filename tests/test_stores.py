@@ -190,7 +190,8 @@ def test_a_local_listing_that_cannot_be_read_is_an_error_never_a_shorter_listing
 
 
 def test_local_store_ignores_a_sidecar_describing_older_content(local_store, tmp_path):
-    """A crash between renaming the data and its sidecar must not make the old digest look current."""
+    """A sidecar whose data file was replaced since (by a crash between the two renames, or by hand) must
+    not make its digest look current."""
     path, sha = write(tmp_path / "a.tif", b"content")
     local_store.put("demo/IE1/FL1.tif", path, sha256=sha)
     replacement = tmp_path / "replacement"
@@ -200,6 +201,35 @@ def test_local_store_ignores_a_sidecar_describing_older_content(local_store, tmp
     again = local_store.put("demo/IE1/FL1.tif", path, sha256=sha)
     assert not again.unchanged
     assert local_store.get_bytes("demo/IE1/FL1.tif") == b"content"
+
+
+FULL_DISK_CHILD = """
+import resource, signal, sys
+from pathlib import Path
+from gcis_etl.errors import StoreError
+from gcis_etl.stores import LocalStore, LocalStoreSettings, Provenance
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # so a write past the limit fails with EFBIG, as on a full disk
+resource.setrlimit(resource.RLIMIT_FSIZE, (1024, 1024))
+try:
+    LocalStore(LocalStoreSettings(root=sys.argv[1])).put(sys.argv[2], Path(sys.argv[3]),
+                                                         provenance=Provenance(source_id="x" * 4096))
+except StoreError as exc:
+    print(exc)
+"""
+
+
+def test_a_sidecar_that_cannot_be_written_leaves_the_key_as_it_was_and_no_temporary(local_store, tmp_path):
+    """The child may write files of 1 KiB at most: the new data fits, its sidecar (a long source id) does not."""
+    old, old_sha = write(tmp_path / "old.tif", b"old content")
+    local_store.put("demo/IE1/FL1.tif", old, sha256=old_sha, provenance=PROVENANCE)
+    new, _ = write(tmp_path / "new.tif", b"new content, longer")
+    child = subprocess.run([sys.executable, "-c", FULL_DISK_CHILD, str(local_store.root), "demo/IE1/FL1.tif",
+                            str(new)], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert child.stdout == f"{local_store.root / 'demo/IE1/FL1.tif'}: cannot write: File too large\n", child.stderr
+    assert local_store.get_bytes("demo/IE1/FL1.tif") == b"old content"
+    head = local_store.head("demo/IE1/FL1.tif")
+    assert (head.sha256, head.provenance) == (old_sha, PROVENANCE)
+    assert [p.name for p in local_store.root.rglob("*.tmp")] == []
 
 
 # ---------------------------------------------------------------------------------------------- S3 store
