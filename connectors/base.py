@@ -63,6 +63,15 @@ class UnreadableObject:
 
 
 @dataclass(frozen=True)
+class ListingMoved:
+    """Comes in a listing paged by offset that shrank or shifted while it was read (an object deleted, or moved
+    out of the search, between two pages): every later object moved back, one onto a page already read, and was
+    never served. Which one is unknown, so the run goes on with what it was given and holds its checkpoint."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
 class FetchedFile:
     """A master streamed to scratch space whose size (and fixity, when the source has one) were checked."""
 
@@ -79,15 +88,18 @@ class Source(Protocol):
     name: str
 
     def changes(self, since: datetime | None,
-                until: datetime | None = None) -> Iterator[SourceObject | UnreadableObject]:
+                until: datetime | None = None) -> Iterator[SourceObject | UnreadableObject | ListingMoved]:
         """Objects modified at or after `since` (all objects when None), oldest first where the source allows;
-        one it lists but cannot describe (errors.OBJECT_ERRORS) as an UnreadableObject.
+        one it lists but cannot describe (errors.OBJECT_ERRORS) as an UnreadableObject; a ListingMoved where
+        its paged listing is seen to have shrunk or shifted under it.
 
         `until` (optional) closes the window, so a run can record exactly what it covered as its checkpoint.
         """
 
     def get(self, object_ids: Iterable[str]) -> Iterator[SourceObject]:
-        """Objects named explicitly (migrations, --object)."""
+        """Objects named explicitly (migrations, --object, revisits), one per id in the order given; at an id it
+        cannot describe (errors.OBJECT_ERRORS) it raises, after the objects before it. A whole batch is asked
+        in one call: a source that must list its store to find an object lists it once."""
 
     def fetch(self, item: SourceItem, dest_dir: Path) -> FetchedFile:
         """Stream the item's bytes into dest_dir, verify size and fixity, and return the local file."""

@@ -20,7 +20,7 @@ from typing import Any, Iterable, Iterator, Literal
 import requests
 from pydantic import Field, model_validator
 
-from connectors.base import FetchedFile, LangValue, SourceItem, SourceObject, UnreadableObject
+from connectors.base import FetchedFile, LangValue, ListingMoved, SourceItem, SourceObject, UnreadableObject
 from connectors.errors import OBJECT_ERRORS, ObjectNotFound, SourceDataError, SourceRequestFailed
 from connectors.fetching import fetch_verified, fixity
 from connectors.grouping import natural_key
@@ -48,6 +48,8 @@ class SearchSettings(Settings):
     page_size: int = Field(100, ge=1, le=10000)
     load_type: str = "system"
     level_of_detail: str = "slim"
+    shift_check: bool = Field(True, description="total_hit_count changing between pages holds the run's checkpoint "
+                                                "(turn off only if the server's count is an estimate)")
 
     @model_validator(mode="after")
     def _pair(self) -> "SearchSettings":
@@ -57,9 +59,13 @@ class SearchSettings(Settings):
 
 
 class FolderWalkSettings(Settings):
+    """Children paged by after/limit; with shift_check each page after the first starts one child early, which
+    must be the last child of the page before (it takes a stable order of children, which is not documented)."""
+
     folder_id: str
     recursive: bool = True
     page_size: int = Field(100, ge=1)
+    shift_check: bool = True
 
 
 class GroupSettings(Settings):
@@ -132,6 +138,9 @@ class OtmmSource:
         groups_done: set[str] = set()
         assets_seen: set[str] = set()
         for summary in self._discover(since):
+            if isinstance(summary, ListingMoved):
+                yield summary
+                continue
             if summary.get("deleted"):
                 log.info("%s: asset %s is deleted; nothing to harvest", self.name, summary.get("asset_id"))
                 continue
@@ -224,7 +233,7 @@ class OtmmSource:
 
     # --- discovery --------------------------------------------------------------------------------------
 
-    def _discover(self, since: datetime | None) -> Iterator[dict]:
+    def _discover(self, since: datetime | None) -> Iterator[dict | ListingMoved]:
         if self.settings.discovery == "search":
             return self._search(self._conditions(since))
         if self.settings.discovery == "folder":
@@ -243,7 +252,8 @@ class OtmmSource:
             condition.setdefault("relational_operator", "and")
         return conditions
 
-    def _search(self, conditions: list[dict]) -> Iterator[dict]:
+    def _search(self, conditions: list[dict]) -> Iterator[dict | ListingMoved]:
+        """Paged by offset: a total_hit_count that changes between pages says the result moved under the listing."""
         s = self.settings.search
         base = {"keyword_query": s.keyword_query, "load_type": s.load_type, "level_of_detail": s.level_of_detail,
                 "limit": str(s.page_size)}
@@ -253,7 +263,7 @@ class OtmmSource:
                 base[name] = value
         if conditions:
             base["search_condition_list"] = json.dumps({"search_condition_list": {"search_condition": conditions}})
-        after = 0
+        after, total = 0, None
         while True:
             self._ensure_login()
             params = {**base, "after": str(after)}
@@ -262,28 +272,43 @@ class OtmmSource:
             resource = _path(self._json(response, "search"), "search_result_resource")
             result = _path(resource, "search_result")
             assets = resource.get("asset_list") or [{"asset_id": i} for i in result.get("asset_id_list", [])]
+            count = int(result.get("total_hit_count", 0))
+            if s.shift_check and total is not None and count != total:
+                yield ListingMoved(f"the search's total_hit_count went from {total} to {count} "
+                                   f"between two pages (at after={after}): assets left or joined it while it was "
+                                   "paged, and one may have been passed over")
+            total = count
             yield from assets
             hits = int(result.get("hit_count", len(assets)))
             after += hits
-            if hits == 0 or after >= int(result.get("total_hit_count", 0)):
+            if hits == 0 or after >= total:
                 return
 
-    def _walk(self, folder_id: str) -> Iterator[dict]:
+    def _walk(self, folder_id: str) -> Iterator[dict | ListingMoved]:
         folder = self.settings.folder
-        after = 0
+        after, last = 0, None  # last: the child ending the page before, asked for again at the start of the next
         while True:
+            start, limit = after - (last is not None), folder.page_size + (last is not None)
             page = _path(self._get(f"folders/{folder_id}/children", {
-                "after": str(after), "limit": str(folder.page_size), "load_type": "system",
+                "after": str(start), "limit": str(limit), "load_type": "system",
                 "level_of_detail": "slim"}), "folder_children").get("asset_list", [])
-            for child in page:
+            new = page
+            if last is not None:
+                if page and page[0].get("asset_id") == last:
+                    new = page[1:]
+                else:  # all of the page is taken: the child that moved back onto the page before is in it
+                    yield ListingMoved(f"folder {folder_id} changed while its children were paged "
+                                       f"(child {last} is no longer at position {start}): one may have been "
+                                       "passed over")
+            for child in new:
                 if child.get("data_type") == "CONTAINER":
                     if folder.recursive:
                         yield from self._walk(child["asset_id"])
                 else:
                     yield child
-            if len(page) < folder.page_size:
+            if len(page) < limit:
                 return
-            after += len(page)
+            after, last = start + len(page), page[-1].get("asset_id") if folder.shift_check else None
 
     # --- objects ----------------------------------------------------------------------------------------
 
@@ -312,7 +337,7 @@ class OtmmSource:
         group = self.settings.group
         condition = {"type": "com.artesia.search.SearchScalarCondition", "metadata_field_id": group.field_id,
                      "relational_operator_id": group.operator_id, "value": value}
-        members = [self._asset(s["asset_id"]) for s in self._search([condition])]
+        members = [self._asset(s["asset_id"]) for s in self._search([condition]) if not isinstance(s, ListingMoved)]
         return [m for m in members if self._group_value(m) == value]
 
     def _object(self, object_id: str, assets: list[dict]) -> SourceObject:

@@ -20,7 +20,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 import requests
 from pydantic import Field, field_validator, model_validator
 
-from connectors.base import FetchedFile, Fixity, LangValue, SourceItem, SourceObject, UnreadableObject
+from connectors.base import FetchedFile, Fixity, LangValue, ListingMoved, SourceItem, SourceObject, UnreadableObject
 from connectors.errors import OBJECT_ERRORS, ObjectNotFound, PermissionDenied, SourceDataError, SourceRequestFailed
 from connectors.fetching import fetch_verified, fixity
 from connectors.http import HttpSession, HttpSourceSettings
@@ -69,6 +69,8 @@ class SruSettings(Settings):
     max_records: int = Field(10000, ge=1, description="Rosetta caps a result set at 10,000")
     auth_local: bool = True
     pid_type: str = "PID"
+    shift_check: bool = Field(True, description="numberOfRecords changing between pages holds the run's checkpoint "
+                                                "(an IE deleted or leaving the query moves the later ones back)")
 
 
 class RosettaSettings(HttpSourceSettings):
@@ -159,10 +161,14 @@ class RosettaSource:
     # --- the Source protocol ----------------------------------------------------------------------------
 
     def changes(self, since: datetime | None = None,
-                until: datetime | None = None) -> Iterator[SourceObject | UnreadableObject]:
+                until: datetime | None = None) -> Iterator[SourceObject | UnreadableObject | ListingMoved]:
         since = as_utc(since) if since else None
         until = as_utc(until) if until else None
-        for pid, stamp in self._discover(since, until):
+        for listed in self._discover(since, until):
+            if isinstance(listed, ListingMoved):
+                yield listed
+                continue
+            pid, stamp = listed
             try:
                 obj = self._describe(pid, stamp, explicit=False)
             except OBJECT_ERRORS as exc:
@@ -184,7 +190,8 @@ class RosettaSource:
 
     # --- discovery --------------------------------------------------------------------------------------
 
-    def _discover(self, since: datetime | None, until: datetime | None) -> Iterator[tuple[str, datetime | None]]:
+    def _discover(self, since: datetime | None,
+                  until: datetime | None) -> Iterator[tuple[str, datetime | None] | ListingMoved]:
         if self.settings.discovery == "oai":
             return self._oai(since, until)
         if self.settings.discovery == "sru":
@@ -232,7 +239,9 @@ class RosettaSource:
             tokens.add(token)
             params = {"verb": oai.verb, "resumptionToken": token}
 
-    def _sru(self, since: datetime | None, until: datetime | None) -> Iterator[tuple[str, datetime | None]]:
+    def _sru(self, since: datetime | None,
+             until: datetime | None) -> Iterator[tuple[str, datetime | None] | ListingMoved]:
+        """Paged by startRecord: a numberOfRecords that changes between pages says the result moved under it."""
         sru = self.settings.sru
         clauses = [f"({sru.query})"] if sru.query else []
         if since:
@@ -241,7 +250,7 @@ class RosettaSource:
             clauses.append(f'{sru.modified_index}<="{until.astimezone(self._zone).strftime(sru.modified_format)}"')
         query = " and ".join(clauses) + (f" sortBy {sru.sort_by}" if sru.sort_by else "")
         url = self._delivery_base + "/" + sru.path.lstrip("/")
-        start = 1
+        start, total = 1, None
         while True:
             params = {"version": "1.2", "operation": "searchRetrieve", "query": query, "startRecord": str(start),
                       "maximumRecords": str(sru.page_size), "recordSchema": "dc"}
@@ -253,7 +262,12 @@ class RosettaSource:
                 message, uri, details = (diagnostic.findtext(f"diag:{name}", "", NS)
                                          for name in ("message", "uri", "details"))
                 raise SourceRequestFailed(f"SRU query {query!r}: {message} ({uri}) {details}".strip())
-            total = _int(root.findtext("srw:numberOfRecords", None, NS), "SRU numberOfRecords")
+            count = _int(root.findtext("srw:numberOfRecords", None, NS), "SRU numberOfRecords")
+            if sru.shift_check and total is not None and count != total:
+                yield ListingMoved(f"SRU numberOfRecords went from {total} to {count} between two "
+                                   f"pages (at startRecord={start}): IEs left or joined the result while it was "
+                                   "paged, and one may have been passed over")
+            total = count
             if start == 1 and total > sru.max_records:
                 raise SourceRequestFailed(
                     f"SRU query {query!r} matches {total} IEs, more than the {sru.max_records} Rosetta returns: "

@@ -6,7 +6,7 @@ run dies is redone next time (processing is idempotent, so at worst it is conver
 twice); a manifest is published only once all its object's items are settled and recorded as such; the
 collection lists the objects the ledger says are published but not yet listed; and the checkpoint moves only
 at the end of a complete run, never past an object that still has an unsettled item, and not at all after a
-listing that moved while it was paged (see Harvest.objects).
+listing that moved while it was paged (see Harvest._hold_checkpoint).
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
 from typing import Iterator
 
-from connectors.base import LangValue, SourceItem, SourceObject, UnreadableObject
+from connectors.base import LangValue, ListingMoved, SourceItem, SourceObject, UnreadableObject
 from connectors.errors import OBJECT_ERRORS, ObjectNotFound
 from gcis_etl.config import Config
 from gcis_etl.errors import GcisError, ManifestError
@@ -141,8 +141,12 @@ class Harvest:
         listing = (self._by_id(dict.fromkeys(self.options.object_ids)) if self.options.object_ids
                    else source.changes(since))
         for obj in listing:
+            if isinstance(obj, ListingMoved):
+                self._hold_checkpoint(obj.reason)
+                continue
             if obj.id in seen:
-                self._listed_twice(obj.id)
+                self._hold_checkpoint(f"{obj.id} was listed twice: the source's listing moved while it was paged "
+                                      "(an object edited during the run) and may have passed over others")
                 continue
             seen.add(obj.id)
             yield obj
@@ -153,24 +157,33 @@ class Harvest:
             self.progress.note(f"revisiting {len(retry)} objects with failed items")
         yield from self._by_id(retry)
 
-    def _listed_twice(self, object_id: str) -> None:
-        """Sources page their listings by offset over a result sorted by modification time: an object edited
-        after its page was read moves to the end, every later object moves back one place, and the one on the
-        next page boundary is never served. Which one is unknown, so the checkpoint stays where it was: the next
-        run lists the same window again, skipping what is unchanged and taking what this run passed over."""
+    def _hold_checkpoint(self, why: str) -> None:
+        """Sources page their listings by offset: an object edited after its page was read moves to the end (it
+        comes twice), one deleted or moved out of the search makes every later object move back one place, and
+        the one on the next page boundary is never served. Which one is unknown, so the checkpoint stays where
+        it was: the next run lists the same window again, skipping what is unchanged and taking what this run
+        passed over."""
         if self.checkpoint_held is None:
-            self.checkpoint_held = (f"{object_id} was listed twice: the source's listing moved while it was paged "
-                                    "(an object edited during the run) and may have passed over others; the "
-                                    "checkpoint stays where it was, so the next run lists them again")
+            self.checkpoint_held = f"{why}; the checkpoint stays where it was, so the next run lists them again"
             log.warning("%s: %s", self.pipeline.name, self.checkpoint_held)
 
     def _by_id(self, object_ids) -> Iterator[SourceObject | UnreadableObject]:
-        """One at a time, so that an object the source cannot describe, or no longer has, stands alone."""
-        for object_id in object_ids:
+        """All in one call of the source (a filesystem or S3 source lists its whole store for each call). An
+        object the source cannot describe, or no longer has, stands alone: the source raises at its turn, and
+        is asked again for the ones after it."""
+        remaining = list(object_ids)
+        while remaining:
+            done = 0
             try:
-                yield from self.pipeline.source.get([object_id])
+                for obj in self.pipeline.source.get(remaining):
+                    done += 1
+                    yield obj
             except OBJECT_ERRORS as exc:
-                yield UnreadableObject(object_id, None, str(exc), gone=isinstance(exc, ObjectNotFound))
+                yield UnreadableObject(remaining[done], None, str(exc), gone=isinstance(exc, ObjectNotFound))
+                done += 1
+            else:
+                return
+            remaining = remaining[done:]
 
     # ----------------------------------------------------------------------------------- planning
 

@@ -13,7 +13,7 @@ import pytest
 import requests
 
 from connectors import open_source
-from connectors.base import UnreadableObject
+from connectors.base import ListingMoved, UnreadableObject
 from connectors.errors import (AuthenticationFailed, FetchIntegrityError, ObjectNotFound, PermissionDenied,
                                SourceRequestFailed)
 from connectors.rosetta import RosettaSource
@@ -102,6 +102,18 @@ def test_sru_incremental_harvest_queries_the_configured_date_index(emulator):
     assert [o.id for o in objects] == ["IE1020", "IE1023"]
     query = emulator.requests("operation=searchRetrieve")[0].arg("query")
     assert f'{SRU_DATE_INDEX}>="2024-04-01 00:00:00"' in query
+
+
+def test_an_sru_result_that_shrinks_between_two_pages_says_so_in_the_listing(emulator):
+    """An IE deleted once page 1 is read moves every later one back a place: one is never served. The changed
+    numberOfRecords comes as a ListingMoved, where the harvest learns that it must hold its checkpoint."""
+    first = LIVE_IN_SET[0]
+    emulator.before(r"startRecord=3", lambda: setattr(emulator.app.catalogue.entities[first], "deleted", True))
+    listed = list(sru(emulator.url).changes(None))
+    (shift,) = [o for o in listed if isinstance(o, ListingMoved)]
+    assert shift.reason.startswith(f"SRU numberOfRecords went from {len(LIVE_IN_SET)} to {len(LIVE_IN_SET) - 1} "
+                                   "between two pages (at startRecord=3)")
+    assert [o.id for o in listed if not isinstance(o, ListingMoved)] == LIVE_IN_SET[:2] + LIVE_IN_SET[3:]
 
 
 def test_sru_result_beyond_rosettas_cap_is_refused_before_harvesting(emulator):
