@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import resource
-import tempfile
 import time
 import uuid
 from concurrent import futures
@@ -174,8 +173,8 @@ def decode_in_child(job: DecodeJob) -> str:
     isolation.stage(_PIXELS + decoded.decoder)
     try:
         normalise(decoded.image, job.info, job.policy).avg()
-    except Exception as exc:  # pyvips.Error: libvips reports corrupt data this way
-        raise RejectedMaster(f"corrupt or truncated image data: {str(exc).strip().splitlines()[-1]}") from None
+    except Exception as exc:  # pyvips.Error: libvips reports corrupt data (and a refused allocation) this way
+        raise isolation.pixel_error(exc) from None
     return decoded.decoder
 
 
@@ -197,7 +196,7 @@ def encode_in_child(job: EncodeJob) -> EncodeOutcome:
     out = Path(job.output)
     recipe = job.recipe
     ptiff = recipe.encoder in PTIFF_ENCODERS
-    with tempfile.TemporaryDirectory(prefix="gcis-scratch-") as scratch:
+    with isolation.scratch() as scratch:
         # exiftool reads the master beside the decoding and encoding; the encoders ask for it at the end
         metadata = isolation.beside(carried_tags if ptiff else metadata_carrier,
                                     job.info.path, recipe.metadata.keep, recipe.metadata.exclude, Path(scratch))

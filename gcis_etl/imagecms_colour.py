@@ -33,10 +33,9 @@ import pyvips
 from PIL import Image, ImageCms
 
 from gcis_etl.colour import LAB, is_srgb, layout, normalise, srgb_profile
-from gcis_etl.errors import RejectedMaster
+from gcis_etl.isolation import pixel_error
 from gcis_etl.models import ImageInfo
 from gcis_etl.policy import ImagingPolicy
-from gcis_etl.ptiff import vips_message
 
 _INTENTS = {"perceptual": ImageCms.Intent.PERCEPTUAL, "relative": ImageCms.Intent.RELATIVE_COLORIMETRIC,
             "saturation": ImageCms.Intent.SATURATION, "absolute": ImageCms.Intent.ABSOLUTE_COLORIMETRIC}
@@ -74,7 +73,7 @@ class SrgbStrips:
             try:
                 data = region.fetch(0, y, image.width, n)
             except pyvips.Error as exc:
-                raise RejectedMaster(f"corrupt or truncated image data: {vips_message(exc)}") from None
+                raise pixel_error(exc) from None
             samples = np.ndarray(buffer=data, dtype=dtype, shape=(n, image.width, image.bands))
             if self.transform is None:
                 yield samples

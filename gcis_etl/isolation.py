@@ -6,6 +6,10 @@ The child is a fresh interpreter (not multiprocessing, which would re-import the
 libvips per master would cost more than converting a small one). It is recycled after a number of jobs
 or when its memory grows past a limit (libvips' long-run growth), and replaced after any crash.
 The parent never imports libvips, so forking workers stays safe.
+
+A child's scratch folder is named for its host and pid: the parent removes what a child it killed, or saw die,
+left behind (tempfile's cleanup never runs on SIGKILL or SIGSEGV; a JP2 recipe's is 3 bytes a pixel), and
+before starting a child it removes those of this host's conversion processes that are no longer alive.
 """
 from __future__ import annotations
 
@@ -13,21 +17,26 @@ import importlib
 import json
 import os
 import resource
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from multiprocessing.connection import Connection
+from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from gcis_etl.errors import ConversionFailed
+from gcis_etl.errors import ConversionFailed, GcisError, RejectedMaster
 from gcis_etl.policy import IsolationSettings
 
 _conn: Connection | None = None  # set in the child: where stage() reports to
+_memory_limit_mb: int | None = None  # set in the child: its isolation.memory_limit_mb
+SCRATCH_PREFIX = "gcis-scratch-"
 _CHILD_ENTRY = ("import sys, json; from multiprocessing.connection import Connection; "
                 "from gcis_etl.isolation import _child_main; "
                 "_child_main(Connection(int(sys.argv[1])), json.loads(sys.argv[2]))")
@@ -78,9 +87,55 @@ def beside(function: Callable, *args: Any) -> Future:
     return (_beside if _threads != 1 else InCallerThread()).submit(function, *args)
 
 
+def out_of_memory() -> ConversionFailed:
+    """An allocation refused under the child's address-space limit: the limit's failure, not the master's
+    (FAILED, so a harvest retries it), with the setting to raise."""
+    if _memory_limit_mb is None:
+        return ConversionFailed("out of memory")
+    return ConversionFailed(f"out of memory under isolation.memory_limit_mb ({_memory_limit_mb} MB): "
+                            "raise it for masters this size")
+
+
+def pixel_error(exc: Exception) -> GcisError:
+    """What a decoder's error while reading pixels stands for. libvips (and libtiff under it) reports an
+    allocation refused under the address-space limit ("vips_tracked: out of memory") the way it reports
+    corrupt data: that one is out_of_memory(); anything else is the master's data, rejected."""
+    text = str(getattr(exc, "detail", None) or getattr(exc, "message", None) or exc)
+    if "out of memory" in text.lower():
+        return out_of_memory()
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return RejectedMaster(f"corrupt or truncated image data: {lines[-1] if lines else type(exc).__name__}")
+
+
+def scratch() -> tempfile.TemporaryDirectory:
+    """A folder for this conversion's intermediate files, named so that the parent can find it when the
+    child dies before its own cleanup runs."""
+    return tempfile.TemporaryDirectory(prefix=f"{SCRATCH_PREFIX}{os.getpid()}@{socket.gethostname()}-")
+
+
+def _remove_scratch(pid: int | None = None) -> None:
+    """Remove the scratch folders of the dead child `pid`, or (None) of every dead conversion process of
+    this host: never those of a live one, which may be converting in another worker process."""
+    pattern = f"{SCRATCH_PREFIX}{'*' if pid is None else pid}@{socket.gethostname()}-*"
+    for folder in Path(tempfile.gettempdir()).glob(pattern):
+        owner = folder.name[len(SCRATCH_PREFIX):].partition("@")[0]
+        if pid is not None or (owner.isdigit() and not _process_exists(int(owner))):
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _process_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's
+        pass
+    return True
+
+
 def _child_main(conn: Connection, settings: dict) -> None:
-    global _conn, _threads
-    _conn, _threads = conn, settings["vips_concurrency"]
+    global _conn, _threads, _memory_limit_mb
+    _conn, _threads, _memory_limit_mb = conn, settings["vips_concurrency"], settings["memory_limit_mb"]
     limit = settings["memory_limit_mb"] * 1024 * 1024
     resource.setrlimit(resource.RLIMIT_AS, (limit, resource.getrlimit(resource.RLIMIT_AS)[1]))  # soft only
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when the child stops
@@ -99,7 +154,9 @@ def _child_main(conn: Connection, settings: dict) -> None:
             result = getattr(importlib.import_module(module), name)(*args)
             conn.send(("ok", result))
         except MemoryError:
-            conn.send(("error", ConversionFailed(f"out of memory (limit {settings['memory_limit_mb']} MB)")))
+            conn.send(("error", out_of_memory()))
+        except ImportError as exc:  # "failed to map segment from shared object": no room to load a library
+            conn.send(("error", out_of_memory() if "failed to map segment" in str(exc) else exc))
         except Exception as exc:  # the job's failure, reported to the parent; the child lives on
             conn.send(("error", exc if _picklable(exc) else ConversionFailed(f"{type(exc).__name__}: {exc}")))
 
@@ -176,6 +233,7 @@ class IsolatedProcess:
         if callable(target):
             target = f"{target.__module__}.{target.__qualname__}"
         self._ensure_started()
+        setting = "" if timeout else " under isolation.timeout_seconds: raise it for masters this size"
         timeout = timeout or self.settings.timeout_seconds
         deadline = time.monotonic() + timeout
         current_stage: str | None = None
@@ -188,7 +246,7 @@ class IsolatedProcess:
                 if remaining <= 0 or not self._conn.poll(remaining):
                     self._kill()
                     where = f" while {current_stage}" if current_stage else ""
-                    raise WorkerTimeout(f"timed out after {timeout:.0f} s{where}")
+                    raise WorkerTimeout(f"timed out after {timeout:g} s{where}{setting}")
                 try:
                     kind, payload = self._conn.recv()
                 except (EOFError, ConnectionResetError, OSError):
@@ -233,20 +291,21 @@ class IsolatedProcess:
         if self._conn is not None:  # the previous child died between jobs
             self._conn.close()
             self._conn = None
+        _remove_scratch()
         parent, child = socket.socketpair()
         with parent, child:
             self._proc = subprocess.Popen(
                 [sys.executable, "-c", _CHILD_ENTRY, str(child.fileno()), json.dumps(self.settings.model_dump())],
-                pass_fds=(child.fileno(),), stdin=subprocess.DEVNULL)
+                pass_fds=(child.fileno(),), stdin=subprocess.DEVNULL, start_new_session=True)
             self._conn = Connection(os.dup(parent.fileno()))
         self._jobs = 0
 
     def _crashed(self, current_stage: str | None) -> WorkerCrashed:
         try:
-            code = self._proc.wait(5)
+            self._proc.wait(5)
         except subprocess.TimeoutExpired:
-            self._proc.kill()
-            code = self._proc.wait()
+            pass
+        code = self._end()
         self._conn.close()
         self._proc, self._conn = None, None
         name = signal.Signals(-code).name if code is not None and code < 0 else None
@@ -256,11 +315,21 @@ class IsolatedProcess:
 
     def _kill(self) -> None:
         if self._proc is not None:
-            self._proc.kill()
-            self._proc.wait()
+            self._end()
         if self._conn is not None:
             self._conn.close()
         self._proc, self._conn = None, None
+
+    def _end(self) -> int:
+        """Kill the child and what it started, in a session of its own (an encoder would outlive it, burning
+        a core and writing into the scratch folder), and remove the scratch it left; its exit code."""
+        try:
+            os.killpg(self._proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        code = self._proc.wait()
+        _remove_scratch(self._proc.pid)
+        return code
 
     def _recycle_if_needed(self) -> None:
         if self._proc is None:

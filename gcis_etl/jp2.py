@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Callable
 
 from gcis_etl import isolation
-from gcis_etl.errors import ConversionFailed, RejectedMaster
+from gcis_etl.errors import ConversionFailed
 from gcis_etl.metadata import RESOLUTION_TAGS, exiftool_run, kept_tag_values, selection, write_carrier
 from gcis_etl.recipes import Recipe
 
@@ -196,8 +196,8 @@ def plan_jp2(image, recipe: Recipe, scratch: Path) -> Jp2Plan:
     try:
         image.tiffsave(str(reference), compression="none", strip=True,
                        bigtiff=image.width * image.height * 3 > 2 ** 32 - 2 ** 26)
-    except pyvips.Error as exc:
-        raise RejectedMaster(f"corrupt or truncated image data: {str(exc.message).strip()}") from None
+    except pyvips.Error as exc:  # corrupt data, or an allocation refused under the memory limit
+        raise isolation.pixel_error(exc) from None
     return Jp2Plan(build_command(recipe, reference, encoded, binary, size=(image.width, image.height)),
                    reference, encoded, _SECONDS_BASE + _SECONDS_PER_MEGAPIXEL * image.width * image.height / 1e6)
 

@@ -16,7 +16,7 @@ import pyvips
 import simplejpeg
 
 from gcis_etl import tiff
-from gcis_etl.errors import RejectedMaster
+from gcis_etl.isolation import pixel_error
 from gcis_etl.jpegtables import JpegTables
 from gcis_etl.models import Level
 from gcis_etl.pyramid import PyramidEncoder
@@ -62,7 +62,7 @@ def encode_ptiff(image: pyvips.Image, out_path: Path, recipe: Recipe, icc: bytes
                 try:
                     data = region.fetch(0, y, width, rows)
                 except pyvips.Error as exc:
-                    raise RejectedMaster(f"corrupt or truncated image data: {vips_message(exc)}") from None
+                    raise pixel_error(exc) from None
                 pyramid.add_rows(np.ndarray(buffer=data, dtype=np.uint8, shape=(rows, width, bands)))
         except BaseException:
             pyramid.abort()
@@ -82,11 +82,6 @@ def encode_threads(recipe: Recipe) -> int:
     beside it would have each process compete for a second core, and the pool would scale less than
     linearly with its processes. With more, the recipe's encode_threads run beside the decoder."""
     return recipe.encode_threads if pyvips.concurrency_get() > 1 else 0
-
-
-def vips_message(exc: pyvips.Error) -> str:
-    lines = [ln for ln in str(exc.detail or exc.message).strip().splitlines() if ln.strip()]
-    return lines[-1] if lines else str(exc.message)
 
 
 def level_tags(index: int, level: Level, offsets: list[int], counts: list[int], recipe: Recipe,

@@ -66,7 +66,8 @@ def test_decoder_crash_falls_back_to_the_next_decoder(tmp_path):
 
 def test_decoder_crash_without_fallback_fails_that_master_only(tmp_path):
     policy = ImagingPolicy(decoders={"J2K": ("vips",)})
-    with IsolatedProcess() as worker:
+    # a fresh child per job: a warm child that once decoded CRASHER cleanly tends to go on doing so
+    with IsolatedProcess(IsolationSettings(max_jobs_per_process=1)) as worker:
         crashed = through_a_vips_crash(lambda: convert(CRASHER, tmp_path / "a.tif", policy=policy, worker=worker))
         after = convert(CORPUS / "png/png-rgb-64x56x8.png", tmp_path / "b.tif", policy=policy, worker=worker)
     assert crashed.status is Status.FAILED
