@@ -3,6 +3,12 @@
 Modification times drive `changes(since)`. Directory symlinks are not followed (no cycles, no tree
 pulled in by accident); file symlinks are (masters are often linked into a harvest folder). A file
 named by a sidecar must be a relative path inside the root.
+
+Object and item ids are paths, and they are text wherever they go (the ledger, store keys, manifests). A
+folder or file named in bytes that are not UTF-8 (a Latin-1 `caf\\xe9` copied from an old server) makes
+its object unreadable until it is renamed: which text was meant is unknown, and an id guessed now would
+deposit the object a second time once the name is fixed. The unreadable object's id is the path with those
+bytes escaped (`caf\\xe9`), the same in every run, so its failure is recorded, retried and reported like any.
 """
 from __future__ import annotations
 
@@ -10,11 +16,12 @@ import os
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Iterator
+from typing import Iterable, Iterator
 
 from pydantic import Field
 
-from connectors.base import SourceItem
+from connectors.base import SourceItem, SourceObject, UnreadableObject
+from connectors.errors import SourceDataError
 from connectors.fetching import CHUNK_SIZE, Body
 from connectors.grouping import GroupedSource, GroupingSettings, StoredFile
 from connectors.retry import RetryBudget, RetryPolicy
@@ -36,6 +43,24 @@ class FilesystemSource(GroupedSource):
         self.grouping = settings.grouping
         self.retry = settings.retry
         self.root = settings.root.expanduser().resolve()
+
+    def objects(self) -> list[SourceObject | UnreadableObject]:
+        return [self._named(obj) for obj in super().objects()]
+
+    def get(self, object_ids: Iterable[str]) -> Iterator[SourceObject]:
+        for obj in super().get(object_ids):
+            if isinstance(obj, UnreadableObject):
+                raise SourceDataError(obj.reason)
+            yield obj
+
+    def _named(self, obj: SourceObject) -> SourceObject | UnreadableObject:
+        """`obj`, or an UnreadableObject if its folder or one of its files is not named in UTF-8."""
+        names = [obj.id] if not _is_text(obj.id) else [i.id for i in obj.items if not _is_text(i.id)]
+        if not names:
+            return obj
+        return UnreadableObject(_printable(obj.id), obj.modified, (
+            f"{self.name}: {', '.join(_printable(n) for n in names)} under {self.root}: not named in UTF-8; "
+            f"rename it in UTF-8 (convmv -f latin1 -t utf8 converts Latin-1 names)"))
 
     def _files(self) -> Iterator[StoredFile]:
         if not self.root.is_dir():
@@ -75,3 +100,16 @@ class FilesystemSource(GroupedSource):
             raise SourceError(f"{self.name}: cannot read {item.id}: {exc.strerror}") from None
         with handle:
             yield Body(iter(lambda: handle.read(CHUNK_SIZE), b""))
+
+
+def _is_text(name: str) -> bool:
+    """False for a name os.scandir decoded with surrogate escapes (bytes that are not UTF-8)."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _printable(name: str) -> str:
+    return os.fsencode(name).decode("utf-8", "backslashreplace")

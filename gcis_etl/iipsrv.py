@@ -42,7 +42,9 @@ class ServerSettings(Settings):
     image_cache_mb: int = Field(10, ge=0)                 # MAX_IMAGE_CACHE_SIZE: tiles kept in RAM per process
     jpeg_quality: int = Field(90, ge=1, le=100)           # JPEG_QUALITY of regions and sizes (tiles are as stored)
     max_cvt: int = Field(5000, ge=1)                      # MAX_CVT: largest width/height rendered
-    allow_upscaling: bool = False                         # ALLOW_UPSCALING
+    allow_upscaling: bool = Field(True, description="ALLOW_UPSCALING. On, iipsrv 1.1 renders a `w,h` size exactly, "
+                                  "as the manifests ask for scaled images (they never ask above the full size); off, "
+                                  "it caps the width at that of the pyramid level it reads, a pixel short at times")
     interpolation: Literal["nearest", "bilinear"] = "bilinear"  # INTERPOLATION 0 | 1
     threads: int | None = Field(None, ge=1, description="OMP_NUM_THREADS per iipsrv process; all cores if unset")
     verbosity: int = Field(1, ge=0, le=10)                # VERBOSITY of iipsrv's log

@@ -17,14 +17,17 @@ Identifiers:
   clients and the IIIF validator require that ``@id`` to equal the service id, so the manifests say what the
   server says. Keys only contain URL-unreserved characters otherwise (see keys.py).
 
-Sizes: the painted image (the annotation body) and the thumbnails are Image API 2 URLs of that service. iipsrv
+Sizes: the painted image (the annotation body) and the thumbnails are Image API 2 URLs of that service, each
+declaring the size iipsrv returns for it. An image at its full size is asked for as ``full``; any other size as
+``w,h``, which iipsrv 1.1 renders exactly with ALLOW_UPSCALING on (`cache.server.allow_upscaling`, on by
+default for this reason; the manifests never ask for more than the full size, so nothing they show is
+upscaled). With it off, iipsrv caps the width at that of the pyramid level it picks by the height (a
+9998x3334 master at ``5000,1667`` comes out 4999x1667); ``w,`` goes through a float ratio whatever the setting
+(803x601 at ``400,`` comes out 399x299, 650x10 390x6), and ``!w,h`` depends on the level read. iipsrv also
 renders nothing wider or taller than its MAX_CVT (`max_image_size`, by default config.yaml's
-`cache.server.max_cvt`): asked for more, it scales the image down without saying so, and a viewer that uses
-the body as it is would get an image smaller than the size the manifest declares. So a body or thumbnail
-beyond that limit asks for the largest size within it, as ``w,h``: iipsrv 1.1 renders exactly that size,
-whereas what it makes of ``!w,h`` depends on the pyramid level it reads (a 3000x2999 master at ``!600,600``
-comes out 600x599) and of ``w,`` on a float ratio (650x10 at ``600,`` comes out 585x9). Its info.json lists
-``sizeByWh``. The canvas and the image service keep the master's full size.
+`cache.server.max_cvt`): asked for more, it scales the image down without saying so, so a body or thumbnail
+beyond that limit asks for the largest size within it. The canvas and the image service keep the master's
+full size.
 
 3.0 manifests are built with iiif-prezi3 (the IIIF community's library, which checks them against its model of
 the schema as they are built). It has no 2.x model and the older iiif-prezi factory is built for authoring by
@@ -35,14 +38,15 @@ from __future__ import annotations
 
 import html
 import json
+import logging
 import re
 from dataclasses import dataclass
-from typing import Any, Iterable, Literal, Sequence
+from typing import Annotated, Any, Iterable, Literal, Sequence
 from urllib.parse import quote, urlsplit
 
 from iiif_prezi3 import (Annotation, AnnotationBody, AnnotationPage, Canvas, Homepage, KeyValueString, Manifest,
                          ServiceV2)
-from pydantic import Field, ValidationError, field_validator
+from pydantic import AfterValidator, Field, ValidationError, field_validator
 
 from connectors.base import LangValue, SourceObject
 from gcis_etl.errors import ManifestError
@@ -50,13 +54,42 @@ from gcis_etl.iiif_validation import CONTEXT_2, CONTEXT_3, IMAGE_CONTEXT_2, requ
 from gcis_etl.settings import Settings
 from gcis_etl.stores import Provenance, Store, StoredObject
 
+log = logging.getLogger(__name__)
+
 Version = Literal["3.0", "2.1"]
 MEDIA_TYPES = {"3.0": f'application/ld+json;profile="{CONTEXT_3}"',
                "2.1": f'application/ld+json;profile="{CONTEXT_2}"'}
 IMAGE_2_LEVEL1 = "http://iiif.io/api/image/2/level1.json"  # iipsrv 1.1: Image API 2, level 1
 _RIGHTS = re.compile(r"^https?://(creativecommons\.org/(licenses|publicdomain)/|rightsstatements\.org/vocab/)\S+$")
 
-LabelSetting = str | dict[str, str]  # a plain label, or one per language {"en": "Creator", "fr": "Créateur"}
+_LANGUAGE = re.compile(r"^[a-zA-Z-]+$")  # a language key as IIIF 3.0 (iiif-prezi3, the schema) accepts it
+
+
+def language_tag(language: str | None) -> str | None:
+    """`language` as a IIIF language key: a POSIX locale (en_US.UTF-8, de_DE@euro) as BCP 47 (en-US). None for
+    no language: none given, empty, or XMP's x-default. ValueError for what is still no tag (`en US`, `*`)."""
+    tag = re.split(r"[.@]", language or "", maxsplit=1)[0].strip().replace("_", "-")
+    if tag.lower() in ("", "x-default"):
+        return None
+    if not _LANGUAGE.match(tag):
+        raise ValueError(f"{language!r} is not a language tag such as en or en-US")
+    return tag
+
+
+def _label_languages(label: str | dict[str, str]) -> str | dict[str, str]:
+    """A configured label's languages as language_tag() reads them; one that is no tag is a configuration error."""
+    if isinstance(label, str):
+        return label
+    tags = {}
+    for language, text in label.items():
+        if (tag := language_tag(language)) is None:
+            raise ValueError(f"{language!r} is not a language tag such as en or en-US (none: no language)")
+        tags[tag] = text
+    return tags
+
+
+# a plain label, or one per language {"en": "Creator", "fr": "Créateur"}
+LabelSetting = Annotated[str | dict[str, str], AfterValidator(_label_languages)]
 
 
 class MetadataField(Settings):
@@ -78,7 +111,7 @@ class ManifestSettings(Settings):
     rights: MetadataField | None = None            # a rights URI becomes `rights`; other text, a metadata entry
     required_statement: MetadataField | None = None  # e.g. the credit line
     homepage_label: LabelSetting | None = "Source record"  # a homepage to SourceObject.source_url; None: none
-    default_language: str = Field("none", pattern=r"^[a-zA-Z-]+$")  # for values the source gives no language
+    default_language: str = Field("none", pattern=_LANGUAGE.pattern)  # for values the source gives no language
     thumbnail_width: int = Field(400, ge=16, le=2000)
     max_image_size: int | None = Field(None, ge=1, description="the largest width or height the image server "
                                        "renders (iipsrv MAX_CVT); unset: config.yaml's cache.server.max_cvt")
@@ -145,6 +178,7 @@ class Manifests:
         self.settings = settings
         self.pipeline = pipeline
         self.store = store
+        self._not_tags: set[str] = set()  # source languages warned about
 
     # ------------------------------------------------------------------------------------------ ids
 
@@ -201,8 +235,17 @@ class Manifests:
         return url
 
     def _language(self, value: LangValue) -> str:
-        """The value's language (POSIX locales such as en_US as BCP 47: en-US), or the configured default."""
-        return (value.language or self.settings.default_language).replace("_", "-")
+        """The value's language as language_tag() reads it, or the configured default: for none, and for one
+        that is no tag (with a warning, once per language), so that 3.0 and 2.1 say the same and a source's
+        stray tag never stops an object's manifests."""
+        try:
+            return language_tag(value.language) or self.settings.default_language
+        except ValueError as exc:
+            if value.language not in self._not_tags:
+                self._not_tags.add(value.language)
+                log.warning("%s: source language %s: its values go out under manifests.default_language %r",
+                            self.pipeline, exc, self.settings.default_language)
+            return self.settings.default_language
 
     # --------------------------------------------------------------------------------------- building
 
@@ -238,24 +281,24 @@ class Manifests:
             return {"none": [_as_text(label, html_allowed=False)]}
         return {language: [_as_text(text, html_allowed=False)] for language, text in label.items()}
 
-    def _request(self, image: DepositedImage, size: str, width: int, height: int) -> ImageRequest:
-        """`image` at `size` (which renders width x height), or at the largest size within max_image_size
-        (None: no limit known, for settings not read through config.yaml)."""
+    def _request(self, image: DepositedImage, width: int, height: int) -> ImageRequest:
+        """`image` at width x height, or at the largest size within max_image_size (None: no limit known, for
+        settings not read through config.yaml), asked for as the module docstring says iipsrv renders exactly."""
         limit = self.settings.max_image_size
         if limit is not None and max(width, height) > limit:
             if image.width >= image.height:
                 width, height = limit, max(1, round(image.height * limit / image.width))
             else:
                 width, height = max(1, round(image.width * limit / image.height)), limit
-            size = f"{width},{height}"
+        size = "full" if (width, height) == (image.width, image.height) else f"{width},{height}"
         return ImageRequest(f"{self.image_service_id(image)}/full/{size}/0/default.jpg", width, height)
 
     def _painted(self, image: DepositedImage) -> ImageRequest:
-        return self._request(image, "full", image.width, image.height)
+        return self._request(image, image.width, image.height)
 
     def _thumbnail(self, image: DepositedImage) -> ImageRequest:
         width = min(self.settings.thumbnail_width, image.width)
-        return self._request(image, f"{width},", width, max(1, round(image.height * width / image.width)))
+        return self._request(image, width, max(1, round(image.height * width / image.width)))
 
     def _build_3(self, obj: SourceObject, images: list[DepositedImage], manifest_id: str) -> dict:
         base = manifest_id.removesuffix(".json")

@@ -165,8 +165,9 @@ def jpeg_size(body: bytes) -> tuple[int, int]:
 
 
 def fit(width: int, height: int, box: int) -> tuple[int, int]:
-    """`!box,box` without upscaling: the largest size within box x box keeping the aspect ratio."""
-    scale = min(1.0, box / width, box / height)
+    """`!box,box` with ALLOW_UPSCALING on (the default): the largest size within box x box keeping the aspect
+    ratio, above the full size too (Image API 2)."""
+    scale = min(box / width, box / height)
     return round(width * scale), round(height * scale)
 
 

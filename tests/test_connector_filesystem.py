@@ -10,11 +10,16 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
+import yaml
 
 from connectors import open_source
-from connectors.errors import FetchIntegrityError, ObjectNotFound
+from connectors.base import SourceObject, UnreadableObject
+from connectors.errors import FetchIntegrityError, ObjectNotFound, SourceDataError
 from connectors.filesystem import FilesystemSource
+from gcis_etl.config import load_config
 from gcis_etl.errors import ConfigError, SourceError
+from gcis_etl.harvesting import OBJECT, harvest
+from gcis_etl.ledger import Ledger
 from tests.emulators import FAST_RETRY
 from tests.emulators.catalogue import CORPUS
 
@@ -214,3 +219,48 @@ def test_linked_masters_are_followed_and_foreign_locators_refused(tmp_path):
     forged = replace(obj.items[0], locator=str(root / ".." / "elsewhere.tif"))
     with pytest.raises(SourceError, match="is not a file of this source"):
         fs.fetch(forged, tmp_path / "scratch")
+
+
+def latin1_tree(root: Path) -> Path:
+    """`plain/p1.tif`, a folder named `café` in Latin-1 (not UTF-8) with a master in it, and a folder `mixed`
+    whose second master is named `pé.tif` in Latin-1."""
+    build(root, {"plain/p1.tif": "gray8/gray.tif", "mixed/p1.tif": "gray8/gray.tif"})
+    for folder, name in ((b"caf\xe9", b"p1.tif"), (b"mixed", b"p\xe9.tif")):
+        path = os.fsencode(root) + b"/" + folder
+        os.makedirs(path, exist_ok=True)
+        shutil.copyfile(CORPUS / "gray8/gray.tif", os.fsdecode(path + b"/" + name))
+        touch(Path(os.fsdecode(path + b"/" + name)), JAN)
+    return root
+
+
+def test_a_folder_or_file_not_named_in_utf8_makes_its_object_unreadable_under_an_escaped_id(tmp_path):
+    fs = source(latin1_tree(tmp_path / "masters"))
+    listed = {o.id: o for o in fs.changes(None)}
+    assert sorted(listed) == ["caf\\xe9", "mixed", "plain"]  # every id is text: the ledger can store it
+    assert isinstance(listed["plain"], SourceObject)
+    for object_id, named in (("caf\\xe9", "caf\\xe9"), ("mixed", "mixed/p\\xe9.tif")):
+        unreadable = listed[object_id]
+        assert isinstance(unreadable, UnreadableObject) and unreadable.modified == JAN
+        assert unreadable.reason == (f"fs-test: {named} under {tmp_path / 'masters'}: not named in UTF-8; rename it "
+                                     f"in UTF-8 (convmv -f latin1 -t utf8 converts Latin-1 names)")
+        with pytest.raises(SourceDataError, match="not named in UTF-8"):  # asked again by the same id
+            list(fs.get([object_id]))
+    assert [o.id for o in fs.get(["plain"])] == ["plain"]
+
+
+def test_a_harvest_records_the_object_not_named_in_utf8_as_failed_and_deposits_the_others(tmp_path):
+    latin1_tree(tmp_path / "masters")
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump({"state_dir": str(tmp_path / "state"), "pipelines": {"fs": {
+        "source": {"kind": "filesystem", "root": str(tmp_path / "masters")},
+        "store": {"kind": "local", "root": str(tmp_path / "store")},
+        "manifests": {"manifest_base_url": "https://iiif.example.org/store",
+                      "image_service_base_url": "https://iiif.example.org/iiif"}}}}))
+    config = load_config(tmp_path / "config.yaml")
+    report = harvest(config, "fs")
+    assert report.status == "completed" and report.counts["deposited"] == 1
+    assert sorted((p.object_id, p.item_id, p.outcome) for p in report.problems) == [
+        ("caf\\xe9", OBJECT, "failed"), ("mixed", OBJECT, "failed")]
+    with Ledger.open(config) as ledger:
+        assert {(r.object_id, r.item_id, r.status) for r in ledger.items("fs")} == {
+            ("caf\\xe9", OBJECT, "failed"), ("mixed", OBJECT, "failed"), ("plain", "plain/p1.tif", "deposited")}
+    assert harvest(config, "fs").counts["failed"] == 2  # the next run retries them under the same ids

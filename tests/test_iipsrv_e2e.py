@@ -17,15 +17,17 @@ import yaml
 from connectors.base import SourceObject
 from gcis_etl.cache import CacheSource, prune, purge, sync
 from gcis_etl.config import load_config
+from gcis_etl.conversion import convert
 from gcis_etl.iipsrv import Consumer
-from gcis_etl.manifests import DepositedImage
+from gcis_etl.isolation import IsolatedProcess
+from gcis_etl.manifests import DepositedImage, Manifests
 from gcis_etl.stores import LocalStore, LocalStoreSettings
 from tests.conftest import CORPUS, cache_config, cache_settings
 from tests.consumer import (JP2_PIPELINE, PIPELINE, VALIDATOR_ID, fit, get, image_api_validator, jpeg_size,
                             wait_logged)
 from tests.measures import luma, psnr
 from tests.servers import free_port
-from tests.test_manifests import painted, thumbnails
+from tests.test_manifests import painted, settings, source_object, thumbnails
 
 pytestmark = pytest.mark.slow
 
@@ -61,14 +63,14 @@ def test_tiles_of_the_first_two_levels_decode_as_jpeg_of_their_size(deposited, c
             assert jpeg_size(r.body) == (256, 256), image.key
 
 
-def test_full_image_within_1024_decodes_at_the_best_fit_without_upscaling(deposited, consumer):
+def test_full_image_within_1024_decodes_at_the_best_fit(deposited, consumer):
     sizes = {}
     for image in deposited.images:
         r = get(f"{consumer.iiif_url}/{image.key}/full/!1024,1024/0/default.jpg")
         assert r.status == 200, image.key
         sizes[image.key] = jpeg_size(r.body)
         assert sizes[image.key] == fit(image.width, image.height, 1024), image.key
-    assert sizes[deposited.image("kodim02").key] == (768, 512)  # not upscaled
+    assert sizes[deposited.image("kodim02").key] == (1024, 683)  # 768x512, upscaled as Image API 2 allows
     assert sizes[deposited.image("prophoto").key] == (1024, 640)  # 1680x1050, scaled down
 
 
@@ -122,9 +124,8 @@ def test_every_image_service_of_every_manifest_answers_with_a_valid_info_json(de
             assert doc["tiles"][0]["width"] == 256 and doc["tiles"][0]["scaleFactors"][0] == 1
             checked += 1
         for thumbnail in thumbnails(r.json()):
-            served = jpeg_size(get(thumbnail.get("id") or thumbnail["@id"]).body)
-            # iipsrv 1.1 derives "w," sizes through a float aspect ratio: 1680x1050 at "400," comes out 399x250
-            assert abs(served[0] - thumbnail["width"]) <= 1 and abs(served[1] - thumbnail["height"]) <= 1
+            url = thumbnail.get("id") or thumbnail["@id"]
+            assert jpeg_size(get(url).body) == (thumbnail["width"], thumbnail["height"]), url
     assert checked == 2 * len(deposited.images)  # 3.0 and 2.1
 
 
@@ -169,6 +170,48 @@ def test_with_a_small_max_cvt_every_manifest_image_is_served_at_exactly_its_decl
                     assert (body["width"], body["height"]) == (image.width, image.height)
     assert limited == {(PIPELINE, "validator"), (PIPELINE, "kodim02"), (PIPELINE, "prophoto"),
                        (JP2_PIPELINE, "validator")}  # not gray or thin-edges (594x522)
+
+
+# Sizes where iipsrv 1.1 renders a request a pixel off: `w,` goes through a float ratio (803x601 at "400," comes
+# out 399x299, 650x10 at "400," 390x6, 1001x7 376x3); without ALLOW_UPSCALING, `w,h` is capped at the width of
+# the pyramid level picked by the height (1198x400 at "600,200" reads the 599x200 level).
+SIZE_WINDOWS = ((803, 601), (650, 10), (1001, 7), (1198, 400), (400, 1198))
+
+
+@pytest.fixture(scope="module")
+def size_windows(tmp_path_factory):
+    """Access masters of SIZE_WINDOWS (PTIFF and JP2, converted now from gradients) and a consumer with the
+    default server settings but MAX_CVT 600, so that the larger masters are painted scaled down too."""
+    root = tmp_path_factory.mktemp("size-windows")
+    server = cache_settings(root, max_cvt=600)
+    images = []
+    with IsolatedProcess() as worker:
+        for width, height in SIZE_WINDOWS:
+            master = root / f"m{width}x{height}.png"
+            pyvips.Image.xyz(width, height).cast("uchar").bandjoin(128).write_to_file(str(master))
+            for recipe, extension in (("ptiff-jpeg-q90", "tif"), ("jp2-openjpeg-lossy", "jp2")):
+                key = f"sizes/{recipe}/m{width}x{height}.{extension}"
+                result = convert(master, server.images_dir / key, recipe, worker=worker)
+                assert (result.width, result.height) == (width, height), result.reason
+                images.append(DepositedImage(1, key, width, height))
+    with Consumer(server.server, server.images_dir) as running:
+        yield images, running
+
+
+def test_every_manifest_image_is_served_at_exactly_its_declared_size_in_the_sizes_iipsrv_gets_wrong(size_windows):
+    images, running = size_windows
+    manifests = Manifests(settings(image_service_base_url=running.iiif_url, max_image_size=600, thumbnail_width=400),
+                          "sizes", LocalStore(LocalStoreSettings(root="unused")))
+    requested = set()
+    for image in images:
+        for version in ("3.0", "2.1"):
+            manifest = manifests.build(source_object(), [image], version)
+            for served in painted(manifest) + thumbnails(manifest):
+                url = served.get("id") or served["@id"]
+                assert jpeg_size(get(url).body) == (served["width"], served["height"]), url
+                requested.add(url.rsplit("/full/", 1)[1])
+    assert {"400,299/0/default.jpg", "400,6/0/default.jpg", "400,3/0/default.jpg", "600,200/0/default.jpg",
+            "200,600/0/default.jpg"} <= requested  # the requests that came out a pixel off
 
 
 # ------------------------------------------------------------------------------ IIIF Image API validator
