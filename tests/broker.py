@@ -165,17 +165,18 @@ class CeleryWorker:
         return "".join(p.read_text(errors="replace") for p in (self.log.with_suffix(".out"), self.log) if p.exists())
 
     def processes(self) -> list[psutil.Process]:
-        """Every live process of this node: main, pool processes, conversion children."""
+        """Every live process of this node: main, pool processes (in the node's session, orphans too), and
+        what they started (conversion children run in sessions of their own)."""
         if self.proc is None:
             return []
-        found = []
+        found: dict[int, psutil.Process] = {}
         for proc in psutil.process_iter():
             try:
-                if os.getsid(proc.pid) == self.proc.pid and proc.status() != psutil.STATUS_ZOMBIE:
-                    found.append(proc)
+                if os.getsid(proc.pid) == self.proc.pid:
+                    found |= {p.pid: p for p in (proc, *proc.children(recursive=True))}
             except (OSError, psutil.Error):
                 continue
-        return found
+        return [p for p in found.values() if _alive(p)]
 
     def pool_pids(self) -> list[int]:
         """Pool processes that have logged they are ready, in order (recycled ones included)."""
@@ -383,3 +384,10 @@ def assert_no_stray_conversion_children(worker: CeleryWorker) -> None:
     conversion = [p for p in processes if "_child_main" in " ".join(p.cmdline())]
     assert all(p.ppid() in pool_pids for p in conversion)
     assert len(conversion) <= len(pool_pids)
+
+
+def _alive(proc: psutil.Process) -> bool:
+    try:
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False

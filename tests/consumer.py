@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import json
+import random
 import time
 import urllib.error
 import urllib.request
@@ -184,6 +185,9 @@ def image_api_validator(server: str, prefix: str, identifier: str, version: str 
         if tests[name]["level"] > level:
             continue
         ran.append(name)
+        # the *_error_random tests ask with random strings, and iipsrv 1.1 reads a rotation that starts with a
+        # digit as that number ("0[7@" as 0: 200, not 400): seeded, a run is reproducible
+        random.seed(name)
         result = ImageAPI(identifier, server, prefix, "http", "", version, debug=False)
         try:
             TestSuite(ValidationInfo()).run_test(name, result)
