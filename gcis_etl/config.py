@@ -27,6 +27,9 @@ class LedgerSettings(Settings):
     journal_mode: Literal["wal", "delete", "truncate"] = Field(
         "wal", description="'delete' where WAL cannot work (network filesystems)")
     busy_timeout_seconds: float = Field(30, gt=0)
+    skipped_history_runs: int = Field(
+        30, ge=1, description="runs of a pipeline whose skipped items the ledger keeps, item by item (the counts "
+                              "of every run are kept)")
 
 
 class Config(Settings):

@@ -5,8 +5,9 @@ pipelines may run at once against one file). Every result is committed as it arr
 loses at most the items in flight, which the next run redoes (item processing is idempotent).
 
 Item rows hold the item's settled state: `deposited`, `rejected` or `failed` (with attempts for the current
-source version). What a run did with each item, `skipped` included, is in `run_items`. An object whose
-manifest was rejected is in `manifest_problems` until a manifest of it is published.
+source version). What a run did with each item is in `run_items` (`skipped` ones for the latest runs only:
+ledger.skipped_history_runs). An object whose manifest was rejected is in `manifest_problems` until a manifest
+of it is published.
 """
 from __future__ import annotations
 
@@ -195,8 +196,9 @@ class Ledger:
     that does not exist yet reads as an empty one (no runs, no items) and is not created."""
 
     def __init__(self, path: Path, journal_mode: str = "wal", busy_timeout_seconds: float = 30,
-                 read_only: bool = False):
+                 read_only: bool = False, skipped_history_runs: int = 30):
         self.path = path
+        self.skipped_history_runs = skipped_history_runs
         try:
             self.db = self._connect(path, journal_mode, busy_timeout_seconds, read_only)
         except (OSError, sqlite3.Error) as exc:
@@ -229,7 +231,8 @@ class Ledger:
 
     @classmethod
     def open(cls, config, read_only: bool = False) -> Ledger:
-        return cls(config.ledger_path, config.ledger.journal_mode, config.ledger.busy_timeout_seconds, read_only)
+        return cls(config.ledger_path, config.ledger.journal_mode, config.ledger.busy_timeout_seconds, read_only,
+                   config.ledger.skipped_history_runs)
 
     def close(self) -> None:
         self.db.close()
@@ -252,7 +255,9 @@ class Ledger:
     def begin_run(self, pipeline: str, since: datetime | None, until: datetime | None, options: dict,
                   dry_run: bool = False) -> int:
         """Runs left 'running' by a process that is gone (we hold the pipeline's lock) become 'crashed', with the
-        counts of the items they recorded (only a run that finishes writes its own)."""
+        counts of the items they recorded (only a run that finishes writes its own). A nightly re-listing records
+        every unchanged item as skipped, run after run: those rows are kept for the latest runs only (the runs
+        table keeps every run's counts), or a 50k-item pipeline's ledger would grow by gigabytes a year."""
         dead = [row[0] for row in self.db.execute("SELECT run_id FROM runs WHERE pipeline=? AND status='running'",
                                                   (pipeline,))]
         with self.db:
@@ -261,6 +266,9 @@ class Ledger:
                 self.db.execute(f"UPDATE runs SET status='crashed', {', '.join(f'{n}=?' for n in COUNTED)}, "
                                 "note=coalesce(note, ?) WHERE run_id=?",
                                 (*(counts[n] for n in COUNTED), _KILLED, run_id))
+            self.db.execute("DELETE FROM run_items WHERE outcome='skipped' AND run_id IN (SELECT run_id FROM runs "
+                            "WHERE pipeline=? AND status!='running' ORDER BY run_id DESC LIMIT -1 OFFSET ?)",
+                            (pipeline, self.skipped_history_runs - 1))
             cursor = self.db.execute(
                 "INSERT INTO runs (pipeline, started, status, since, until, options) VALUES (?,?,?,?,?,?)",
                 (pipeline, _ts(now()), "dry-run" if dry_run else "running", _ts(since), _ts(until),

@@ -250,3 +250,18 @@ def test_a_ledger_made_before_failed_runs_takes_them_and_keeps_its_runs(tmp_path
         assert run_id == 8 and ledger.run(7).deposited == 3 and ledger.run(8).status == "failed"
     with Ledger(path) as ledger:  # opened again: nothing more to change
         assert [r.run_id for r in ledger.runs("p")] == [8, 7]
+
+
+def test_skipped_items_are_kept_item_by_item_for_the_latest_runs_only_and_every_run_keeps_its_counts(site):
+    write_config(site, "masters", ledger={"skipped_history_runs": 2})
+    config = load_config(site / "config.yaml")
+    runs = [harvest(config, "p") for _ in range(4)]  # the second run on: both objects unchanged, in the overlap
+    assert [r.counts["skipped"] for r in runs] == [0, 2, 2, 2]
+    with Ledger.open(config) as ledger:
+        kept = {run.run_id: [(i.object_id, i.outcome) for i in ledger.run_items(run.run_id)] for run in runs}
+        assert [ledger.run(r.run_id).skipped for r in runs] == [0, 2, 2, 2]
+    first, second, third, fourth = (r.run_id for r in runs)
+    assert sorted(kept[first]) == [("a", "deposited"), ("b", "deposited")]
+    assert kept[second] == []
+    assert sorted(kept[third]) == sorted(kept[fourth]) == [("a", "skipped"), ("b", "skipped")]
+    assert "2 skipped" in cli(site, "report", str(second)).stdout
