@@ -215,11 +215,16 @@ def encode_jp2(plan: Jp2Plan, out_path: Path, metadata: Callable[[], Jp2Metadata
 
 
 def run_encoder(argv: tuple[str, ...], timeout: float) -> None:
-    """Run the encoder; its crash, time-out or error is this master's ConversionFailed with the reason."""
+    """Run the encoder; its crash, time-out or error is this master's ConversionFailed with the reason.
+    It dies with the thread that waits for it (util-linux setpriv sets PR_SET_PDEATHSIG, then execs it): the
+    conversion child dies with its parent, and a Celery pool process hard-killed at its time limit would
+    otherwise leave the encoder burning the cores for minutes."""
     tool = Path(argv[0]).name
+    setpriv = shutil.which("setpriv")
     try:
         with isolation.encoder_address_space():
-            proc = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+            proc = subprocess.run([setpriv, "--pdeathsig", "KILL", "--", *argv] if setpriv else argv,
+                                  stdin=subprocess.DEVNULL, capture_output=True, text=True,
                                   errors="replace", timeout=timeout)
     except subprocess.TimeoutExpired:
         raise ConversionFailed(f"{tool} timed out after {timeout:.0f} s") from None

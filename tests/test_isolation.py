@@ -1,10 +1,17 @@
 """Isolation: a crash, hang or memory blow-up is one master's failure, never the caller's."""
 from __future__ import annotations
 
+import contextlib
+import os
 import resource
+import signal
+import subprocess
+import sys
 import threading
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from gcis_etl.conversion import convert
@@ -125,3 +132,28 @@ def test_work_beside_runs_in_a_thread_only_when_a_conversion_may_use_more_than_o
     for threads, in_main_thread in ((1, True), (2, False)):
         with IsolatedProcess(IsolationSettings(vips_concurrency=threads)) as child:
             assert (child.call("tests.jobs.beside_thread") == "MainThread") is in_main_thread, threads
+
+
+def test_an_encoder_dies_with_the_process_running_it_when_that_is_killed(tmp_path):
+    """A Celery pool process hard-killed at its time limit takes its conversion child with it; the encoder
+    that child started must not go on alone."""
+    pid_file = tmp_path / "encoder.pid"
+    encoder = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(120)"
+    runner = subprocess.Popen([sys.executable, "-c", "import sys; from gcis_etl.jp2 import run_encoder; "
+                               "run_encoder((sys.executable, '-c', sys.argv[1], '-o', 'x.jp2'), timeout=120)",
+                               encoder], cwd=tmp_path)
+    try:
+        for _ in range(200):
+            if pid_file.exists() and pid_file.read_text():
+                break
+            time.sleep(0.05)
+        encoder_pid = int(pid_file.read_text())
+        os.kill(runner.pid, signal.SIGKILL)
+        runner.wait(10)
+        gone = psutil.wait_procs([psutil.Process(encoder_pid)], timeout=10)[0]
+        assert [p.pid for p in gone] == [encoder_pid]
+    finally:
+        runner.kill()
+        if pid_file.exists() and pid_file.read_text():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid_file.read_text()), signal.SIGKILL)
