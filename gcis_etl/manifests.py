@@ -62,6 +62,7 @@ MEDIA_TYPES = {"3.0": f'application/ld+json;profile="{CONTEXT_3}"',
 IMAGE_2_LEVEL1 = "http://iiif.io/api/image/2/level1.json"  # iipsrv 1.1: Image API 2, level 1
 _RIGHTS = re.compile(r"^https?://(creativecommons\.org/(licenses|publicdomain)/|rightsstatements\.org/vocab/)\S+$")
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
 _LANGUAGE = re.compile(r"^[a-zA-Z-]+$")  # a language key as IIIF 3.0 (iiif-prezi3, the schema) accepts it
 
 
@@ -179,6 +180,7 @@ class Manifests:
         self.pipeline = pipeline
         self.store = store
         self._not_tags: set[str] = set()  # source languages warned about
+        self._warned: set[tuple[str, str]] = set()  # (object, field) whose broken characters were warned about
 
     # ------------------------------------------------------------------------------------------ ids
 
@@ -197,7 +199,20 @@ class Manifests:
     # ------------------------------------------------------------------------------------------ content
 
     def _values(self, obj: SourceObject, field: str) -> tuple[LangValue, ...]:
-        return tuple(v for v in obj.metadata.get(field, ()) if v.value.strip())
+        """The field's non-blank values. A lone UTF-16 surrogate (JSON's "\\ud83d" of an emoji cut in two by a
+        DAM, or a filename byte that is not UTF-8) is no character and cannot be written as UTF-8: it becomes
+        U+FFFD, with a warning, rather than stopping the object's manifests."""
+        values = []
+        for value in obj.metadata.get(field, ()):
+            if not value.value.strip():
+                continue
+            text = _SURROGATE.sub("\ufffd", value.value)
+            if text != value.value and (obj.id, field) not in self._warned:
+                self._warned.add((obj.id, field))
+                log.warning("%s/%s: %s holds a broken character (a lone UTF-16 surrogate), written as U+FFFD: %r",
+                            self.pipeline, obj.id, field, value.value)
+            values.append(LangValue(text, value.language) if text != value.value else value)
+        return tuple(values)
 
     def _first(self, obj: SourceObject, fields: Iterable[str]) -> tuple[LangValue, ...]:
         """The values of the first of `fields` the source filled in."""

@@ -354,3 +354,20 @@ def test_an_unreadable_collection_is_reported_and_left_alone(store):
 def test_bad_manifest_settings_name_the_key(override, key):
     with pytest.raises(ConfigError, match=rf"config.yaml: pipelines\.demo\.manifests\.{key}"):
         settings(**override)
+
+
+def test_a_lone_surrogate_in_a_value_goes_out_as_a_replacement_character_with_one_warning(store, caplog):
+    """JSON's "\\ud83d" (an emoji a DAM cut in two) decodes to a lone surrogate, which UTF-8 cannot write."""
+    manifests = Manifests(settings(), "demo", store)
+    obj = source_object(**{"dc:title": (LangValue("Mona \ud83d Lisa", "en"),),
+                           "dc:creator": (LangValue("Leonardo \udce9"),)})
+    with caplog.at_level(logging.WARNING, logger="gcis_etl.manifests"):
+        published = manifests.publish(obj, [image(1)])
+        manifests.update_collection([published.entry])
+    v3 = json.loads(store.get_bytes(manifests.manifest_key(obj.id, "3.0")))
+    assert v3["label"] == {"en": ["Mona \ufffd Lisa"]}
+    assert {"none": ["Leonardo \ufffd"]} in [pair["value"] for pair in v3["metadata"]]
+    collection = json.loads(store.get_bytes(manifests.collection_key("3.0")))
+    assert [item["label"] for item in collection["items"]] == [{"en": ["Mona \ufffd Lisa"]}]
+    assert sorted(r.getMessage().split(" holds")[0] for r in caplog.records) == [
+        "demo/IE 42/x: dc:creator", "demo/IE 42/x: dc:title"]
