@@ -137,8 +137,10 @@ def check_decoding(src: str | Path, policy: ImagingPolicy | None = None,
         return replace(info, warnings=info.warnings + notes)
     except RejectedMaster as exc:
         return replace(info, verdict=Verdict.REJECT, reasons=(str(exc),))
-    except ConversionFailed as exc:
+    except WorkerCrashed as exc:
         return replace(info, verdict=Verdict.REJECT, reasons=(f"cannot be decoded: {exc}",))
+    except ConversionFailed as exc:  # out of memory or time under the limits: no verdict on the master's data
+        return replace(info, verdict=Verdict.NOT_CHECKED, reasons=(str(exc),))
     finally:
         if own_worker:
             worker.close()

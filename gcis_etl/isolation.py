@@ -16,6 +16,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import re
 import resource
 import shutil
 import signal
@@ -87,6 +88,9 @@ def beside(function: Callable, *args: Any) -> Future:
     return (_beside if _threads != 1 else InCallerThread()).submit(function, *args)
 
 
+_OUT_OF_MEMORY = re.compile(r"out of memory|insufficient memory|not enough memory", re.IGNORECASE)
+
+
 def out_of_memory() -> ConversionFailed:
     """An allocation refused under the child's address-space limit: the limit's failure, not the master's
     (FAILED, so a harvest retries it), with the setting to raise."""
@@ -97,11 +101,12 @@ def out_of_memory() -> ConversionFailed:
 
 
 def pixel_error(exc: Exception) -> GcisError:
-    """What a decoder's error while reading pixels stands for. libvips (and libtiff under it) reports an
-    allocation refused under the address-space limit ("vips_tracked: out of memory") the way it reports
-    corrupt data: that one is out_of_memory(); anything else is the master's data, rejected."""
+    """What a decoder's error while reading pixels stands for. libvips and the libraries under it report an
+    allocation refused under the address-space limit the way they report corrupt data ("vips_tracked: out of
+    memory"; libjpeg's "Insufficient memory (case 4)" on a large progressive JPEG): that is out_of_memory();
+    anything else is the master's data, rejected."""
     text = str(getattr(exc, "detail", None) or getattr(exc, "message", None) or exc)
-    if "out of memory" in text.lower():
+    if _OUT_OF_MEMORY.search(text):
         return out_of_memory()
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     return RejectedMaster(f"corrupt or truncated image data: {lines[-1] if lines else type(exc).__name__}")

@@ -9,6 +9,7 @@ class Verdict(str, Enum):
     ACCEPT = "accept"
     ACCEPT_AFTER_CONVERSION = "accept-after-conversion"
     REJECT = "reject"
+    NOT_CHECKED = "not-checked"  # the full decode ran out of memory or time under the isolation limits
 
 
 @dataclass(frozen=True)

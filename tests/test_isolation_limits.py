@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import psutil
 import pytest
+import pyvips
 import tifffile
 
 from gcis_etl import isolation
@@ -102,6 +103,32 @@ def test_memory_limit_reached_in_libvips_fails_and_names_the_setting(tmp_path, r
     assert result.reason == ("out of memory under isolation.memory_limit_mb (4096 MB): "
                              "raise it for masters this size")
     assert not (tmp_path / "out.tif").exists()
+
+
+def progressive_jpeg(path: Path) -> Path:
+    """libjpeg holds a progressive JPEG's whole coefficient buffer (here 36 MB) while it decodes, and reports a
+    refused allocation as "Insufficient memory (case 4)"."""
+    noise = pyvips.Image.gaussnoise(4000, 3000).cast("uchar")
+    noise.bandjoin([noise, noise]).copy(interpretation="srgb").jpegsave(str(path), interlace=True, Q=90)
+    return path
+
+
+@pytest.mark.parametrize("check", ["inspect", "convert"])
+def test_a_progressive_jpeg_too_big_for_the_memory_limit_is_not_called_corrupt(tmp_path, check):
+    master = progressive_jpeg(tmp_path / "master.jpg")
+    with IsolatedProcess(IsolationSettings(memory_limit_mb=4096)) as worker:
+        warm = single_strip_master(tmp_path / "small.tif", 64, 48)
+        assert check_decoding(warm, worker=worker).verdict is Verdict.ACCEPT_AFTER_CONVERSION
+        assert convert(warm, tmp_path / "warm.tif", worker=worker).ok
+        worker.call(leave_headroom, HEADROOM_MB)
+        if check == "inspect":
+            info = check_decoding(master, worker=worker)
+            verdict, reasons = info.verdict, info.reasons
+        else:
+            result = convert(master, tmp_path / "out.tif", worker=worker)
+            verdict, reasons = result.status, (result.reason,)
+    assert verdict is (Verdict.NOT_CHECKED if check == "inspect" else Status.FAILED)
+    assert reasons == ("out of memory under isolation.memory_limit_mb (4096 MB): raise it for masters this size",)
 
 
 @pytest.mark.parametrize("recipe", ["ptiff-jpeg-q90", "ptiff-tifffile-q90", None])

@@ -19,10 +19,11 @@ from gcis_etl.errors import ConfigError
                    "strictly and in an isolated process, as a conversion would.")
 @click.pass_context
 def inspect(ctx: click.Context, files: tuple[str, ...], as_json: bool, header_only: bool) -> None:
-    """Describe masters and give the verdict: accept, accept-after-conversion or reject.
+    """Describe masters and give the verdict: accept, accept-after-conversion or reject; not-checked when the
+    full decode ran out of memory or time under the isolation limits (the reason names the setting to raise).
 
-    Exit code 0 when every file is accepted (possibly after conversion), 1 when any is rejected, 2 when there
-    was no file to inspect. Folders among FILES (from a shell glob) are passed over with a note.
+    Exit code 0 when every file is accepted (possibly after conversion), 1 when any is rejected or not checked,
+    2 when there was no file to inspect. Folders among FILES (from a shell glob) are passed over with a note.
 
     \b
     Example:
@@ -33,7 +34,7 @@ def inspect(ctx: click.Context, files: tuple[str, ...], as_json: bool, header_on
     from gcis_etl.isolation import IsolatedProcess
     from gcis_etl.models import Verdict
     cfg = _config(ctx)
-    rejected = 0
+    unpassed = 0
     folders = [path for path in files if os.path.isdir(path)]
     if len(folders) == len(files):
         raise click.UsageError("no file to inspect: every argument is a folder (give its files, e.g. masters/*.tif)")
@@ -44,7 +45,7 @@ def inspect(ctx: click.Context, files: tuple[str, ...], as_json: bool, header_on
                 continue
             info = (inspect_header(path, cfg.imaging) if header_only
                     else check_decoding(path, cfg.imaging, worker=worker))
-            rejected += info.verdict is Verdict.REJECT
+            unpassed += info.verdict in (Verdict.REJECT, Verdict.NOT_CHECKED)
             if as_json:
                 click.echo(json.dumps(info.to_dict()))
             else:
@@ -55,7 +56,7 @@ def inspect(ctx: click.Context, files: tuple[str, ...], as_json: bool, header_on
                     click.echo(f"    reason: {reason}")
                 for warning in info.warnings:
                     click.echo(f"    warning: {warning}")
-    sys.exit(EXIT_ITEM_FAILED if rejected else EXIT_OK)
+    sys.exit(EXIT_ITEM_FAILED if unpassed else EXIT_OK)
 
 
 @main.command()
