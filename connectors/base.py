@@ -86,6 +86,11 @@ class Source(Protocol):
     """What the pipeline needs from a source."""
 
     name: str
+    lists_in_modified_order: bool
+    """True when `changes(since)` lists oldest first for certain: every object not yet yielded is modified no
+    earlier than the last one yielded (as listed: one edited after its page was read may come with a later
+    time). A run cut short then moves its checkpoint to where its listing stopped; otherwise the next run lists
+    the same window again from its start."""
 
     def changes(self, since: datetime | None,
                 until: datetime | None = None) -> Iterator[SourceObject | UnreadableObject | ListingMoved]:

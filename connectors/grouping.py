@@ -273,6 +273,7 @@ class GroupedSource(ABC):
     name: str
     grouping: GroupingSettings
     retry: RetryPolicy
+    lists_in_modified_order = True  # the whole store is listed, then sorted (an unreadable object keeps its time)
 
     @abstractmethod
     def _files(self) -> Iterator[StoredFile]:

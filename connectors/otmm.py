@@ -45,6 +45,8 @@ class SearchSettings(Settings):
     folder_filter: str | None = None
     search_config_id: str | None = None
     sort: str | None = None
+    modified_order: bool = Field(False, description="sort lists assets oldest first on modified_field_id (asc_<id>), "
+                                                    "so a run cut short moves the checkpoint to where it stopped")
     page_size: int = Field(100, ge=1, le=10000)
     load_type: str = "system"
     level_of_detail: str = "slim"
@@ -111,6 +113,13 @@ class OtmmSettings(HttpSourceSettings):
             raise ValueError("discovery: ids needs id_list.file or id_list.ids")
         if not self.relogin_statuses <= {401, 403}:
             raise ValueError("relogin_statuses may hold 401 and/or 403 only")
+        search = self.search
+        if search.modified_order and (self.discovery != "search" or self.group is not None
+                                      or not search.modified_field_id
+                                      or search.sort != f"asc_{search.modified_field_id}"):
+            raise ValueError("search.modified_order: true needs discovery: search, no `group:` (a group's time is "
+                             "its newest asset's, ahead of its place in the listing), modified_field_id, and sort: "
+                             "asc_<modified_field_id>")
         return self
 
 
@@ -128,6 +137,7 @@ class OtmmSource:
         self._token: str | None = None
         self._login_lock = threading.Lock()
         self._api = settings.base_url.rstrip("/") + "/" + settings.api_path.strip("/")
+        self.lists_in_modified_order = settings.search.modified_order  # validated: sorted on the modified field
 
     # --- the Source protocol ----------------------------------------------------------------------------
 

@@ -65,12 +65,24 @@ class SruSettings(Settings):
     modified_format: str = "%Y-%m-%d %H:%M:%S"
     query: str = Field("IE.generalIECharacteristics.status=ACTIVE", description="CQL selecting the IEs to harvest")
     sort_by: str | None = None
+    modified_order: bool = Field(False, description="sort_by lists IEs oldest first on modified_index, so a run "
+                                                    "cut short moves the checkpoint to where it stopped")
     page_size: int = Field(100, ge=1, le=10000)
     max_records: int = Field(10000, ge=1, description="Rosetta caps a result set at 10,000")
     auth_local: bool = True
     pid_type: str = "PID"
     shift_check: bool = Field(True, description="numberOfRecords changing between pages holds the run's checkpoint "
                                                 "(an IE deleted or leaving the query moves the later ones back)")
+
+    @model_validator(mode="after")
+    def _ascending(self) -> "SruSettings":
+        """Order is promised for a sort on the index the incremental query uses, ascending (CQL's default unless
+        sort.descending); that it runs as the IEs' modification dates do is inferred, hence an opt-in."""
+        index, _, modifiers = (self.sort_by or "").partition("/")
+        if self.modified_order and (index.strip() != self.modified_index or "descending" in modifiers):
+            raise ValueError("modified_order: true needs sort_by: <modified_index>/sort.ascending "
+                             f"({self.modified_index}/sort.ascending)")
+        return self
 
 
 class RosettaSettings(HttpSourceSettings):
@@ -157,6 +169,7 @@ class RosettaSource:
         register(password, token)
         self._zone = ZoneInfo(settings.timezone)
         self._delivery_base = (settings.delivery_base_url or settings.base_url).rstrip("/")
+        self.lists_in_modified_order = settings.discovery == "sru" and settings.sru.modified_order
 
     # --- the Source protocol ----------------------------------------------------------------------------
 

@@ -5,8 +5,9 @@ Why it is safe to kill at any point: item results are committed as they arrive; 
 run dies is redone next time (processing is idempotent, so at worst it is converted again, never deposited
 twice); a manifest is published only once all its object's items are settled and recorded as such; the
 collection lists the objects the ledger says are published but not yet listed; and the checkpoint moves only
-at the end of a complete run, never past an object that still has an unsettled item, and not at all after a
-listing that moved while it was paged (see Harvest._hold_checkpoint).
+at the end of a run, never past an object that still has an unsettled item, not at all after a listing that
+moved while it was paged (see Harvest._hold_checkpoint), and after a run cut short only to where its listing
+stopped, when the source lists oldest first (see Harvest.next_checkpoint).
 """
 from __future__ import annotations
 
@@ -123,6 +124,7 @@ class Harvest:
         self.cut_short: str | None = None
         self.checkpoint_held: str | None = None  # why a complete run leaves the checkpoint where it was
         self.listed: set[str] = set()  # objects this run has seen in the source
+        self.reached: datetime | None = None  # how far the listing got, for a source listing in modified order
 
     # ------------------------------------------------------------------------------------ listing
 
@@ -133,7 +135,7 @@ class Harvest:
         checkpoint = None if self.options.full else self.ledger.checkpoint(self.pipeline.name)
         return (checkpoint - self.pipeline.overlap if checkpoint else None), until
 
-    def objects(self, since: datetime | None) -> Iterator[SourceObject | UnreadableObject]:
+    def objects(self, since: datetime | None, until: datetime) -> Iterator[SourceObject | UnreadableObject]:
         source = self.pipeline.source
         seen = self.listed
         # No upper bound: an object modified during the run (or stamped ahead by a skewed clock) is taken now;
@@ -149,13 +151,23 @@ class Harvest:
                                       "(an object edited during the run) and may have passed over others")
                 continue
             seen.add(obj.id)
+            self._reach(obj, until)
             yield obj
+        self.reached = until  # the listing is exhausted (what comes next are revisits, asked for by id)
         if self.options.object_ids or not self.options.retry_failed:
             return
         retry = sorted({r.object_id for r in self._failed_items("attempts<?")} - seen)
         if retry:
             self.progress.note(f"revisiting {len(retry)} objects with failed items")
         yield from self._by_id(retry)
+
+    def _reach(self, obj: SourceObject | UnreadableObject, until: datetime) -> None:
+        """The time of the last object listed, the one in hand included (a run stopping takes none after it):
+        in a listing in modified order no object still to come is modified earlier. One stamped after the run
+        began was edited after its page was read, so its time is not its place in the listing; one with no time
+        (an object the source could not describe) is no earlier than the one before it: neither moves it."""
+        if obj.modified is not None and obj.modified <= until:
+            self.reached = obj.modified
 
     def _hold_checkpoint(self, why: str) -> None:
         """Sources page their listings by offset: an object edited after its page was read moves to the end (it
@@ -213,7 +225,7 @@ class Harvest:
 
     def dry_run(self, since: datetime | None, until: datetime) -> list[PlannedItem]:
         planned = []
-        for obj in self.objects(since):
+        for obj in self.objects(since, until):
             if isinstance(obj, UnreadableObject):
                 planned.append(PlannedItem(obj.id, OBJECT, "fail", obj.reason))
                 continue
@@ -224,7 +236,7 @@ class Harvest:
     def execute(self, executor: Executor, since: datetime | None, until: datetime) -> None:
         self.check_store()
         executor.check()
-        for obj in self.objects(since):
+        for obj in self.objects(since, until):
             if self.should_stop():
                 break
             if isinstance(obj, UnreadableObject):
@@ -316,7 +328,8 @@ class Harvest:
         self.progress.item(object_id, item_id, outcome, reason)
 
     def object_settled(self, object_id: str) -> None:
-        """All items have an outcome: publish the manifest when every item is deposited or rejected."""
+        """All items have an outcome: publish the manifest when every item is deposited or rejected, then retire
+        the access masters the object's items no longer use (gcis_etl/supersession.py)."""
         pending = self.pending.pop(object_id)
         obj = pending.obj
         records = {r.item_id: r for r in self.ledger.items(self.pipeline.name, obj.id)}
@@ -357,13 +370,40 @@ class Harvest:
         self.ledger.mark_in_collection(self.pipeline.name, [o.object_id for o in waiting])
 
     def next_checkpoint(self, since: datetime | None, until: datetime) -> datetime | None:
-        """Only a complete run over the checkpoint's own window moves it, and never past an unsettled object."""
-        if (self.cut_short or self.checkpoint_held or self.options.since is not None or self.options.object_ids
-                or None in self.unsettled):
+        """Only a run over the checkpoint's own window moves it, never past an unsettled object, and a run cut
+        short only when its source lists in modified order, to where its listing stopped: otherwise the next run
+        lists the same window from its start again, re-skipping all that is settled before it reaches new work,
+        and a window bigger than one run's reach is never got through."""
+        reached = self.reached if self.cut_short else until
+        if (self.checkpoint_held or self.options.since is not None or self.options.object_ids
+                or None in self.unsettled or reached is None
+                or (self.cut_short and not self.pipeline.source.lists_in_modified_order)):
             return None
-        target = min([until, *self.unsettled])
+        target = min([reached, *self.unsettled])
         current = self.ledger.checkpoint(self.pipeline.name)
         return target if current is None or target > current else None
+
+    def note(self, checkpoint: datetime | None) -> str | None:
+        """Why the run stopped, or left the checkpoint where it was; for a run cut short, where the checkpoint
+        is now. A stop on request keeps its note alone: reports.py reads it for the exit code."""
+        if not self.cut_short:
+            return self.checkpoint_held
+        if self.cut_short == STOPPED_ON_REQUEST:
+            return self.cut_short
+        if checkpoint is not None:
+            return f"{self.cut_short}; the checkpoint moved to {checkpoint.isoformat()}, where the listing stopped"
+        return "; ".join(filter(None, (self.cut_short, self.checkpoint_held, self.relisting())))
+
+    def relisting(self) -> str | None:
+        """What a run cut short over the checkpoint's window says when its source does not list in modified
+        order: the next one starts where it did, and where that cannot go on for ever, what to do."""
+        if (not self.cut_short or self.checkpoint_held or self.pipeline.source.lists_in_modified_order
+                or self.options.since is not None or self.options.object_ids):
+            return None
+        return (f"the checkpoint stays where it was, so the next run lists the same window again from its start "
+                f"({self.pipeline.source.name} is not known to list oldest first); if runs keep stopping before "
+                f"they get through it, raise max_run_minutes, sort the source's search on its modified date and "
+                f"set modified_order: true, or load the backlog once with `gcis-migrate initial_load`")
 
 
 def harvest(config: Config, name: str, options: HarvestOptions = HarvestOptions(),
@@ -412,8 +452,10 @@ def harvest(config: Config, name: str, options: HarvestOptions = HarvestOptions(
             checkpoint = run.next_checkpoint(since, until)
             if checkpoint is not None:
                 ledger.set_checkpoint(name, checkpoint, run.run_id)
+            elif run.relisting():
+                log.warning("%s: %s", name, run.relisting())
             ledger.finish_run(run.run_id, "stopped" if run.cut_short else "completed", run.counts,
-                              run.manifests_published, checkpoint, run.cut_short or run.checkpoint_held)
+                              run.manifests_published, checkpoint, run.note(checkpoint))
             return write_report(report_from_ledger(ledger, ledger.run(run.run_id)), config.reports_dir)
 
 

@@ -366,6 +366,23 @@ def test_settings_are_validated_with_the_key_named():
     assert "s3cret-value" not in repr(source.settings)
 
 
+def test_modified_order_is_taken_only_with_the_search_sorted_ascending_on_the_modified_field():
+    base = {"base_url": "http://x", "username": "u", "password": "p"}
+    dated = {"modified_field_id": MODIFIED_FIELD, "modified_operator_id": "ARTESIA.OPERATOR.DATE.IS ON OR AFTER",
+             "modified_order": True}
+    for search, extra in (({**dated, "sort": f"desc_{MODIFIED_FIELD}"}, {}), ({**dated, "sort": "asc_NAME"}, {}),
+                          (dated, {}), ({"modified_order": True, "sort": f"asc_{MODIFIED_FIELD}"}, {}),
+                          ({**dated, "sort": f"asc_{MODIFIED_FIELD}"}, {"group": GROUP})):
+        with pytest.raises(ConfigError, match=r"sources.dam: Value error, search.modified_order: true needs "
+                                              r"discovery: search, no `group:`"):
+            open_source("otmm", {**base, "search": search, **extra}, "dam", prefix="sources.dam")
+    assert open_source("otmm", {**base, "search": {**dated, "sort": f"asc_{MODIFIED_FIELD}"}},
+                       "dam").lists_in_modified_order
+    assert not open_source("otmm", {**base, "search": {**dated, "modified_order": False,
+                                                        "sort": f"asc_{MODIFIED_FIELD}"}},
+                           "dam").lists_in_modified_order
+
+
 def test_the_emulator_runs_standalone():
     port = free_port()
     process = subprocess.Popen([sys.executable, "-m", "tests.emulators.otmm", "--port", str(port)],

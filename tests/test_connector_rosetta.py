@@ -385,6 +385,23 @@ def test_settings_are_validated_with_the_key_named():
                                 "timezone": "Mars/Olympus"}, "main")
 
 
+def test_modified_order_is_taken_only_with_sru_sorted_ascending_on_the_modified_index():
+    base = {"base_url": "http://x", "username": "u", "password": "p", "discovery": "sru"}
+    index = "IE.objectCharacteristics.modificationDate"
+    for sort_by in (None, f"{index}/sort.descending", "IE.dc.title/sort.ascending"):
+        with pytest.raises(ConfigError, match=rf"sources.main.sru: Value error, modified_order: true needs sort_by: "
+                                              rf"<modified_index>/sort.ascending \({index}/sort.ascending\)"):
+            open_source("rosetta", {**base, "sru": {"modified_index": index, "sort_by": sort_by,
+                                                    "modified_order": True}}, "main", prefix="sources.main")
+    for sort_by in (index, f"{index}/sort.ascending"):
+        assert open_source("rosetta", {**base, "sru": {"modified_index": index, "sort_by": sort_by,
+                                                       "modified_order": True}}, "main").lists_in_modified_order
+    assert not open_source("rosetta", {**base, "sru": {"modified_index": index, "sort_by": index}},
+                           "main").lists_in_modified_order
+    assert not open_source("rosetta", {**base, "discovery": "oai", "oai": {"set": "s"}},
+                           "main").lists_in_modified_order
+
+
 def test_the_password_is_never_shown_by_settings():
     source = open_source("rosetta", {"base_url": "http://x", "username": "u", "password": 123456789,
                                      "oai": {"set": "s"}}, "main")
