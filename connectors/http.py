@@ -21,7 +21,7 @@ from datetime import datetime, timezone
 from typing import Callable, Iterator
 
 import requests
-from pydantic import Field
+from pydantic import Field, field_validator
 from urllib3.exceptions import ReadTimeoutError
 
 from connectors.errors import (AuthenticationFailed, PermissionDenied, SourceRequestFailed,
@@ -37,6 +37,15 @@ _TRANSIENT = (requests.exceptions.ConnectionError, requests.exceptions.Timeout,
               requests.exceptions.ChunkedEncodingError, requests.exceptions.ContentDecodingError)
 
 
+_SWITCHES = {"true": True, "yes": True, "on": True, "1": True, "false": False, "no": False, "off": False, "0": False}
+
+
+def tls_switch(value: str) -> bool | None:
+    """verify_tls given as a string (${VAR} fills in strings): the switch it spells, or None for a CA bundle's
+    path. Validated as `bool | str`, 'false' would stay a string: a bundle named false, verification on."""
+    return _SWITCHES.get(value.strip().lower())
+
+
 class HttpSourceSettings(Settings):
     """What every HTTP connector's settings share."""
 
@@ -44,6 +53,12 @@ class HttpSourceSettings(Settings):
     retry: RetryPolicy = RetryPolicy()
     verify_tls: bool | str = Field(True, description="false, true, or the path of a CA bundle")
     user_agent: str = "gcis-etl"
+
+    @field_validator("verify_tls", mode="before")
+    @classmethod
+    def _switch_or_bundle(cls, value: object) -> object:
+        switch = tls_switch(value) if isinstance(value, str) else None
+        return value if switch is None else switch
 
 
 class HttpSession:

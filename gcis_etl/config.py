@@ -13,12 +13,14 @@ from typing import Any, Literal
 
 from pydantic import Field, PrivateAttr
 
+from connectors.http import tls_switch
 from gcis_etl.cache import CacheSettings
 from gcis_etl.distributed import CelerySettings
 from gcis_etl.errors import ConfigError
-from gcis_etl.pipelines import Pipeline, PipelineSettings, RunSettings, pipeline_settings
+from gcis_etl.pipelines import (Pipeline, PipelineSettings, RunSettings, checked_recipe, config_folder,
+                                pipeline_settings)
 from gcis_etl.policy import ImagingPolicy, IsolationSettings
-from gcis_etl.recipes import recipe_names
+from gcis_etl.recipes import is_recipe_file, recipe_names
 from gcis_etl.settings import Settings, environment_values, interpolate_env, masked, parse, read_yaml
 
 
@@ -75,25 +77,35 @@ def config_path(explicit: str | Path | None = None) -> Path | None:
     return local if local.is_file() else None
 
 
+class SingleFileConfig(Settings):
+    """What the commands on one local file (inspect, convert, verify) use of config.yaml: they need no
+    pipeline, so neither the pipelines' ${VAR} secrets nor the other sections have to be in order."""
+
+    imaging: ImagingPolicy = ImagingPolicy()
+    isolation: IsolationSettings = IsolationSettings()
+
+
+def load_single_file_config(path: str | Path | None = None) -> SingleFileConfig:
+    found = config_path(path)
+    if found is None:
+        return SingleFileConfig()
+    data = _read_mapping(found)
+    used = {key: data[key] for key in SingleFileConfig.model_fields if key in data}
+    return parse(SingleFileConfig, _filled(used, found, _anchored_imaging), str(found))
+
+
 def load_config(path: str | Path | None = None) -> Config:
     found = config_path(path)
     if found is None:
         return Config()
-    data = read_yaml(found)
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"{found}: expected a mapping at the top level")
     source = str(found)
-    try:
-        data = _anchored(interpolate_env(data, ""), found.resolve().parent)
-    except ConfigError as exc:
-        raise ConfigError(f"{source}: {exc}") from None
+    data = _filled(_read_mapping(found), found, _anchored)
     hidden = environment_values(data)
     pipelines = data.pop("pipelines", None) or {}
     if not isinstance(pipelines, dict):
         raise ConfigError(f"{source}: pipelines: expected a mapping of pipeline name to settings")
     top = parse(Config, data, source)
+    checked_recipe(top.defaults.recipe, source, "defaults.recipe")  # also when no pipeline inherits it yet
     inherited = {key: data.get(key) or {} for key in ("defaults", "imaging", "isolation")}
     for key, value in inherited.items():
         if not isinstance(value, dict):
@@ -109,9 +121,28 @@ def load_config(path: str | Path | None = None) -> Config:
     return config
 
 
+def _read_mapping(found: Path) -> dict:
+    data = read_yaml(found)
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{found}: expected a mapping at the top level")
+    return data
+
+
+def _filled(data: dict, found: Path, anchored) -> dict:
+    """`data` with its ${VAR} filled in, then its relative paths made relative to the file's folder by
+    `anchored` (after interpolation: an absolute path from the environment stays absolute)."""
+    try:
+        return anchored(interpolate_env(data, ""), _anchor_in(config_folder(found)))
+    except ConfigError as exc:
+        raise ConfigError(f"{found}: {exc}") from None
+
+
 def _check_names(config: Config) -> None:
     """Names one section gives another's things: a misspelt one would match nothing, silently."""
-    recipes = sorted({*recipe_names(), *(Path(p.recipe).stem for p in config.pipelines.values())})
+    recipes = sorted({*recipe_names(config_folder(config.source_file)),
+                      *(Path(p.recipe).stem for p in config.pipelines.values())})
     named = [("celery.time_limits", [name for name in config.celery.time_limits if name != "default"],
               "recipe", recipes),
              *((f"celery.queues.{queue}.recipes", route.recipes, "recipe", recipes)
@@ -143,16 +174,17 @@ def _served(pipelines: dict[str, PipelineSettings], max_cvt: int, cached: tuple[
     return out
 
 
-def _anchored(data: dict, base: Path) -> dict:
-    """Make the file's relative paths relative to its folder (only keys that are paths by definition).
-
-    Runs after ${VAR} interpolation, so that an absolute path from the environment stays absolute; an
-    anchored value from the environment stays marked as such."""
+def _anchor_in(base: Path):
+    """A relative path made relative to `base`; an anchored value from the environment stays marked as such."""
     def anchor(value: Any) -> Any:
         if isinstance(value, str) and value and not Path(value).is_absolute():
             return type(value)(base / value)
         return value
+    return anchor
 
+
+def _anchored(data: dict, anchor) -> dict:
+    """Make the file's relative paths relative to its folder (only keys that are paths by definition)."""
     data = dict(data)
     data["state_dir"] = anchor(data.get("state_dir", "var/state"))
     if isinstance(data.get("ledger"), dict) and "path" in data["ledger"]:
@@ -166,6 +198,8 @@ def _anchored(data: dict, base: Path) -> dict:
                                    (*defaults.items(), ("documents_root", None)) if server.get(key, default)}}
         data["cache"] = {**cache, "dir": anchor(cache.get("dir", "var/iipsrv-cache")), "server": server}
     data = _anchored_imaging(data, anchor)
+    if isinstance(data.get("defaults"), dict):
+        data["defaults"] = _anchored_recipe(data["defaults"], anchor)
     pipelines = data.get("pipelines")
     if isinstance(pipelines, dict):
         data["pipelines"] = {name: _anchored_pipeline(p, anchor) for name, p in pipelines.items()}
@@ -181,12 +215,34 @@ def _anchored_imaging(section: dict, anchor) -> dict:
     return {**section, "imaging": {**imaging, "cmyk_fallback_profile": anchor(profile)}}
 
 
+def _anchored_recipe(section: dict, anchor) -> dict:
+    """`recipe:` is a path when it names a YAML file (a name is looked up beside the file: recipe_dirs)."""
+    recipe = section.get("recipe")
+    if not isinstance(recipe, str) or not is_recipe_file(recipe):
+        return section
+    return {**section, "recipe": anchor(recipe)}
+
+
 def _anchored_pipeline(pipeline: Any, anchor) -> Any:
     if not isinstance(pipeline, dict):
         return pipeline
-    pipeline = _anchored_imaging(dict(pipeline), anchor)
+    pipeline = _anchored_recipe(_anchored_imaging(dict(pipeline), anchor), anchor)
     for section, kinds in (("source", ("filesystem",)), ("store", ("local",))):
         part = pipeline.get(section)
         if isinstance(part, dict) and part.get("kind") in kinds and "root" in part:
             pipeline[section] = {**part, "root": anchor(part["root"])}
+    source = pipeline.get("source")
+    if isinstance(source, dict):
+        pipeline["source"] = _anchored_source_files(source, anchor)
     return pipeline
+
+
+def _anchored_source_files(source: dict, anchor) -> dict:
+    """A source's id list file (Rosetta's pid_list, OTMM's id_list) and a CA bundle given as verify_tls."""
+    source = dict(source)
+    for key in ("pid_list", "id_list"):
+        if isinstance(source.get(key), dict) and isinstance(source[key].get("file"), str):
+            source[key] = {**source[key], "file": anchor(source[key]["file"])}
+    if isinstance(source.get("verify_tls"), str) and tls_switch(source["verify_tls"]) is None:
+        source["verify_tls"] = anchor(source["verify_tls"])
+    return source

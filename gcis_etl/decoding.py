@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyvips
 
-from gcis_etl.errors import RejectedMaster
+from gcis_etl.errors import ConversionFailed, RejectedMaster
 from gcis_etl.models import ImageInfo
 
 # libvips' operation cache would hand a conversion the load of the same path made by an earlier one in this
@@ -35,7 +35,10 @@ class CannotOpen(Exception):
 
 
 def open_master(info: ImageInfo, decoders: tuple[str, ...], strict: bool) -> Decoded:
-    """The first decoder in `decoders` that opens the master; RejectedMaster when none can."""
+    """The first decoder in `decoders` that opens the master; RejectedMaster when none can. No decoder to try
+    says nothing about the master: a failure (retried once the configuration names one)."""
+    if not decoders:
+        raise ConversionFailed(f"no decoder to try for {info.format} (imaging.decoders)")
     failures: list[str] = []
     for name in decoders:
         try:

@@ -51,7 +51,7 @@ from pydantic import AfterValidator, Field, ValidationError, field_validator
 from connectors.base import LangValue, SourceObject
 from gcis_etl.errors import ManifestError
 from gcis_etl.iiif_validation import CONTEXT_2, CONTEXT_3, IMAGE_CONTEXT_2, require_valid
-from gcis_etl.settings import Settings
+from gcis_etl.settings import Settings, redacted
 from gcis_etl.stores import Provenance, Store, StoredObject
 
 log = logging.getLogger(__name__)
@@ -121,9 +121,12 @@ class ManifestSettings(Settings):
     @field_validator("manifest_base_url", "image_service_base_url")
     @classmethod
     def _base_url(cls, url: str) -> str:
+        """Both go into every manifest and collection, published: a password there would be public."""
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment:
             raise ValueError("must be an http(s) URL without query or fragment")
+        if parts.username or parts.password:
+            raise ValueError("must not carry credentials (user:password@): it is published in every manifest")
         return url.rstrip("/")
 
     @field_validator("versions")
@@ -241,12 +244,16 @@ class Manifests:
         return self._values(obj, statement.field) if statement else ()
 
     def _homepage(self, obj: SourceObject) -> str | None:
+        """The source record's URL without its user:password (a source URL may derive from a base_url that
+        carries the source's credentials): the manifest is public."""
         url = obj.source_url
         if self.settings.homepage_label is None or not url:
             return None
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname or not url.isprintable() or " " in url:
-            raise ManifestError(f"{self.pipeline}/{obj.id}: source URL {url!r} is not an http(s) URL")
+            raise ManifestError(f"{self.pipeline}/{obj.id}: source URL {redacted(url)!r} is not an http(s) URL")
+        if "@" in parts.netloc:
+            return parts._replace(netloc=parts.netloc.rpartition("@")[2]).geturl()
         return url
 
     def _language(self, value: LangValue) -> str:

@@ -10,9 +10,10 @@ import re
 from dataclasses import dataclass
 from datetime import timedelta
 from functools import cached_property
+from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field
 
 from connectors import Source, open_source, settings_model
 from gcis_etl.errors import ConfigError
@@ -54,14 +55,19 @@ class PipelineSettings(RunSettings):
     imaging: ImagingPolicy = ImagingPolicy()
     isolation: IsolationSettings = IsolationSettings()
 
-    @field_validator("recipe")
-    @classmethod
-    def _known_recipe(cls, name: str) -> str:
-        try:
-            load_recipe(name)
-        except ConfigError as exc:
-            raise ValueError(str(exc).splitlines()[0]) from None
-        return name
+
+def config_folder(config_file: str | Path) -> Path:
+    """The folder a config file's relative paths and recipe names start from (recipe_dirs)."""
+    return Path(config_file).resolve().parent
+
+
+def checked_recipe(name: str, source: str, key: str) -> Recipe:
+    """The recipe `key` names, or a ConfigError with all that is wrong with it (the recipe file's own
+    errors, YAML line and column included)."""
+    try:
+        return load_recipe(name, config_folder(source))
+    except ConfigError as exc:
+        raise ConfigError(f"{source}: {key}: {exc}") from None
 
 
 def pipeline_settings(name: str, data: Any, defaults: dict, imaging: dict, isolation: dict,
@@ -77,6 +83,7 @@ def pipeline_settings(name: str, data: Any, defaults: dict, imaging: dict, isola
               "imaging": {**imaging, **(data.get("imaging") or {})},
               "isolation": {**isolation, **(data.get("isolation") or {})}}
     settings = parse(PipelineSettings, merged, source, prefix)
+    checked_recipe(settings.recipe, source, f"{prefix}.recipe")
     versions = settings.manifests.versions if settings.manifests else ()
     problems = settings.store.keys.version_problems(versions)
     if problems:
@@ -109,7 +116,7 @@ class Pipeline:
 
     @cached_property
     def recipe(self) -> Recipe:
-        return load_recipe(self.settings.recipe)
+        return load_recipe(self.settings.recipe, config_folder(self.config_file))
 
     @cached_property
     def manifests(self) -> Manifests | None:

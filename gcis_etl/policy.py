@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
 
 from gcis_etl.formats import FORMAT_NAMES
 from gcis_etl.settings import Settings
+
+Level = Annotated[int, Field(ge=0, le=255)]  # an 8-bit sample
 
 
 class ImagingPolicy(Settings):
@@ -20,7 +22,8 @@ class ImagingPolicy(Settings):
     rejected_tiff_compressions: dict[int, str] = {6: "obsolete TIFF 'old-style' JPEG compression (6)"}
     reject_dng: bool = True
     alpha: Literal["flatten", "drop"] = "flatten"
-    background: tuple[int, int, int] = (255, 255, 255)
+    background: tuple[Level, Level, Level] = Field((255, 255, 255), description="sRGB 0..255 that alpha is "
+                                                  "flattened onto")
     rendering_intent: Literal["perceptual", "relative", "saturation", "absolute"] = "relative"
     black_point_compensation: bool = Field(
         False, description="LittleCMS black-point compensation (Photoshop's default with relative colorimetric): "
@@ -51,6 +54,16 @@ class ImagingPolicy(Settings):
             raise ValueError(f"unknown format {', '.join(map(repr, unknown))}: formats are named as they are "
                              f"recognised from content ({', '.join(FORMAT_NAMES)})")
         return names
+
+    @field_validator("decoders")
+    @classmethod
+    def _decoders_to_try(cls, decoders):
+        """A format with no decoder to try would have every master of it rejected, as if unreadable."""
+        for name, order in decoders.items():
+            if not order or len(set(order)) != len(order):
+                raise ValueError(f"{name}: list each decoder at most once, and at least one of them "
+                                 f"(got {list(order)})")
+        return decoders
 
     @field_validator("cmyk_fallback_profile")
     @classmethod

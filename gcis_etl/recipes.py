@@ -129,6 +129,8 @@ class Recipe(Settings):
         elif self.jp2.layers > 1 and len(self.jp2.rates) != self.jp2.layers:
             raise ValueError(f"jp2.rates: {self.encoder} needs one rate per layer ({self.jp2.layers}), "
                              f"got {len(self.jp2.rates)}")
+        else:
+            _check_opj_grk(self.encoder, self.jp2)
         return self
 
     @property
@@ -159,25 +161,51 @@ def _check_kdu_args(jp2: Jp2Parameters) -> None:
                          f"jp2.tiles: {list(jp2.tiles) if jp2.tiles else None}")
 
 
-def recipe_dirs() -> list[Path]:
-    """GCIS_RECIPES (colon-separated), then ./recipes, then the recipes shipped beside the package."""
+def _check_opj_grk(encoder: str, jp2: Jp2Parameters) -> None:
+    """What opj_compress (2.5) and grk_compress (10.0) cannot make although the fields validate: every
+    conversion would fail, in the encoder or in verification."""
+    if jp2.ht and encoder == "openjpeg":
+        raise ValueError("jp2.ht: opj_compress cannot write HTJ2K; use encoder grok or kakadu")
+    if jp2.ht and jp2.layers > 1:
+        raise ValueError(f"jp2.ht: {encoder} writes one quality layer with the HT block coder, not "
+                         f"{jp2.layers} (verification would fail): set layers: 1")
+    if jp2.tile_parts == "L":
+        raise ValueError(f"jp2.tile_parts: L (by layer) fails with {encoder} from a few layers and levels on "
+                         f"(3 layers at 7 levels, 4 at 5, 6 at 3: the encoder fails or writes an invalid JP2): "
+                         f"use R or C")
+    if encoder == "openjpeg" and jp2.tile_parts and jp2.precincts and jp2.progression in ("LRCP", "RLCP"):
+        raise ValueError(f"jp2.tile_parts: opj_compress cannot divide into tile-parts with precincts and "
+                         f"progression {jp2.progression} (\"Cannot encode tile\"): use RPCL, PCRL or CPRL, or "
+                         f"tile_parts: null")
+
+
+def recipe_dirs(folder: Path | None = None) -> list[Path]:
+    """GCIS_RECIPES (colon-separated), then the recipes/ beside the config file (`folder`: its folder; ./recipes
+    without one), then the recipes shipped beside the package: a cron job finds the recipes its config.yaml
+    names whatever its working directory."""
     dirs = [Path(p) for p in os.environ.get("GCIS_RECIPES", "").split(os.pathsep) if p]
-    return dirs + [Path.cwd() / "recipes", _REPO_RECIPES]
+    return dirs + [(folder or Path.cwd()) / "recipes", _REPO_RECIPES]
 
 
-def recipe_names() -> list[str]:
+def recipe_names(folder: Path | None = None) -> list[str]:
     """The recipes that can be named (a recipe's name is its file's)."""
-    return sorted({p.stem for d in recipe_dirs() if d.is_dir() for p in d.glob("*.yaml")})
+    return sorted({p.stem for d in recipe_dirs(folder) if d.is_dir() for p in d.glob("*.yaml")})
 
 
-def load_recipe(name_or_path: str | Path = DEFAULT_RECIPE) -> Recipe:
-    """A recipe by name (searched in recipe_dirs()) or by path to a YAML file."""
+def is_recipe_file(name_or_path: str | Path) -> bool:
+    """A recipe is given by path when it has a YAML file's suffix, by name otherwise."""
+    return Path(name_or_path).suffix in (".yaml", ".yml")
+
+
+def load_recipe(name_or_path: str | Path = DEFAULT_RECIPE, folder: Path | None = None) -> Recipe:
+    """A recipe by name (searched in recipe_dirs(folder)) or by path to a YAML file."""
     path = Path(name_or_path)
-    if path.suffix not in (".yaml", ".yml"):
-        candidates = [d / f"{name_or_path}.yaml" for d in recipe_dirs()]
+    if not is_recipe_file(path):
+        candidates = [d / f"{name_or_path}.yaml" for d in recipe_dirs(folder)]
         path = next((c for c in candidates if c.is_file()), None)
         if path is None:
-            raise ConfigError(f"recipe {name_or_path!r} not found (known: {', '.join(recipe_names()) or 'none'})")
+            known = ", ".join(recipe_names(folder)) or "none"
+            raise ConfigError(f"recipe {name_or_path!r} not found (known: {known})")
     data = read_yaml(path)
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping of recipe parameters")

@@ -74,7 +74,7 @@ def parse(model: type[M], data: Any, source: str, prefix: str = "") -> M:
     except ValidationError as exc:
         lines = []
         for err in exc.errors():
-            key = ".".join(str(p) for p in (prefix, *err["loc"]) if p != "")
+            key = ".".join(str(p) for p in (prefix, *_written(err["loc"], data)) if p != "")
             got = err.get("input")
             secret = any(_SECRET_KEY.search(str(p)) for p in err["loc"])
             if isinstance(got, FromEnvironment):
@@ -85,6 +85,23 @@ def parse(model: type[M], data: Any, source: str, prefix: str = "") -> M:
                 shown = f" (got {redacted(got) if isinstance(got, str) else got!r})"
             lines.append(f"{source}: {key or '<top>'}: {err['msg']}{shown}")
         raise ConfigError("\n".join(lines)) from None
+
+
+def _written(loc: tuple, data: Any) -> list:
+    """An error's key path as the file writes it: without the tag pydantic adds for a union told apart by
+    `kind` (pipelines.p.store.endpoint_url, not store.s3.endpoint_url)."""
+    path = []
+    for part in loc:
+        if isinstance(data, dict) and part not in data and data.get("kind") == part:
+            continue
+        path.append(part)
+        if isinstance(data, dict):
+            data = data.get(part)
+        elif isinstance(data, list) and isinstance(part, int) and 0 <= part < len(data):
+            data = data[part]
+        else:
+            data = None
+    return path
 
 
 class EnvironmentValues(frozenset):
@@ -110,8 +127,9 @@ def environment_values(value: Any) -> EnvironmentValues:
 
 def masked(value: Any, hidden: frozenset[str] = frozenset(), key: str = "") -> Any:
     """A copy of plain settings data for printing: the values of secret-named keys, and every string in
-    `hidden` (the environment's values) wherever it sits, replaced; and the `secrets` of hidden
-    EnvironmentValues inside any string."""
+    `hidden` (the environment's values) wherever it sits, replaced; the `secrets` of hidden
+    EnvironmentValues inside any string, and the password of any URL (a source's base_url written with
+    user:password@)."""
     if isinstance(value, dict):
         return {k: masked(v, hidden, str(k)) for k, v in value.items()}
     if isinstance(value, list):
@@ -121,25 +139,26 @@ def masked(value: Any, hidden: frozenset[str] = frozenset(), key: str = "") -> A
     if isinstance(value, str):
         for secret in getattr(hidden, "secrets", ()):
             value = value.replace(secret, _MASK)
+        value = redacted(value, _MASK)
     return value
 
 
-def redacted(url: str) -> str:
+def redacted(url: str, mask: str = "***") -> str:
     """The URL, or the ';'-separated URLs (Sentinel, failover), with every password masked: the userinfo's
     and those of secret-named query parameters (redis' ?password=). The userinfo ends at the last '@', so a
     password with an unencoded '#', '?' or '/' is masked too; an '@' after the host masks more than needed,
     never less."""
-    return ";".join(map(_redacted_one, url.split(";")))
+    return ";".join(_redacted_one(one, mask) for one in url.split(";"))
 
 
-def _redacted_one(url: str) -> str:
+def _redacted_one(url: str, mask: str) -> str:
     scheme, separator, rest = url.partition("://")
     if not separator:
         return url
     userinfo, at, rest = rest.rpartition("@")
     if at:
         user, colon, _ = userinfo.partition(":")
-        userinfo = f"{user}:***@" if colon else f"{userinfo}@"
+        userinfo = f"{user}:{mask}@" if colon else f"{userinfo}@"
     query = re.sub(r"([?&]([^=&#]*)=)([^&#]*)",
-                   lambda m: m.group(1) + ("***" if _SECRET_KEY.search(m.group(2)) else m.group(3)), rest)
+                   lambda m: m.group(1) + (mask if _SECRET_KEY.search(m.group(2)) else m.group(3)), rest)
     return f"{scheme}://{userinfo}{query}"

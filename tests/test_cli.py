@@ -140,6 +140,30 @@ def test_config_policy_applies(tmp_path):
     assert "1920x1080 = 2.0736 Mpx is over the 1.5 Mpx limit" in json.loads(proc.stdout)["reasons"][0]
 
 
+def test_commands_on_one_file_need_no_pipeline_secret_and_find_recipes_beside_the_config(tmp_path):
+    """A pipeline's unset ${VAR} does not stop inspect, convert or verify; the policy and a recipe named
+    from the config's folder still apply, whatever the working directory."""
+    etc = tmp_path / "etc"
+    (etc / "recipes").mkdir(parents=True)
+    (etc / "recipes" / "house-444.yaml").write_text((Path(__file__).parent.parent / "recipes" / "ptiff-jpeg-q90.yaml")
+                                                    .read_text().replace("name: ptiff-jpeg-q90", "name: house-444")
+                                                    .replace('chroma: "4:2:0"', 'chroma: "4:4:4"'))
+    cfg = etc / "config.yaml"
+    cfg.write_text("imaging: {max_megapixels: 1.5}\n"
+                   "pipelines:\n  museum:\n    source: {kind: otmm, base_url: 'https://otmm.example.org', "
+                   "username: etl, password: '${GCIS_TEST_UNSET_SECRET}'}\n    store: {kind: local, root: st}\n")
+    flowers, png, out = str(CORPUS / "jpeg-baseline/flowers.jpeg"), str(CORPUS / "png/exif.png"), tmp_path / "a.tif"
+    row = json.loads(run("--config", str(cfg), "inspect", "--json", "--header-only", flowers, cwd=tmp_path).stdout)
+    assert "over the 1.5 Mpx limit" in row["reasons"][0]
+    converted = run("--config", str(cfg), "convert", "--json", "-r", "house-444", png, str(out), cwd=tmp_path)
+    assert converted.returncode == 0, converted.stderr
+    verified = run("--config", str(cfg), "verify", "--json", "-r", "house-444", str(out), cwd=tmp_path)
+    assert verified.returncode == 0, verified.stdout
+    assert "house-444" in run("--config", str(cfg), "recipes", cwd=tmp_path).stdout
+    refused = run("--config", str(cfg), "config", "check", cwd=tmp_path)
+    assert refused.returncode == 2 and "GCIS_TEST_UNSET_SECRET is not set" in refused.stderr
+
+
 @pytest.mark.parametrize("command", ["inspect", "convert", "verify"])
 def test_help_teaches_with_an_example(command):
     proc = run(command, "--help")

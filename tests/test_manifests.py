@@ -356,6 +356,23 @@ def test_bad_manifest_settings_name_the_key(override, key):
         settings(**override)
 
 
+@pytest.mark.parametrize("key", ["manifest_base_url", "image_service_base_url"])
+def test_credentials_in_a_published_base_url_are_refused_and_not_shown(key):
+    with pytest.raises(ConfigError, match=rf"pipelines\.demo\.manifests\.{key}: .*must not carry credentials") as err:
+        settings(**{key: "https://stage:Hunter2-secret@cdn.example.org/x"})
+    assert "Hunter2-secret" not in str(err.value)
+
+
+def test_the_homepage_leaves_the_source_urls_credentials_out(store):
+    """A Rosetta source_url derives from its base_url, which may carry the source's user:password."""
+    record = SourceObject(id="IE1", modified=datetime(2026, 1, 1, tzinfo=timezone.utc), items=(),
+                          source_url="https://etl:Hunter2-secret@dam.example.org/delivery/IE1?x=1")
+    published = Manifests(settings(), "demo", store).publish(record, [image(1, object_id="IE1")])
+    v3, v2 = (json.loads(store.get_bytes(s.key)) for s in published.stored)
+    assert v3["homepage"][0]["id"] == v2["related"]["@id"] == "https://dam.example.org/delivery/IE1?x=1"
+    assert not [path for path in store.root.rglob("*") if path.is_file() and b"Hunter2" in path.read_bytes()]
+
+
 def test_a_lone_surrogate_in_a_value_goes_out_as_a_replacement_character_with_one_warning(store, caplog):
     """JSON's "\\ud83d" (an emoji a DAM cut in two) decodes to a lone surrogate, which UTF-8 cannot write."""
     manifests = Manifests(settings(), "demo", store)

@@ -47,8 +47,16 @@ BROKEN = [
     ("unknown store kind", with_pipeline(store={"kind": "ftp"}),
      "pipelines.museum.store: Input tag 'ftp' found using 'kind' does not match any of the expected tags"),
     ("bad bucket name", with_pipeline(store={"kind": "s3", "bucket": "Not_A_Bucket"}),
-     "pipelines.museum.store.s3.bucket: String should match pattern"),
-    ("unknown recipe", with_pipeline(recipe="ptiff-jpeg-q95"), "pipelines.museum.recipe: Value error, recipe 'ptiff-jpeg-q95' not found"),
+     "pipelines.museum.store.bucket: String should match pattern"),
+    ("unknown recipe", with_pipeline(recipe="ptiff-jpeg-q95"),
+     "pipelines.museum.recipe: recipe 'ptiff-jpeg-q95' not found"),
+    ("unknown default recipe, no pipeline", {"defaults": {"recipe": "nosuch"}},
+     "defaults.recipe: recipe 'nosuch' not found"),
+    ("S3 endpoint with credentials", with_pipeline(store={"kind": "s3", "bucket": "iiif",
+                                                          "endpoint_url": "https://k:pw@s3.example.org"}),
+     "pipelines.museum.store.endpoint_url: Value error, must not carry credentials"),
+    ("background out of range", {"imaging": {"background": [255, 300, -1]}},
+     "imaging.background.1: Input should be less than or equal to 255 (got 300)"),
     ("bad executor", with_pipeline(executor="threads"),
      "pipelines.museum.executor: Input should be 'local' or 'celery' (got 'threads')"),
     ("zero concurrency", with_pipeline(concurrency=0),
@@ -86,10 +94,10 @@ BROKEN = [
      "pipelines.museum.store.keys.collection: must use {version} when manifests.versions lists 3.0, 2.1"),
     ("image key without {item_id} or {sequence}",
      with_pipeline(store={"kind": "local", "root": "store", "keys": {"image": "{pipeline}/{object_id}.{ext}"}}),
-     "pipelines.museum.store.local.keys.image: Value error, must use {item_id} or {sequence}"),
+     "pipelines.museum.store.keys.image: Value error, must use {item_id} or {sequence}"),
     ("manifest key without {object_id}",
      with_pipeline(store={"kind": "local", "root": "store", "keys": {"manifest": "{pipeline}/v{version}.json"}}),
-     "pipelines.museum.store.local.keys.manifest: Value error, must use {object_id}"),
+     "pipelines.museum.store.keys.manifest: Value error, must use {object_id}"),
     # names that would match nothing, silently: every TIFF rejected, a decoder order or a limit never used
     ("format in lower case", {"imaging": {"accepted_formats": ["tiff", "JPEG"]}},
      "imaging.accepted_formats: Value error, unknown format 'tiff': formats are named as they are recognised "
@@ -212,6 +220,22 @@ def test_secret_looking_keys_are_masked_even_when_written_in_the_file(key, value
         "extra_headers": {key: "********", "Accept-Language": "en"}}
 
 
+def test_a_password_written_into_a_url_is_masked():
+    assert masked({"source": {"base_url": "https://etl:Hunter2-pw@otmm.example.org/otmmapi", "root": "m"}}) == {
+        "source": {"base_url": "https://etl:********@otmm.example.org/otmmapi", "root": "m"}}
+
+
+def test_a_password_from_the_environment_in_a_published_url_is_refused_unseen(tmp_path, monkeypatch):
+    monkeypatch.setenv("GCIS_TEST_MAN_PASSWORD", "EnvSecret-4242")
+    data = with_pipeline(manifests={**GOOD_PIPELINE["manifests"],
+                                    "manifest_base_url": "https://stage:${GCIS_TEST_MAN_PASSWORD}@cdn.example/x"})
+    with pytest.raises(ConfigError) as caught:
+        load_config(write(tmp_path, data))
+    message = str(caught.value)
+    assert "pipelines.museum.manifests.manifest_base_url: Value error, must not carry credentials" in message
+    assert "EnvSecret-4242" not in message
+
+
 def test_a_switch_under_a_secret_looking_key_is_shown():
     assert masked({"bearer_otmm_token": False, "client_secret": None}) == {"bearer_otmm_token": False,
                                                                            "client_secret": None}
@@ -276,3 +300,63 @@ def test_a_recipe_given_by_path_can_be_named_in_the_celery_section(tmp_path):
     config = load_config(write(tmp_path, data))
     assert config.celery.queue_for(config.pipeline("museum").recipe) == "house"
     assert config.celery.limits_for(config.pipeline("museum").recipe).hard_seconds == 20
+
+
+def recipe_file(folder: Path, name: str, quality: int = 80) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name}.yaml"
+    path.write_text((ROOT / "recipes" / "ptiff-jpeg-q90.yaml").read_text()
+                    .replace("name: ptiff-jpeg-q90", f"name: {name}").replace("quality: 90", f"quality: {quality}"))
+    return path
+
+
+@pytest.mark.parametrize("recipe", ["museum-q80", "recipes/museum-q80.yaml"], ids=["name", "relative path"])
+def test_a_recipe_is_found_beside_the_config_file_whatever_the_working_directory(tmp_path, monkeypatch, recipe):
+    """The README's cron line runs `gcis-etl --config /etc/gcis-etl/config.yaml harvest` from cron's folder."""
+    etc = tmp_path / "etc"
+    recipe_file(etc / "recipes", "museum-q80")
+    (tmp_path / "home").mkdir()
+    monkeypatch.chdir(tmp_path / "home")
+    config = load_config(write(etc, {"defaults": {"recipe": recipe}, **with_pipeline(recipe=recipe)}))
+    assert config.pipeline("museum").recipe.quality == 80
+    assert config.defaults.recipe in ("museum-q80", str(etc / "recipes/museum-q80.yaml"))
+
+
+def test_the_recipes_beside_the_config_file_come_before_the_shipped_ones(tmp_path, monkeypatch):
+    recipe_file(tmp_path / "etc" / "recipes", "ptiff-jpeg-q90", quality=70)
+    monkeypatch.chdir(ROOT)  # whose ./recipes holds the shipped one
+    config = load_config(write(tmp_path / "etc", with_pipeline(recipe="ptiff-jpeg-q90")))
+    assert config.pipeline("museum").recipe.quality == 70
+
+
+def test_source_files_are_relative_to_the_config_file(tmp_path, monkeypatch):
+    etc = tmp_path / "etc"
+    etc.mkdir()
+    monkeypatch.chdir(tmp_path)
+    rosetta = {"kind": "rosetta", "base_url": "https://rosetta.example.org", "username": "etl", "password": "pw-42",
+               "discovery": "pids",
+               "pid_list": {"file": "pids.txt"}, "verify_tls": "certs/ca.pem"}
+    otmm = {"kind": "otmm", "base_url": "https://otmm.example.org", "username": "etl", "password": "pw-42",
+            "discovery": "ids", "id_list": {"file": "lists/ids.txt"}, "verify_tls": "${GCIS_TEST_VERIFY}"}
+    monkeypatch.setenv("GCIS_TEST_VERIFY", "false")
+    config = load_config(write(etc, {"pipelines": {"a": {**GOOD_PIPELINE, "source": rosetta},
+                                                   "b": {**GOOD_PIPELINE, "source": otmm}}}))
+    a, b = (config.pipeline(name).source.settings for name in ("a", "b"))
+    assert (a.pid_list.file, a.verify_tls) == (etc / "pids.txt", str(etc / "certs/ca.pem"))
+    assert (b.id_list.file, b.verify_tls) == (etc / "lists/ids.txt", False)  # a switch, not a bundle named false
+
+
+@pytest.mark.parametrize("broken, shown", [
+    ("name: broken\nencoder: ptiff\nquality: 90\n chroma: '4:2:0'\n", ["line 4, column 8"]),
+    ("name: broken\nencoder: ptiff\nqualty: 90\ntile: 100\n", ["tile: Input should be a multiple of 16",
+                                                                   "qualty: Extra inputs are not permitted"]),
+], ids=["not YAML", "two errors"])
+def test_a_broken_recipe_named_by_a_pipeline_is_shown_whole(tmp_path, broken, shown):
+    (tmp_path / "recipes").mkdir()
+    (tmp_path / "recipes" / "broken.yaml").write_text(broken)
+    with pytest.raises(ConfigError) as caught:
+        load_config(write(tmp_path, with_pipeline(recipe="broken")))
+    message = str(caught.value)
+    assert message.startswith(f"{tmp_path / 'config.yaml'}: pipelines.museum.recipe: "
+                              f"{tmp_path / 'recipes' / 'broken.yaml'}: ")
+    assert all(part in message for part in shown)

@@ -40,10 +40,11 @@ class Span(click.ParamType):
             self.fail(str(exc), param, ctx)
 
 
-def _config(ctx: click.Context):
-    from gcis_etl.config import load_config
+def _config(ctx: click.Context, single_file: bool = False):
+    """The configuration; `single_file`: only what a command on one local file uses (load_single_file_config)."""
+    from gcis_etl.config import load_config, load_single_file_config
     try:
-        return load_config(ctx.obj)
+        return (load_single_file_config if single_file else load_config)(ctx.obj)
     except ConfigError as exc:
         _fail_config(exc)
 

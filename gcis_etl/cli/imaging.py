@@ -33,7 +33,7 @@ def inspect(ctx: click.Context, files: tuple[str, ...], as_json: bool, header_on
     from gcis_etl.inspection import inspect as inspect_header
     from gcis_etl.isolation import IsolatedProcess
     from gcis_etl.models import Verdict
-    cfg = _config(ctx)
+    cfg = _config(ctx, single_file=True)
     unpassed = 0
     folders = [path for path in files if os.path.isdir(path)]
     if len(folders) == len(files):
@@ -63,7 +63,7 @@ def inspect(ctx: click.Context, files: tuple[str, ...], as_json: bool, header_on
 @click.argument("src", type=click.Path(exists=True, dir_okay=False))
 @click.argument("dst", type=click.Path(dir_okay=False))
 @click.option("--recipe", "-r", default="ptiff-jpeg-q90", show_default=True,
-              help="Recipe name (recipes/NAME.yaml) or path to a recipe YAML file.")
+              help="Recipe name (recipes/NAME.yaml beside the config file, or shipped) or path to a recipe YAML file.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
 @click.pass_context
 def convert(ctx: click.Context, src: str, dst: str, recipe: str, as_json: bool) -> None:
@@ -78,12 +78,8 @@ def convert(ctx: click.Context, src: str, dst: str, recipe: str, as_json: bool) 
     """
     from gcis_etl.conversion import convert as convert_master
     from gcis_etl.conversion import output_name_problem
-    from gcis_etl.recipes import load_recipe
-    cfg = _config(ctx)
-    try:
-        rec = load_recipe(recipe)
-    except ConfigError as exc:
-        _fail_config(exc)
+    cfg = _config(ctx, single_file=True)
+    rec = _recipe(ctx, recipe)
     unservable = output_name_problem(dst)
     if unservable:
         raise click.BadParameter(unservable, param_hint="DST")
@@ -123,13 +119,9 @@ def verify(ctx: click.Context, file: str, recipe: str | None, as_json: bool) -> 
     """
     from gcis_etl.conversion import verify_in_child
     from gcis_etl.isolation import IsolatedProcess
-    from gcis_etl.recipes import load_recipe
     from gcis_etl.formats import sniff
     from gcis_etl.verification import Expectation
-    try:
-        rec = load_recipe(recipe) if recipe else None
-    except ConfigError as exc:
-        _fail_config(exc)
+    rec = _recipe(ctx, recipe) if recipe else None
     jp2 = sniff(file) == "JP2"  # by content, whatever the name says
     if rec is not None and (rec.jp2 is not None) != jp2:
         raise click.UsageError(f"{file} is {'a JP2' if jp2 else 'not a JP2'}, and recipe {rec.name} makes "
@@ -138,7 +130,7 @@ def verify(ctx: click.Context, file: str, recipe: str | None, as_json: bool) -> 
         expect = rec.jp2 if rec else None
     else:
         expect = Expectation(tile=rec.tile, chroma=rec.chroma) if rec else Expectation()
-    with IsolatedProcess(_config(ctx).isolation) as worker:
+    with IsolatedProcess(_config(ctx, single_file=True).isolation) as worker:
         report = worker.call(verify_in_child, file, expect)
     if as_json:
         click.echo(json.dumps(report.to_dict()))
@@ -150,11 +142,13 @@ def verify(ctx: click.Context, file: str, recipe: str | None, as_json: bool) -> 
 
 
 @main.command()
-def recipes() -> None:
-    """List the recipes found (GCIS_RECIPES, ./recipes, the shipped ones) with their digests."""
+@click.pass_context
+def recipes(ctx: click.Context) -> None:
+    """List the recipes found (GCIS_RECIPES, the recipes folder beside the config file or ./recipes without
+    one, the shipped ones) with their digests."""
     from gcis_etl.recipes import load_recipe, recipe_dirs
     seen = set()
-    for directory in recipe_dirs():
+    for directory in recipe_dirs(_recipe_folder(ctx)):
         for path in sorted(directory.glob("*.yaml")) if directory.is_dir() else ():
             if path.stem in seen:
                 continue
@@ -164,3 +158,19 @@ def recipes() -> None:
                 click.echo(f"{recipe.name:24} {recipe.digest}  {recipe.description[:70]}")
             except ConfigError as exc:
                 click.echo(f"{path.stem:24} INVALID: {exc}")
+
+
+def _recipe_folder(ctx: click.Context):
+    """Recipe names are looked up beside the config file first, as its pipelines' are (recipe_dirs)."""
+    from gcis_etl.config import config_path
+    from gcis_etl.pipelines import config_folder
+    found = config_path(ctx.obj)
+    return config_folder(found) if found else None
+
+
+def _recipe(ctx: click.Context, name_or_path: str):
+    from gcis_etl.recipes import load_recipe
+    try:
+        return load_recipe(name_or_path, _recipe_folder(ctx))
+    except ConfigError as exc:
+        _fail_config(exc)

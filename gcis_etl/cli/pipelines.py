@@ -169,7 +169,8 @@ def harvest(ctx: click.Context, pipelines: tuple[str, ...], dry_run: bool, since
     For each pipeline: the source's changes since the last checkpoint are fetched, converted, verified and
     deposited; each object's manifest is published once all its items are settled; the collection and the
     checkpoint follow. Unchanged items are skipped, rejected ones wait for the source to change, failed ones
-    are retried up to max_attempts. A report (JSON, and CSV of the problems) is written next to the ledger.
+    are retried up to max_attempts. A report (JSON, and CSV of the problems) is written under
+    <state_dir>/reports.
 
     Exit codes: 0 all deposited or skipped; 1 some items rejected or failed (or the source failed);
     2 configuration or usage error; 3 another run holds the pipeline's lock (nothing was done);

@@ -1,0 +1,53 @@
+"""JP2 recipes that validate field by field but that opj_compress / grk_compress cannot make are refused at
+load, naming why; their near neighbours still convert (real encoders, a small image made here)."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import pyvips
+import yaml
+
+from gcis_etl.conversion import convert
+from gcis_etl.errors import ConfigError
+from gcis_etl.recipes import load_recipe
+
+RECIPES = Path(__file__).resolve().parent.parent / "recipes"
+
+
+def edited(tmp_path: Path, shipped: str, **jp2) -> Path:
+    """A one-key edit of a shipped recipe, saved under a new name."""
+    data = yaml.safe_load((RECIPES / f"{shipped}.yaml").read_text())
+    name = f"edited-{len(list(tmp_path.glob('*.yaml')))}"
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump({**data, "name": name, "jp2": {**data["jp2"], **jp2}}))
+    return path
+
+
+@pytest.mark.parametrize("shipped, change, reason", [
+    ("jp2-openjpeg-lossy", {"progression": "LRCP"}, "opj_compress cannot divide into tile-parts with precincts "
+                                                    "and progression LRCP"),
+    ("jp2-openjpeg-lossless", {"progression": "RLCP", "tile_parts": "C"}, "progression RLCP"),
+    ("jp2-openjpeg-lossy", {"tile_parts": "L"}, "jp2.tile_parts: L (by layer) fails with openjpeg"),
+    ("jp2-grok-lossy", {"tile_parts": "L"}, "jp2.tile_parts: L (by layer) fails with grok"),
+    ("jp2-grok-lossy", {"ht": True}, "jp2.ht: grok writes one quality layer with the HT block coder, not 6"),
+    ("jp2-openjpeg-lossless", {"ht": True}, "jp2.ht: opj_compress cannot write HTJ2K"),
+], ids=["opj LRCP", "opj RLCP", "opj by layer", "grok by layer", "grok HT layers", "opj HT"])
+def test_what_the_encoder_cannot_make_is_refused_at_load(tmp_path, shipped, change, reason):
+    with pytest.raises(ConfigError, match=re.escape(reason)):
+        load_recipe(edited(tmp_path, shipped, **change))
+
+
+@pytest.mark.parametrize("shipped, change", [
+    ("jp2-openjpeg-lossy", {"progression": "LRCP", "tile_parts": None}),
+    ("jp2-openjpeg-lossy", {"tile_parts": "C"}),
+    ("jp2-grok-lossy", {"progression": "LRCP"}),
+    ("jp2-grok-htj2k", {"reversible": False, "rates": [2]}),
+], ids=["opj LRCP, no tile-parts", "opj by component", "grok LRCP", "grok HT lossy, one layer"])
+def test_the_neighbours_of_what_is_refused_convert(tmp_path, shipped, change):
+    master = tmp_path / "master.tif"
+    pyvips.Image.xyz(700, 500).extract_band(0).cast("uchar").bandjoin([128, 64]).copy(
+        interpretation="srgb").tiffsave(str(master))
+    result = convert(master, tmp_path / "out.jp2", load_recipe(edited(tmp_path, shipped, **change)))
+    assert result.ok, result.reason
