@@ -16,9 +16,20 @@ class IdListSettings(Settings):
     def read(self) -> list[str]:
         ids = list(self.ids)
         if self.file:
-            try:
-                lines = self.file.read_text().splitlines()
-            except OSError as exc:
-                raise SourceError(f"{self.file}: cannot read the id list: {exc.strerror}") from None
-            ids += [line.split("#", 1)[0].strip() for line in lines]
+            ids += [line.split("#", 1)[0].strip() for line in read_text(self.file).splitlines()]
         return [i.strip() for i in ids if i.strip()]
+
+
+def read_text(path: Path) -> str:
+    """An id list's text: UTF-8, with or without the byte order mark Windows editors save (read as part of the
+    first id, it would lose that object). Anything else is a SourceError naming the line to fix."""
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise SourceError(f"{path}: cannot read the id list: {exc.strerror}") from None
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = data[:exc.start].count(b"\n") + 1
+        raise SourceError(f"{path}: line {line} is not UTF-8 (byte {data[exc.start]:#04x}): save the id list as "
+                          f"UTF-8") from None

@@ -53,6 +53,7 @@ class HarvestOptions:
     full: bool = False                     # list the whole source whatever the checkpoint, like a first run
     reencode: str | None = None            # re-derive what was deposited with this recipe (by name)
     fresh_attempts: bool = False           # failed items of object_ids start their attempts again (retry)
+    keep_superseded: bool = False          # access masters re-derived under another key stay in the store
 
 
 @dataclass(frozen=True)
@@ -342,22 +343,24 @@ class Harvest:
         manifests = self.pipeline.manifests
         images = [DepositedImage(item.sequence, record.output_key, record.width, record.height, item.label)
                   for item, record in items if record.status == "deposited"]
-        if manifests is None or not images:
-            return
-        label = [[v.value, v.language] for v in manifests.label_of(obj)]
-        digest = _manifest_fingerprint(obj, images, manifests.settings.model_dump_json())
-        known = self.ledger.object(self.pipeline.name, obj.id)
-        if known is not None and known.manifest_fingerprint == digest and not self.options.force:
-            return
-        try:
-            manifests.publish(obj, images)
-        except ManifestError as exc:  # the object's metadata: it waits for the source to change, the run goes on
-            reason = f"manifest not published: {exc}"
-            self._count(obj.id, MANIFEST, Outcome.REJECTED.value, reason)
-            self.ledger.reject_manifest(self.run_id, self.pipeline.name, obj.id, reason)
-            return
-        self.ledger.record_manifest(self.pipeline.name, obj.id, obj.modified, label, digest)
-        self.manifests_published += 1
+        if manifests is not None and images:
+            label = [[v.value, v.language] for v in manifests.label_of(obj)]
+            digest = _manifest_fingerprint(obj, images, manifests.settings.model_dump_json())
+            known = self.ledger.object(self.pipeline.name, obj.id)
+            if known is None or known.manifest_fingerprint != digest or self.options.force:
+                try:
+                    manifests.publish(obj, images)
+                except ManifestError as exc:  # the object's metadata: it waits for the source to change
+                    reason = f"manifest not published: {exc}"
+                    self._count(obj.id, MANIFEST, Outcome.REJECTED.value, reason)
+                    self.ledger.reject_manifest(self.run_id, self.pipeline.name, obj.id, reason)
+                    return  # its deposited manifest still shows the superseded keys
+                self.ledger.record_manifest(self.pipeline.name, obj.id, obj.modified, label, digest)
+                self.manifests_published += 1
+        from gcis_etl.supersession import retire_superseded
+        for retired in retire_superseded(self.ledger, self.pipeline, obj.id, self.options.keep_superseded):
+            self.progress.note(f"{'kept' if retired.kept else 'deleted'} {retired.key}, superseded by "
+                               f"{retired.replaced_by}")
 
     def update_collection(self) -> None:
         manifests = self.pipeline.manifests

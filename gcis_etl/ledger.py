@@ -7,7 +7,8 @@ loses at most the items in flight, which the next run redoes (item processing is
 Item rows hold the item's settled state: `deposited`, `rejected` or `failed` (with attempts for the current
 source version). What a run did with each item is in `run_items` (`skipped` ones for the latest runs only:
 ledger.skipped_history_runs). An object whose manifest was rejected is in `manifest_problems` until a manifest
-of it is published.
+of it is published. An access master an item no longer uses (re-derived under another key) is in `superseded`
+until nothing refers to it (gcis_etl/supersession.py).
 """
 from __future__ import annotations
 
@@ -29,6 +30,12 @@ RUNS = """CREATE TABLE IF NOT EXISTS runs (
     deposited INTEGER NOT NULL DEFAULT 0, skipped INTEGER NOT NULL DEFAULT 0,
     rejected INTEGER NOT NULL DEFAULT 0, failed INTEGER NOT NULL DEFAULT 0,
     manifests INTEGER NOT NULL DEFAULT 0, note TEXT
+)"""
+
+SUPERSEDED = """CREATE TABLE IF NOT EXISTS superseded (
+    pipeline TEXT NOT NULL, object_id TEXT NOT NULL, item_id TEXT NOT NULL, key TEXT NOT NULL,
+    run_id INTEGER, at TEXT NOT NULL,
+    PRIMARY KEY (pipeline, key)
 )"""
 
 SCHEMA = f"""
@@ -59,6 +66,8 @@ CREATE TABLE IF NOT EXISTS manifest_problems (
     pipeline TEXT NOT NULL, object_id TEXT NOT NULL, reason TEXT NOT NULL, run_id INTEGER NOT NULL, at TEXT NOT NULL,
     PRIMARY KEY (pipeline, object_id)
 );
+{SUPERSEDED};
+CREATE INDEX IF NOT EXISTS superseded_object ON superseded (pipeline, object_id);
 CREATE TABLE IF NOT EXISTS checkpoints (
     pipeline TEXT PRIMARY KEY, checkpoint TEXT NOT NULL, run_id INTEGER, updated TEXT NOT NULL
 );
@@ -158,6 +167,16 @@ class ObjectRecord:
 
 
 @dataclass(frozen=True)
+class SupersededKey:
+    pipeline: str
+    object_id: str
+    item_id: str
+    key: str
+    run_id: int | None  # the run that deposited its replacement (None: taken from a reencode notes file)
+    at: str
+
+
+@dataclass(frozen=True)
 class ManifestProblem:
     pipeline: str
     object_id: str
@@ -216,6 +235,8 @@ class Ledger:
         if read_only:
             db = sqlite3.connect(path.resolve().as_uri() + "?mode=ro", uri=True, timeout=busy_timeout_seconds)
             db.execute("SELECT count(*) FROM sqlite_master").fetchone()  # opens the file now, not at a query
+            if not db.execute("SELECT 1 FROM sqlite_master WHERE name='superseded'").fetchone():
+                db.execute(SUPERSEDED.replace("CREATE TABLE", "CREATE TEMP TABLE"))  # made by an older version
             return db
         path.parent.mkdir(parents=True, exist_ok=True)
         db = sqlite3.connect(path, timeout=busy_timeout_seconds)
@@ -335,7 +356,10 @@ class Ledger:
             after = (rows[-1].object_id, rows[-1].item_id)
 
     def record(self, run_id: int, result: ItemResult, source_modified: datetime | None) -> None:
-        """Store one result and what the run did; a failure counts an attempt of the current source version."""
+        """Store one result and what the run did; a failure counts an attempt of the current source version.
+        A deposit under another key than the item's last one (a recipe with another extension) supersedes that
+        key: it stays in the store, where manifests may still show it, until it is retired; a key deposited
+        again (a reencode reversed) is no longer superseded."""
         previous = self.item(result.pipeline, result.object_id, result.item_id)
         same_version = previous is not None and previous.fingerprint == result.fingerprint \
             and previous.recipe_digest == result.recipe_digest
@@ -361,6 +385,11 @@ class Ledger:
                  _ts(source_modified), result.master_sha256, result.recipe, result.recipe_digest,
                  result.outcome.value, result.key, result.sha256, result.bytes, result.width, result.height,
                  result.reason, attempts, int(result.transient), stamp, stamp, run_id))
+            if result.outcome is Outcome.DEPOSITED and result.key:
+                self.db.execute("DELETE FROM superseded WHERE pipeline=? AND key=?", (result.pipeline, result.key))
+                if previous is not None and previous.output_key and previous.output_key != result.key:
+                    self._supersede(result.pipeline, result.object_id, result.item_id, previous.output_key, run_id,
+                                    stamp)
             self._run_item(run_id, result.object_id, result.item_id, result.outcome.value, result.reason,
                            result.seconds, stamp)
 
@@ -375,6 +404,34 @@ class Ledger:
                         "VALUES (?,?,?,?,?,?,?) ON CONFLICT (run_id, object_id, item_id) DO UPDATE SET "
                         "outcome=excluded.outcome, reason=excluded.reason, seconds=excluded.seconds, at=excluded.at",
                         (run_id, object_id, item_id, outcome, reason, seconds, stamp))
+
+    def supersede(self, pipeline: str, object_id: str, item_id: str, key: str, run_id: int | None) -> None:
+        with self.db:
+            self._supersede(pipeline, object_id, item_id, key, run_id, _ts(now()))
+
+    def _supersede(self, pipeline: str, object_id: str, item_id: str, key: str, run_id: int | None,
+                   stamp: str) -> None:
+        self.db.execute("INSERT INTO superseded (pipeline, object_id, item_id, key, run_id, at) VALUES (?,?,?,?,?,?) "
+                        "ON CONFLICT (pipeline, key) DO NOTHING", (pipeline, object_id, item_id, key, run_id, stamp))
+
+    def superseded(self, pipeline: str, object_id: str | None = None, page: int = 1000) -> Iterator[SupersededKey]:
+        """The keys waiting to be retired, of one object or all, in (object_id, key) order, a page at a time."""
+        where, args = ("object_id=?", (object_id,)) if object_id is not None else ("1", ())
+        after = ("", "")
+        while True:
+            rows = self._all(SupersededKey, f"superseded WHERE pipeline=? AND {where} AND (object_id, key) > (?, ?) "
+                                            f"ORDER BY object_id, key LIMIT ?", pipeline, *args, *after, page)
+            yield from rows
+            if len(rows) < page:
+                return
+            after = (rows[-1].object_id, rows[-1].key)
+
+    def superseded_count(self, pipeline: str) -> int:
+        return self.db.execute("SELECT count(*) FROM superseded WHERE pipeline=?", (pipeline,)).fetchone()[0]
+
+    def forget_superseded(self, pipeline: str, key: str) -> None:
+        with self.db:
+            self.db.execute("DELETE FROM superseded WHERE pipeline=? AND key=?", (pipeline, key))
 
     def forget_item(self, pipeline: str, object_id: str, item_id: str) -> None:
         with self.db:

@@ -4,7 +4,7 @@ Without --ids: a harvest of everything the source lists, whatever the pipeline's
 continues where the last run stopped: the source is listed again and the ledger skips every settled item.
 A complete run moves the checkpoint as a first harvest does (to the moment the listing started, never past an
 object with unsettled items), so the cron harvests carry on from there; a run cut short (--limit,
---max-minutes, Ctrl-C, an error) leaves it where it was.
+--max-minutes, Ctrl-C) moves it only when the source lists oldest first, to where its listing stopped.
 
 With --ids: the objects of a CSV file (column --id-column) or of a text file (one id per line, '#' comments),
 in harvest runs of --batch-size objects. Objects whose manifest is published and that have no failed item are
@@ -30,11 +30,12 @@ Exit codes: 0 done; 1 some items rejected or failed, or stopped on an error (run
 from __future__ import annotations
 
 import csv
+import io
 from pathlib import Path
 
 import click
 
-from connectors.idlist import IdListSettings
+from connectors.idlist import IdListSettings, read_text
 from gcis_etl.errors import SourceError
 from gcis_etl.ledger import Ledger
 from gcis_etl.migration import MigrationContext, migration
@@ -63,19 +64,18 @@ def main(ctx: MigrationContext, name: str, ids_file: Path | None, id_column: str
 
 def read_ids(path: Path, column: str) -> list[str]:
     """The ids in file order, each once."""
-    if path.suffix.lower() == ".csv":
-        with open(path, newline="", encoding="utf-8-sig") as f:
-            reader = csv.DictReader(f)
+    try:
+        if path.suffix.lower() != ".csv":
+            ids = IdListSettings(file=path).read()
+        else:
+            reader = csv.DictReader(io.StringIO(read_text(path), newline=""))
             if column not in (reader.fieldnames or []):
                 raise click.BadParameter(f"{path} has no column {column!r} (columns: "
                                          f"{', '.join(reader.fieldnames or []) or 'none'}); see --id-column",
                                          param_hint="--ids")
             ids = [(row[column] or "").strip() for row in reader]
-    else:
-        try:
-            ids = IdListSettings(file=path).read()
-        except SourceError as exc:
-            raise click.BadParameter(str(exc), param_hint="--ids") from None
+    except SourceError as exc:
+        raise click.BadParameter(str(exc), param_hint="--ids") from None
     return list(dict.fromkeys(i for i in ids if i))
 
 

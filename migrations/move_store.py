@@ -1,9 +1,10 @@
 """Copy a pipeline's access masters, manifests and collections to another store, verified end to end.
 
-Every key the ledger knows for the pipeline (each item's access master, each published object's manifests,
-the collections) is copied from the source store (default: the pipeline's configured store) to the target
-store (default: the configured one). The bytes read must have the SHA-256 that the ledger and the source
-store recorded; the target verifies the SHA-256 it receives, and what it reports afterwards must match.
+Every key the ledger knows for the pipeline (each item's access master, the superseded ones not retired yet,
+each published object's manifests, the collections) is copied from the source store (default: the pipeline's
+configured store) to the target store (default: the configured one). The bytes read must have the SHA-256 that
+the ledger and the source store recorded; the target verifies the SHA-256 it receives, and what it reports
+afterwards must match.
 Keys do not change (they are relative to a store's root or prefix), so the ledger stays valid as it is.
 Re-running continues where the last run stopped: keys already in the target with the same SHA-256 (as the
 target records it) are not copied again. The pipeline is locked while keys are copied, so no harvest deposits
@@ -140,10 +141,13 @@ class StoreKey:
 
 
 def pipeline_keys(ledger: Ledger, pipeline: Pipeline) -> Iterator[StoreKey]:
-    """Access masters (the last deposit of every item: a failed re-derivation still serves the old one), then
-    manifests, then the collections: what refers to an object goes after it."""
+    """Access masters (the last deposit of every item: a failed re-derivation still serves the old one), those
+    superseded but not retired yet (a manifest may still show them; one retired meanwhile is absent, which is
+    fine), then manifests, then the collections: what refers to an object goes after it."""
     for record in ledger.iter_items(pipeline.name, "output_key IS NOT NULL"):
         yield StoreKey(record.output_key, record.sha256, record.status == "deposited")
+    for superseded in ledger.superseded(pipeline.name):
+        yield StoreKey(superseded.key, None, False)
     manifests = pipeline.manifests
     if manifests is None:
         return

@@ -9,8 +9,8 @@ run stopped: items already made with --to-recipe are no longer selected.
 Old access masters: with the same extension, the new access master replaces the old one under the same key.
 With another extension (.tif to .jp2) it goes under a new key, and the old key is deleted once no deposited
 manifest of its object refers to it any more; --keep-old keeps them instead (each is listed in the report's
-CSV). Until an old key can go (an item of its object failed, the run was cut short) it is noted in
-<state_dir>/migrations/reencode-<pipeline>.json, and the next run finishes the job.
+CSV). Until an old key can go (an item of its object failed, the run was cut short) the ledger records it as
+superseded, and the next run (or harvest of the object) finishes the job.
 
 Set the pipeline's `recipe:` to the new recipe so new items are made with it too. Pause the pipeline's cron
 harvests meanwhile: a harvest holding the pipeline stops the migration (exit 3). The pipeline's
@@ -28,19 +28,16 @@ Exit codes: 0 done; 1 some items rejected or failed, or stopped on an error (run
 """
 from __future__ import annotations
 
+import heapq
 import json
-from dataclasses import asdict, dataclass
-from functools import lru_cache
-from itertools import chain, groupby
-from pathlib import Path
+from dataclasses import dataclass
+from itertools import groupby
 from typing import Iterable, Iterator
 
 import click
 
-from gcis_etl.durable import atomic_write
 from gcis_etl.errors import ConfigError
 from gcis_etl.ledger import Ledger
-from gcis_etl.manifests import DepositedImage
 from gcis_etl.migration import MigrationContext, migration
 from gcis_etl.pipelines import Pipeline
 from gcis_etl.recipes import Recipe, load_recipe
@@ -69,40 +66,13 @@ def main(ctx: MigrationContext, names: tuple[str, ...], from_recipe: str, to_rec
 
 @dataclass(frozen=True)
 class OldKey:
-    """An access master about to be replaced, as the ledger knew it before the run that replaces it."""
+    """An access master the migration replaces: a selected item's key before the run that re-derives it (with
+    the key it will have), or one the ledger records as superseded already (new_key None)."""
 
     object_id: str
     item_id: str
-    sequence: int
     key: str
-
-
-class OldKeys:
-    """The old keys a migration still has to deal with, on disk: noted before the harvest run that replaces
-    them, forgotten once deleted (or kept, or replaced in place), so a run killed in between leaves them to the
-    next run rather than in the store for ever."""
-
-    def __init__(self, path: Path, dry_run: bool):
-        self.path = path
-        self.dry_run = dry_run
-        entries = json.loads(path.read_text()) if path.is_file() else []
-        self.entries = {(e["object_id"], e["item_id"]): OldKey(**e) for e in entries}
-
-    def note(self, keys: Iterable[OldKey]) -> None:
-        self.entries.update({(k.object_id, k.item_id): k for k in keys})
-        self.save()
-
-    def forget(self, key: OldKey) -> None:
-        self.entries.pop((key.object_id, key.item_id), None)
-
-    def save(self) -> None:
-        if self.dry_run:
-            return
-        if not self.entries:
-            self.path.unlink(missing_ok=True)
-            return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(self.path, json.dumps([asdict(k) for k in self.entries.values()], indent=1) + "\n")
+    new_key: str | None
 
 
 def by_object(keys: Iterable[OldKey], size: int) -> Iterator[dict[str, list[OldKey]]]:
@@ -141,75 +111,75 @@ class Reencode:
         self.from_recipe = from_recipe
         self.target = target
         self.keep_old = keep_old
-        self.old = OldKeys(ctx.config.state_dir / "migrations" / f"reencode-{pipeline.name}.json", ctx.dry_run)
 
     def selected(self, ledger: Ledger) -> Iterator[OldKey]:
-        for record in ledger.iter_items(self.pipeline.name, "status='deposited' AND recipe=? AND recipe_digest<>?",
-                                        (self.from_recipe, self.target.digest)):
-            yield OldKey(record.object_id, record.item_id, record.sequence, record.output_key)
+        """What was deposited with --from-recipe, and what failed to be re-derived with the target (its old
+        access master is still the item's: the harvest retries it within its attempts)."""
+        extension = self.target.extension.lstrip(".")
+        for record in ledger.iter_items(self.pipeline.name, "output_key IS NOT NULL AND ((status='deposited' AND "
+                                        "recipe=? AND recipe_digest<>?) OR (status='failed' AND recipe_digest=?))",
+                                        (self.from_recipe, self.target.digest, self.target.digest)):
+            new_key = self.pipeline.store.keys.image_key(self.pipeline.name, record.object_id, record.item_id,
+                                                         record.sequence, extension)
+            yield OldKey(record.object_id, record.item_id, record.output_key, new_key)
+
+    def waiting(self, ledger: Ledger) -> list[OldKey]:
+        """The keys already superseded (an earlier run cut short, an item of the object failed), whose objects
+        are harvested again so their manifests are republished and the keys retired. An older version noted
+        them in a file of its own: those no item uses any more are taken into the ledger, once."""
+        name = self.pipeline.name
+        notes = self.ctx.config.state_dir / "migrations" / f"reencode-{name}.json"
+        noted = json.loads(notes.read_text()) if notes.is_file() else []
+        superseded = [OldKey(e["object_id"], e["item_id"], e["key"], None) for e in noted
+                      if getattr(ledger.item(name, e["object_id"], e["item_id"]), "output_key", None) != e["key"]]
+        if not self.ctx.dry_run:
+            for old in superseded:
+                ledger.supersede(name, old.object_id, old.item_id, old.key, None)
+            notes.unlink(missing_ok=True)
+            superseded = []
+        superseded += [OldKey(s.object_id, s.item_id, s.key, None) for s in ledger.superseded(name)]
+        return sorted(set(superseded), key=lambda k: (k.object_id, k.key))
 
     def run(self, batch_size: int) -> bool:
-        """Old keys left by an earlier run first (their objects' manifests may still need republishing), then
-        everything selected; False when the migration should go no further."""
-        left = sorted(self.old.entries.values(), key=lambda k: (k.object_id, k.item_id))
+        """Each object once, in order, whether it has keys waiting or items selected; False when the migration
+        should go no further."""
         with self.ctx.ledger() as ledger:
-            for batch in chain(by_object(left, batch_size), by_object(self.selected(ledger), batch_size)):
+            keys = heapq.merge(self.waiting(ledger), self.selected(ledger), key=lambda k: k.object_id)
+            for batch in by_object(keys, batch_size):
                 if not self.batch(ledger, batch):
                     return False
-        if self.old.entries and not self.ctx.dry_run:
+            waiting = ledger.superseded_count(self.pipeline.name)
+        if waiting and not self.ctx.dry_run:
             self.ctx.report.notes.append(
-                f"{self.pipeline.name}: {len(self.old.entries)} old access masters wait until their objects are "
-                f"re-derived and republished (see {self.old.path}): run again (after `gcis-etl retry` for items "
-                f"out of attempts)")
+                f"{self.pipeline.name}: {waiting} old access masters wait until their objects are re-derived and "
+                f"republished: run again (after `gcis-etl retry` for items out of attempts)")
         return True
 
     def batch(self, ledger: Ledger, batch: dict[str, list[OldKey]]) -> bool:
         keys = [key for object_keys in batch.values() for key in object_keys]
         if self.ctx.dry_run:
-            moving = sum(k.key != self.new_key(k) for k in keys)
+            moving = sum(k.key != k.new_key for k in keys)
             if moving:
                 self.ctx.report.add("old access masters to keep" if self.keep_old else "old access masters to delete",
                                     moving)
-        self.old.note(keys)
         go_on = self.ctx.harvest(self.pipeline.name, object_ids=tuple(batch), recipe=self.target.name,
-                                 reencode=self.from_recipe)
+                                 reencode=self.from_recipe, keep_superseded=self.keep_old)
         if not self.ctx.dry_run:
-            self.settle(ledger, keys)
+            self.settle(ledger, batch)
         return go_on
 
-    def new_key(self, old: OldKey) -> str:
-        return self.pipeline.store.keys.image_key(self.pipeline.name, old.object_id, old.item_id, old.sequence,
-                                                  self.target.extension.lstrip("."))
-
-    def settle(self, ledger: Ledger, keys: list[OldKey]) -> None:
-        """Delete (or keep) each old key nothing refers to any more; forget those replaced in place."""
-        store = self.pipeline.store
-        manifests = self.pipeline.manifests
-
-        @lru_cache(maxsize=None)
-        def deposited_manifests(object_id: str) -> tuple[str, ...]:
-            found = [manifests.manifest_key(object_id, v) for v in manifests.settings.versions]
-            return tuple(store.get_bytes(key).decode() for key in found if store.exists(key))
-
-        for old in keys:
-            record = ledger.item(self.pipeline.name, old.object_id, old.item_id)
-            if record is None:
-                self.old.forget(old)
-            elif record.output_key == old.key:
-                if record.recipe_digest == self.target.digest and record.status == "rejected":
-                    self.ctx.report.event(old.key, "old access masters kept",
-                                          f"{self.target.name} rejects the master ({record.reason})")
-                if record.recipe_digest == self.target.digest and record.status != "failed":
-                    self.old.forget(old)  # replaced in place, or rejected; a failed one waits for its retry
-            elif manifests is None or not any(f'"{self.service_id(old)}"' in text
-                                              for text in deposited_manifests(old.object_id)):
-                if self.keep_old:
-                    self.ctx.report.event(old.key, "old access masters kept", f"replaced by {record.output_key}")
-                else:
-                    store.delete(old.key)
-                    self.ctx.report.event(old.key, "old access masters deleted", f"replaced by {record.output_key}")
-                self.old.forget(old)
-        self.old.save()
-
-    def service_id(self, old: OldKey) -> str:
-        return self.pipeline.manifests.image_service_id(DepositedImage(old.sequence, old.key, 0, 0))
+    def settle(self, ledger: Ledger, batch: dict[str, list[OldKey]]) -> None:
+        """Report what became of each old key in the run: retired (a key that is neither superseded nor an
+        item's any more: deleted, or kept with --keep-old), or kept because the target recipe rejects the
+        master. The others still wait in the ledger."""
+        name = self.pipeline.name
+        waiting = {s.key for object_id in batch for s in ledger.superseded(name, object_id)}
+        for old in (key for keys in batch.values() for key in keys if key.key not in waiting):
+            record = ledger.item(name, old.object_id, old.item_id)
+            if record is None or record.output_key != old.key:
+                self.ctx.report.event(old.key, "old access masters kept" if self.keep_old
+                                      else "old access masters deleted",
+                                      f"replaced by {record.output_key}" if record else "its item is gone")
+            elif record.status == "rejected" and record.recipe_digest == self.target.digest:
+                self.ctx.report.event(old.key, "old access masters kept",
+                                      f"{self.target.name} rejects the master ({record.reason})")

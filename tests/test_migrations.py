@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from urllib.parse import unquote
 
@@ -39,8 +40,9 @@ class Site:
     def config(self) -> Path:
         return self.root / "config.yaml"
 
-    def configure(self, store: dict) -> None:
-        pipeline = {"source": {"kind": "filesystem", "root": "masters"}, "store": store, "manifests": MANIFESTS}
+    def configure(self, store: dict, recipe: str = "ptiff-jpeg-q90") -> None:
+        pipeline = {"source": {"kind": "filesystem", "root": "masters"}, "store": store, "manifests": MANIFESTS,
+                    "recipe": recipe}
         self.config.write_text(yaml.safe_dump({"state_dir": "state", "defaults": {"concurrency": 1},
                                                "pipelines": {PIPELINE: pipeline}}))
 
@@ -58,6 +60,10 @@ class Site:
         """item id -> (status, recipe, output key)"""
         with self.ledger() as ledger:
             return {r.item_id: (r.status, r.recipe, r.output_key) for r in ledger.items(PIPELINE)}
+
+    def superseded(self) -> set[str]:
+        with self.ledger() as ledger:
+            return {s.key for s in ledger.superseded(PIPELINE)}
 
     def runs(self) -> int:
         with self.ledger() as ledger:
@@ -141,8 +147,12 @@ def test_initial_load_dry_run_then_resumes_after_a_limit_and_sets_the_checkpoint
     ok(site.migrate("initial_load", "--pipeline", PIPELINE, "--limit", "2"))
     first = site.items()
     assert [status for status, _, _ in first.values()] == ["deposited", "deposited"]
-    with site.ledger() as ledger:
-        assert ledger.checkpoint(PIPELINE) is not None  # cut short: moved to where the listing stopped
+    unloaded = {name.split("/")[0] for name in MASTERS} - {item.split("/")[0] for item in first}
+    reached = min(max(datetime.fromtimestamp(p.stat().st_mtime, timezone.utc)  # as the source stamps objects
+                          for p in (site.root / "masters" / obj).iterdir()) for obj in unloaded)
+    with site.ledger() as ledger:  # cut short over a source listing oldest first: as far as its listing got
+        checkpoint = ledger.checkpoint(PIPELINE)
+        assert checkpoint is not None and checkpoint <= reached
 
     out = ok(site.migrate("initial_load", "--pipeline", PIPELINE))
     assert "2 deposited, 2 skipped" in out
@@ -207,6 +217,21 @@ def test_initial_load_from_an_id_list(site):
     assert proc.returncode == 2 and "no column 'object_id' (columns: pid)" in proc.stderr
 
 
+@pytest.mark.parametrize("name, header", [("ids.txt", b""), ("ids.csv", b"object_id\r\n")])
+def test_an_id_list_saved_with_a_byte_order_mark_loses_no_id_and_one_in_latin_1_is_a_usage_error(site, name,
+                                                                                                 header):
+    ids = site.root / name
+    ids.write_bytes(b"\xef\xbb\xbf" + header + b"b\r\nc\r\n")  # as Windows Notepad saves UTF-8
+    assert "2 would process" in ok(site.migrate("initial_load", "--pipeline", PIPELINE, "--ids", name, "--dry-run"))
+
+    ids.write_bytes(header + b"b\ncaf\xe9\n")
+    proc = site.migrate("initial_load", "--pipeline", PIPELINE, "--ids", name)
+    assert proc.returncode == 2, proc.stderr
+    line = 3 if header else 2
+    assert f"{name}: line {line} is not UTF-8 (byte 0xe9): save the id list as UTF-8" in proc.stderr
+    assert "Traceback" not in proc.stderr and site.items() == {}
+
+
 # --------------------------------------------------------------------------------------------- reencode
 
 
@@ -251,7 +276,7 @@ def test_reencode_to_another_extension_deletes_old_keys_once_no_manifest_refers_
     assert {"museum/a/a~2Fp1.png.jp2", "museum/a/a~2Fp1.png.tif", "museum/a/a~2Fp2.jpg.tif"} <= stored.keys()
     assert image_references(stored) <= stored.keys()  # a's manifest still shows the old ones: they stay
     assert "museum/c/c~2Fy.tif.tif" not in stored and "museum/c/c~2Fy.tif.jp2" in stored
-    assert (site.root / "state" / "migrations" / "reencode-museum.json").is_file()
+    assert site.superseded() == {"museum/a/a~2Fp1.png.tif"}  # waits for a's manifest to be republished
 
     blocked.rmdir()
     out = ok(site.migrate("reencode", *args))
@@ -260,7 +285,7 @@ def test_reencode_to_another_extension_deletes_old_keys_once_no_manifest_refers_
     images = {key for key in stored if not key.endswith(".json")}
     assert images == {key for _, _, key in site.items().values()} and all(k.endswith(".jp2") for k in images)
     assert image_references(stored) == images
-    assert not (site.root / "state" / "migrations" / "reencode-museum.json").exists()
+    assert site.superseded() == set()
     deleted = Path(report_of(out)["csv_path"]).read_text()
     assert "museum/a/a~2Fp1.png.tif,old access masters deleted" in deleted
 
@@ -275,6 +300,64 @@ def test_reencode_keep_old_leaves_the_old_keys_listed(site):
     assert sum(key.endswith(".tif") for key in stored) == 4 and sum(key.endswith(".jp2") for key in stored) == 4
     assert all(key.endswith(".jp2") for key in image_references(stored))
     assert "set `recipe: jp2-openjpeg-lossless`" in out
+
+
+def test_a_harvest_that_re_derives_under_another_key_deletes_the_old_one_once_the_manifest_is_republished(site):
+    ok(site.run("gcis-etl", "harvest"))
+    site.configure({"kind": "local", "root": "store"}, recipe="jp2-openjpeg-lossless")
+    edited = site.root / "masters" / "b" / "x.jpg"
+    shutil.copy(CORPUS / "gray8/hopper_gray.jpg", edited)  # edited in the source: re-derived by the next harvest
+    os.utime(edited, (edited.stat().st_mtime + 5,) * 2)
+    out = ok(site.run("gcis-etl", "harvest"))
+    assert "1 deposited" in out
+    stored = site.stored()
+    assert "museum/b/b~2Fx.jpg.jp2" in stored and "museum/b/b~2Fx.jpg.tif" not in stored
+    assert "museum/a/a~2Fp1.png.tif" in stored  # not re-derived: still the item's access master
+    assert image_references(stored) == {key for _, _, key in site.items().values()}
+    assert site.superseded() == set()
+
+    ok(site.run("gcis-etl", "harvest", "--force", "--object", "a"))
+    images = {key for key in site.stored() if not key.endswith(".json")}
+    assert images == {key for _, _, key in site.items().values()}
+    assert images == {"museum/a/a~2Fp1.png.jp2", "museum/a/a~2Fp2.jpg.jp2", "museum/b/b~2Fx.jpg.jp2",
+                      "museum/c/c~2Fy.tif.tif"}
+
+
+def test_a_reencode_trial_counts_each_key_once_and_a_reversed_reencode_leaves_no_orphan(site):
+    ok(site.migrate("initial_load", "--pipeline", PIPELINE))
+    to_jp2 = ("--pipeline", PIPELINE, "--from-recipe", "ptiff-jpeg-q90", "--to-recipe", "jp2-openjpeg-lossless")
+    ok(site.migrate("reencode", *to_jp2, "--limit", "1"))
+    assert site.superseded() == {"museum/a/a~2Fp1.png.tif"}  # a is cut short: its manifest still shows it
+
+    out = ok(site.migrate("reencode", *to_jp2, "--dry-run"))
+    assert "4 old access masters to delete, 3 would process, 1 would skip" in out
+
+    out = ok(site.migrate("reencode", "--pipeline", PIPELINE, "--from-recipe", "jp2-openjpeg-lossless",
+                          "--to-recipe", "ptiff-jpeg-q90"))
+    assert "1 deposited, 1 skipped, 1 old access masters deleted" in out
+    images = {key for key in site.stored() if not key.endswith(".json")}
+    assert images == {key for _, _, key in site.items().values()} and all(k.endswith(".tif") for k in images)
+    assert site.superseded() == set()
+
+
+def test_reencode_takes_the_notes_of_an_older_version_into_the_ledger_once(site):
+    ok(site.migrate("initial_load", "--pipeline", PIPELINE))
+    to_jp2 = ("--pipeline", PIPELINE, "--from-recipe", "ptiff-jpeg-q90", "--to-recipe", "jp2-openjpeg-lossless")
+    ok(site.migrate("reencode", *to_jp2, "--limit", "1"))
+    with site.ledger() as ledger:  # as an older version left it: the old keys in its file, not in the ledger
+        ledger.forget_superseded(PIPELINE, "museum/a/a~2Fp1.png.tif")
+    notes = site.root / "state" / "migrations" / f"reencode-{PIPELINE}.json"
+    notes.parent.mkdir(parents=True)
+    noted = [("a/p1.png", "museum/a/a~2Fp1.png.tif"), ("a/p2.jpg", "museum/a/a~2Fp2.jpg.tif")]
+    notes.write_text(json.dumps([{"object_id": "a", "item_id": item, "sequence": n, "key": key}
+                                 for n, (item, key) in enumerate(noted)]))
+    assert "4 old access masters to delete" in ok(site.migrate("reencode", *to_jp2, "--dry-run"))
+    assert notes.is_file()
+
+    out = ok(site.migrate("reencode", *to_jp2))
+    assert "4 old access masters deleted" in out and not notes.exists()
+    images = {key for key in site.stored() if not key.endswith(".json")}
+    assert images == {key for _, _, key in site.items().values()} and all(k.endswith(".jp2") for k in images)
 
 
 # ------------------------------------------------------------------------------------------- move_store
@@ -441,6 +524,32 @@ def test_delete_source_reads_the_target_back_and_keeps_the_source_of_a_damaged_c
     assert f"failed: {key}:" in proc.stdout and "read back with SHA-256" in proc.stdout
     assert report_of(proc.stdout)["counts"] == {"present": 7, "failed": 1, "deleted from the source": 7}
     assert site.stored() == {key: good}
+
+
+def test_move_store_copies_the_superseded_keys_a_manifest_still_shows_and_deletes_them_from_the_source(site):
+    ok(site.migrate("initial_load", "--pipeline", PIPELINE))
+    blocked = site.store / "museum" / "a" / "a~2Fp2.jpg.jp2"
+    blocked.mkdir()  # the deposit of one item of object a fails: a's manifest still shows its .tif keys
+    to_jp2 = ("--pipeline", PIPELINE, "--from-recipe", "ptiff-jpeg-q90", "--to-recipe", "jp2-openjpeg-lossless")
+    ok(site.migrate("reencode", *to_jp2), code=1)
+    blocked.rmdir()
+    assert site.superseded() == {"museum/a/a~2Fp1.png.tif"}
+
+    out = ok(site.migrate("move_store", "--pipeline", PIPELINE, "--to-store", "{kind: local, root: other}"))
+    assert "9 copied" in out
+    other = site.root / "other"
+    moved = site.stored(other)
+    assert moved == site.stored() and image_references(moved) <= moved.keys()  # no 404 after the switch
+
+    site.configure({"kind": "local", "root": "other"})
+    out = ok(site.migrate("move_store", "--pipeline", PIPELINE, "--from-store", "{kind: local, root: store}",
+                          "--delete-source"))
+    assert "9 deleted from the source" in out and site.stored() == {}
+
+    out = ok(site.migrate("reencode", *to_jp2))
+    assert "2 old access masters deleted" in out
+    images = {key for key in site.stored(other) if not key.endswith(".json")}
+    assert images == {key for _, _, key in site.items().values()} and all(k.endswith(".jp2") for k in images)
 
 
 def test_move_store_removes_what_a_killed_run_left(site, minio, s3_bucket, aws_env):
