@@ -46,6 +46,12 @@ def tls_switch(value: str) -> bool | None:
     return _SWITCHES.get(value.strip().lower())
 
 
+def tls_setting(value: object) -> object:
+    """A verify_tls value as validated: a string spelling a switch becomes it, anything else stays."""
+    switch = tls_switch(value) if isinstance(value, str) else None
+    return value if switch is None else switch
+
+
 class HttpSourceSettings(Settings):
     """What every HTTP connector's settings share."""
 
@@ -57,8 +63,7 @@ class HttpSourceSettings(Settings):
     @field_validator("verify_tls", mode="before")
     @classmethod
     def _switch_or_bundle(cls, value: object) -> object:
-        switch = tls_switch(value) if isinstance(value, str) else None
-        return value if switch is None else switch
+        return tls_setting(value)
 
 
 class HttpSession:

@@ -24,6 +24,7 @@ from connectors.errors import (AuthenticationFailed, ObjectNotFound, PermissionD
                                SourceUnavailable, TransferInterrupted)
 from connectors.fetching import CHUNK_SIZE, Body, fixity
 from connectors.grouping import GroupedSource, GroupingSettings, StoredFile
+from connectors.http import tls_setting
 from connectors.redaction import Secret, register, scrub
 from connectors.retry import RetryBudget, RetryPolicy
 from gcis_etl.settings import Settings
@@ -47,6 +48,11 @@ class S3Settings(Settings):
     etag_is_md5: bool = True
     grouping: GroupingSettings = GroupingSettings()
     retry: RetryPolicy = RetryPolicy()
+
+    @field_validator("verify_tls", mode="before")
+    @classmethod
+    def _switch_or_bundle(cls, value: object) -> object:
+        return tls_setting(value)
 
     @field_validator("prefix")
     @classmethod

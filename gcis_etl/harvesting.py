@@ -29,7 +29,7 @@ from gcis_etl.executors import Executor, open_executor
 from gcis_etl.ledger import COUNTED, MANIFEST, STOPPED_ON_REQUEST, ItemRecord, Ledger, now
 from gcis_etl.locks import pipeline_lock
 from gcis_etl.manifests import CollectionEntry, DepositedImage
-from gcis_etl.pipelines import Pipeline
+from gcis_etl.pipelines import Pipeline, config_folder
 from gcis_etl.recipes import load_recipe
 from gcis_etl.reports import PLANNED, PlannedItem, RunReport, report_from_ledger, write_report
 from gcis_etl.work import ItemResult, ItemTask, Outcome, fingerprint
@@ -113,7 +113,8 @@ class Harvest:
         self.ledger = ledger
         self.progress = progress
         self.stop = stop
-        self.recipe = pipeline.recipe if options.recipe is None else load_recipe(options.recipe)
+        self.recipe = (pipeline.recipe if options.recipe is None
+                       else load_recipe(options.recipe, config_folder(pipeline.config_file)))
         self.counts = {name: 0 for name in COUNTED}
         self.manifests_published = 0
         self.pending: dict[str, _PendingObject] = {}

@@ -39,7 +39,7 @@ import click
 from gcis_etl.errors import ConfigError
 from gcis_etl.ledger import Ledger
 from gcis_etl.migration import MigrationContext, migration
-from gcis_etl.pipelines import Pipeline
+from gcis_etl.pipelines import Pipeline, config_folder
 from gcis_etl.recipes import Recipe, load_recipe
 
 
@@ -56,8 +56,8 @@ def main(ctx: MigrationContext, names: tuple[str, ...], from_recipe: str, to_rec
     _known(ctx, names, from_recipe)
     for name in names:
         pipeline = ctx.pipeline(name)
-        target = load_recipe(to_recipe or pipeline.settings.recipe)
-        if target.name != pipeline.settings.recipe:
+        target = pipeline.recipe if to_recipe is None else load_recipe(to_recipe, config_folder(pipeline.config_file))
+        if target.name != pipeline.recipe.name:
             ctx.report.notes.append(f"{name}: new items are still made with {pipeline.settings.recipe}: "
                                     f"set `recipe: {target.name}` in {ctx.config.source_file}")
         if not Reencode(ctx, pipeline, from_recipe, target, keep_old).run(batch_size):
@@ -91,7 +91,7 @@ def _known(ctx: MigrationContext, names: tuple[str, ...], recipe: str) -> None:
     """--from-recipe names a recipe that exists, or one the ledger records (since removed): a misspelt name
     would otherwise match nothing and report 'nothing to do'."""
     try:
-        load_recipe(recipe)
+        load_recipe(recipe, config_folder(ctx.config.source_file))
         return
     except ConfigError:
         pass

@@ -11,7 +11,8 @@ import pytest
 from connectors import open_source
 from connectors.errors import (AuthenticationFailed, FetchIntegrityError, ObjectNotFound, SourceRequestFailed,
                                SourceUnavailable)
-from connectors.s3 import S3Source
+from connectors.s3 import S3Settings, S3Source
+from gcis_etl.settings import parse
 from tests.emulators import FAST_RETRY
 from tests.emulators.catalogue import CORPUS
 from tests.servers import free_port
@@ -132,3 +133,9 @@ def test_an_unreachable_endpoint_is_a_bounded_outage():
                                 "retry": {**FAST_RETRY, "max_attempts": 2}}, name="down")
     with pytest.raises(SourceUnavailable, match="EndpointConnectionError after 2 attempt"):
         list(source.changes(None))
+
+
+@pytest.mark.parametrize("written, validated", [("false", False), ("YES", True), ("certs/ca.pem", "certs/ca.pem")])
+def test_verify_tls_from_the_environment_is_a_switch_when_it_spells_one(written, validated):
+    """${VAR} fills in strings: 'false' stayed a string, read as the path of a CA bundle (verification on)."""
+    assert parse(S3Settings, {"bucket": "masters", "verify_tls": written}, "config.yaml").verify_tls == validated
