@@ -152,10 +152,12 @@ class PipelineStatus:
     last_run_counts: dict[str, int]
     problems: list[Problem]
     process_gone: bool  # the last run is recorded as running, but nothing holds the pipeline's lock
+    superseded: int = 0  # old access masters waiting until no manifest shows them (gcis_etl/supersession.py)
 
     def to_dict(self) -> dict:
         run = self.last_run
         return {"pipeline": self.pipeline, "checkpoint": self.checkpoint, "items": self.items,
+                "superseded_waiting": self.superseded,
                 "last_run": {"run_id": run.run_id, "status": run.status, "process_gone": self.process_gone,
                              "started": run.started, "finished": run.finished, "note": run.note,
                              **self.last_run_counts} if run else None,
@@ -165,6 +167,9 @@ class PipelineStatus:
         counts = ", ".join(f"{n} {status}" for status, n in self.items.items())
         lines = [self.pipeline, f"  checkpoint: {self.checkpoint or 'none (the next run reads everything)'}",
                  f"  items: {counts}"]
+        if self.superseded:
+            lines.append(f"  superseded access masters: {self.superseded} wait until their objects' manifests are "
+                         f"republished without them (an item failed, a manifest was rejected, or a run was cut short)")
         if self.last_run:
             shown = ENDED_UNFINISHED if self.process_gone else self.last_run.status
             lines.append(f"  last run: {self.last_run.run_id} {shown}, started {self.last_run.started}, "
@@ -187,4 +192,4 @@ def pipeline_status(ledger: Ledger, pipeline: str, lock: RunLock, shown: int = 1
     problems += [Problem(m.object_id, MANIFEST, "rejected", 0, m.reason)
                  for m in ledger.manifest_problems(pipeline, limit=shown)]
     return PipelineStatus(pipeline, checkpoint.isoformat() if checkpoint else None, ledger.counts(pipeline), run,
-                          ledger.counts_so_far(run) if run else {}, problems, gone)
+                          ledger.counts_so_far(run) if run else {}, problems, gone, ledger.superseded_count(pipeline))

@@ -277,6 +277,9 @@ def test_reencode_to_another_extension_deletes_old_keys_once_no_manifest_refers_
     assert image_references(stored) <= stored.keys()  # a's manifest still shows the old ones: they stay
     assert "museum/c/c~2Fy.tif.tif" not in stored and "museum/c/c~2Fy.tif.jp2" in stored
     assert site.superseded() == {"museum/a/a~2Fp1.png.tif"}  # waits for a's manifest to be republished
+    status = site.run("gcis-etl", "status", PIPELINE)
+    assert "superseded access masters: 1 wait until their objects' manifests are republished" in status.stdout
+    assert json.loads(site.run("gcis-etl", "status", "--json", PIPELINE).stdout)["superseded_waiting"] == 1
 
     blocked.rmdir()
     out = ok(site.migrate("reencode", *args))
