@@ -62,9 +62,10 @@ class TimeLimits(Settings):
 
 
 class TaskRetry(Settings):
-    """Automatic retries of transient failures (source or store outage, network error) inside one attempt;
-    anything else (a rejected master, a conversion failure, a time limit) is not retried here. A worker
-    process lost in the middle of a task (killed, crashed) also counts as a retry."""
+    """Automatic retries of transient failures (source or store outage, network error) inside one attempt, by
+    the pool process that ran the task, after a backoff: within the task's time limits, which the backoffs count
+    against. Anything else (a rejected master, a conversion failure, a time limit) is not retried here. A task
+    whose pool process died (killed, crashed) is sent again at once, up to max_retries times."""
 
     max_retries: int = Field(3, ge=0, le=20)
     backoff_seconds: int = Field(10, ge=0, description="delay before the first retry; doubles each time")
@@ -145,10 +146,12 @@ class CelerySettings(Settings):
             raise ValueError("time_limits: needs a 'default' entry")
         if self.default_queue in self.queues:
             raise ValueError(f"queues: {self.default_queue!r} is the default_queue")
-        longest = max(limits.hard_seconds for limits in self.time_limits.values()) + self.retry.backoff_max_seconds
+        # A task is unacknowledged from its delivery to its end: retries and their backoffs run inside it, and
+        # with one task prefetched per pool process it starts as it is delivered.
+        longest = max(limits.hard_seconds for limits in self.time_limits.values())
         if self.visibility_timeout_seconds <= longest:
-            raise ValueError(f"visibility_timeout_seconds must exceed the longest hard time limit plus "
-                             f"retry.backoff_max_seconds ({longest}), or running tasks would be redelivered")
+            raise ValueError(f"visibility_timeout_seconds must exceed the longest hard time limit ({longest}), "
+                             f"or running tasks would be redelivered")
         return self
 
     @property

@@ -93,7 +93,7 @@ def decide(record: ItemRecord | None, item_fingerprint: str, recipe_digest: str,
 class _PendingObject:
     obj: SourceObject
     waiting: set[str] = field(default_factory=set)
-    complete: bool = True  # every item was planned (a stop or a limit can cut an object short)
+    complete: bool = False  # every item is planned (a stop or a limit can cut an object short)
 
 
 class Progress:
@@ -254,16 +254,16 @@ class Harvest:
                                                    decision.reason)
                     continue
                 if self.should_stop():
-                    pending.complete = False
                     break
                 pending.waiting.add(task.item.id)
                 tasks += 1
                 self.submitted += 1
-                for result in executor.submit(task):
+                for result in executor.submit(task):  # may be this item's own: an earlier run's, still recorded
                     self.settle(result)
+            else:
+                pending.complete = True
             self.progress.planned(obj, tasks)
-            if not pending.waiting and pending.complete:
-                self.object_settled(obj.id)
+            self._settle_when_done(obj.id)
         if not self.should_stop() and not self.options.object_ids and self.options.retry_failed:
             self.report_exhausted()
         for result in executor.drain():
@@ -322,8 +322,14 @@ class Harvest:
         self.ledger.record(self.run_id, result, item.modified)
         self._count(result.object_id, result.item_id, result.outcome.value, result.reason)
         pending.waiting.discard(result.item_id)
-        if not pending.waiting and pending.complete:
-            self.object_settled(result.object_id)
+        self._settle_when_done(result.object_id)
+
+    def _settle_when_done(self, object_id: str) -> None:
+        """Once all of an object's items are planned and have an outcome, and only once: an item's outcome can
+        come back while the object is still being planned (the executor had it already)."""
+        pending = self.pending.get(object_id)
+        if pending is not None and pending.complete and not pending.waiting:
+            self.object_settled(object_id)
 
     def _count(self, object_id: str, item_id: str, outcome: str, reason: str | None) -> None:
         self.counts[outcome] += 1

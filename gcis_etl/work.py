@@ -121,13 +121,13 @@ class Worker:
     def __init__(self, pipelines: dict[str, Pipeline], scratch: Path):
         self.pipelines = pipelines
         self.scratch = scratch
-        self._children: dict[str, IsolatedProcess] = {}
+        self._conversion: IsolatedProcess | None = None
         self._recipes = RecipeCache(p.recipe for p in pipelines.values())  # a migration's are read once too
 
     def close(self) -> None:
-        for child in self._children.values():
-            child.close()
-        self._children.clear()
+        if self._conversion is not None:
+            self._conversion.close()
+            self._conversion = None
 
     def __enter__(self) -> Worker:
         return self
@@ -136,9 +136,13 @@ class Worker:
         self.close()
 
     def _child(self, pipeline: Pipeline) -> IsolatedProcess:
-        if pipeline.name not in self._children:
-            self._children[pipeline.name] = IsolatedProcess(pipeline.settings.isolation)
-        return self._children[pipeline.name]
+        """One conversion child at a time, whatever the number of pipelines (each child may grow to its
+        isolation.max_rss_mb): a task of a pipeline with other isolation settings gets a new one."""
+        if self._conversion is not None and self._conversion.settings != pipeline.settings.isolation:
+            self.close()
+        if self._conversion is None:
+            self._conversion = IsolatedProcess(pipeline.settings.isolation)
+        return self._conversion
 
     def process(self, task: ItemTask) -> ItemResult:
         """Never raises for a bad item or an outage: the result says what happened and why."""

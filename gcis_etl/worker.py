@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from gcis_etl.config import Config, load_config
-from gcis_etl.distributed import OUTAGE_RETRY_CEILING_SECONDS, TASK_NAME, CelerySettings, redacted
+from gcis_etl.distributed import OUTAGE_RETRY_CEILING_SECONDS, TASK_NAME, CelerySettings, TaskRetry, redacted
 from gcis_etl.errors import ConfigError, GcisError
 from gcis_etl.pipelines import Pipeline
 from gcis_etl.recipes import RecipeCache
@@ -61,10 +61,12 @@ def celery_app(settings: CelerySettings):
     app.conf.task_queues = [Queue(name, Exchange(name), routing_key=name)
                             for name in (settings.default_queue, *settings.queues)]
 
-    @app.task(name=TASK_NAME, bind=True, max_retries=settings.retry.max_retries,
-              default_retry_delay=settings.retry.backoff_seconds)
-    def process_item(self, payload: dict[str, Any]) -> dict[str, Any]:
-        return _run(self, settings, ItemTask.from_dict(payload)).to_dict()
+    # A task whose pool process died is sent again (task_retry_on_worker_lost) up to max_retries times, at once:
+    # with a countdown, the worker that took it would hold it, unacknowledged, behind its running tasks (see
+    # _PoolProcess.process).
+    @app.task(name=TASK_NAME, max_retries=settings.retry.max_retries, default_retry_delay=0)
+    def process_item(payload: dict[str, Any]) -> dict[str, Any]:
+        return _pool_process().process(ItemTask.from_dict(payload), settings.retry).to_dict()
 
     return app
 
@@ -79,21 +81,6 @@ class _OneLineRetries(logging.Filter):
             record.msg, record.args = f"{record.getMessage()} ({type(error).__name__}: {error})", ()
             record.exc_info, record.exc_text = None, None
         return True
-
-
-def _run(celery_task, settings: CelerySettings, task: ItemTask) -> ItemResult:
-    from celery.utils.time import get_exponential_backoff_interval
-
-    result = _pool_process().process(task)
-    retries = celery_task.request.retries
-    if result.outcome is Outcome.FAILED and result.transient and retries < settings.retry.max_retries:
-        retry = settings.retry
-        countdown = get_exponential_backoff_interval(retry.backoff_seconds, retries, retry.backoff_max_seconds,
-                                                     retry.jitter)
-        log.warning("%s/%s: %s; retry %d of %d in %d s", task.object_id, task.item.id, result.reason,
-                    retries + 1, retry.max_retries, countdown)
-        raise celery_task.retry(countdown=countdown)
-    return result
 
 
 # ------------------------------------------------------------------------------------ in the worker
@@ -111,11 +98,28 @@ class _PoolProcess:
         self.worker = Worker({name: config.pipeline(name) for name in config.pipelines}, scratch)
         self.soft_limit_hit = False
 
-    def process(self, task: ItemTask) -> ItemResult:
+    def process(self, task: ItemTask, retry: TaskRetry) -> ItemResult:
+        """A transient failure is retried here, after its backoff, not by Celery's retry with a countdown: that
+        new message would be taken at once by a worker and held, unacknowledged, behind its running tasks while
+        other workers idle, and redelivered past the visibility timeout to run twice at once. Here the task is
+        held at most its hard time limit, which the backoffs count against."""
         from billiard.pool import SIG_SOFT_TIMEOUT
+        from celery.utils.time import get_exponential_backoff_interval
         self.soft_limit_hit = False
         signal.signal(SIG_SOFT_TIMEOUT, self._on_soft_limit)  # billiard installs its own after our init
         result = self.worker.process(task)
+        for retries in range(retry.max_retries):
+            if result.outcome is not Outcome.FAILED or not result.transient or self.soft_limit_hit:
+                break
+            delay = get_exponential_backoff_interval(retry.backoff_seconds, retries, retry.backoff_max_seconds,
+                                                     retry.jitter)
+            log.warning("%s/%s: %s; retry %d of %d in %d s", task.object_id, task.item.id, result.reason,
+                        retries + 1, retry.max_retries, delay)
+            try:
+                time.sleep(delay)
+            except SoftTimeLimit:
+                break
+            result = self.worker.process(task)
         if self.soft_limit_hit:
             from celery import current_task
             soft = current_task.request.timelimit[1]
@@ -162,7 +166,9 @@ def _on_worker_init(sender: Any = None, **kwargs: Any) -> None:
 
 
 def _on_process_init(**kwargs: Any) -> None:
-    """In each new pool process: own process group (for the hard limit), scratch left by dead ones removed."""
+    """In each new pool process: own process group (for the hard limit), scratch left by dead ones removed. The
+    folder of its own pid is always a dead one's: a node restarted in a container (its own pid namespace) gets
+    the same pids again."""
     os.setpgrp()
     _refuse_libvips("Celery pool process")
     import psutil
@@ -170,7 +176,7 @@ def _on_process_init(**kwargs: Any) -> None:
     host = socket.gethostname()
     for folder in scratch.glob(f"{host}-*"):
         pid = folder.name.rsplit("-", 1)[1]
-        if pid.isdigit() and not psutil.pid_exists(int(pid)):
+        if pid.isdigit() and (int(pid) == os.getpid() or not psutil.pid_exists(int(pid))):
             shutil.rmtree(folder, ignore_errors=True)
     log.info("pool process %d ready", os.getpid())
 

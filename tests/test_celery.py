@@ -5,15 +5,18 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import yaml
 
 from gcis_etl.config import load_config
 from gcis_etl.distributed import CelerySettings
 from gcis_etl.errors import ConfigError
 from gcis_etl.executors import LocalExecutor
+from gcis_etl.harvesting import harvest
 from gcis_etl.pipelines import Pipeline
 from gcis_etl.recipes import load_recipe
 from gcis_etl.settings import parse
@@ -49,9 +52,12 @@ def test_settings_are_validated_with_the_key_named():
         parse(CelerySettings, {"result_backend": "rpc://"}, "config.yaml", "celery")
     with pytest.raises(ConfigError, match=r"result_backend: required when the broker is not Redis"):
         parse(CelerySettings, {"broker_url": "amqp://guest@rabbit:5672//"}, "config.yaml", "celery")
-    with pytest.raises(ConfigError, match=r"visibility_timeout_seconds must exceed .* \(7300\)"):
-        parse(CelerySettings, {"time_limits": {"default": {}, "slow": {"soft_seconds": 6000, "hard_seconds": 7000}}},
+    with pytest.raises(ConfigError, match=r"visibility_timeout_seconds must exceed .* \(7200\)"):
+        parse(CelerySettings, {"time_limits": {"default": {}, "slow": {"soft_seconds": 6000, "hard_seconds": 7200}}},
               "config.yaml", "celery")
+    # retries wait out their backoff inside the task: it is held no longer than its hard limit
+    assert parse(CelerySettings, {"visibility_timeout_seconds": 3601, "retry": {"backoff_max_seconds": 300}},
+                 "config.yaml", "celery").visibility_timeout_seconds == 3601
     with pytest.raises(ConfigError, match=r"celery\.broker_url: .*Redis or RabbitMQ"):
         parse(CelerySettings, {"broker_url": "sqs://"}, "config.yaml", "celery")
 
@@ -214,6 +220,47 @@ def test_a_restarted_orchestrator_takes_recorded_outcomes_and_waits_for_running_
     recognised = {item: {**result, "warnings": [], "master_sha256": None} for item, result in comparable(again).items()}
     assert recognised == {item: {**result, "warnings": [], "master_sha256": None}
                           for item, result in comparable(results).items()}
+
+
+def test_a_harvest_after_a_killed_one_takes_the_outcomes_it_left_and_publishes_every_manifest(pool):
+    """The killed run's outcomes wait in the result backend: the next run gets each back as it submits the item,
+    while the object's other items are still to be planned. The object is settled once, when all are."""
+    manifests = {"manifest_base_url": "http://127.0.0.1:8182/store", "image_service_base_url": "http://127.0.0.1/iiif"}
+    config = pool.config("rerun", pipeline={"executor": "celery", "concurrency": 4, "manifests": manifests})
+    killed, pipeline = executor(config, 100)
+    tasks = tasks_of(pipeline)
+    for task in tasks:
+        killed.submit(task)
+    pool.start("w1", config)
+    while any(killed.app.backend.get_task_meta(celery_task_id(t))["status"] != "SUCCESS" for t in tasks):
+        time.sleep(0.1)
+    killed.close()  # its outcomes were never read
+
+    report = harvest(load_config(config), "demo")
+    assert report.status == "completed"
+    assert (report.counts["deposited"], report.counts["rejected"], report.manifests) == (9, 2, 3)
+
+
+def test_a_pool_process_serving_several_pipelines_keeps_one_conversion_child(pool):
+    """Each conversion child may grow to its isolation.max_rss_mb: one per pool process, not one per pipeline
+    served; a pipeline with other isolation settings gets a new one in its place."""
+    config = pool.config("pipelines")
+    document = yaml.safe_load(config.read_text())
+    demo = document["pipelines"]["demo"]
+    document["pipelines"]["same"] = demo
+    document["pipelines"]["other"] = {**demo, "isolation": {"max_jobs_per_process": 50}}
+    config.write_text(yaml.safe_dump(document))
+    worker = pool.start("w1", config)
+    settings = load_config(config)
+    for name in ("demo", "other", "same"):
+        pipeline = settings.pipeline(name)
+        batch = tasks_of(pipeline)[:2]
+        results = run_all(CeleryExecutor({name: pipeline}, 2, Path("unused"), settings.celery), batch)
+        assert [r.outcome for r in results] == [Outcome.DEPOSITED] * 2
+
+    conversion = [p for p in worker.processes() if "_child_main" in " ".join(p.cmdline())]
+    assert len(conversion) == 1
+    assert_no_stray_conversion_children(worker)
 
 
 @pytest.mark.parametrize("limit, tasks, processes", [
