@@ -276,7 +276,7 @@ class Harvest:
         is not mounted), refuses the credentials or is down past its retries stops the run here (a StoreError),
         rather than failing every item and spending its attempts. A local root is made only while the ledger
         holds no deposit of the pipeline: on its first run."""
-        self.pipeline.store.check(create=not self.ledger.counts(self.pipeline.name)["deposited"])
+        self.pipeline.store.check(create=not self.ledger.has_deposit(self.pipeline.name))
 
     def unreadable(self, obj: UnreadableObject, since: datetime | None) -> None:
         """The object's failure, under the item id OBJECT: it has attempts like an item's, holds the checkpoint

@@ -448,6 +448,11 @@ class Ledger:
         rows = self.db.execute("SELECT status, count(*) FROM items WHERE pipeline=? GROUP BY status", (pipeline,))
         return {name: 0 for name in COUNTED} | dict(rows.fetchall())
 
+    def has_deposit(self, pipeline: str) -> bool:
+        """Whether the pipeline ever deposited anything: one index probe (counts() reads all its items)."""
+        return self.db.execute("SELECT 1 FROM items WHERE pipeline=? AND status='deposited' LIMIT 1",
+                               (pipeline,)).fetchone() is not None
+
     def recipes(self, pipeline: str) -> list[str]:
         """The recipes the pipeline's items were last made with."""
         return [row[0] for row in self.db.execute("SELECT DISTINCT recipe FROM items WHERE pipeline=? ORDER BY recipe",
