@@ -55,6 +55,8 @@ class OaiSettings(Settings):
     metadata_prefix: str = "oai_dc"
     granularity: Literal["seconds", "days"] = "seconds"
     identifier_pattern: str = Field(r"(IE\d+)$", description="regex; group 1 is the IE PID in the OAI identifier")
+    shift_check: bool = Field(True, description="completeListSize changing between pages holds the run's "
+                                                "checkpoint (an IE edited past the window's end leaves the list)")
 
 
 class SruSettings(Settings):
@@ -211,7 +213,11 @@ class RosettaSource:
             return self._sru(since, until)
         return ((pid, None) for pid in dict.fromkeys(self.settings.pid_list.read()))  # once each: see Harvest.objects
 
-    def _oai(self, since: datetime | None, until: datetime | None) -> Iterator[tuple[str, datetime | None]]:
+    def _oai(self, since: datetime | None,
+             until: datetime | None) -> Iterator[tuple[str, datetime | None] | ListingMoved]:
+        """Paged by resumptionToken, which providers often make an offset: an IE edited after the window's end
+        (or withdrawn from the set) leaves the list, the later ones move back one place, and one slides onto a
+        page already read. The optional completeListSize changing between pages says so."""
         oai = self.settings.oai
         fmt = "%Y-%m-%dT%H:%M:%SZ" if oai.granularity == "seconds" else "%Y-%m-%d"
         params = {"verb": oai.verb, "metadataPrefix": oai.metadata_prefix, "set": oai.set}
@@ -222,6 +228,7 @@ class RosettaSource:
         url = self._delivery_base + "/" + oai.path.lstrip("/")
         pattern = re.compile(oai.identifier_pattern)
         tokens: set[str] = set()
+        total = None
         while True:
             root = _xml(self.http.request("GET", url, params=params).content, "OAI-PMH response")
             error = root.find("oai:error", NS)
@@ -244,7 +251,13 @@ class RosettaSource:
                     log.info("%s: %s is deleted in the OAI-PMH feed; nothing to harvest", self.name, match.group(1))
                     continue
                 yield match.group(1), parse_timestamp(header.findtext("oai:datestamp", None, NS))
-            token = (container.findtext("oai:resumptionToken", "", NS) or "").strip()
+            resumption = container.find("oai:resumptionToken", NS)
+            size = resumption.get("completeListSize") if resumption is not None else None
+            if oai.shift_check and size is not None and total is not None and size != total:
+                yield ListingMoved(f"OAI-PMH completeListSize went from {total} to {size} between two pages: IEs "
+                                   "left or joined the list while it was paged, and one may have been passed over")
+            total = size if size is not None else total
+            token = ((resumption.text if resumption is not None else "") or "").strip()
             if not token:
                 return
             if token in tokens:

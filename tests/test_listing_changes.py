@@ -118,3 +118,25 @@ def test_objects_asked_for_by_id_cost_one_listing_of_a_grouped_source(site, tmp_
         outcomes = {(i.object_id, i.item_id): (i.outcome, i.reason) for i in ledger.run_items(report.run_id)}
     assert outcomes[("obj-9", OBJECT)] == ("failed", "p: no object 'obj-9'")
     assert {key[0] for key, (outcome, _) in outcomes.items() if outcome == "deposited"} == {"obj-3", "obj-1"}
+
+
+def test_an_ie_leaving_the_set_between_two_oai_pages_holds_the_checkpoint_for_the_one_passed_over(site):
+    """OAI-PMH pages by resumptionToken, an offset in many providers (as in the emulator): IE7000 leaves the set
+    once page 1 is read, IE7020 moves back onto page 1 and is never served. completeListSize went from 3 to 2:
+    the next run takes IE7020."""
+    catalogue = RosettaCatalogue([ie(7000, "2024-01-01 10:00:00", "png/png-rgb-64x56x8.png"),
+                                  ie(7010, "2024-01-02 10:00:00", "gray8/hopper_gray.jpg"),
+                                  ie(7020, "2024-01-03 10:00:00", "rgb8-tiff-lzw/hopper_lzw.tif")])
+    with EmulatorServer(RosettaEmulator(catalogue, oai_page_size=2)) as server:
+        cfg = site(rosetta_source(server.url))
+        server.before(r"GET /oaiprovider/request\?.*resumptionToken",
+                      lambda: setattr(catalogue.entities["IE7000"], "sets", {"other"}))
+
+        first = harvest(cfg, "p")
+        assert first.checkpoint_after is None
+        assert first.note.startswith("OAI-PMH completeListSize went from 3 to 2 between two pages")
+        assert ledger_state(cfg) == ({"IE7000", "IE7010"}, None)
+
+        second = harvest(cfg, "p")
+        assert second.counts == {"deposited": 1, "skipped": 1, "rejected": 0, "failed": 0}
+        assert second.note is None and ledger_state(cfg)[0] == {"IE7000", "IE7010", "IE7020"}
