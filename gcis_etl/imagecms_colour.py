@@ -64,7 +64,8 @@ class SrgbStrips:
 
     def bands(self, rows: int, pool: ThreadPoolExecutor) -> Iterator[np.ndarray]:
         """Consecutive bands of `rows` rows, top to bottom, each (n, width, 3) uint8; a band is transformed
-        in cache-sized parts by the pool's threads (ImageCms releases the GIL)."""
+        in cache-sized parts by the pool's threads (ImageCms releases the GIL). A 16-bit fetch is let go once
+        rounded to 8 bits, before the band it becomes is allocated."""
         region = pyvips.Region.new(self.image)
         image = self.image
         dtype = {"uchar": np.uint8, "ushort": np.uint16, "float": np.float32}[image.format]
@@ -79,6 +80,7 @@ class SrgbStrips:
                 yield samples
                 continue
             samples = _pillow_samples(samples)
+            del data
             band = np.empty((n, image.width, 3), np.uint8)
             step = max(1, TRANSFORM_PIXELS // image.width)
             for _ in pool.map(self._apply, [(samples[i:i + step], band[i:i + step]) for i in range(0, n, step)]):

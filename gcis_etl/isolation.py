@@ -88,7 +88,17 @@ def beside(function: Callable, *args: Any) -> Future:
     return (_beside if _threads != 1 else InCallerThread()).submit(function, *args)
 
 
-_OUT_OF_MEMORY = re.compile(r"out of memory|insufficient memory|not enough memory", re.IGNORECASE)
+# How the libraries under the child report an allocation refused under its address-space limit: libvips
+# ("vips_tracked: out of memory"), libjpeg ("Insufficient memory (case 4)"), OpenCV ("Insufficient memory to
+# allocate ..."), Python starting a thread whose stack cannot be mapped ("can't start new thread"), the loader
+# ("failed to map segment from shared object").
+_OUT_OF_MEMORY = re.compile(r"out of memory|insufficient memory|not enough memory|can't start new thread|"
+                            r"failed to map segment", re.IGNORECASE)
+
+
+def refused_allocation(exc: BaseException) -> bool:
+    """Whether `exc` is an allocation refused (under the child's limit) rather than the job's own failure."""
+    return isinstance(exc, MemoryError) or bool(_OUT_OF_MEMORY.search(str(exc)))
 
 
 def out_of_memory() -> ConversionFailed:
@@ -105,9 +115,9 @@ def pixel_error(exc: Exception) -> GcisError:
     allocation refused under the address-space limit the way they report corrupt data ("vips_tracked: out of
     memory"; libjpeg's "Insufficient memory (case 4)" on a large progressive JPEG): that is out_of_memory();
     anything else is the master's data, rejected."""
-    text = str(getattr(exc, "detail", None) or getattr(exc, "message", None) or exc)
-    if _OUT_OF_MEMORY.search(text):
+    if refused_allocation(exc):
         return out_of_memory()
+    text = str(getattr(exc, "detail", None) or getattr(exc, "message", None) or exc)
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     return RejectedMaster(f"corrupt or truncated image data: {lines[-1] if lines else type(exc).__name__}")
 
@@ -115,7 +125,19 @@ def pixel_error(exc: Exception) -> GcisError:
 def scratch() -> tempfile.TemporaryDirectory:
     """A folder for this conversion's intermediate files, named so that the parent can find it when the
     child dies before its own cleanup runs."""
-    return tempfile.TemporaryDirectory(prefix=f"{SCRATCH_PREFIX}{os.getpid()}@{socket.gethostname()}-")
+    with in_scratch():
+        return tempfile.TemporaryDirectory(prefix=f"{SCRATCH_PREFIX}{os.getpid()}@{socket.gethostname()}-")
+
+
+@contextmanager
+def in_scratch() -> Iterator[None]:
+    """Around reading and writing scratch files: an OSError there (a full temp filesystem) is named for the
+    scratch folder, where it would otherwise be taken for the destination's ("cannot write <dst>")."""
+    try:
+        yield
+    except OSError as exc:
+        raise ConversionFailed(f"cannot write scratch files in {tempfile.gettempdir()}: {exc.strerror or exc} "
+                               "(the system temp dir: TMPDIR sets where it is)") from None
 
 
 def _remove_scratch(pid: int | None = None) -> None:
@@ -158,12 +180,8 @@ def _child_main(conn: Connection, settings: dict) -> None:
         try:
             result = getattr(importlib.import_module(module), name)(*args)
             conn.send(("ok", result))
-        except MemoryError:
-            conn.send(("error", out_of_memory()))
-        except ImportError as exc:  # "failed to map segment from shared object": no room to load a library
-            conn.send(("error", out_of_memory() if "failed to map segment" in str(exc) else exc))
         except Exception as exc:  # the job's failure, reported to the parent; the child lives on
-            conn.send(("error", exc if _picklable(exc) else ConversionFailed(f"{type(exc).__name__}: {exc}")))
+            conn.send(("error", _failure(exc)))
 
 
 _lift_lock = threading.Lock()
@@ -203,6 +221,14 @@ def _die_with_parent() -> None:
         return
     if os.getppid() == 1:  # the parent died before prctl took effect
         os._exit(1)
+
+
+def _failure(exc: Exception) -> Exception:
+    """What the parent is told of a job's exception. An allocation refused is the limit's failure wherever it
+    happened (numpy, OpenCV, a thread pool, loading a library), not a fault of the code that asked."""
+    if not isinstance(exc, GcisError) and refused_allocation(exc):
+        return out_of_memory()
+    return exc if _picklable(exc) else ConversionFailed(f"{type(exc).__name__}: {exc}")
 
 
 def _picklable(exc: Exception) -> bool:

@@ -3,9 +3,11 @@
 Rows come from imagecms_colour (LittleCMS through Pillow ImageCms), a band at a time. Each level is one
 tifffile page written from a tile iterator, its tiles JPEG-compressed by tifffile/imagecodecs. tifffile
 writes pages one after the other, while the pyramid is made top-down in one pass: the next level is made
-band by band with cv2.resize (the recipe's interpolation) and spilled uncompressed to scratch until its
-page is written. Memory is a few bands whatever the master's size; scratch holds at most ~0.31x the
-master's uncompressed 8-bit size (levels 1 and 2).
+piece by piece with cv2.resize (the recipe's interpolation) and spilled uncompressed to scratch until its
+page is written. Rows are fetched, transformed, halved and read back in pieces of at most PIECE_PIXELS, put
+together into the tile rows tifffile needs: memory is one 8-bit tile row and a few pieces whatever the
+master's height, and grows with its width only by the tile row (3 x tile bytes a column). Scratch holds at
+most ~0.31x the master's uncompressed 8-bit size (levels 1 and 2).
 
 tifffile cannot write the EXIF and GPS sub-IFDs: once it has written the file, its IFD chain is read back
 and written again after the tiles by tiff.TiffFileWriter, with the carried metadata in IFD0 as on the
@@ -15,7 +17,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from contextlib import ExitStack
+from contextlib import ExitStack, closing
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterator
@@ -25,6 +27,7 @@ import numpy as np
 import tifffile
 
 from gcis_etl import tiff
+from gcis_etl.isolation import in_scratch
 from gcis_etl.errors import ConversionFailed
 from gcis_etl.imagecms_colour import SrgbStrips
 from gcis_etl.models import Level
@@ -36,6 +39,12 @@ INTERPOLATIONS = {"area": cv2.INTER_AREA, "linear": cv2.INTER_LINEAR, "cubic": c
                   "lanczos4": cv2.INTER_LANCZOS4, "nearest": cv2.INTER_NEAREST}
 SUBSAMPLING = {"4:2:0": (2, 2), "4:4:4": (1, 1)}
 BIGTIFF_FROM = 2 ** 32 - 2 ** 25  # uncompressed bytes of all levels; tifffile's own threshold
+# Pixels fetched and colour-transformed (or read back from scratch) at once: a whole tile row up to 16,384
+# columns, fewer rows on wider levels, whose tile rows were held several times over (16-bit fetch, 8-bit
+# copy, sRGB result, the one read ahead: 2 GB at 200,000 columns). Smaller pieces hold less (2^20: 70 MB
+# less on 12,000 columns) but cost more system time in page faults (+15% CPU there).
+PIECE_PIXELS = 2 ** 22
+ENCODE_BUFFER = 2 ** 25  # bytes of tiles tifffile copies out and compresses in one pass (its buffersize)
 _OFFSET_TAGS, _PLACEHOLDERS = (324, 325), (282, 283, 296)
 
 
@@ -55,7 +64,7 @@ class Halver:
     The output equals cv2.resize of the whole level to half size, the level first padded to even sizes by
     repeating its last row and column (as pyramid.shrink2 does): each output row is computed from a slice
     that starts on an even row and carries HALO rows of context each side, which covers the widest OpenCV
-    kernel (Lanczos4, 8 taps) at an exact 2x reduction. Holds at most one band plus 2 x HALO rows."""
+    kernel (Lanczos4, 8 taps) at an exact 2x reduction. Holds at most what it is given plus 2 x HALO rows."""
 
     HALO = 4
 
@@ -105,38 +114,64 @@ def encode_tifffile_ptiff(strips: SrgbStrips, out_path: Path, recipe: Recipe, ic
         pool = stack.enter_context(ThreadPoolExecutor(threads, thread_name_prefix="imagecms"))
         reader = stack.enter_context(ThreadPoolExecutor(1, thread_name_prefix="read-ahead"))
         tif = stack.enter_context(tifffile.TiffWriter(out_path, bigtiff=bigtiff, byteorder="<"))
-        bands, source = _read_ahead(strips.bands(recipe.tile, pool), reader), None
+        pieces = _read_ahead(strips.bands(piece_rows(levels[0], recipe.tile), pool), reader)
+        source = None
         for index, level in enumerate(levels):
-            spill = stack.enter_context(tempfile.TemporaryFile(dir=scratch)) if index + 1 < len(levels) else None
+            spill = stack.enter_context(closing(_Spill(scratch))) if index + 1 < len(levels) else None
             halver = Halver(level.width, level.height, interpolation, spill.write) if spill else None
-            tif.write(_tiles(bands, level, recipe.tile, halver), shape=(level.height, level.width, 3),
-                      dtype=np.uint8, subfiletype=0 if index == 0 else 1, iccprofile=icc if index == 0 else None,
-                      software=SOFTWARE if index == 0 else False, maxworkers=threads,
-                      buffersize=level.width * recipe.tile * 3, **tile_options(recipe))
+            tif.write(_tiles(_tile_rows(pieces, level, recipe.tile, halver), level, recipe.tile),
+                      shape=(level.height, level.width, 3), dtype=np.uint8, subfiletype=0 if index == 0 else 1,
+                      iccprofile=icc if index == 0 else None, software=SOFTWARE if index == 0 else False,
+                      maxworkers=threads, buffersize=min(level.width * recipe.tile * 3, ENCODE_BUFFER),
+                      **tile_options(recipe))
             if source is not None:
                 source.close()  # this level's spill is written out: its space is freed
             if spill is not None:
-                spill.seek(0)
-                bands, source = _spilled(spill, levels[index + 1], recipe.tile), spill
+                next_level = levels[index + 1]
+                pieces, source = spill.pieces(next_level, piece_rows(next_level, recipe.tile)), spill
     size = _rewrite_ifds(out_path, metadata_tags(), bigtiff)
     return EncodedFile(levels=tuple(levels), bigtiff=bigtiff, bytes=size)
 
 
-def _read_ahead(bands: Iterator[np.ndarray], reader: ThreadPoolExecutor) -> Iterator[np.ndarray]:
-    """The next band is fetched and colour-transformed in `reader` while tifffile compresses this one."""
-    pending = reader.submit(next, bands, None)
-    while (band := pending.result()) is not None:
-        pending = reader.submit(next, bands, None)
-        yield band
+def piece_rows(level: Level, tile: int) -> int:
+    """Rows a piece of the level has: a tile row, or as many rows of it as PIECE_PIXELS allows."""
+    return max(1, min(tile, PIECE_PIXELS // level.width))
 
 
-def _tiles(bands: Iterator[np.ndarray], level: Level, tile: int, halver: Halver | None) -> Iterator[np.ndarray]:
+def _read_ahead(pieces: Iterator[np.ndarray], reader: ThreadPoolExecutor) -> Iterator[np.ndarray]:
+    """The next piece is fetched and colour-transformed in `reader` while tifffile compresses this one."""
+    pending = reader.submit(next, pieces, None)
+    while (piece := pending.result()) is not None:
+        pending = reader.submit(next, pieces, None)
+        yield piece
+
+
+def _tile_rows(pieces: Iterator[np.ndarray], level: Level, tile: int, halver: Halver | None) -> Iterator[np.ndarray]:
+    """The level's tile rows (the last one shorter), put together from pieces of any number of rows: a piece
+    that holds a whole tile row is used as it is. Each piece goes to `halver` as it comes."""
+    done, band, filled = 0, None, 0
+    for piece in pieces:
+        if halver is not None:
+            halver.add(piece)
+        while len(piece):
+            rows = min(tile, level.height - done)
+            if band is None and len(piece) >= rows:
+                band, piece, filled = piece[:rows], piece[rows:], rows
+            else:
+                if band is None:
+                    band = np.empty((rows, level.width, 3), np.uint8)
+                taken = piece[:rows - filled]
+                band[filled:filled + len(taken)] = taken
+                piece, filled = piece[len(taken):], filled + len(taken)
+            if filled == rows:
+                yield band
+                done, band, filled = done + rows, None, 0
+
+
+def _tiles(rows: Iterator[np.ndarray], level: Level, tile: int) -> Iterator[np.ndarray]:
     """The level's tiles in row-major order, edge tiles padded by repeating their last row and column
     (tifffile would pad with black, which JPEG smears into the image's edge)."""
-    for y in range(0, level.height, tile):
-        band = next(bands)
-        if halver is not None:
-            halver.add(band)
+    for band in rows:
         for x in range(0, level.width, tile):
             piece = band[:, x:x + tile]
             if piece.shape[0] < tile or piece.shape[1] < tile:
@@ -144,10 +179,30 @@ def _tiles(bands: Iterator[np.ndarray], level: Level, tile: int, halver: Halver 
             yield piece
 
 
-def _spilled(f: BinaryIO, level: Level, rows: int) -> Iterator[np.ndarray]:
-    for y in range(0, level.height, rows):
-        n = min(rows, level.height - y)
-        yield np.fromfile(f, np.uint8, n * level.width * 3).reshape(n, level.width, 3)
+class _Spill:
+    """A level kept uncompressed in scratch until its page is written; its I/O errors name the scratch folder
+    (a full temp filesystem is not the destination's)."""
+
+    def __init__(self, folder: Path):
+        with in_scratch():
+            self.file: BinaryIO = tempfile.TemporaryFile(dir=folder)
+
+    def write(self, rows: np.ndarray) -> None:
+        with in_scratch():
+            self.file.write(rows)
+
+    def pieces(self, level: Level, rows: int) -> Iterator[np.ndarray]:
+        """The level's rows read back, `rows` at a time."""
+        with in_scratch():
+            self.file.seek(0)
+        for y in range(0, level.height, rows):
+            n = min(rows, level.height - y)
+            with in_scratch():
+                piece = np.fromfile(self.file, np.uint8, n * level.width * 3)
+            yield piece.reshape(n, level.width, 3)
+
+    def close(self) -> None:
+        self.file.close()
 
 
 def _rewrite_ifds(path: Path, metadata_tags: list[tiff.Tag], bigtiff: bool) -> int:

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
+from gcis_etl.isolation import out_of_memory, refused_allocation
 from gcis_etl.keys import names_a_sequence
 from gcis_etl.models import Level, VerifyReport
 from gcis_etl.pyramid import levels_for
@@ -110,6 +111,8 @@ def _decode_errors(path: Path, levels: list[Level], tile: int) -> list[str]:
             if i == len(levels) - 1:
                 page.avg()
         except pyvips.Error as exc:
+            if refused_allocation(exc):  # the limit's failure: the output was not checked, not found wrong
+                raise out_of_memory() from None
             errors.append(f"level {i} does not decode: {str(exc.message).strip()}")
     return errors
 

@@ -168,3 +168,13 @@ def test_commands_on_one_file_need_no_pipeline_secret_and_find_recipes_beside_th
 def test_help_teaches_with_an_example(command):
     proc = run(command, "--help")
     assert proc.returncode == 0 and "Example" in proc.stdout
+
+
+def test_verify_that_cannot_finish_under_the_isolation_limits_says_so_and_exits_1(tmp_path):
+    """Verification runs in the conversion process: a crash there, or memory or time running out (here: less
+    time than loading libvips takes), leaves the file unverified: one line naming it and why, no traceback."""
+    assert run("convert", str(CORPUS / "png/exif.png"), str(tmp_path / "ok.tif")).returncode == 0
+    (tmp_path / "config.yaml").write_text("isolation: {timeout_seconds: 0.01}\n")
+    proc = run("--config", str(tmp_path / "config.yaml"), "verify", str(tmp_path / "ok.tif"))
+    assert proc.returncode == 1, proc.stderr
+    assert f"{tmp_path / 'ok.tif'}: not verified: timed out" in proc.stderr and "Traceback" not in proc.stderr

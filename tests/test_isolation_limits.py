@@ -11,8 +11,11 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import cv2
 import numpy as np
 import psutil
 import pytest
@@ -21,6 +24,7 @@ import tifffile
 
 from gcis_etl import isolation
 from gcis_etl.conversion import check_decoding, convert
+from gcis_etl.errors import ConversionFailed
 from gcis_etl.inspection import inspect
 from gcis_etl.isolation import IsolatedProcess, WorkerCrashed, WorkerTimeout
 from gcis_etl.models import Status, Verdict
@@ -240,3 +244,34 @@ def test_half_uploaded_master_with_its_ifd_first_is_rejected_from_the_header(tmp
                             "(an interrupted upload?)",)
     assert inspect(whole).verdict is not Verdict.REJECT
 
+
+
+# An allocation refused outside libvips
+
+
+def start_a_thread_beyond_the_limit() -> None:
+    """A thread pool's worker whose stack cannot be mapped under the limit, as tifffile's encode pool fails:
+    RuntimeError("can't start new thread")."""
+    threading.stack_size(2 ** 33)
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            pool.submit(int).result()
+    finally:
+        threading.stack_size(0)
+
+
+def halve_beyond_the_limit() -> None:
+    """OpenCV refusing a level's halved rows, as tifffile_ptiff.Halver's cv2.resize fails: cv2.error
+    "Insufficient memory"."""
+    cv2.resize(np.zeros((2, 2, 3), np.uint8), (60000, 60000))
+
+
+@pytest.mark.parametrize("job", [start_a_thread_beyond_the_limit, halve_beyond_the_limit])
+def test_an_allocation_refused_anywhere_in_the_child_fails_and_names_the_setting(job):
+    """Not an internal error with Python's or OpenCV's words: the limit's failure (FAILED, retried)."""
+    with IsolatedProcess(IsolationSettings(memory_limit_mb=4096)) as worker:
+        with pytest.raises(ConversionFailed) as raised:
+            worker.call(job)
+        assert worker.call("tests.jobs.pid")  # the child lives on
+    assert str(raised.value) == ("out of memory under isolation.memory_limit_mb (4096 MB): "
+                                 "raise it for masters this size")

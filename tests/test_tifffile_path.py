@@ -5,7 +5,10 @@ from __future__ import annotations
 import io
 import itertools
 import json
+import resource
+import signal
 import struct
+import tempfile
 import typing
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -28,7 +31,7 @@ from gcis_etl.imagecms_colour import TRANSFORM_PIXELS, srgb_strips
 from gcis_etl.inspection import inspect
 from gcis_etl.isolation import IsolatedProcess
 from gcis_etl.metadata import STRUCTURAL_NAMES, carried_tags, exiftool_json
-from gcis_etl.models import Status
+from gcis_etl.models import Level, Status
 from gcis_etl.policy import ImagingPolicy
 from gcis_etl.pyramid import shrink2
 from gcis_etl.recipes import Interpolation, Recipe, load_recipe
@@ -361,3 +364,67 @@ def test_memory_stays_bounded_on_a_large_master(tmp_path):
     added = uncompressed_mb[4] - uncompressed_mb[2]
     assert growth[4] - growth[2] < 0.1 * added, f"grew {growth[2]:.0f} then {growth[4]:.0f} MB"
     assert growth[4] < 0.6 * uncompressed_mb[4], f"grew {growth[4]:.0f} MB on a {uncompressed_mb[4]:.0f} MB master"
+
+
+def _encoded_levels(master: Path, out: Path) -> list[np.ndarray]:
+    """encode_tifffile_ptiff in this process (so that a test can change its constants); every level's pixels."""
+    policy = ImagingPolicy()
+    info = inspect(master, policy)
+    strips = srgb_strips(open_master(info, ("vips",), True).image, info, policy)
+    encode_tifffile_ptiff(strips, out, load_recipe(RECIPE), srgb_profile(), lambda: [], out.parent)
+    with tifffile.TiffFile(out) as tf:
+        return [page.asarray() for page in tf.pages]
+
+
+def test_pieces_of_fewer_rows_than_a_tile_make_the_same_pyramid(monkeypatch, sixteen_bit, tmp_path):
+    """On a wide level rows are fetched, halved and read back from scratch a few at a time (37 here: tile rows
+    and level ends fall inside pieces) and put together into tile rows: the pyramid is the same."""
+    master = tmp_path / "tall.tif"
+    tall = pyvips.Image.new_from_file(str(sixteen_bit["adobe16"])).replicate(2, 4)  # 3 levels, 4 tile rows
+    tall.tiffsave(str(master), compression="none")
+    whole = _encoded_levels(master, tmp_path / "whole.tif")
+    monkeypatch.setattr(tifffile_ptiff, "PIECE_PIXELS", 37 * tall.width)
+    assert tifffile_ptiff.piece_rows(Level(tall.width, tall.height), 256) == 37
+    pieces = _encoded_levels(master, tmp_path / "pieces.tif")
+    assert len(whole) == len(pieces) > 2
+    for level, (a, b) in enumerate(zip(whole, pieces)):
+        assert np.array_equal(a, b), level
+
+
+def test_memory_on_a_wide_master_is_no_more_than_the_main_paths(tmp_path):
+    """A 16-bit Adobe RGB master 40,000 pixels wide: most of what either path holds is libvips' (the master's
+    strips, 30 MB each); this path adds one 8-bit tile row and pieces of PIECE_PIXELS. Holding whole tile rows
+    as fetched (16-bit), rounded, transformed and read ahead, it grew by 435 MB where the main path grew by 374."""
+    photo = pyvips.Image.new_from_file(str(CORPUS / "jpeg-baseline/flowers.jpeg"))
+    icc = pyvips.Image.new_from_file(str(CORPUS / "icc-adobergb/example.tif")).get("icc-profile-data")
+    wide = photo.replicate(-(-40000 // photo.width), 1).crop(0, 0, 40000, min(photo.height, 600))
+    wide = (wide.cast("ushort") * 257).cast("ushort").copy(interpretation="rgb16")
+    wide.set_type(pyvips.GValue.blob_type, "icc-profile-data", icc)
+    wide.tiffsave(str(tmp_path / "wide.tif"), compression="none")
+    growth = {}
+    for recipe in (RECIPE, "ptiff-jpeg-q90"):
+        with IsolatedProcess() as fresh:  # its peak RSS is over its life: warm it up on a small master first
+            warm = convert(CORPUS / "icc-adobergb/example.tif", tmp_path / "warm.tif", recipe, worker=fresh)
+            result = convert(tmp_path / "wide.tif", tmp_path / "wide-out.tif", recipe, worker=fresh)
+        assert warm.ok and result.ok, (warm.reason, result.reason)
+        growth[recipe] = result.peak_rss_mb - warm.peak_rss_mb
+    assert growth[RECIPE] <= growth["ptiff-jpeg-q90"], growth
+
+
+def limit_file_size(megabytes: int) -> None:
+    """Files the conversion process writes stop at `megabytes` (EFBIG, "File too large"), as a full temp
+    filesystem stops them (ENOSPC) without needing one."""
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (megabytes * 2 ** 20, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+
+
+def test_scratch_that_cannot_be_written_is_named_not_the_destination(tmp_path):
+    """A flat 2000 x 2000 master: its JPEG pages take a few kB, level 1 spilled uncompressed to scratch 3 MB."""
+    master = tmp_path / "flat.tif"
+    tifffile.imwrite(master, np.full((2000, 2000, 3), 128, np.uint8), photometric="rgb")
+    with IsolatedProcess() as worker:
+        worker.call(limit_file_size, 1)
+        result = convert(master, tmp_path / "out" / "a.tif", RECIPE, worker=worker)
+    assert result.status is Status.FAILED
+    assert result.reason == (f"cannot write scratch files in {tempfile.gettempdir()}: File too large "
+                             "(the system temp dir: TMPDIR sets where it is)")

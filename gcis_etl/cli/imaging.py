@@ -118,6 +118,7 @@ def verify(ctx: click.Context, file: str, recipe: str | None, as_json: bool) -> 
       gcis-etl verify --recipe jp2-grok-htj2k access/master.jp2
     """
     from gcis_etl.conversion import verify_in_child
+    from gcis_etl.errors import ConversionFailed
     from gcis_etl.isolation import IsolatedProcess
     from gcis_etl.formats import sniff
     from gcis_etl.verification import Expectation
@@ -131,7 +132,11 @@ def verify(ctx: click.Context, file: str, recipe: str | None, as_json: bool) -> 
     else:
         expect = Expectation(tile=rec.tile, chroma=rec.chroma) if rec else Expectation()
     with IsolatedProcess(_config(ctx, single_file=True).isolation) as worker:
-        report = worker.call(verify_in_child, file, expect)
+        try:
+            report = worker.call(verify_in_child, file, expect)
+        except ConversionFailed as exc:  # a decoder crashed, or memory or time ran out under the limits
+            click.echo(f"{file}: not verified: {exc}", err=True)
+            sys.exit(EXIT_ITEM_FAILED)
     if as_json:
         click.echo(json.dumps(report.to_dict()))
     else:
