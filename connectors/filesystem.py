@@ -99,7 +99,7 @@ class FilesystemSource(GroupedSource):
         except OSError as exc:
             raise SourceError(f"{self.name}: cannot read {item.id}: {exc.strerror}") from None
         with handle:
-            yield Body(iter(lambda: handle.read(CHUNK_SIZE), b""))
+            yield Body(iter(lambda: handle.read(CHUNK_SIZE), b""), file=handle)
 
 
 def _is_text(name: str) -> bool:

@@ -60,8 +60,10 @@ class EncodeOutcome:
 
 def convert(src: str | Path, dst: str | Path, recipe: Recipe | str | None = None,
             policy: ImagingPolicy | None = None, worker: IsolatedProcess | None = None,
-            isolation_settings: IsolationSettings | None = None) -> ConversionResult:
-    """Convert `src` into the access master `dst`. Never raises for a bad master: the result says why."""
+            isolation_settings: IsolationSettings | None = None, durable: bool = True) -> ConversionResult:
+    """Convert `src` into the access master `dst`. Never raises for a bad master: the result says why.
+    `durable`: fsync `dst` and its folder; not for scratch output that a store deposits (the store makes
+    durable what it holds, the bytes linked or copied and their names) and that is deleted right after."""
     started = time.monotonic()
     recipe = recipe if isinstance(recipe, Recipe) else load_recipe(recipe or "ptiff-jpeg-q90")
     policy = policy or ImagingPolicy()
@@ -85,8 +87,11 @@ def convert(src: str | Path, dst: str | Path, recipe: Recipe | str | None = None
         dst.parent.mkdir(parents=True, exist_ok=True)
         job = EncodeJob(info, policy, _decoders(info, policy), output=str(tmp), recipe=recipe)
         outcome, notes = _run_with_fallbacks(worker, encode_in_child, job)
+        if durable:
+            fsync_path(tmp)
         os.replace(tmp, dst)
-        fsync_path(dst.parent)
+        if durable:
+            fsync_path(dst.parent)
     except RejectedMaster as exc:
         return ConversionResult(Status.REJECTED, reason=str(exc), seconds=time.monotonic() - started, **base)
     except ConversionFailed as exc:
@@ -238,12 +243,11 @@ class _Encoded:
 
 
 def _checked(out: Path, check: Callable[[], VerifyReport]) -> tuple[VerifyReport, str]:
-    """Verify the output, hashing it and making it durable meanwhile: the fsync waits on the disk, the
-    others on the CPU, and all only read the file."""
+    """Verify the output, hashing it meanwhile: both only read the file. Whether it must survive a crash
+    is convert()'s to decide, in the parent."""
     isolation.stage("verifying the output")
-    durable, digest = isolation.beside(fsync_path, out), isolation.beside(sha256_file, out)
+    digest = isolation.beside(sha256_file, out)
     report = check()
-    durable.result()
     return report, digest.result()
 
 

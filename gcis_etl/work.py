@@ -188,7 +188,8 @@ class Worker:
         try:
             fetched = pipeline.source.fetch(task.item, scratch)
             output = scratch / f"access{recipe.extension}"
-            converted = convert(fetched.path, output, recipe, pipeline.settings.imaging, worker=self._child(pipeline))
+            converted = convert(fetched.path, output, recipe, pipeline.settings.imaging, worker=self._child(pipeline),
+                                durable=False)  # scratch: the store makes durable what it holds
             common = dict(master_sha256=fetched.sha256, warnings=converted.warnings)
             # the scratch path changes every run: name the master as the source does
             reason = (converted.reason or "").replace(str(fetched.path), task.item.original_name) or None

@@ -1,47 +1,56 @@
-"""A converted file is on disk before it is reported verified: the fsync runs beside verification and
-hashing, and _checked returns only once all three are done."""
+"""fsync_path makes a file's bytes or a folder's entries durable; convert() makes its output survive a crash
+where it is the destination, and spends no fsync on scratch output that a store deposits (and makes durable
+itself) before it is deleted."""
 from __future__ import annotations
 
-import hashlib
 import os
-import threading
+from pathlib import Path
 
-from gcis_etl import conversion
+import pyvips
+import pytest
+
+from gcis_etl.conversion import convert
 from gcis_etl.durable import fsync_path
-from gcis_etl.models import VerifyReport
+from gcis_etl.stores import LocalStore, LocalStoreSettings
 
 
-def _record_fsyncs(monkeypatch) -> list[tuple[int, str]]:
-    """(inode, thread name) of every descriptor fsync'ed from now on; the real fsync still runs."""
-    done, real = [], os.fsync
-
+@pytest.fixture
+def synced(monkeypatch) -> list[str]:
+    """The paths this process fsyncs (through to the real fsync)."""
+    paths, real = [], os.fsync
     def fsync(fd: int) -> None:
+        paths.append(os.readlink(f"/proc/self/fd/{fd}"))
         real(fd)
-        done.append((os.fstat(fd).st_ino, threading.current_thread().name))
     monkeypatch.setattr(os, "fsync", fsync)
-    return done
+    return paths
 
 
-def test_fsync_path_flushes_files_and_directories(tmp_path, monkeypatch):
-    done = _record_fsyncs(monkeypatch)
+@pytest.fixture
+def master(tmp_path) -> Path:
+    path = tmp_path / "master.tif"
+    pyvips.Image.black(600, 400, bands=3).draw_circle([200, 80, 40], 300, 200, 150, fill=True).tiffsave(str(path))
+    return path
+
+
+def test_fsync_path_flushes_files_and_directories(tmp_path, synced):
     out = tmp_path / "out.jp2"
     out.write_bytes(b"x" * 1000)
     fsync_path(out)
     fsync_path(tmp_path)
-    assert [inode for inode, _ in done] == [out.stat().st_ino, tmp_path.stat().st_ino]
+    assert synced == [str(out), str(tmp_path)]
 
 
-def test_checked_fsyncs_the_output_beside_verification(tmp_path, monkeypatch):
-    done = _record_fsyncs(monkeypatch)
-    out = tmp_path / "out.jp2"
-    out.write_bytes(os.urandom(3 * 1024 * 1024))
-    checked_in = []
+def test_a_converted_destination_is_made_durable(tmp_path, master, synced):
+    out = tmp_path / "access" / "a.tif"
+    assert convert(master, out).ok
+    assert str(out.parent) in synced and any(Path(p).name.startswith(".a.tif.") for p in synced)
 
-    def check() -> VerifyReport:
-        checked_in.append(threading.current_thread().name)
-        return VerifyReport(str(out))
 
-    report, digest = conversion._checked(out, check)
-    assert report.ok and digest == hashlib.sha256(out.read_bytes()).hexdigest()
-    assert [inode for inode, _ in done] == [out.stat().st_ino]
-    assert done[0][1] != checked_in[0]  # in a thread of its own, not before the check in the caller's
+def test_scratch_output_is_not_synced_but_its_deposit_is(tmp_path, master, synced):
+    scratch = tmp_path / "scratch" / "access.tif"
+    result = convert(master, scratch, durable=False)
+    assert result.ok and synced == []
+    store = LocalStore(LocalStoreSettings(root=tmp_path / "store"))
+    store.put("demo/a.tif", scratch, sha256=result.sha256)
+    assert str(tmp_path / "store" / "demo") in synced
+    assert any(Path(p).name.startswith(".a.tif.") and Path(p).parent == tmp_path / "store" / "demo" for p in synced)

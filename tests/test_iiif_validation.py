@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -128,3 +129,18 @@ def test_require_valid_raises_a_manifest_error_naming_the_document_and_the_probl
                                             r"/rights: 'https://en.wikipedia.org/wiki/License'"):
         require_valid(document, "s3://b/p/m.json")
     assert require_valid(json.loads((V3 / "full_example.json").read_text()), "x").ok
+
+
+def test_2_1_validation_starts_no_process_and_keeps_each_documents_warnings(monkeypatch):
+    """iiif-prezi's factory runs a shell (`which identify`) each time one is built: validating every manifest
+    of a harvest must not, and the one factory reused must not carry one document's warnings to the next."""
+    validate((V21 / "fixtures" / "1.json").read_bytes())  # what is built once per process is built
+    started = []
+    monkeypatch.setattr(subprocess, "check_output", lambda *a, **k: started.append(a) or b"")
+    warned = validate((V21 / "fixtures" / "1.json").read_bytes())
+    described = json.loads((V21 / "fixtures" / "1.json").read_text())
+    described["description"] = "A description"
+    quiet = validate(described)
+    assert started == []
+    assert "WARNING: Resource type 'sc:Manifest' should have 'description' set" in warned.warnings
+    assert quiet.ok and not any("'sc:Manifest' should have 'description'" in w for w in quiet.warnings)
