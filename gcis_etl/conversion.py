@@ -176,7 +176,7 @@ def decode_in_child(job: DecodeJob) -> str:
     """The child's half of check_decoding: every pixel through the normaliser; returns the decoder used."""
     from gcis_etl.colour import normalise
     from gcis_etl.decoding import open_master
-    decoded = open_master(job.info, job.decoders, job.policy.strict)
+    decoded = open_master(job.info, job.decoders, job.policy.strict, job.policy.vips_decodes_jpeg2000_origin)
     isolation.stage(_PIXELS + decoded.decoder)
     try:
         normalise(decoded.image, job.info, job.policy).avg()
@@ -208,7 +208,7 @@ def encode_in_child(job: EncodeJob) -> EncodeOutcome:
         metadata = isolation.beside(carried_tags if ptiff else metadata_carrier,
                                     job.info.path, recipe.metadata.keep, recipe.metadata.exclude, Path(scratch))
         try:
-            decoded = open_master(job.info, job.decoders, job.policy.strict)
+            decoded = open_master(job.info, job.decoders, job.policy.strict, job.policy.vips_decodes_jpeg2000_origin)
             isolation.stage(_PIXELS + decoded.decoder)  # pixels are read lazily, while encoding
             # the tifffile engine has its own colour stage: Pillow ImageCms, applied strip by strip while encoding
             image = (srgb_strips if recipe.encoder == "tifffile" else normalise)(decoded.image, job.info, job.policy)

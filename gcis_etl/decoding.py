@@ -6,6 +6,7 @@ pixels mean corrupt data and are a rejection: a lenient fallback must not launde
 """
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,13 +35,20 @@ class CannotOpen(Exception):
     """This decoder does not support the file's encoding; the next one may."""
 
 
-def open_master(info: ImageInfo, decoders: tuple[str, ...], strict: bool) -> Decoded:
+def open_master(info: ImageInfo, decoders: tuple[str, ...], strict: bool,
+                vips_jpeg2000_origin: bool = False) -> Decoded:
     """The first decoder in `decoders` that opens the master; RejectedMaster when none can. No decoder to try
-    says nothing about the master: a failure (retried once the configuration names one)."""
+    says nothing about the master: a failure (retried once the configuration names one). libvips is not given
+    a JPEG 2000 image whose origin is not 0,0 unless `vips_jpeg2000_origin` (see _jpeg2000_origin)."""
     if not decoders:
         raise ConversionFailed(f"no decoder to try for {info.format} (imaging.decoders)")
     failures: list[str] = []
     for name in decoders:
+        if (name == "vips" and not vips_jpeg2000_origin and info.format in ("JP2", "J2K")
+                and _jpeg2000_origin(info.path) != (0, 0)):
+            failures.append(f"{name}: libvips 8.14 decodes a JPEG 2000 image whose origin is not 0,0 into wrong "
+                            f"pixels, or crashes (imaging.vips_decodes_jpeg2000_origin)")
+            continue
         try:
             image = _OPENERS[name](info, strict)
         except CannotOpen as exc:
@@ -85,6 +93,38 @@ def _tiled_separate_planes(path: str) -> bool:
             return page.is_tiled and page.planarconfig == tifffile.PLANARCONFIG.SEPARATE
     except Exception:  # a header tifffile cannot read: libvips says what is wrong with it
         return False
+
+
+def _jpeg2000_origin(path: str) -> tuple[int, int]:
+    """The image origin of a JPEG 2000 codestream (raw, or in a JP2's jp2c box): libvips 8.14's jp2kload
+    returns garbage that changes from run to run for any other than 0,0, and verification, which compares
+    the output with the same decode, cannot tell (the corpus's Bretagne2_4.j2k, origin 150,300: most runs
+    segfault, some deposit noise). (0, 0) when the header cannot be read: libvips says what is wrong with it."""
+    with open(path, "rb") as f:
+        head = f.read(12)
+        if head[:4] != b"\xff\x4f\xff\x51":  # not a raw codestream: walk the JP2 boxes to jp2c
+            f.seek(0)
+            while True:
+                header = f.read(8)
+                if len(header) < 8:
+                    return 0, 0
+                length, kind = struct.unpack(">I4s", header)
+                if length == 1:
+                    length = struct.unpack(">Q", f.read(8))[0] - 8
+                if kind == b"jp2c":
+                    break
+                if length < 8:
+                    return 0, 0
+                f.seek(length - 8, 1)
+            head = f.read(4)
+            if head != b"\xff\x4f\xff\x51":
+                return 0, 0
+        else:
+            f.seek(4)
+        siz = f.read(20)  # Lsiz (2), Rsiz (2), Xsiz, Ysiz, XOsiz, YOsiz (4 each)
+    if len(siz) < 20:
+        return 0, 0
+    return struct.unpack(">II", siz[12:20])
 
 
 def _icc_lab(image: pyvips.Image, info: ImageInfo) -> pyvips.Image:

@@ -43,6 +43,10 @@ class ImagingPolicy(Settings):
         "JP2": ("vips", "pillow"),
         "J2K": ("vips", "pillow"),
     }
+    vips_decodes_jpeg2000_origin: bool = Field(
+        False, description="libvips 8.14 decodes a JPEG 2000 image whose origin is not 0,0 into wrong pixels that "
+                           "change from run to run (or crashes): such masters go to the next decoder; true only "
+                           "with a libvips that decodes them right")
 
     @field_validator("accepted_formats", "decoders")
     @classmethod

@@ -29,7 +29,7 @@ from gcis_etl.inspection import inspect
 from gcis_etl.isolation import IsolatedProcess, WorkerCrashed, WorkerTimeout
 from gcis_etl.models import Status, Verdict
 from gcis_etl.policy import ImagingPolicy, IsolationSettings
-from tests.test_isolation import CRASHER, through_a_vips_crash
+from tests.test_isolation import CRASHER, TO_VIPS, through_a_vips_crash
 
 HEADROOM_MB = 16  # left to the child above what it maps once warm: less than libvips needs for single_strip_master's
                   # rows (it converts with 40 MB, not with 32)
@@ -208,7 +208,7 @@ def test_scratch_of_a_crashed_child_is_removed(scratch_root):
 
 
 def test_scratch_of_a_conversion_crashed_in_libvips_is_removed(scratch_root, tmp_path):
-    policy = ImagingPolicy(decoders={"J2K": ("vips",)})  # a fresh child each time: where libvips crashes varies
+    policy = ImagingPolicy(decoders={"J2K": ("vips",)}, **TO_VIPS)  # a fresh child each time: libvips varies
     crashed = through_a_vips_crash(lambda: convert(CRASHER, tmp_path / "a.tif", policy=policy))
     assert "crashed: SIGSEGV while reading pixels with vips" in crashed.reason
     assert list(scratch_root.iterdir()) == []

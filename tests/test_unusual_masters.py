@@ -2,6 +2,8 @@
 embedded Lab profile, half floats, a transparency-mask page; and a decoder failing in an undocumented way."""
 from __future__ import annotations
 
+import subprocess
+
 import numpy as np
 import pytest
 import pyvips
@@ -12,7 +14,8 @@ from gcis_etl.conversion import check_decoding, convert
 from gcis_etl.inspection import inspect
 from gcis_etl.models import Status, Verdict
 from gcis_etl.policy import ImagingPolicy
-from tests.imaging import normalised
+from tests.imaging import decoded_level, normalised
+from tests.measures import luma, psnr
 
 ORANGE = (200, 60, 30)
 RECIPES = [("ptiff-jpeg-q90", "tif"), ("ptiff-tifffile-q90", "tif"), ("jp2-openjpeg-lossy", "jp2")]
@@ -181,3 +184,20 @@ def test_vips_alone_says_it_cannot_read_the_encoding_rather_than_corrupt(tmp_pat
     result = convert(tmp_path / "planar.tif", tmp_path / "access.tif", policy=policy)
     assert result.status is Status.REJECTED
     assert "libvips cannot read tiled planar-separate TIFF" in result.reason and "corrupt" not in result.reason
+
+
+@pytest.mark.parametrize("suffix", [".jp2", ".j2k"])
+def test_a_jpeg2000_master_whose_origin_is_not_0_0_is_decoded_right(tmp_path, suffix):
+    """libvips 8.14 decodes a JPEG 2000 image with an image offset (SIZ XOsiz/YOsiz) into noise that changes from
+    run to run (verification, comparing with that same decode, passed it), or crashes, or here rejects it as
+    corrupt ("Bottom position of the decoded area ... is outside the image area"): such masters go to Pillow."""
+    y, x = np.mgrid[0:240, 0:320]
+    pixels = np.dstack([x * 255 // 319, y * 255 // 239, (x + y) * 255 // 558]).astype(np.uint8)
+    tifffile.imwrite(tmp_path / "source.tif", pixels, photometric="rgb")
+    master = tmp_path / f"offset{suffix}"
+    subprocess.run(["opj_compress", "-i", str(tmp_path / "source.tif"), "-o", str(master), "-d", "150,300"],
+                   check=True, capture_output=True)  # lossless: the master's pixels are the source's
+    result = convert(master, tmp_path / "a.tif")
+    assert result.ok and result.decoder == "pillow", result.reason
+    assert any("origin is not 0,0" in w for w in result.warnings)
+    assert psnr(luma(decoded_level(tmp_path / "a.tif")), luma(pixels)) >= 40.0
