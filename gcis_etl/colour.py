@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pyvips
 
-from gcis_etl.inspection import encodes_srgb
+from gcis_etl.inspection import encodes_srgb, input_intent
 from gcis_etl.models import ImageInfo
 from gcis_etl.policy import ImagingPolicy
 
@@ -115,6 +115,7 @@ def _to_srgb(image: pyvips.Image, policy: ImagingPolicy) -> pyvips.Image:
         return image.icc_export(output_profile=SRGB, **cms)
     embedded = image.get_typeof("icc-profile-data") != 0
     if embedded and not is_srgb(image, policy):
+        cms["intent"] = _INTENTS[input_intent(image.get("icc-profile-data"), policy.rendering_intent)]
         return image.icc_transform(SRGB, embedded=True, **cms)
     if interpretation == "cmyk":
         return image.icc_transform(SRGB, input_profile=policy.cmyk_fallback_profile, **cms)

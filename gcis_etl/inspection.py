@@ -121,6 +121,10 @@ def _judge(info: ImageInfo, h: _Header, policy: ImagingPolicy, warnings: list[st
         conversions.append("expand palette")
     if icc_desc and h.interpretation != "lab" and not encodes_srgb(h.icc, policy):  # Lab ignores its profile
         conversions.append(f"ICC->sRGB ({icc_desc})")
+        intent = input_intent(h.icc, policy.rendering_intent)
+        if intent != policy.rendering_intent:
+            warnings.append(f"ICC profile '{icc_desc}' has no {policy.rendering_intent} rendering intent: "
+                            f"converted with its {intent} one, as LittleCMS does")
     if h.miniswhite:
         conversions.append("invert min-is-white")
     if h.bit_depth != 8 or h.sample_format != "uint":
@@ -163,6 +167,23 @@ def encodes_srgb(icc: bytes, policy: ImagingPolicy) -> bool:
     LittleCMS's sRGB unchanged within one level (relative colorimetric with black-point compensation, so
     that v4 sRGB profiles, whose black sits above v2's, still count)."""
     return _encodes_srgb(icc, policy.srgb_descriptions)
+
+
+_ICC_INTENTS = {"perceptual": ImageCms.Intent.PERCEPTUAL, "relative": ImageCms.Intent.RELATIVE_COLORIMETRIC,
+                "saturation": ImageCms.Intent.SATURATION, "absolute": ImageCms.Intent.ABSOLUTE_COLORIMETRIC}
+
+
+@lru_cache(maxsize=64)
+def input_intent(icc: bytes, intent: str) -> str:
+    """The rendering intent an embedded profile is applied with: the policy's when the profile supports it as
+    input, else perceptual, as LittleCMS itself falls back (a LUT profile may hold only its A2B0 table).
+    libvips' icc_transform drops such a profile instead, and passed the pixels through unconverted."""
+    try:
+        profile = ImageCms.ImageCmsProfile(io.BytesIO(icc)).profile
+        supported = profile.is_intent_supported(_ICC_INTENTS[intent], ImageCms.Direction.INPUT)
+    except (OSError, ValueError, TypeError, ImageCms.PyCMSError):
+        return intent  # unreadable: rejected by inspection, or ignored by the engines as before
+    return intent if supported else "perceptual"
 
 
 _LATTICE = np.stack(np.meshgrid(*[np.linspace(0, 255, 17).round().astype(np.uint8)] * 3, indexing="ij"),

@@ -1,15 +1,17 @@
 """Embedded metadata (EXIF, XMP, IPTC) read and carried from master to access master with exiftool.
 
-One persistent exiftool process per Python process (PyExifTool's -stay_open mode): starting Perl per file
-would cost more than the metadata work itself.
+One persistent exiftool process per thread (PyExifTool's -stay_open mode): starting Perl per file would cost
+more than the metadata work itself, and one process shared by a worker pool's threads made them queue for it.
 """
 from __future__ import annotations
 
 import atexit
+import re
 import struct
 import tempfile
 import threading
 import warnings
+import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,54 +22,81 @@ import exiftool
 from gcis_etl import tiff
 from gcis_etl.errors import ConversionFailed
 
-_lock = threading.Lock()
-_process: exiftool.ExifToolHelper | None = None
+
+class _ThreadExiftool:
+    """One thread's exiftool process: worker threads each run their own, never waiting for another's.
+
+    PyExifTool gives exiftool PR_SET_PDEATHSIG: it dies with the *thread* that started it, so none outlives its
+    user, even when Python is killed. It is closed cleanly when its thread ends (the thread-local holding it is
+    dropped) or the interpreter exits."""
+
+    def __init__(self) -> None:
+        self._process: exiftool.ExifToolHelper | None = None
+        with _registry_lock:
+            _registry.add(self)
+
+    def get(self) -> exiftool.ExifToolHelper:
+        if not self._running():
+            self.close()
+            self._process = exiftool.ExifToolHelper(common_args=[], check_execute=False)
+            self._process.run()
+        return self._process
+
+    def _running(self) -> bool:
+        """A process that died (its thread's death signal, a crash) makes PyExifTool's `running` warn on every
+        check: such a death just means: start another."""
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            return self._process is not None and self._process.running
+
+    def close(self) -> None:
+        if self._process is None:  # closed at exit already: at interpreter teardown, nothing is left to call
+            return
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            if self._running():
+                self._process.terminate()
+            self._process = None
+
+    __del__ = close
 
 
-def _exiftool() -> exiftool.ExifToolHelper:
-    global _process
-    if _process is None or not _running():
-        _shutdown()
-        _process = exiftool.ExifToolHelper(common_args=[], check_execute=False)
-        _process.run()
-        atexit.register(_shutdown)
-    return _process
+_registry: weakref.WeakSet[_ThreadExiftool] = weakref.WeakSet()  # every live thread's, for the exit
+_registry_lock = threading.Lock()
+_local = threading.local()
 
 
-def _running() -> bool:
-    """PyExifTool gives exiftool PR_SET_PDEATHSIG: it dies with the *thread* that started it, which is normal in
-    a worker pool; its `running` then warns on every check. Such a death just means: start another."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        return _process is not None and _process.running
+def _exiftool() -> _ThreadExiftool:
+    if not hasattr(_local, "exiftool"):
+        _local.exiftool = _ThreadExiftool()
+    return _local.exiftool
 
 
+@atexit.register
 def _shutdown() -> None:
-    global _process
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        if _running():
-            _process.terminate()
-        _process = None
+    with _registry_lock:
+        running = list(_registry)
+    for process in running:
+        process.close()
 
 
 def exiftool_json(path: str | Path, *args: str) -> dict:
-    """All tags exiftool reports for one file (group-0 prefixed, numeric values), {} when it reads nothing."""
-    with _lock:
-        try:
-            result = _exiftool().execute_json("-G0", "-n", *args, str(path))
-        except Exception:  # a broken pipe or unparseable output: restart the process next time
-            _shutdown()
-            return {}
+    """All tags exiftool reports for one file (group-0 prefixed unless `args` say otherwise, numeric values),
+    {} when it reads nothing."""
+    process = _exiftool()
+    try:
+        result = process.get().execute_json("-G0", "-n", *args, str(path))
+    except Exception:  # a broken pipe or unparseable output: restart the process next time
+        process.close()
+        return {}
     return result[0] if result else {}
 
 
 def exiftool_run(*args: str) -> str:
     """Run one exiftool command; raise ConversionFailed with exiftool's own message when it reports an error."""
-    with _lock:
-        et = _exiftool()
-        out = et.execute(*args)
-        status, err = et.last_status, et.last_stderr
+    et = _exiftool().get()
+    out = et.execute(*args)
+    status, err = et.last_status, et.last_stderr
     if status != 0 or "Error" in (err or ""):
         raise ConversionFailed(f"exiftool: {(err or out).strip().splitlines()[-1] if (err or out).strip() else status}")
     return out
@@ -83,8 +112,14 @@ class MetadataSummary:
     icc_description: str | None = None
 
 
+# Tags read as "family 0:family 1:name": the main image's orientation is IFD0's (or XMP-tiff's). By family 0
+# alone, exiftool gives IFD1's (the thumbnail's) when IFD0 has none, and the main image would be turned by it.
+_GROUPS = "-G0:1"
+_ORIENTATION_TAGS = ("IFD0:Orientation", "XMP-tiff:Orientation")
+
+
 def summarise(path: str | Path) -> MetadataSummary:
-    tags = exiftool_json(path)
+    tags = exiftool_json(path, _GROUPS)
     groups = {k.split(":", 1)[0] for k in tags}
     orientation, invalid = _orientation(tags)
     return MetadataSummary(exif="EXIF" in groups, xmp="XMP" in groups, iptc="IPTC" in groups,
@@ -93,8 +128,9 @@ def summarise(path: str | Path) -> MetadataSummary:
 
 
 def _orientation(tags: dict) -> tuple[int | None, object]:
-    """The orientation the conversion applies (1..8, or None), and the raw value when it is not one of those."""
-    raw = tags.get("EXIF:Orientation", tags.get("XMP:Orientation"))
+    """The orientation the conversion applies (1..8, or None), and the raw value when it is not one of those.
+    `tags` as read with _GROUPS."""
+    raw = tags.get("EXIF:IFD0:Orientation", tags.get("XMP:XMP-tiff:Orientation"))
     if raw is None:
         return None, None
     return (raw, None) if isinstance(raw, int) and 1 <= raw <= 8 else (None, raw)
@@ -148,7 +184,8 @@ class Resolution:
 
 @dataclass(frozen=True)
 class _ResolutionSource:
-    """Where one container states the resolution (exiftool -G0 -n names), and its units as TIFF units."""
+    """Where one container states the resolution (exiftool names as read with _GROUPS), and its units as TIFF
+    units."""
 
     x: str
     y: str
@@ -169,17 +206,19 @@ class _ResolutionSource:
 
 # First to last, as libvips reads a JPEG (EXIF over JFIF). JFIF and PNG unit 0 state an aspect ratio only.
 _RESOLUTION_SOURCES = (
-    _ResolutionSource("EXIF:XResolution", "EXIF:YResolution", "EXIF:ResolutionUnit", "EXIF:ResolutionUnit",
+    _ResolutionSource("EXIF:IFD0:XResolution", "EXIF:IFD0:YResolution", "EXIF:IFD0:ResolutionUnit",
+                      "EXIF:IFD0:ResolutionUnit",
                       {None: (2, 1.0), 1: (1, 1.0), 2: (2, 1.0), 3: (3, 1.0)}.get),  # absent: inches (TIFF)
     _ResolutionSource("JFIF:XResolution", "JFIF:YResolution", "JFIF:ResolutionUnit", "JFIF:ResolutionUnit",
                       {1: (2, 1.0), 2: (3, 1.0)}.get),
-    _ResolutionSource("PNG:PixelsPerUnitX", "PNG:PixelsPerUnitY", "PNG:PixelUnits", "PNG:PixelUnits",
+    _ResolutionSource("PNG:PNG-pHYs:PixelsPerUnitX", "PNG:PNG-pHYs:PixelsPerUnitY", "PNG:PNG-pHYs:PixelUnits",
+                      "PNG:PNG-pHYs:PixelUnits",
                       {1: (3, 0.01)}.get),  # per metre
     _ResolutionSource("Jpeg2000:CaptureXResolution", "Jpeg2000:CaptureYResolution",  # per 10^-unit metre
                       "Jpeg2000:CaptureXResolutionUnit", "Jpeg2000:CaptureYResolutionUnit",
                       lambda e: (3, 10.0 ** (e - 2)) if isinstance(e, int) and -10 <= e <= 10 else None),
 )
-_RESOLUTION_READ = ("-EXIF:Orientation", "-XMP:Orientation", *(f"-{t}" for t in RESOLUTION_TAGS),
+_RESOLUTION_READ = (_GROUPS, *(f"-{t}" for t in (*_ORIENTATION_TAGS, *RESOLUTION_TAGS)),
                     "-JFIF:XResolution", "-JFIF:YResolution", "-JFIF:ResolutionUnit", "-PNG-pHYs:all",
                     "-Jpeg2000:CaptureXResolution", "-Jpeg2000:CaptureYResolution",
                     "-Jpeg2000:CaptureXResolutionUnit", "-Jpeg2000:CaptureYResolutionUnit")
@@ -237,9 +276,22 @@ def write_carrier(master: str | Path, keep: tuple[str, ...], exclude: tuple[str,
     resolution = upright_resolution(master)  # from the master itself: its classic view has no Orientation
     with classic_view(master) as source:  # a BigTIFF master loses UNDEFINED tags otherwise (see classic_view)
         exiftool_run("-m", "-q", "-n", "-overwrite_original", "-TagsFromFile", str(source),
-                     *selection(keep, exclude), *_COLOURSPACE_SRGB, *(resolution.exiftool_args() if resolution else ()),
+                     *selection(keep, exclude), *_storage_description(source), *_COLOURSPACE_SRGB, *(resolution.exiftool_args() if resolution else ()),
                      str(carrier))
     return carrier
+
+
+# An ImageDescription that describes how the master's file stores its pixels: ImageJ's header ('ImageJ=...'),
+# tifffile's JSON ({"shape": ...}), OME-XML. Readers that trust it (tifffile, ImageJ, Bio-Formats) read the access
+# master's pyramid by the master's layout ("incompatible keyframe"): it is encoding, as ENCODING_TAGS are.
+_STORAGE_DESCRIPTION = re.compile(r'\s*(ImageJ=|\{\s*"shape"\s*:|(<\?xml[^>]*\?>\s*)?<OME[\s>])')
+
+
+def _storage_description(master: Path) -> tuple[str, ...]:
+    """The exiftool argument leaving out the master's IFD0 ImageDescription when it is a storage description;
+    an ordinary description (a caption) is carried as any kept tag is."""
+    text = exiftool_json(master, "-IFD0:ImageDescription").get("EXIF:ImageDescription")
+    return ("--IFD0:ImageDescription",) if isinstance(text, str) and _STORAGE_DESCRIPTION.match(text) else ()
 
 
 def carried_tags(master: str | Path, keep: tuple[str, ...], exclude: tuple[str, ...], scratch: Path) -> Carried:

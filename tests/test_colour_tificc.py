@@ -162,3 +162,24 @@ def test_black_point_compensation_follows_the_policy_on_a_cmyk_master(bpc, engin
     assert delta_e(ours, other).max() > 3  # the setting changes the shadows: the comparison can tell
     rich_black = ours[PATCH // 2, PATCH + PATCH // 2]  # the second patch: every ink at 100%
     assert (rich_black.max() <= 3) if bpc else (rich_black.min() >= 10), rich_black
+
+
+@pytest.mark.parametrize("engine", ["vips", "tifffile"])
+def test_a_profile_without_the_policys_intent_is_applied_as_littlecms_applies_it(engine, profiles, tmp_path):
+    """The corpus' 'TIFF RGB' LUT profile holds only a perceptual table (A2B0). LittleCMS (tificc, ImageCms)
+    falls back to it at relative colorimetric; libvips' icc_transform dropped the profile and passed the
+    pixels through unconverted (mean CIEDE2000 5.1)."""
+    with Image.open(CORPUS / "icc-wide-gamut-or-unusual/icc_profile_big.jpg") as im:
+        icc = im.info["icc_profile"]
+    profile = tmp_path / "lut.icc"
+    profile.write_bytes(icc)
+    samples = _patches(3, 255).astype(np.uint8)
+    master = tmp_path / "lut.tif"
+    tifffile.imwrite(master, samples, photometric="rgb", metadata=None, extratags=_icc_tag(icc))
+    reference = tificc(master, profile, profiles)
+    assert delta_e(samples, reference).mean() > 2.0  # untransformed is far from the reference
+    ours = normalised(master) if engine == "vips" else strips_of(master)
+    difference = delta_e(ours, reference)
+    assert difference.mean() <= 0.1 and difference.max() <= 0.5, (difference.mean(), difference.max())
+    assert any("no relative rendering intent: converted with its perceptual one" in w
+               for w in inspect(master).warnings)

@@ -70,6 +70,25 @@ def test_orientation_is_reset_after_it_was_applied(tmp_path):
     assert exiftool_json(tmp_path / "a.tif").get("EXIF:Orientation") in (None, 1)
 
 
+def test_the_thumbnails_orientation_does_not_turn_the_main_image(tmp_path):
+    """IFD1 (the EXIF thumbnail) says 6, IFD0 says nothing: viewers and libvips show the image as stored.
+    exiftool's family-0 EXIF:Orientation falls back to IFD1's, which turned the master 40x60."""
+    master, thumb = tmp_path / "m.jpg", tmp_path / "thumb.jpg"
+    pyvips.Image.black(60, 40, bands=3).jpegsave(str(master))
+    pyvips.Image.black(6, 4, bands=3).jpegsave(str(thumb))
+    exiftool_run("-q", "-overwrite_original", "-EXIF:Make=Canon", f"-ThumbnailImage<={thumb}", str(master))
+    exiftool_run("-q", "-overwrite_original", "-IFD0:Orientation=", "-IFD1:Orientation#=6", str(master))
+    assert exiftool_json(master, "-Orientation")["EXIF:Orientation"] == 6  # the fallback the bug followed
+    info = inspect(master)
+    assert info.orientation == 1 and not any("orientation" in r for r in info.reasons)
+    result = convert(master, tmp_path / "a.tif")
+    assert result.ok and (result.width, result.height) == (60, 40)
+    upright = tmp_path / "upright.jpg"  # IFD0's orientation is still applied
+    shutil.copy(master, upright)
+    exiftool_run("-q", "-overwrite_original", "-IFD0:Orientation#=6", str(upright))
+    assert inspect(upright).orientation == 6
+
+
 # --- BigTIFF ---------------------------------------------------------------------------------------
 # exiftool's BigTIFF reader ignores the formats its EXIF tables give UNDEFINED tags: the bytes of
 # ComponentsConfiguration, FileSource and SceneType read as '\x01\x02\x03', '\x03', '\x01' there, as
@@ -217,3 +236,33 @@ def test_an_iptc_tag_kept_by_its_bare_name_keeps_its_charset(tmp_path):
     written = (tmp_path / "a.tif").read_bytes()
     assert charset in written and name in written
     assert exiftool_json(tmp_path / "a.tif")["IPTC:ObjectName"] == "Café 東京"
+
+
+STORAGE_DESCRIPTIONS = {"imagej": dict(imagej=True), "tifffile-shaped": dict(photometric="rgb"),
+                        "ome": dict(ome=True, photometric="rgb")}
+
+
+@pytest.mark.parametrize("recipe", ["ptiff-jpeg-q90", "ptiff-tifffile-q90", "jp2-openjpeg-lossless"])
+@pytest.mark.parametrize("kind", sorted(STORAGE_DESCRIPTIONS))
+def test_a_storage_description_is_not_carried(kind, recipe, tmp_path):
+    """ImageJ's, tifffile's and OME's ImageDescription say how the master's file holds its pixels: carried into
+    the access master's IFD0, tifffile read its pyramid by them and raised 'incompatible keyframe'."""
+    master = tmp_path / f"{kind}.tif"
+    tifffile.imwrite(master, np.full((40, 64, 3), 90, np.uint8), **STORAGE_DESCRIPTIONS[kind])
+    assert exiftool_json(master, "-IFD0:ImageDescription")["EXIF:ImageDescription"]
+    out = tmp_path / ("a.jp2" if recipe.startswith("jp2") else "a.tif")
+    result = convert(master, out, recipe=recipe)
+    assert result.ok, result.reason
+    assert "EXIF:ImageDescription" not in exiftool_json(out)
+    if out.suffix == ".tif":
+        assert tifffile.imread(out).shape == (40, 64, 3)
+
+
+@pytest.mark.parametrize("recipe", ["ptiff-jpeg-q90", "jp2-openjpeg-lossless"])
+def test_an_ordinary_description_is_carried(recipe, tmp_path):
+    master = tmp_path / "caption.tif"
+    tifffile.imwrite(master, np.full((40, 64, 3), 90, np.uint8), photometric="rgb", metadata=None,
+                     description='{"shape" is what this caption is about} ImageJ= too')
+    out = tmp_path / ("a.jp2" if recipe.startswith("jp2") else "a.tif")
+    assert convert(master, out, recipe=recipe).ok
+    assert exiftool_json(out)["EXIF:ImageDescription"] == '{"shape" is what this caption is about} ImageJ= too'
