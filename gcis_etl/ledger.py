@@ -344,16 +344,22 @@ class Ledger:
         return self._all(ItemRecord, sql + " ORDER BY object_id, sequence, item_id LIMIT ?", *args, limit)
 
     def iter_items(self, pipeline: str, where: str = "1", args: tuple = (), page: int = 1000) -> Iterator[ItemRecord]:
-        """The pipeline's items matching the SQL condition `where`, in (object_id, item_id) order, a page at a
-        time: no read transaction stays open while the caller works (a migration running harvests meanwhile)."""
+        """The pipeline's items matching the SQL condition `where`, in (object_id, item_id) order."""
+        return self._paged(ItemRecord, "items", ("object_id", "item_id"), pipeline, where, args, page)
+
+    def _paged(self, cls, table: str, order: tuple[str, str], pipeline: str, where: str, args: tuple,
+               page: int) -> Iterator:
+        """The pipeline's rows of `table` matching `where`, in `order`, a page at a time: no read transaction
+        stays open while the caller works (a migration running harvests meanwhile)."""
+        first, second = order
         after = ("", "")
         while True:
-            rows = self._all(ItemRecord, f"items WHERE pipeline=? AND ({where}) AND (object_id, item_id) > (?, ?) "
-                                         f"ORDER BY object_id, item_id LIMIT ?", pipeline, *args, *after, page)
+            rows = self._all(cls, f"{table} WHERE pipeline=? AND ({where}) AND ({first}, {second}) > (?, ?) "
+                                  f"ORDER BY {first}, {second} LIMIT ?", pipeline, *args, *after, page)
             yield from rows
             if len(rows) < page:
                 return
-            after = (rows[-1].object_id, rows[-1].item_id)
+            after = (getattr(rows[-1], first), getattr(rows[-1], second))
 
     def record(self, run_id: int, result: ItemResult, source_modified: datetime | None) -> None:
         """Store one result and what the run did; a failure counts an attempt of the current source version.
@@ -415,16 +421,9 @@ class Ledger:
                         "ON CONFLICT (pipeline, key) DO NOTHING", (pipeline, object_id, item_id, key, run_id, stamp))
 
     def superseded(self, pipeline: str, object_id: str | None = None, page: int = 1000) -> Iterator[SupersededKey]:
-        """The keys waiting to be retired, of one object or all, in (object_id, key) order, a page at a time."""
+        """The keys waiting to be retired, of one object or all, in (object_id, key) order."""
         where, args = ("object_id=?", (object_id,)) if object_id is not None else ("1", ())
-        after = ("", "")
-        while True:
-            rows = self._all(SupersededKey, f"superseded WHERE pipeline=? AND {where} AND (object_id, key) > (?, ?) "
-                                            f"ORDER BY object_id, key LIMIT ?", pipeline, *args, *after, page)
-            yield from rows
-            if len(rows) < page:
-                return
-            after = (rows[-1].object_id, rows[-1].key)
+        return self._paged(SupersededKey, "superseded", ("object_id", "key"), pipeline, where, args, page)
 
     def superseded_count(self, pipeline: str) -> int:
         return self.db.execute("SELECT count(*) FROM superseded WHERE pipeline=?", (pipeline,)).fetchone()[0]
