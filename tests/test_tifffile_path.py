@@ -391,24 +391,16 @@ def test_pieces_of_fewer_rows_than_a_tile_make_the_same_pyramid(monkeypatch, six
         assert np.array_equal(a, b), level
 
 
-def test_memory_on_a_wide_master_is_no_more_than_the_main_paths(tmp_path):
-    """A 16-bit Adobe RGB master 40,000 pixels wide: most of what either path holds is libvips' (the master's
-    strips, 30 MB each); this path adds one 8-bit tile row and pieces of PIECE_PIXELS. Holding whole tile rows
-    as fetched (16-bit), rounded, transformed and read ahead, it grew by 435 MB where the main path grew by 374."""
-    photo = pyvips.Image.new_from_file(str(CORPUS / "jpeg-baseline/flowers.jpeg"))
-    icc = pyvips.Image.new_from_file(str(CORPUS / "icc-adobergb/example.tif")).get("icc-profile-data")
-    wide = photo.replicate(-(-40000 // photo.width), 1).crop(0, 0, 40000, min(photo.height, 600))
-    wide = (wide.cast("ushort") * 257).cast("ushort").copy(interpretation="rgb16")
-    wide.set_type(pyvips.GValue.blob_type, "icc-profile-data", icc)
-    wide.tiffsave(str(tmp_path / "wide.tif"), compression="none")
-    growth = {}
-    for recipe in (RECIPE, "ptiff-jpeg-q90"):
-        with IsolatedProcess() as fresh:  # its peak RSS is over its life: warm it up on a small master first
-            warm = convert(CORPUS / "icc-adobergb/example.tif", tmp_path / "warm.tif", recipe, worker=fresh)
-            result = convert(tmp_path / "wide.tif", tmp_path / "wide-out.tif", recipe, worker=fresh)
-        assert warm.ok and result.ok, (warm.reason, result.reason)
-        growth[recipe] = result.peak_rss_mb - warm.peak_rss_mb
-    assert growth[RECIPE] <= growth["ptiff-jpeg-q90"], growth
+def test_a_wide_level_is_fetched_in_pieces_of_a_bounded_size():
+    """What bounds memory on wide masters: a tile row is fetched whole up to 16,384 columns, and beyond that in
+    fewer rows, never more than PIECE_PIXELS at once (a 200,000-column 16-bit master held 1.97 GB as whole tile
+    rows, 1.22 GB in pieces; the main path 1.32 GB: measured, see README, not asserted here, as peak RSS varies
+    by tens of MB from run to run)."""
+    assert tifffile_ptiff.piece_rows(Level(16384, 10000), 256) == 256
+    for width in (16385, 60000, 200000):
+        rows = tifffile_ptiff.piece_rows(Level(width, 10000), 256)
+        assert 1 <= rows < 256 and rows * width <= tifffile_ptiff.PIECE_PIXELS
+    assert tifffile_ptiff.piece_rows(Level(2 * tifffile_ptiff.PIECE_PIXELS, 10), 256) == 1
 
 
 def limit_file_size(megabytes: int) -> None:
