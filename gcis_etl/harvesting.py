@@ -32,6 +32,7 @@ from gcis_etl.manifests import CollectionEntry, DepositedImage
 from gcis_etl.pipelines import Pipeline, config_folder
 from gcis_etl.recipes import load_recipe
 from gcis_etl.reports import PLANNED, PlannedItem, RunReport, report_from_ledger, write_report
+from gcis_etl.supersession import retire_superseded
 from gcis_etl.work import ItemResult, ItemTask, Outcome, fingerprint
 
 log = logging.getLogger("gcis_etl.harvest")  # the name log shippers filter on (progress.py logs items under it)
@@ -364,7 +365,6 @@ class Harvest:
                     return  # its deposited manifest still shows the superseded keys
                 self.ledger.record_manifest(self.pipeline.name, obj.id, obj.modified, label, digest)
                 self.manifests_published += 1
-        from gcis_etl.supersession import retire_superseded
         for retired in retire_superseded(self.ledger, self.pipeline, obj.id, self.options.keep_superseded):
             self.progress.note(f"{'kept' if retired.kept else 'deleted'} {retired.key}, superseded by "
                                f"{retired.replaced_by}")
