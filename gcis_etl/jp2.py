@@ -18,7 +18,7 @@ from typing import Callable
 
 from gcis_etl import isolation
 from gcis_etl.errors import ConversionFailed
-from gcis_etl.metadata import RESOLUTION_TAGS, exiftool_run, kept_tag_values, selection, write_carrier
+from gcis_etl.metadata import RESOLUTION_TAGS, carrier_copy, exiftool_run, kept_tag_values, write_carrier
 from gcis_etl.recipes import Recipe
 
 KDU_ENV = "GCIS_KDU_COMPRESS"
@@ -246,10 +246,10 @@ class Jp2Metadata:
 def metadata_carrier(master: str, keep: tuple[str, ...], exclude: tuple[str, ...], scratch: Path) -> Jp2Metadata:
     """The kept tags, normalised by exiftool into a TIFF carrier as on the PTIFF path (rationals rounded,
     ColorSpace = sRGB, exclusions applied, the master's resolution whatever is kept), so the JP2 and the PTIFF
-    carry the same values; then written by exiftool into a 1-pixel JP2. exiftool appends metadata boxes after
-    a JP2's codestream and leaves what precedes it alone, so these boxes are what it would add to the real JP2,
-    without rewriting that (a tag that did not travel this way would fail verification, which reads every kept
-    tag back)."""
+    carry the same values; then written by exiftool into a 1-pixel JP2 (the XMP as a block: copied tag by tag
+    again, it would lose unknown namespaces). exiftool appends metadata boxes after a JP2's codestream and leaves
+    what precedes it alone, so these boxes are what it would add to the real JP2, without rewriting that (a tag
+    that did not travel this way would fail verification, which reads every kept tag back)."""
     carrier = write_carrier(master, keep, exclude, scratch / "metadata-carrier.tif")
     jp2 = scratch / "metadata-carrier.jp2"
     run_encoder((TOOLS["openjpeg"], "-i", str(carrier), "-o", str(jp2), "-n", "1"), timeout=_SECONDS_BASE)
@@ -258,6 +258,5 @@ def metadata_carrier(master: str, keep: tuple[str, ...], exclude: tuple[str, ...
     # JP2 a made-up 72 dpi; deleted before -TagsFromFile (as in '-all= -TagsFromFile @'), the carrier's
     # resolution replaces it, or none stays.
     exiftool_run("-m", "-q", "-n", "-overwrite_original", *(f"-{tag}=" for tag in RESOLUTION_TAGS),
-                 "-TagsFromFile", str(carrier), *selection(keep, exclude), *(f"-{tag}" for tag in RESOLUTION_TAGS),
-                 str(jp2))
+                 *carrier_copy(carrier, keep, exclude), *(f"-{tag}" for tag in RESOLUTION_TAGS), str(jp2))
     return Jp2Metadata(jp2.read_bytes()[bare:], kept_tag_values(carrier, keep, exclude))

@@ -6,6 +6,7 @@ more than the metadata work itself, and one process shared by a worker pool's th
 from __future__ import annotations
 
 import atexit
+import base64
 import re
 import struct
 import tempfile
@@ -268,30 +269,95 @@ def _other_group(tag: str) -> bool:
     return bool(group) and group.lstrip("0123456789").lower() not in ("iptc", "all", "*")
 
 
+def keeps_all_xmp(keep: tuple[str, ...]) -> bool:
+    """True when a kept entry selects every XMP tag, so the XMP packet can travel whole.
+
+    Copied tag by tag, XMP loses what exiftool has no table for (an in-house namespace) and moves tags into
+    their preferred namespace (XMP-pdf:Title into XMP-dc:Title). Whole: 'all' or '*' with no group or with
+    groups that are each XMP (family 0, or no family number) or all ('XMP:all', 'all:all', '0XMP:*', 'all'),
+    and 'XMP', the block itself. 'XMP-dc:all' or a family-2 group ('Author:all') selects part of it."""
+    for entry in keep:
+        *groups, name = entry.lower().split(":")
+        whole_group = all(g in ("xmp", "0xmp") or g.lstrip("0123456789") in ("all", "*") for g in groups)
+        if whole_group and name in ("all", "*", "xmp"):
+            return True
+    return False
+
+
+# Family 0 and 1 groups that hold no XMP tag: an excluded entry naming one deletes nothing from the XMP, and
+# asking exiftool to look ('XMP:MakerNotes:all=') costs ~0.3 s of loading every tag table. A group not listed
+# is looked in (a family-2 group such as Author holds XMP tags too): slower, never an excluded tag carried.
+_NOT_XMP_GROUPS = frozenset({
+    "exif", "ifd0", "ifd1", "exififd", "gps", "interopifd", "subifd", "globparamifd", "makernotes", "iptc",
+    "icc_profile", "photoshop", "jfif", "png", "jpeg2000", "adobe", "printim", "file", "composite", "exiftool",
+})
+
+
+def _xmp_edits(exclude: tuple[str, ...]) -> list[str]:
+    """exiftool arguments deleting, from XMP carried whole, what a tag-by-tag copy would leave out: the XMP
+    ENCODING_TAGS and the excluded entries that can select XMP tags, confined to XMP ('Orientation' as
+    'XMP:Orientation', 'Author:all' as 'XMP:Author:all'). ForceWrite: exiftool keeps a packet it did not change
+    byte for byte, and a master's may not be well-formed XML as it stands (a JPEG's may end in a NUL byte),
+    which the JP2 validator rejects; rewritten, it is exiftool's own XML."""
+    deleted = []
+    for tag in (*exclude, *(t for t in ENCODING_TAGS if t.lower().startswith("xmp"))):
+        groups = [g.lstrip("0123456789").lower() for g in tag.split(":")[:-1]]
+        if not _NOT_XMP_GROUPS.intersection(groups):
+            deleted.append(f"-{tag}=" if groups and groups[0].startswith("xmp") else f"-XMP:{tag}=")
+    return deleted + ["-ForceWrite=XMP"]
+
+
+def carrier_copy(carrier: Path, keep: tuple[str, ...], exclude: tuple[str, ...]) -> list[str]:
+    """exiftool arguments copying a carrier's kept tags: its XMP as a block (it holds the kept XMP only, encoding
+    and excluded tags already deleted, in its original namespaces), the rest tag by tag. The tag-by-tag list
+    comes last: arguments after these add to it."""
+    return ["-TagsFromFile", str(carrier), "-XMP", "-TagsFromFile", str(carrier), *selection(keep, exclude),
+            "--XMP:all"]
+
+
 def write_carrier(master: str | Path, keep: tuple[str, ...], exclude: tuple[str, ...], carrier: Path) -> Path:
     """A 1-pixel classic TIFF holding the master's kept tags as exiftool normalises them, ColorSpace = sRGB,
     and the master's resolution (upright_resolution) whatever the recipe keeps: it belongs to the pixels, as
-    their size does. The carrier starts without one, so a master without a resolution gets none."""
-    _classic_copy([], carrier)
+    their size does. The carrier starts without one, so a master without a resolution gets none.
+
+    When the recipe keeps all of XMP (keeps_all_xmp), the master's packet is put into the carrier as it is and
+    the tags a tag-by-tag copy would leave out are deleted from it in the same exiftool command: deletions edit
+    the packet in place, keeping unknown namespaces (a packet *copied* as a block in that command would be
+    written verbatim, the deletions ignored). A JPEG's extended XMP (beyond its 64 KB segment) is not in the
+    packet: its tags are copied tag by tag into their own namespaces."""
     resolution = upright_resolution(master)  # from the master itself: its classic view has no Orientation
+    whole = keeps_all_xmp(keep)
     with classic_view(master) as source:  # a BigTIFF master loses UNDEFINED tags otherwise (see classic_view)
+        raw = _raw_values(source, "IFD0:ImageDescription", *(("XMP",) if whole else ()))
+        packet = raw.get("XMP:XMP")
+        _classic_copy([tiff.Tag(700, tiff.BYTE, packet)] if packet else [], carrier)
+        xmp = ["--XMP:all"] if whole else []
+        if packet and b"HasExtendedXMP" in packet:
+            xmp += ["-TagsFromFile", str(source), "-all:all<XMP:all"]
         exiftool_run("-m", "-q", "-n", "-overwrite_original", "-TagsFromFile", str(source),
-                     *selection(keep, exclude), *_storage_description(source), *_COLOURSPACE_SRGB, *(resolution.exiftool_args() if resolution else ()),
-                     str(carrier))
+                     *selection(keep, exclude), *_storage_description(raw.get("EXIF:ImageDescription")), *xmp,
+                     *(_xmp_edits(exclude) if packet else ()), *_COLOURSPACE_SRGB,
+                     *(resolution.exiftool_args() if resolution else ()), str(carrier))
     return carrier
+
+
+def _raw_values(source: Path, *tags: str) -> dict[str, bytes]:
+    """`tags` (-G0 names) as the file holds them: exiftool -b gives text as it is, anything else as base64."""
+    values = exiftool_json(source, "-b", *(f"-{tag}" for tag in tags))
+    return {k: base64.b64decode(v[len("base64:"):]) if v.startswith("base64:") else v.encode()
+            for k, v in values.items() if k != "SourceFile" and isinstance(v, str)}
 
 
 # An ImageDescription that describes how the master's file stores its pixels: ImageJ's header ('ImageJ=...'),
 # tifffile's JSON ({"shape": ...}), OME-XML. Readers that trust it (tifffile, ImageJ, Bio-Formats) read the access
 # master's pyramid by the master's layout ("incompatible keyframe"): it is encoding, as ENCODING_TAGS are.
-_STORAGE_DESCRIPTION = re.compile(r'\s*(ImageJ=|\{\s*"shape"\s*:|(<\?xml[^>]*\?>\s*)?<OME[\s>])')
+_STORAGE_DESCRIPTION = re.compile(rb'\s*(ImageJ=|\{\s*"shape"\s*:|(<\?xml[^>]*\?>\s*)?<OME[\s>])')
 
 
-def _storage_description(master: Path) -> tuple[str, ...]:
+def _storage_description(text: bytes | None) -> tuple[str, ...]:
     """The exiftool argument leaving out the master's IFD0 ImageDescription when it is a storage description;
     an ordinary description (a caption) is carried as any kept tag is."""
-    text = exiftool_json(master, "-IFD0:ImageDescription").get("EXIF:ImageDescription")
-    return ("--IFD0:ImageDescription",) if isinstance(text, str) and _STORAGE_DESCRIPTION.match(text) else ()
+    return ("--IFD0:ImageDescription",) if text and _STORAGE_DESCRIPTION.match(text) else ()
 
 
 def carried_tags(master: str | Path, keep: tuple[str, ...], exclude: tuple[str, ...], scratch: Path) -> Carried:
