@@ -44,8 +44,6 @@ from dataclasses import dataclass
 from typing import Annotated, Any, Iterable, Literal, Sequence
 from urllib.parse import quote, urlsplit
 
-from iiif_prezi3 import (Annotation, AnnotationBody, AnnotationPage, Canvas, Homepage, KeyValueString, Manifest,
-                         ServiceV2)
 from pydantic import AfterValidator, Field, ValidationError, field_validator
 
 from connectors.base import LangValue, SourceObject
@@ -323,19 +321,19 @@ class Manifests:
         return self._request(image, width, max(1, round(image.height * width / image.width)))
 
     def _build_3(self, obj: SourceObject, images: list[DepositedImage], manifest_id: str) -> dict:
+        # Imported here: building iiif_prezi3's models takes ~0.5 s, which every command that writes no v3
+        # manifest (status, report, verify) would otherwise pay at start-up.
+        from iiif_prezi3 import Annotation, AnnotationPage, Canvas, Homepage, KeyValueString, Manifest
         base = manifest_id.removesuffix(".json")
         canvases = []
         for image in images:
-            service = ServiceV2(id=self.image_service_id(image), type="ImageService2", profile=IMAGE_2_LEVEL1)
             canvas_id = f"{base}/canvas/{image.sequence}"
-            painted = self._painted(image)
-            body = AnnotationBody(id=painted.id, type="Image", format="image/jpeg", width=painted.width,
-                                  height=painted.height, service=[service])
-            annotation = Annotation(id=f"{base}/annotation/{image.sequence}", motivation="painting", body=body,
-                                    target=canvas_id)
+            annotation = Annotation(id=f"{base}/annotation/{image.sequence}", motivation="painting",
+                                    body=self._image_3(image, self._painted(image)), target=canvas_id)
             label = self._lang_map([LangValue(image.label or str(image.sequence))], html_allowed=False)
             canvases.append(Canvas(
-                id=canvas_id, label=label, width=image.width, height=image.height, thumbnail=[self._thumbnail_3(image)],
+                id=canvas_id, label=label, width=image.width, height=image.height,
+                thumbnail=[self._image_3(image, self._thumbnail(image))],
                 items=[AnnotationPage(id=f"{base}/page/{image.sequence}", items=[annotation])]))
 
         rights, _ = self._rights(obj)
@@ -355,13 +353,15 @@ class Manifests:
             extra["homepage"] = [Homepage(id=homepage, type="Text", format="text/html",
                                           label=self._label_map(self.settings.homepage_label))]
         manifest = Manifest(id=manifest_id, label=self._lang_map(self.label_of(obj), html_allowed=False),
-                            thumbnail=[self._thumbnail_3(images[0])], items=canvases, **extra)
+                            thumbnail=[self._image_3(images[0], self._thumbnail(images[0]))], items=canvases,
+                            **extra)
         return json.loads(manifest.jsonld())
 
-    def _thumbnail_3(self, image: DepositedImage) -> AnnotationBody:
-        thumbnail = self._thumbnail(image)
-        return AnnotationBody(id=thumbnail.id, type="Image", format="image/jpeg", width=thumbnail.width,
-                              height=thumbnail.height,
+    def _image_3(self, image: DepositedImage, request: ImageRequest):
+        """A v3 image body: `request` of `image`, with the image's service (iiif_prezi3 imported as in _build_3)."""
+        from iiif_prezi3 import AnnotationBody, ServiceV2
+        return AnnotationBody(id=request.id, type="Image", format="image/jpeg", width=request.width,
+                              height=request.height,
                               service=[ServiceV2(id=self.image_service_id(image), type="ImageService2",
                                                  profile=IMAGE_2_LEVEL1)])
 
