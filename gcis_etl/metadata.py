@@ -412,14 +412,16 @@ def read_ifd0_tags(f: BinaryIO) -> list:
 
 def kept_tag_values(path: str | Path, keep: tuple[str, ...], exclude: tuple[str, ...]) -> dict:
     """Tag -> value of the kept, non-structural metadata of a file, as exiftool reads it (see tag_values)."""
-    tags = tag_values(path, "-a", *selection(keep, exclude))
-    return {k: v for k, v in tags.items() if k != "SourceFile" and k.split(":", 1)[-1] not in STRUCTURAL_NAMES}
+    tags = tag_values(path, *selection(keep, exclude))
+    return {k: v for k, v in tags.items() if k != "SourceFile" and k.rpartition(":")[2] not in STRUCTURAL_NAMES}
 
 
 def tag_values(path: str | Path, *args: str) -> dict:
-    """exiftool_json, a BigTIFF's metadata read as exiftool reads it from a classic TIFF (see classic_view)."""
+    """Every tag exiftool reads (-a), named by family 0 and 1 groups ('XMP:XMP-pdf:Title'): by
+    family 0 alone, same-named tags of different groups (XMP-dc:Title, XMP-pdf:Title) were one key and one of
+    them went unseen. A BigTIFF's metadata is read as exiftool reads it from a classic TIFF (see classic_view)."""
     with classic_view(path) as readable:
-        return exiftool_json(readable, *args)
+        return exiftool_json(readable, _GROUPS, "-a", *args)
 
 
 @contextmanager

@@ -120,7 +120,7 @@ def _decode_errors(path: Path, levels: list[Level], tile: int) -> list[str]:
 def metadata_differences(expected: dict, path: Path) -> list[str]:
     """Kept tags that are missing from, or different in, the access master."""
     from gcis_etl.metadata import tag_values
-    found = tag_values(path, "-a")
+    found = tag_values(path)
     errors = []
     for tag, value in expected.items():
         if tag not in found:

@@ -83,25 +83,32 @@ def test_in_house_namespaces_and_both_titles_arrive(recipe, master, tmp_path):
     assert tags.get("XMP-photoshop:Credit") == "Getty Museum"
 
 
-def test_verification_compares_the_in_house_tags(master):
+def test_verification_compares_the_in_house_tags_and_both_titles(master):
     """What verification expects of the output includes the in-house properties (exiftool reads them with the
-    kept selection), so an output that lost them would fail."""
+    kept selection) and each title under its own namespace, so an output that lost any of them would fail."""
     recipe = load_recipe()
     kept = kept_tag_values(master, recipe.metadata.keep, recipe.metadata.exclude)
-    assert {"XMP:ObjectNumber": "89.PA.33", "XMP:Label-fr": "Les Iris"}.items() <= kept.items()
+    expected = {"XMP:XMP-getty:ObjectNumber": "89.PA.33", "XMP:XMP-getty:Label-fr": "Les Iris",
+                **{f"XMP:{tag}": title for tag, title in TITLES.items()}}
+    assert {k: kept.get(k) for k in expected} == expected
 
 
-def test_an_output_that_lost_an_in_house_tag_fails_verification(master, tmp_path):
+@pytest.mark.parametrize("element, tag", [
+    (b"<getty:ObjectNumber>89.PA.33</getty:ObjectNumber>", "XMP:XMP-getty:ObjectNumber"),
+    # Read by family-0 names, both titles were one key, XMP:Title: the one left in the output answered for both.
+    (b"<pdf:Title>Irises, conservation scan</pdf:Title>", "XMP:XMP-pdf:Title"),
+], ids=["in-house", "pdf-title-beside-dc-title"])
+def test_an_output_that_lost_a_kept_xmp_tag_fails_verification(element, tag, master, tmp_path):
     recipe = load_recipe()
     carried = carried_tags(master, recipe.metadata.keep, recipe.metadata.exclude, tmp_path)
     packet = next(t for t in carried.tags if t.code == 700)  # XMP
-    lost = packet.values.replace(b"<getty:ObjectNumber>89.PA.33</getty:ObjectNumber>", b"")
+    lost = packet.values.replace(element, b"")
     assert lost != packet.values
     packet.values = lost
     image = pyvips.Image.new_from_file(str(master))
     encode_ptiff(image, tmp_path / "a.tif", recipe, srgb_profile(), lambda: carried.tags)
     report = verify(tmp_path / "a.tif", Expectation(width=image.width, height=image.height, metadata=carried.values))
-    assert report.errors == ("metadata tag XMP:ObjectNumber was not kept",)
+    assert report.errors == (f"metadata tag {tag} was not kept",)
 
 
 def test_an_excluded_namespace_is_deleted_from_the_whole_packet(master, tmp_path):
