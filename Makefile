@@ -22,8 +22,13 @@ SYSTEM_PACKAGES := build-essential pkg-config python3-venv python3-dev libvips-d
 demo: system-deps python-deps
 	$(VENV)/bin/gcis-etl demo
 
+# The suite runs one pytest process per core (at most 4), a test file in one process (its fixtures are shared):
+# it is mostly end-to-end runs that keep one core busy. Compiled first: it starts hundreds of Python processes
+# (CLI runs, conversion children, Celery workers), and where PYTHONDONTWRITEBYTECODE is set each would compile
+# the project's modules again. One file alone: `.venv/bin/python -m pytest tests/test_X.py`.
 test: system-deps python-deps minio mirador
-	$(PY) -m pytest
+	$(PY) -m compileall -q gcis_etl connectors migrations tests
+	$(PY) -m pytest --numprocesses auto --maxprocesses 4 --dist loadfile
 
 # The consumer on loopback: sync the cache, then lighttpd + iipsrv (and Mirador at /viewer/) until Ctrl-C.
 serve: system-deps python-deps mirador
