@@ -32,6 +32,8 @@ from gcis_etl.settings import Settings
 
 log = logging.getLogger(__name__)
 
+GROUP_SEARCHES = 3  # a group's member search is run up to this many times while its total_hit_count moves
+
 
 class SearchSettings(Settings):
     """`search/text`. The last-modified field/operator ids are site configuration the reference could not confirm."""
@@ -344,11 +346,28 @@ class OtmmSource:
         return self._object(key, members or [asset])
 
     def _group_members(self, value: str) -> list[dict]:
+        """A member search that moved while paged may have passed a member over, and an old member is never listed
+        again to bring its group back: the search is run again, and a group that keeps moving is not described."""
         group = self.settings.group
         condition = {"type": "com.artesia.search.SearchScalarCondition", "metadata_field_id": group.field_id,
                      "relational_operator_id": group.operator_id, "value": value}
-        members = [self._asset(s["asset_id"]) for s in self._search([condition]) if not isinstance(s, ListingMoved)]
-        return [m for m in members if self._group_value(m) == value]
+        for _ in range(GROUP_SEARCHES):
+            listed = list(self._search([condition]))
+            if not any(isinstance(s, ListingMoved) for s in listed):
+                members = [m for m in map(self._member, listed) if m is not None]
+                return [m for m in members if self._group_value(m) == value]
+        raise SourceDataError(f"{self.name}: the members of group {value!r} ({group.field_id}) changed while they "
+                              f"were listed, {GROUP_SEARCHES} times in a row (assets joined or left it between two "
+                              "pages of its search): one may have been passed over, so it is not deposited short; "
+                              "the next run tries again")
+
+    def _member(self, summary: dict) -> dict | None:
+        """A listed member's asset; None when it was deleted since the search: it left the group, as one whose
+        group field changed does (an ObjectNotFound here would say the whole group is gone)."""
+        try:
+            return self._asset(summary["asset_id"])
+        except ObjectNotFound:
+            return None
 
     def _object(self, object_id: str, assets: list[dict]) -> SourceObject:
         sequence_field = self.settings.group.sequence_field_id if self.settings.group else None

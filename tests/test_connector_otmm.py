@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import traceback
@@ -9,17 +10,21 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 import requests
+import yaml
 
 from connectors import open_source
 from connectors.base import ListingMoved, UnreadableObject
 from connectors.errors import (AuthenticationFailed, FetchIntegrityError, ObjectNotFound, PermissionDenied,
                                SourceDataError, SourceUnavailable)
 from connectors.otmm import OtmmSource
+from gcis_etl.config import load_config
 from gcis_etl.errors import ConfigError
+from gcis_etl.harvesting import OBJECT, harvest
+from gcis_etl.ledger import Ledger
 from tests.emulators import FAST_RETRY
-from tests.emulators.catalogue import CORPUS
+from tests.emulators.catalogue import CORPUS, CorpusFile
 from tests.emulators.faults import Fault
-from tests.emulators.otmm import API, ARCHIVE, MODIFIED_FIELD, ROOT, OtmmEmulator
+from tests.emulators.otmm import API, ARCHIVE, MODIFIED_FIELD, ROOT, Asset, OtmmEmulator, seed
 from tests.emulators.server import EmulatorServer
 from tests.servers import free_port, wait_for_port
 
@@ -257,6 +262,135 @@ def test_explicit_group_ids(emulator):
     assert len(obj.items) == 3
     with pytest.raises(ObjectNotFound, match="2019.M.999"):
         list(otmm(emulator.url, group=GROUP).get(["2019.M.999"]))
+
+
+# Irises' member search (IS: without 2019.M.10) is recto, detail, verso by asset id, paged by two; the listing is
+# the recto alone, so a change to the group moves its member search and nothing else.
+GROUP_IS = {**GROUP, "operator_id": "ARTESIA.OPERATOR.CHAR.IS"}
+RECTO_ONLY = {"method": "GET", "page_size": 2, "conditions": [{
+    "type": "com.artesia.search.SearchScalarCondition", "metadata_field_id": "ARTESIA.FIELD.ASSET NAME",
+    "relational_operator_id": "ARTESIA.OPERATOR.CHAR.CONTAINS", "value": "recto"}]}
+MEMBERS_PAGE_2 = r"GET /otmmapi/v6/search/text\?.*OBJECT\+NUMBER.*after=2"
+
+
+def member_pages(server: EmulatorServer) -> list[str]:
+    """`after` of each page of a member search, in order."""
+    return [p.arg("after") for p in server.requests("search/text")
+            if "OBJECT NUMBER" in (p.arg("search_condition_list") or "")]
+
+
+def raking(server: EmulatorServer) -> Asset:
+    """A raking-light view of the Irises (sequence 3) whose asset id sorts before every other member's."""
+    recto = server.app.catalogue.by_name("2019_M_1_recto.tif")
+    return Asset("2019_M_1_raking.tif", CorpusFile("png/png-rgb-64x56x8.png"), ROOT, recto.imported, recto.updated,
+                 {**recto.fields, "GTRUST.FIELD.SEQUENCE": "3"})
+
+
+def join_or_leave(server: EmulatorServer, change: str) -> None:
+    """joins: the raking-light view joins 2019.M.1, every member moves on one place and it is passed over; leaves:
+    the recto leaves it, every member moves back one place and the verso is passed over."""
+    catalogue = server.app.catalogue
+    if change == "joins":
+        view = raking(server)
+        catalogue.assets[view.asset_id] = view
+    else:
+        catalogue.by_name("2019_M_1_recto.tif").fields["GTRUST.FIELD.OBJECT NUMBER"] = "2019.M.2"
+
+
+@pytest.mark.parametrize("change, members, pages", [
+    ("joins", ["2019_M_1_recto.tif", "2019_M_1_verso.tif", "2019_M_1_raking.tif", "2019_M_1_detail.jpg"],
+     ["0", "2", "0", "2"]),
+    ("leaves", ["2019_M_1_verso.tif", "2019_M_1_detail.jpg"], ["0", "2", "0"]),
+])
+@pytest.mark.parametrize("path", ["changes", "get"])
+def test_a_group_whose_members_change_while_they_are_listed_is_searched_again(emulator, path, change, members,
+                                                                               pages):
+    emulator.before(MEMBERS_PAGE_2, lambda: join_or_leave(emulator, change))
+    source = otmm(emulator.url, group=GROUP_IS, search=RECTO_ONLY)
+    (obj,) = source.changes(None) if path == "changes" else source.get(["2019.M.1"])
+    assert obj.id == "2019.M.1" and names(emulator, [i.id for i in obj.items]) == members
+    assert member_pages(emulator) == pages  # the second search saw the group whole
+    # shift_check off (a server whose count is an estimate): searched once, as before
+    emulator.app.catalogue = seed()
+    emulator.before(MEMBERS_PAGE_2, lambda: join_or_leave(emulator, change))
+    unchecked = otmm(emulator.url, group=GROUP_IS, search={**RECTO_ONLY, "shift_check": False})
+    list(unchecked.changes(None) if path == "changes" else unchecked.get(["2019.M.1"]))
+    assert member_pages(emulator)[len(pages):] == pages[:2]
+
+
+class Churn:
+    """The raking-light view joins 2019.M.1 and leaves it again, in turn, before every second page of its member
+    search, until stopped: each search sees its total_hit_count move."""
+
+    def __init__(self, server: EmulatorServer):
+        self.server, self.on = server, True
+        server.before(MEMBERS_PAGE_2, self)
+
+    def __call__(self) -> None:
+        if not self.on:
+            return
+        assets, view = self.server.app.catalogue.assets, raking(self.server)
+        if assets.pop(view.asset_id, None) is None:
+            assets[view.asset_id] = view
+        self.server.before(MEMBERS_PAGE_2, self)
+
+
+GROUP_KEPT_MOVING = (r"the members of group '2019.M.1' \(GTRUST.FIELD.OBJECT NUMBER\) changed while "
+                     r"they were listed, 3 times in a row \(assets joined or left it between two pages of its "
+                     r"search\): one may have been passed over, so it is not deposited short; the next run tries again")
+
+
+def test_a_group_whose_members_keep_changing_is_not_described_short(emulator):
+    Churn(emulator)
+    source = otmm(emulator.url, group=GROUP_IS, search=RECTO_ONLY)
+    (unreadable,) = source.changes(None)
+    assert isinstance(unreadable, UnreadableObject) and unreadable.id == "2019.M.1" and not unreadable.gone
+    assert re.fullmatch("otmm-test: " + GROUP_KEPT_MOVING, unreadable.reason)
+    assert unreadable.modified == utc("2024-01-05 10:00:00")  # the recto's, as listed
+    assert member_pages(emulator) == ["0", "2"] * 3
+    with pytest.raises(SourceDataError, match=GROUP_KEPT_MOVING):
+        list(source.get(["2019.M.1"]))
+    assert member_pages(emulator) == ["0", "2"] * 6
+
+
+@pytest.mark.parametrize("path", ["changes", "get"])
+def test_a_member_deleted_between_the_search_and_its_read_has_left_the_group(emulator, path):
+    """Not the whole group gone (by id, a harvest would mark the object gone and never revisit it)."""
+    catalogue = emulator.app.catalogue
+    verso = catalogue.by_name("2019_M_1_verso.tif").asset_id
+    emulator.before(rf"GET /otmmapi/v6/assets/{verso}\?", lambda: catalogue.assets.pop(verso))
+    source = otmm(emulator.url, group=GROUP_IS, search=RECTO_ONLY)
+    (obj,) = source.changes(None) if path == "changes" else source.get(["2019.M.1"])
+    assert obj.id == "2019.M.1" and not isinstance(obj, UnreadableObject)
+    assert names(emulator, [i.id for i in obj.items]) == ["2019_M_1_recto.tif", "2019_M_1_detail.jpg"]
+
+
+def test_a_harvest_fails_a_group_that_keeps_changing_and_takes_it_whole_next_run(emulator, tmp_path, monkeypatch):
+    """The group fails alone and holds the checkpoint at its listed time, so the next run lists it again."""
+    monkeypatch.setenv("OTMM_PASSWORD", PASSWORD)
+    config = {"state_dir": str(tmp_path / "state"), "pipelines": {"p": {
+        "source": {"kind": "otmm", "base_url": emulator.url, "username": "tsuper", "password": "${OTMM_PASSWORD}",
+                   "retry": FAST_RETRY, "group": GROUP_IS, "search": RECTO_ONLY},
+        "store": {"kind": "local", "root": str(tmp_path / "store")}}}}
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    cfg = load_config(tmp_path / "config.yaml")
+    churn = Churn(emulator)
+
+    first = harvest(cfg, "p")
+    assert first.counts == {"deposited": 0, "skipped": 0, "rejected": 0, "failed": 1}
+    assert datetime.fromisoformat(first.checkpoint_after) <= utc("2024-01-05 10:00:00")  # not past the recto
+    with Ledger.open(cfg, read_only=True) as ledger:
+        (failed,) = ledger.items("p")
+    assert (failed.object_id, failed.item_id, failed.status) == ("2019.M.1", OBJECT, "failed")
+    assert re.fullmatch("the source cannot describe it: p: " + GROUP_KEPT_MOVING, failed.reason)
+
+    churn.on = False
+    second = harvest(cfg, "p")
+    assert second.counts == {"deposited": 4, "skipped": 0, "rejected": 0, "failed": 0}
+    with Ledger.open(cfg, read_only=True) as ledger:
+        deposited = [i.item_id for i in ledger.items("p", "2019.M.1", status="deposited")]
+    assert sorted(names(emulator, deposited)) == ["2019_M_1_detail.jpg", "2019_M_1_raking.tif",
+                                                  "2019_M_1_recto.tif", "2019_M_1_verso.tif"]
 
 
 @pytest.mark.parametrize("group", [None, GROUP], ids=["assets", "groups"])
