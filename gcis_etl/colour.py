@@ -44,7 +44,7 @@ def orient(image: pyvips.Image, orientation: int) -> pyvips.Image:
 def layout(image: pyvips.Image, info: ImageInfo, policy: ImagingPolicy) -> pyvips.Image:
     """The master before colour management, as both PTIFF engines take it: upright, unsigned samples
     (Lab keeps its signed a*, b*: libvips' LabS is signed by definition) of at most 16 bits, float kept
-    only where no profile is embedded, alpha flattened (or dropped), other extra bands dropped."""
+    only where no profile will be applied (RGB, grey without one), alpha flattened (or dropped), other extra bands dropped."""
     image = orient(image, info.orientation)
     if image.format in ("char", "short", "int") and image.interpretation not in LAB:
         image = _unsigned(image)
@@ -52,7 +52,7 @@ def layout(image: pyvips.Image, info: ImageInfo, policy: ImagingPolicy) -> pyvip
         image = _sixteen_bits(image >> 16)
     image = _drop_extra_bands(image, info.alpha, policy)
     if image.format in ("float", "double") and image.interpretation not in LAB \
-            and image.get_typeof("icc-profile-data"):
+            and (image.get_typeof("icc-profile-data") or image.interpretation == "cmyk"):
         image = _sixteen_bits(image.linear(65535, 0.5))  # 0..1 onto 0..65535, rounded
     return image
 
@@ -81,9 +81,10 @@ def _sixteen_bits(samples: pyvips.Image) -> pyvips.Image:
     """Samples already on the 16-bit scale, cast (clipped) to ushort and labelled as libvips' 16-bit spaces.
 
     uint32 keeps its top 16 bits: libvips' colour operations scale 8- and 16-bit samples to 8 bits but clip
-    32-bit integers to 0..255. Float samples (0..1, as TIFF and LittleCMS's float formats hold them) meet an
-    embedded profile as 16 bits: libvips' icc_transform reads float on its 0..255 scale (a 0..1 master came
-    out black) and Pillow ImageCms has no float mode. Float without a profile stays linear scRGB."""
+    32-bit integers to 0..255. Float samples (0..1, as TIFF writers such as tifffile and ImageMagick hold them)
+    meet a profile as 16 bits: libvips' icc_transform reads float on its 0..255 scale (a 0..1 RGB master came
+    out black, a CMYK one white, with no profile embedded too: CMYK always meets one, embedded or the fallback)
+    and Pillow ImageCms has no float mode. Float RGB or grey without a profile stays linear scRGB."""
     interpretation = {"b-w": "grey16", "srgb": "rgb16", "scrgb": "rgb16"}.get(samples.interpretation,
                                                                               samples.interpretation)
     return samples.cast("ushort").copy(interpretation=interpretation)
