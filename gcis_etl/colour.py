@@ -72,9 +72,12 @@ def normalise(image: pyvips.Image, info: ImageInfo, policy: ImagingPolicy) -> py
 
 
 def _unsigned(image: pyvips.Image) -> pyvips.Image:
-    """Signed samples are offset to the unsigned range (two's-complement midpoint becomes mid-grey)."""
+    """Signed samples are offset to the unsigned range (two's-complement midpoint becomes mid-grey). libvips
+    reads 16-bit signed RGB as 'srgb', its 8-bit space: left so, the 16-bit samples were cast to 8 bits
+    unscaled (clipped: a white access master), so 16-bit ones take the 16-bit spaces (_sixteen_bits)."""
     offset, target = {"char": (128, "uchar"), "short": (32768, "ushort"), "int": (2 ** 31, "uint")}[image.format]
-    return (image + offset).cast(target).copy(interpretation=image.interpretation)
+    unsigned = (image + offset).cast(target).copy(interpretation=image.interpretation)
+    return _sixteen_bits(unsigned) if target == "ushort" else unsigned
 
 
 def _sixteen_bits(samples: pyvips.Image) -> pyvips.Image:

@@ -99,6 +99,21 @@ def test_32_bit_signed_samples_are_offset_like_16_bit_ones(tmp_path):
     np.testing.assert_array_equal(normalised(tmp_path / "s32.tif"), normalised(tmp_path / "u16.tif"))
 
 
+@pytest.mark.parametrize("photometric", ["minisblack", "rgb"])
+@pytest.mark.parametrize("bits", [8, 16])
+def test_signed_samples_convert_like_their_unsigned_twins(bits, photometric, tmp_path):
+    """16-bit signed RGB came out white: libvips labels it with its 8-bit space, sRGB, and the offset samples
+    were cast to 8 bits unscaled."""
+    unsigned, signed = (np.uint8, np.int8) if bits == 8 else (np.uint16, np.int16)
+    ramp = (_ramp16(3 if photometric == "rgb" else 1) >> (16 - bits)).astype(unsigned)
+    tifffile.imwrite(tmp_path / "u.tif", ramp, photometric=photometric)
+    tifffile.imwrite(tmp_path / "s.tif", (ramp.astype(np.int32) - 2 ** (bits - 1)).astype(signed),
+                     photometric=photometric)
+    expected = normalised(tmp_path / "u.tif")
+    assert len(np.unique(expected)) > 200  # a real ramp
+    np.testing.assert_array_equal(normalised(tmp_path / "s.tif"), expected)
+
+
 def _lab_master(path, profile: bool):
     """A CIELab (photometric 8) orange master, with or without an embedded Lab (D50 identity) profile."""
     rgb = np.empty((32, 32, 3), np.uint8)
