@@ -156,9 +156,11 @@ def _open_pillow(info: ImageInfo, strict: bool) -> pyvips.Image:
     icc = im.info.get("icc_profile")
     if im.mode in ("P", "PA", "1", "LA", "La", "RGBa", "YCbCr", "LAB", "HSV"):
         im = im.convert("RGBA" if ("A" in im.mode or "transparency" in im.info) else "RGB")
-    array = np.asarray(im)
+    array = np.asarray(im)  # samples on the full 8- or 16-bit range: Pillow scales 1- to 7-bit ones itself
     if im.mode.startswith("I;16"):
         array = array.astype(np.uint16)
+        if getattr(im, "tag_v2", {}).get(262) == 0:  # Pillow turns MinIsWhite 1- to 8-bit grey, not 16-bit
+            array = _black_is_zero(array, 16)
     return _from_array(array, info, icc)
 
 
@@ -168,15 +170,32 @@ def _open_tifffile(info: ImageInfo, strict: bool) -> pyvips.Image:
         with tifffile.TiffFile(info.path) as tif:
             page = tif.pages[0]
             array, axes, icc = page.asarray(), page.axes, page.iccprofile
+            white_is_zero = page.photometric == tifffile.PHOTOMETRIC.MINISWHITE
     except Exception as exc:  # tifffile/imagecodecs raise many types for unsupported encodings
         raise CannotOpen(_first_line(exc)) from None
     if axes.startswith("S"):  # planar-separate samples come plane by plane
         array = np.moveaxis(array, 0, -1)
+    if white_is_zero:
+        array = _black_is_zero(array, info.bit_depth)
+    if array.dtype.kind in "ub" and info.bit_depth and info.bit_depth not in (8, 16) and array.dtype.itemsize <= 2:
+        full = 255 if info.bit_depth < 8 else 65535  # tifffile returns the samples as stored: 1- to 15-bit
+        array = (array.astype(np.float32) * (full / (2 ** info.bit_depth - 1))).round()
+        array = array.astype(np.uint8 if full == 255 else np.uint16)
     return _from_array(array, info, icc)
 
 
+def _black_is_zero(array: np.ndarray, bit_depth: int | None) -> np.ndarray:
+    """MinIsWhite grey (a scanner's bilevel and 4-bit pages) turned to MinIsBlack, as libvips reads it:
+    tifffile returns the samples as stored, and an access master made of them would be a negative."""
+    if array.dtype == np.bool_:
+        return ~array
+    if array.dtype.kind != "u" or not bit_depth:
+        raise CannotOpen(f"MinIsWhite grey with {array.dtype} samples")
+    return array.dtype.type(2 ** bit_depth - 1) - array
+
+
 def _from_array(array: np.ndarray, info: ImageInfo, icc: bytes | None) -> pyvips.Image:
-    """A vips image from decoded samples, scaled to the full range of 8/16-bit or kept as float.
+    """A vips image from decoded samples on the full range of 8/16-bit, or float.
 
     Lab samples would be labelled RGB here: the fallbacks leave Lab to libvips."""
     if info.interpretation == "lab":
@@ -185,10 +204,6 @@ def _from_array(array: np.ndarray, info: ImageInfo, icc: bytes | None) -> pyvips
         array = array[:, :, None]
     if array.dtype == np.float16:  # half floats (TIFF SampleFormat 3, 16 bits): libvips has no such format
         array = array.astype(np.float32)
-    if array.dtype.kind == "u" and info.bit_depth and info.bit_depth not in (8, 16) and array.dtype.itemsize <= 2:
-        full = 255 if info.bit_depth < 8 else 65535
-        array = (array.astype(np.float32) * (full / (2 ** info.bit_depth - 1))).round()
-        array = array.astype(np.uint8 if full == 255 else np.uint16)
     image = pyvips.Image.new_from_array(np.ascontiguousarray(array))
     colour_bands = 4 if info.interpretation == "cmyk" else (1 if array.shape[2] <= 2 else 3)
     sixteen = array.dtype == np.uint16

@@ -114,6 +114,24 @@ def test_signed_samples_convert_like_their_unsigned_twins(bits, photometric, tmp
     np.testing.assert_array_equal(normalised(tmp_path / "s.tif"), expected)
 
 
+@pytest.mark.parametrize("decoder", ["pillow", "tifffile"])
+@pytest.mark.parametrize("photometric", ["minisblack", "miniswhite"])
+@pytest.mark.parametrize("bits", [1, 4, 8, 16])
+def test_fallback_decoders_read_low_bit_and_min_is_white_grey_as_libvips_does(bits, photometric, decoder, tmp_path):
+    """A master libvips cannot open goes to Pillow or tifffile. They came out wrong without an error: tifffile
+    kept MinIsWhite samples as stored (a negative); Pillow's 1- and 4-bit samples, already on 0..255, were
+    scaled again (wrapping round), and its 16-bit MinIsWhite was not turned."""
+    column = np.mgrid[0:16, 0:256][1]
+    samples = {1: (column % 2).astype(bool), 4: (column % 16).astype(np.uint8), 8: column.astype(np.uint8),
+               16: (column * 257).astype(np.uint16)}[bits]
+    tifffile.imwrite(tmp_path / "grey.tif", samples, photometric=photometric,
+                     **({"bitspersample": 4} if bits == 4 else {}))
+    expected = normalised(tmp_path / "grey.tif", decoders=("vips",))
+    zero = 255 if photometric == "miniswhite" else 0  # what a sample of 0 shows
+    assert expected[0, 0, 0] == zero and len(np.unique(expected)) == min(2 ** bits, 256)  # libvips is right
+    np.testing.assert_array_equal(normalised(tmp_path / "grey.tif", decoders=(decoder,)), expected)
+
+
 def _lab_master(path, profile: bool):
     """A CIELab (photometric 8) orange master, with or without an embedded Lab (D50 identity) profile."""
     rgb = np.empty((32, 32, 3), np.uint8)
