@@ -170,12 +170,16 @@ def _open_tifffile(info: ImageInfo, strict: bool) -> pyvips.Image:
         with tifffile.TiffFile(info.path) as tif:
             page = tif.pages[0]
             array, axes, icc = page.asarray(), page.axes, page.iccprofile
-            white_is_zero = page.photometric == tifffile.PHOTOMETRIC.MINISWHITE
+            photometric, colormap = page.photometric, page.colormap
     except Exception as exc:  # tifffile/imagecodecs raise many types for unsupported encodings
         raise CannotOpen(_first_line(exc)) from None
     if axes.startswith("S"):  # planar-separate samples come plane by plane
         array = np.moveaxis(array, 0, -1)
-    if white_is_zero:
+    if photometric == tifffile.PHOTOMETRIC.PALETTE:  # tifffile gives the indices, not their colours
+        if colormap is None or array.ndim != 2 or array.dtype.kind != "u":
+            raise CannotOpen(f"palette image of {array.dtype} samples, {array.ndim} axes")
+        return _from_array(np.moveaxis(colormap.astype(np.uint16)[:, array], 0, -1), info, icc)
+    if photometric == tifffile.PHOTOMETRIC.MINISWHITE:
         array = _black_is_zero(array, info.bit_depth)
     if array.dtype.kind in "ub" and info.bit_depth and info.bit_depth not in (8, 16) and array.dtype.itemsize <= 2:
         full = 255 if info.bit_depth < 8 else 65535  # tifffile returns the samples as stored: 1- to 15-bit

@@ -14,6 +14,7 @@ from gcis_etl.conversion import check_decoding, convert
 from gcis_etl.inspection import inspect
 from gcis_etl.models import Status, Verdict
 from gcis_etl.policy import ImagingPolicy
+from tests.conftest import CORPUS
 from tests.imaging import decoded_level, normalised
 from tests.measures import luma, psnr
 
@@ -130,6 +131,15 @@ def test_fallback_decoders_read_low_bit_and_min_is_white_grey_as_libvips_does(bi
     zero = 255 if photometric == "miniswhite" else 0  # what a sample of 0 shows
     assert expected[0, 0, 0] == zero and len(np.unique(expected)) == min(2 ** bits, 256)  # libvips is right
     np.testing.assert_array_equal(normalised(tmp_path / "grey.tif", decoders=(decoder,)), expected)
+
+
+@pytest.mark.parametrize("decoder", ["pillow", "tifffile"])
+@pytest.mark.parametrize("master", ["palette/palette-1c-4b.tiff", "palette/palette-1c-8b.tiff"])
+def test_fallback_decoders_give_a_palette_image_its_colours(master, decoder):
+    """tifffile returns a palette image's indices: they came out as a grey ramp of indices."""
+    expected = normalised(CORPUS / master, decoders=("vips",))
+    assert len(np.unique(expected.reshape(-1, 3), axis=0)) > 8  # colours, the comparison can tell
+    np.testing.assert_array_equal(normalised(CORPUS / master, decoders=(decoder,)), expected)
 
 
 def _lab_master(path, profile: bool):
