@@ -149,10 +149,13 @@ def _open_pillow(info: ImageInfo, strict: bool) -> pyvips.Image:
         im = Image.open(info.path)
     except (OSError, SyntaxError, ValueError) as exc:
         raise CannotOpen(_first_line(exc)) from None
+    stated = getattr(im, "tag_v2", {}).get(274)
     try:
         im.load()
     except (OSError, SyntaxError, ValueError) as exc:
         raise RejectedMaster(f"corrupt or truncated image data: {_first_line(exc)}") from None
+    if stated is not None and 274 not in im.tag_v2:  # Pillow turned the TIFF upright as it loaded
+        im = _as_stored(im, stated)
     icc = im.info.get("icc_profile")
     if im.mode in ("P", "PA", "1", "LA", "La", "RGBa", "YCbCr", "LAB", "HSV"):
         im = im.convert("RGBA" if ("A" in im.mode or "transparency" in im.info) else "RGB")
@@ -162,6 +165,16 @@ def _open_pillow(info: ImageInfo, strict: bool) -> pyvips.Image:
         if getattr(im, "tag_v2", {}).get(262) == 0:  # Pillow turns MinIsWhite 1- to 8-bit grey, not 16-bit
             array = _black_is_zero(array, 16)
     return _from_array(array, info, icc)
+
+
+def _as_stored(im, orientation: int):
+    """A TIFF Pillow turned by its Orientation tag, turned back: the orientation step turns every decoder's
+    pixels as stored, and turned twice they came out rotated (or flipped) wrongly."""
+    from PIL import Image
+    T = Image.Transpose
+    undo = {2: T.FLIP_LEFT_RIGHT, 3: T.ROTATE_180, 4: T.FLIP_TOP_BOTTOM, 5: T.TRANSPOSE, 6: T.ROTATE_90,
+            7: T.TRANSVERSE, 8: T.ROTATE_270}.get(orientation)
+    return im.transpose(undo) if undo is not None else im
 
 
 def _open_tifffile(info: ImageInfo, strict: bool) -> pyvips.Image:

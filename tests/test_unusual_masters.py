@@ -142,6 +142,25 @@ def test_fallback_decoders_give_a_palette_image_its_colours(master, decoder):
     np.testing.assert_array_equal(normalised(CORPUS / master, decoders=(decoder,)), expected)
 
 
+@pytest.mark.parametrize("compression", [None, "lzw"])
+@pytest.mark.parametrize("orientation", range(1, 9))
+def test_every_decoder_turns_a_tiff_upright_once(orientation, compression, tmp_path):
+    """Pillow turns a TIFF by its Orientation tag as it loads: turned again by the orientation step, a master
+    decoded by Pillow came out rotated or flipped wrongly."""
+    rgb = np.zeros((16, 32, 3), np.uint8)
+    rgb[:4, :8] = 255
+    rgb[..., 1] = np.arange(32)[None, :] * 8
+    tifffile.imwrite(tmp_path / "o.tif", rgb, photometric="rgb", compression=compression)
+    subprocess.run(["exiftool", "-q", "-overwrite_original", f"-IFD0:Orientation#={orientation}",
+                    str(tmp_path / "o.tif")], check=True)
+    expected = normalised(tmp_path / "o.tif", decoders=("vips",))
+    upright = {1: rgb, 3: rgb[::-1, ::-1], 6: np.rot90(rgb, -1), 8: np.rot90(rgb)}
+    if orientation in upright:
+        np.testing.assert_array_equal(expected, upright[orientation])  # libvips turns it right
+    for decoder in ("pillow", "tifffile"):
+        np.testing.assert_array_equal(normalised(tmp_path / "o.tif", decoders=(decoder,)), expected)
+
+
 def _lab_master(path, profile: bool):
     """A CIELab (photometric 8) orange master, with or without an embedded Lab (D50 identity) profile."""
     rgb = np.empty((32, 32, 3), np.uint8)
