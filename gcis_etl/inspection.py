@@ -48,6 +48,7 @@ class _Header:
     dng: bool = False
     jpeg_process: str | None = None
     miniswhite: bool = False
+    first_not_image: str | None = None  # TIFF: what the first IFD is when not the image (NewSubfileType)
     data_end: int = 0   # TIFF: where the image data runs to by the header, when the file is shorter (else 0)
     file_size: int = 0
     notes: list[str] = field(default_factory=list)
@@ -99,6 +100,8 @@ def _judge(info: ImageInfo, h: _Header, policy: ImagingPolicy, warnings: list[st
         rejects.append(policy.rejected_tiff_compressions[h.compression_code])
     if h.jpeg_process:
         rejects.append(f"{h.jpeg_process} JPEG process is not supported by the decoders")
+    if h.first_not_image:
+        rejects.append(h.first_not_image)
     if h.pages > 1:
         if policy.multipage == "reject":
             rejects.append(f"{h.pages} full-resolution pages: ambiguous master (policy multipage=reject)")
@@ -258,7 +261,7 @@ def _read_tiff_tags(path: str) -> _Header:
                 if p.compression in iter(tifffile.COMPRESSION) else str(p.compression),
                 compression_code=int(p.compression), extra_bands=len(extrasamples),
                 alpha=bool(extrasamples) and extrasamples[0] in (1, 2), whole_slide=whole_slide,
-                dng=50706 in tags, miniswhite=photometric == 0,
+                dng=50706 in tags, miniswhite=photometric == 0, first_not_image=_not_the_image(p, pages),
                 data_end=_data_end(pages, tf.filehandle.size), file_size=tf.filehandle.size)
     except (tifffile.TiffFileError, ValueError, IndexError, struct.error, OSError) as exc:
         raise _Unreadable(str(exc)) from None
@@ -282,6 +285,21 @@ def _data_end(pages: list, file_size: int) -> int:
 
 # NewSubfileType bits of an IFD that is not another image: reduced resolution (1), transparency mask (4)
 _NOT_A_PAGE = 1 | 4
+
+
+def _not_the_image(first, pages: list) -> str | None:
+    """Why the first IFD cannot stand for the master, or None. Every decoder reads the first IFD: when a
+    writer put a reduced-resolution copy (a preview) or a transparency mask there, the access master would be
+    made of it, and verified, since verification compares it with the same decode."""
+    kind = int(first.subfiletype)
+    if not kind & _NOT_A_PAGE:
+        return None
+    what = "a reduced-resolution copy" if kind & 1 else "a transparency mask"
+    full = next((n for n, page in enumerate(pages) if not int(page.subfiletype) & _NOT_A_PAGE), None)
+    where = (f"the full image is IFD {full} ({pages[full].imagewidth}x{pages[full].imagelength})"
+             if full is not None else "no IFD holds the full image")
+    return (f"the first TIFF IFD is {what} (NewSubfileType {kind}, {first.imagewidth}x{first.imagelength}); "
+            f"{where}: re-save the master with the full image first")
 _TIFF_PHOTOMETRIC = {0: "grey", 1: "grey", 2: "rgb", 3: "palette", 5: "cmyk", 6: "ycbcr", 8: "lab", 9: "lab",
                      10: "lab", 32844: "lab", 32845: "lab"}
 

@@ -161,6 +161,20 @@ def test_every_decoder_turns_a_tiff_upright_once(orientation, compression, tmp_p
         np.testing.assert_array_equal(normalised(tmp_path / "o.tif", decoders=(decoder,)), expected)
 
 
+def test_a_tiff_whose_first_ifd_is_a_preview_is_rejected_with_where_the_image_is(tmp_path):
+    """Every decoder reads the first IFD: a 16x8 preview written before the 128x64 image was converted, and
+    verified, as the access master."""
+    full = np.random.default_rng(1).integers(0, 256, (64, 128, 3), np.uint8)
+    with tifffile.TiffWriter(tmp_path / "m.tif") as tif:
+        tif.write(full[::8, ::8], photometric="rgb", subfiletype=1)  # NewSubfileType: reduced resolution
+        tif.write(full, photometric="rgb")
+    info = inspect(tmp_path / "m.tif")
+    assert info.verdict is Verdict.REJECT
+    assert info.reasons == ("the first TIFF IFD is a reduced-resolution copy (NewSubfileType 1, 16x8); the full "
+                            "image is IFD 1 (128x64): re-save the master with the full image first",)
+    assert convert(tmp_path / "m.tif", tmp_path / "out.tif").status is Status.REJECTED
+
+
 def _lab_master(path, profile: bool):
     """A CIELab (photometric 8) orange master, with or without an embedded Lab (D50 identity) profile."""
     rgb = np.empty((32, 32, 3), np.uint8)
