@@ -101,6 +101,7 @@ class Progress:
     """Receives what a run does; the CLI draws it (a bar on a terminal) and logs each item (the run does not)."""
 
     def planned(self, obj: SourceObject, tasks: int) -> None: ...
+    def started(self, object_id: str, item_id: str) -> None: ...  # the executor took it (it had a free slot)
     def item(self, object_id: str, item_id: str, outcome: str, reason: str | None) -> None: ...
     def note(self, message: str) -> None: ...
 
@@ -259,7 +260,9 @@ class Harvest:
                 pending.waiting.add(task.item.id)
                 tasks += 1
                 self.submitted += 1
-                for result in executor.submit(task):  # may be this item's own: an earlier run's, still recorded
+                results = executor.submit(task)  # may hold this item's own: an earlier run's, still recorded
+                self.progress.started(obj.id, task.item.id)
+                for result in results:
                     self.settle(result)
             else:
                 pending.complete = True

@@ -1,9 +1,15 @@
 """What a harvest shows while it runs: a live line on a terminal, and one log line per item: INFO, or WARNING
-(shown without -v too) for a rejected or failed one."""
+(shown without -v too) for a rejected or failed one.
+
+One conversion of a big master takes minutes, during which nothing settles: so that a working run can be told
+from a hung one, a timer redraws the live line with the items in flight and the age of the oldest, and where
+there is no terminal (cron) logs the oldest once per QUIET_SECONDS without an item settled."""
 from __future__ import annotations
 
 import logging
+import shutil
 import sys
+import threading
 import time
 
 import click
@@ -15,52 +21,129 @@ from gcis_etl.reports import PROBLEMS
 
 log = logging.getLogger("gcis_etl.harvest")
 
+QUIET_SECONDS = 60.0  # without an item settled, a log line names the oldest item in flight
+TICK_SECONDS = 1.0    # how often the live line is redrawn while items are in flight
+
 
 class TerminalProgress(Progress):
     """Counts and throughput on one rewritten line (the total is unknown while the source is still listing)."""
 
-    def __init__(self, pipeline: str, live: bool):
+    def __init__(self, pipeline: str, live: bool, quiet_seconds: float = QUIET_SECONDS,
+                 tick_seconds: float = TICK_SECONDS):
         self.pipeline = pipeline
         self.live = live
+        self.quiet_seconds = quiet_seconds
+        self.tick_seconds = tick_seconds if live else min(tick_seconds, quiet_seconds)
         self.counts = {name: 0 for name in COUNTED}
         self.objects = 0
-        self.started = time.monotonic()
+        self.began = time.monotonic()
+        self.in_flight: dict[tuple[str, str], float] = {}  # (object id, item id): when it started, oldest first
         self._drawn = 0.0
+        self._heard = self.began  # quiet since: the last item settled, quiet line logged, or work begun
+        self._lock = threading.Lock()  # the timer's thread draws and logs too
+        self._timer: threading.Thread | None = None
+        self._halt = threading.Event()
 
     def planned(self, obj: SourceObject, tasks: int) -> None:
-        self.objects += 1
-        self._draw()
+        with self._lock:
+            self.objects += 1
+            self._draw()
+
+    def started(self, object_id: str, item_id: str) -> None:
+        with self._lock:
+            if not self.in_flight:
+                self._heard = time.monotonic()  # quiet since now, not since an item settled before a long listing
+            self.in_flight[object_id, item_id] = time.monotonic()
+            self._draw()
+            if self._timer is None:
+                self._halt = threading.Event()
+                self._timer = threading.Thread(target=self._tick, args=(self._halt,), daemon=True,
+                                               name=f"gcis-progress-{self.pipeline}")
+                self._timer.start()
 
     def item(self, object_id: str, item_id: str, outcome: str, reason: str | None) -> None:
-        self.counts[outcome] += 1
-        level = logging.WARNING if outcome in PROBLEMS else logging.INFO
-        if log.isEnabledFor(level):
-            self.clear()  # on a line of its own, not glued to the live one
-        log.log(level, "%s %s/%s%s", outcome, object_id, item_id, f": {reason}" if reason else "",
-                extra={"pipeline": self.pipeline, "object_id": object_id, "item_id": item_id, "outcome": outcome,
-                       "reason": reason})
-        self._draw()
+        with self._lock:
+            self.in_flight.pop((object_id, item_id), None)
+            self._heard = time.monotonic()
+            self.counts[outcome] += 1
+            level = logging.WARNING if outcome in PROBLEMS else logging.INFO
+            if log.isEnabledFor(level):
+                self._take_down()  # on a line of its own, not glued to the live one
+            log.log(level, "%s %s/%s%s", outcome, object_id, item_id, f": {reason}" if reason else "",
+                    extra={"pipeline": self.pipeline, "object_id": object_id, "item_id": item_id,
+                           "outcome": outcome, "reason": reason})
+            self._draw()
 
     def note(self, message: str) -> None:
-        self.clear()
-        log.info(message, extra={"pipeline": self.pipeline})
+        with self._lock:
+            self._take_down()
+            log.info(message, extra={"pipeline": self.pipeline})
+
+    def clear(self) -> None:
+        """Before other output, and once the run is over: the live line goes and the timer stops, even with
+        items left in flight (a broker gone), until another item starts."""
+        with self._lock:
+            self._take_down()
+            timer, self._timer = self._timer, None
+            self._halt.set()
+        if timer is not None:
+            timer.join()  # outside the lock, which its last tick may be waiting for
+
+    def _tick(self, halt: threading.Event) -> None:
+        """The timer's thread: it ends when nothing is in flight, or clear() stops it."""
+        while not halt.wait(self.tick_seconds):
+            with self._lock:
+                if halt.is_set():
+                    return
+                if not self.in_flight:
+                    self._timer = None
+                    return
+                if self.live:
+                    self._draw(force=True)
+                elif time.monotonic() - self._heard >= self.quiet_seconds:
+                    self._log_oldest()
+
+    def _log_oldest(self) -> None:
+        (object_id, item_id), age = self._oldest()
+        self._heard = time.monotonic()
+        count = len(self.in_flight)
+        items = "1 item in flight for" if count == 1 else f"{count} items in flight, the oldest for"
+        log.info("%s: %s %s: %s/%s", self.pipeline, items, elapsed(age), object_id, item_id,
+                 extra={"pipeline": self.pipeline, "object_id": object_id, "item_id": item_id,
+                        "in_flight": count, "seconds": round(age)})
 
     def _draw(self, force: bool = False) -> None:
         if not self.live or (not force and time.monotonic() - self._drawn < 0.2):
             return
         self._drawn = time.monotonic()
-        elapsed = self._drawn - self.started
         done = sum(self.counts.values())
-        rate = done / elapsed * 60 if elapsed > 0 else 0
+        rate = done / (self._drawn - self.began) * 60 if self._drawn > self.began else 0
         counts = " ".join(f"{name} {n}" for name, n in self.counts.items())
-        click.echo(f"\r{self.pipeline}: {self.objects} objects, {done} items ({counts}) {rate:.0f}/min   ",
-                   nl=False, err=True)
+        oldest = f", {len(self.in_flight)} in flight, oldest {elapsed(self._oldest()[1])}" if self.in_flight else ""
+        line = f"{self.pipeline}: {self.objects} objects, {done} items ({counts}) {rate:.0f}/min{oldest}   "
+        width = shutil.get_terminal_size().columns - 1  # a wrapped line cannot be redrawn in place
+        click.echo(f"\r{line[:width]}", nl=False, err=True)
 
-    def clear(self) -> None:
+    def _oldest(self) -> tuple[tuple[str, str], float]:
+        """The item in flight the longest (started first), and for how many seconds."""
+        key, since = next(iter(self.in_flight.items()))
+        return key, time.monotonic() - since
+
+    def _take_down(self) -> None:
         if self.live and self._drawn:
             self._draw(force=True)
             click.echo("", err=True)
             self._drawn = 0.0
+
+
+def elapsed(seconds: float) -> str:
+    """As people read an age: "45 s", "3 min 12 s", "2 h 5 min"."""
+    whole = int(seconds)
+    if whole < 60:
+        return f"{whole} s"
+    if whole < 3600:
+        return f"{whole // 60} min {whole % 60} s"
+    return f"{whole // 3600} h {whole % 3600 // 60} min"
 
 
 def progress_for(pipeline: str) -> TerminalProgress:
