@@ -44,7 +44,8 @@ def orient(image: pyvips.Image, orientation: int) -> pyvips.Image:
 def layout(image: pyvips.Image, info: ImageInfo, policy: ImagingPolicy) -> pyvips.Image:
     """The master before colour management, as both PTIFF engines take it: upright, unsigned samples
     (Lab keeps its signed a*, b*: libvips' LabS is signed by definition) of at most 16 bits, float kept
-    only where no profile will be applied (RGB, grey without one), alpha flattened (or dropped), other extra bands dropped."""
+    only where no profile will be applied (RGB, grey without one), alpha flattened (or dropped), other extra
+    bands dropped."""
     image = orient(image, info.orientation)
     if image.format in ("char", "short", "int") and image.interpretation not in LAB:
         image = _unsigned(image)

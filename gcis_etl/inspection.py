@@ -300,6 +300,8 @@ def _not_the_image(first, pages: list) -> str | None:
              if full is not None else "no IFD holds the full image")
     return (f"the first TIFF IFD is {what} (NewSubfileType {kind}, {first.imagewidth}x{first.imagelength}); "
             f"{where}: re-save the master with the full image first")
+
+
 _TIFF_PHOTOMETRIC = {0: "grey", 1: "grey", 2: "rgb", 3: "palette", 5: "cmyk", 6: "ycbcr", 8: "lab", 9: "lab",
                      10: "lab", 32844: "lab", 32845: "lab"}
 
