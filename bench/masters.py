@@ -12,7 +12,7 @@ PHOTO = ROOT / "tests/corpus/jpeg-gainmap-ultrahdr/ultra-hdr.jpg"      # 3840x21
 ADOBE = ROOT / "tests/corpus/icc-adobergb/example.tif"                  # carries an Adobe RGB (1998) profile
 EXIF_DONOR = ROOT / "tests/corpus/metadata-rich/Canon.jpg"
 WARM_UP = ROOT / "tests/corpus/jpeg-baseline/flowers.jpeg"         # every recipe converts it
-SIZES = {"S": (8, 8), "M": (40, 8), "L": (120, 8), "M16": (40, 16)}    # megapixels, bits
+SIZES = {"S": (8, 8), "M": (40, 8), "L": (120, 8), "XL": (300, 8), "M16": (40, 16)}  # megapixels, bits
 
 
 def build_master(name: str) -> Path:
