@@ -149,12 +149,13 @@ def _open_pillow(info: ImageInfo, strict: bool) -> pyvips.Image:
         im = Image.open(info.path)
     except (OSError, SyntaxError, ValueError) as exc:
         raise CannotOpen(_first_line(exc)) from None
-    stated = getattr(im, "tag_v2", {}).get(274)
+    tags = getattr(im, "tag_v2", {})  # a TIFF's; Pillow's load edits it in place
+    stated = tags.get(274)
     try:
         im.load()
     except (OSError, SyntaxError, ValueError) as exc:
         raise RejectedMaster(f"corrupt or truncated image data: {_first_line(exc)}") from None
-    if stated is not None and 274 not in im.tag_v2:  # Pillow turned the TIFF upright as it loaded
+    if stated is not None and 274 not in tags:  # Pillow turned the TIFF upright as it loaded
         im = _as_stored(im, stated)
     icc = im.info.get("icc_profile")
     if im.mode in ("P", "PA", "1", "LA", "La", "RGBa", "YCbCr", "LAB", "HSV"):
@@ -162,7 +163,7 @@ def _open_pillow(info: ImageInfo, strict: bool) -> pyvips.Image:
     array = np.asarray(im)  # samples on the full 8- or 16-bit range: Pillow scales 1- to 7-bit ones itself
     if im.mode.startswith("I;16"):
         array = array.astype(np.uint16)
-        if getattr(im, "tag_v2", {}).get(262) == 0:  # Pillow turns MinIsWhite 1- to 8-bit grey, not 16-bit
+        if tags.get(262) == 0:  # Pillow turns MinIsWhite 1- to 8-bit grey, not 16-bit
             array = _black_is_zero(array, 16)
     return _from_array(array, info, icc)
 

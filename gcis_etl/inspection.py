@@ -246,7 +246,7 @@ def _read_tiff_tags(path: str) -> _Header:
             pages = list(tf.pages)
             p = pages[0]
             whole_slide = any(getattr(tf, f"is_{k}", False) for k in ("svs", "ndpi", "scn", "bif", "philips"))
-            full_res = 1 if whole_slide else sum(1 for q in pages if not int(q.subfiletype) & _NOT_A_PAGE)
+            full_res = 1 if whole_slide else sum(1 for q in pages if _is_image(q))
             tags = p.tags
             photometric = int(p.photometric)
             extrasamples = tuple(int(e) for e in (p.extrasamples or ()))
@@ -287,15 +287,19 @@ def _data_end(pages: list, file_size: int) -> int:
 _NOT_A_PAGE = 1 | 4
 
 
+def _is_image(page) -> bool:
+    return not int(page.subfiletype) & _NOT_A_PAGE
+
+
 def _not_the_image(first, pages: list) -> str | None:
     """Why the first IFD cannot stand for the master, or None. Every decoder reads the first IFD: when a
     writer put a reduced-resolution copy (a preview) or a transparency mask there, the access master would be
     made of it, and verified, since verification compares it with the same decode."""
-    kind = int(first.subfiletype)
-    if not kind & _NOT_A_PAGE:
+    if _is_image(first):
         return None
+    kind = int(first.subfiletype)
     what = "a reduced-resolution copy" if kind & 1 else "a transparency mask"
-    full = next((n for n, page in enumerate(pages) if not int(page.subfiletype) & _NOT_A_PAGE), None)
+    full = next((n for n, page in enumerate(pages) if _is_image(page)), None)
     where = (f"the full image is IFD {full} ({pages[full].imagewidth}x{pages[full].imagelength})"
              if full is not None else "no IFD holds the full image")
     return (f"the first TIFF IFD is {what} (NewSubfileType {kind}, {first.imagewidth}x{first.imagelength}); "
