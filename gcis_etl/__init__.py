@@ -2,6 +2,14 @@
 
 The library's front door; the CLI and Celery tasks only call these.
 """
+# Pillow before pyvips, in every process that imports gcis_etl: libvips brings the system's OpenJPEG into the
+# global symbol scope, and a Pillow loaded after it binds to that one instead of its wheel's (seen with
+# LD_DEBUG=bindings); with Debian's OpenJPEG 2.5.0 it then decodes an sYCC JPEG 2000 as RGB
+# (tests/test_decoder_order.py).
+import importlib
+
+importlib.import_module("PIL.Image")
+
 from gcis_etl.conversion import check_decoding, convert
 from gcis_etl.errors import (ConfigError, ConversionFailed, GcisError, RejectedMaster, VerificationFailed)
 from gcis_etl.inspection import inspect
@@ -24,7 +32,6 @@ _PIPELINE = {"load_config": "gcis_etl.config", "Config": "gcis_etl.config", "har
 def __getattr__(name: str):
     """Pipeline names load on first use: connectors import gcis_etl.errors, and the pipeline imports connectors."""
     if name in _PIPELINE:
-        import importlib
         return getattr(importlib.import_module(_PIPELINE[name]), name)
     raise AttributeError(f"module 'gcis_etl' has no attribute {name!r}")
 

@@ -39,15 +39,14 @@ def open_master(info: ImageInfo, decoders: tuple[str, ...], strict: bool,
                 vips_jpeg2000_origin: bool = False) -> Decoded:
     """The first decoder in `decoders` that opens the master; RejectedMaster when none can. No decoder to try
     says nothing about the master: a failure (retried once the configuration names one). libvips is not given
-    a JPEG 2000 image whose origin is not 0,0 unless `vips_jpeg2000_origin` (see _jpeg2000_origin)."""
+    the JPEG 2000 images it decodes wrongly (_vips_declines)."""
     if not decoders:
         raise ConversionFailed(f"no decoder to try for {info.format} (imaging.decoders)")
     failures: list[str] = []
     for name in decoders:
-        if (name == "vips" and not vips_jpeg2000_origin and info.format in ("JP2", "J2K")
-                and _jpeg2000_origin(info.path) != (0, 0)):
-            failures.append(f"{name}: libvips 8.14 decodes a JPEG 2000 image whose origin is not 0,0 into wrong "
-                            f"pixels, or crashes (imaging.vips_decodes_jpeg2000_origin)")
+        declined = _vips_declines(info, vips_jpeg2000_origin) if name == "vips" else None
+        if declined:
+            failures.append(f"{name}: {declined}")
             continue
         try:
             image = _OPENERS[name](info, strict)
@@ -95,36 +94,69 @@ def _tiled_separate_planes(path: str) -> bool:
         return False
 
 
+def _vips_declines(info: ImageInfo, vips_jpeg2000_origin: bool) -> str | None:
+    """Why libvips is not given this master (the next decoder is), or None."""
+    if info.format not in ("JP2", "J2K"):
+        return None
+    if not vips_jpeg2000_origin and _jpeg2000_origin(info.path) != (0, 0):
+        return ("libvips 8.14 decodes a JPEG 2000 image whose origin is not 0,0 into wrong pixels, or crashes "
+                "(imaging.vips_decodes_jpeg2000_origin)")
+    if _jp2_colour_space(info.path) == _SYCC:
+        return "libvips 8.14 (with OpenJPEG 2.5.0) decodes sYCC JPEG 2000 samples as RGB: wrong colours"
+    return None
+
+
+_CODESTREAM = b"\xff\x4f\xff\x51"  # SOC, SIZ
+_SYCC = 18  # JP2 colr box, enumerated colour space
+
+
 def _jpeg2000_origin(path: str) -> tuple[int, int]:
     """The image origin of a JPEG 2000 codestream (raw, or in a JP2's jp2c box): libvips 8.14's jp2kload
     returns garbage that changes from run to run for any other than 0,0, and verification, which compares
     the output with the same decode, cannot tell (the corpus's Bretagne2_4.j2k, origin 150,300: most runs
     segfault, some deposit noise). (0, 0) when the header cannot be read: libvips says what is wrong with it."""
     with open(path, "rb") as f:
-        head = f.read(12)
-        if head[:4] != b"\xff\x4f\xff\x51":  # not a raw codestream: walk the JP2 boxes to jp2c
+        if f.read(4) != _CODESTREAM:  # not a raw codestream: the JP2's jp2c box holds it
             f.seek(0)
-            while True:
-                header = f.read(8)
-                if len(header) < 8:
-                    return 0, 0
-                length, kind = struct.unpack(">I4s", header)
-                if length == 1:
-                    length = struct.unpack(">Q", f.read(8))[0] - 8
-                if kind == b"jp2c":
-                    break
-                if length < 8:
-                    return 0, 0
-                f.seek(length - 8, 1)
-            head = f.read(4)
-            if head != b"\xff\x4f\xff\x51":
+            if _jp2_box(f, b"jp2c") is None or f.read(4) != _CODESTREAM:
                 return 0, 0
-        else:
-            f.seek(4)
         siz = f.read(20)  # Lsiz (2), Rsiz (2), Xsiz, Ysiz, XOsiz, YOsiz (4 each)
     if len(siz) < 20:
         return 0, 0
     return struct.unpack(">II", siz[12:20])
+
+
+def _jp2_colour_space(path: str) -> int | None:
+    """The enumerated colour space of a JP2's colr box (jp2h/colr, method 1), or None: libvips 8.14 with
+    Debian's OpenJPEG 2.5.0 does not learn sYCC (18) from the header, and decodes Y, Cb, Cr as R, G, B (a
+    strong colour cast), where OpenJPEG's own decoder and Pillow's (OpenJPEG 2.5.4) convert them to RGB."""
+    with open(path, "rb") as f:
+        header = _jp2_box(f, b"jp2h")
+        if header is None or _jp2_box(f, b"colr", None if header < 0 else f.tell() + header) is None:
+            return None
+        colr = f.read(7)  # METH (1), PREC (1), APPROX (1), EnumCS (4)
+    return struct.unpack(">I", colr[3:7])[0] if len(colr) == 7 and colr[0] == 1 else None
+
+
+def _jp2_box(f, kind: bytes, end: int | None = None) -> int | None:
+    """Moves `f` to the contents of the first `kind` box from here (to `end`); their length (-1: to the end of
+    the file), or None when there is none or the boxes cannot be read."""
+    while end is None or f.tell() < end:
+        header = f.read(8)
+        if len(header) < 8:
+            return None
+        length, found = struct.unpack(">I4s", header)
+        if length == 1:
+            extended = f.read(8)
+            if len(extended) < 8:
+                return None
+            length = struct.unpack(">Q", extended)[0] - 8
+        if found == kind:
+            return length - 8 if length else -1
+        if length < 8:
+            return None
+        f.seek(length - 8, 1)
+    return None
 
 
 def _icc_lab(image: pyvips.Image, info: ImageInfo) -> pyvips.Image:
