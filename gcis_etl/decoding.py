@@ -175,29 +175,47 @@ def _icc_lab(image: pyvips.Image, info: ImageInfo) -> pyvips.Image:
 
 
 def _open_pillow(info: ImageInfo, strict: bool) -> pyvips.Image:
-    from PIL import Image, ImageFile
+    from PIL import ImageFile
     ImageFile.LOAD_TRUNCATED_IMAGES = not strict
-    try:
-        im = Image.open(info.path)
-    except (OSError, SyntaxError, ValueError) as exc:
-        raise CannotOpen(_first_line(exc)) from None
-    tags = getattr(im, "tag_v2", {})  # a TIFF's; Pillow's load edits it in place
-    stated = tags.get(274)
-    try:
-        im.load()
-    except (OSError, SyntaxError, ValueError) as exc:
-        raise RejectedMaster(f"corrupt or truncated image data: {_first_line(exc)}") from None
-    if stated is not None and 274 not in tags:  # Pillow turned the TIFF upright as it loaded
-        im = _as_stored(im, stated)
+    with open(info.path, "rb") as f:  # not the path: see _pillow_load
+        im, tags = _pillow_load(f)
     icc = im.info.get("icc_profile")
     if im.mode in ("P", "PA", "1", "LA", "La", "RGBa", "YCbCr", "LAB", "HSV"):
         im = im.convert("RGBA" if ("A" in im.mode or "transparency" in im.info) else "RGB")
-    array = np.asarray(im)  # samples on the full 8- or 16-bit range: Pillow scales 1- to 7-bit ones itself
-    if im.mode.startswith("I;16"):
-        array = array.astype(np.uint16)
-        if tags.get(262) == 0:  # Pillow turns MinIsWhite 1- to 8-bit grey, not 16-bit
-            array = _black_is_zero(array, 16)
+    array = np.asarray(im)  # 1- to 8-bit samples on the full 8-bit range: Pillow scales 1- to 7-bit ones itself
+    if im.mode.startswith("I;16"):  # but not these: a TIFF's 12-bit grey comes on 0..4095, MinIsWhite unturned
+        array = _stored_samples(array.astype(np.uint16), info.bit_depth, tags.get(262) == 0)
     return _from_array(array, info, icc)
+
+
+def _pillow_load(f):
+    """The image Pillow decodes from the open file `f`, and its TIFF tags (else {}).
+
+    From a file, not its path: Pillow memory-maps an uncompressed single-strip L, I;16, RGBA or CMYK image
+    opened by path with the size its Orientation 5-8 turned, so read its rows with the wrong stride
+    (scrambled). Planar-separate samples wider than 8 bits Pillow reads as 8-bit ones, and "unknown raw mode"
+    is a layout it lacks (tiled planar-separate associated alpha), not corrupt data: both go to the next
+    decoder."""
+    from PIL import Image
+    try:
+        im = Image.open(f)
+    except (OSError, SyntaxError, ValueError) as exc:
+        raise CannotOpen(_first_line(exc)) from None
+    tags = getattr(im, "tag_v2", {})  # a TIFF's; Pillow's load edits it in place
+    if tags.get(284) == 2 and max(tags.get(258, (8,))) > 8:
+        raise CannotOpen(f"Pillow reads planar-separate {max(tags[258])}-bit samples as 8-bit")
+    stated = tags.get(274)
+    try:
+        im.load()
+    except ValueError as exc:
+        if str(exc).startswith("unknown raw mode"):
+            raise CannotOpen(f"Pillow lacks this layout ({_first_line(exc)})") from None
+        raise RejectedMaster(f"corrupt or truncated image data: {_first_line(exc)}") from None
+    except (OSError, SyntaxError) as exc:
+        raise RejectedMaster(f"corrupt or truncated image data: {_first_line(exc)}") from None
+    if stated is not None and 274 not in tags:  # Pillow turned the TIFF upright as it loaded
+        im = _as_stored(im, stated)
+    return im, tags
 
 
 def _as_stored(im, orientation: int):
@@ -216,7 +234,7 @@ def _open_tifffile(info: ImageInfo, strict: bool) -> pyvips.Image:
         with tifffile.TiffFile(info.path) as tif:
             page = tif.pages[0]
             array, axes, icc = page.asarray(), page.axes, page.iccprofile
-            photometric, colormap = page.photometric, page.colormap
+            photometric, colormap, extrasamples = page.photometric, page.colormap, page.extrasamples
     except Exception as exc:  # tifffile/imagecodecs raise many types for unsupported encodings
         raise CannotOpen(_first_line(exc)) from None
     if axes.startswith("S"):  # planar-separate samples come plane by plane
@@ -225,13 +243,38 @@ def _open_tifffile(info: ImageInfo, strict: bool) -> pyvips.Image:
         if colormap is None or array.ndim != 2 or array.dtype.kind != "u":
             raise CannotOpen(f"palette image of {array.dtype} samples, {array.ndim} axes")
         return _from_array(np.moveaxis(colormap.astype(np.uint16)[:, array], 0, -1), info, icc)
-    if photometric == tifffile.PHOTOMETRIC.MINISWHITE:
-        array = _black_is_zero(array, info.bit_depth)
-    if array.dtype.kind in "ub" and info.bit_depth and info.bit_depth not in (8, 16) and array.dtype.itemsize <= 2:
-        full = 255 if info.bit_depth < 8 else 65535  # tifffile returns the samples as stored: 1- to 15-bit
-        array = (array.astype(np.float32) * (full / (2 ** info.bit_depth - 1))).round()
-        array = array.astype(np.uint8 if full == 255 else np.uint16)
+    array = _stored_samples(array, info.bit_depth, photometric == tifffile.PHOTOMETRIC.MINISWHITE)
+    if extrasamples and extrasamples[0] == tifffile.EXTRASAMPLE.ASSOCALPHA:
+        array = _unassociated(array, array.shape[-1] - len(extrasamples))
     return _from_array(array, info, icc)
+
+
+def _stored_samples(array: np.ndarray, bit_depth: int | None, min_is_white: bool) -> np.ndarray:
+    """Samples as a TIFF stores them (tifffile's; Pillow's in its 16-bit modes) turned MinIsBlack and onto the
+    full range, as libvips reads them: 1- to 7-bit onto 0..255, 9- to 15-bit onto 0..65535. A 12-bit grey
+    master came out nearly black when its 0..4095 were taken for 16-bit samples."""
+    if min_is_white:
+        array = _black_is_zero(array, bit_depth)
+    if array.dtype.kind in "ub" and bit_depth and bit_depth not in (8, 16) and array.dtype.itemsize <= 2:
+        full = 255 if bit_depth < 8 else 65535
+        array = (array.astype(np.float32) * (full / (2 ** bit_depth - 1))).round()
+        array = array.astype(np.uint8 if full == 255 else np.uint16)
+    return array
+
+
+def _unassociated(array: np.ndarray, colour: int) -> np.ndarray:
+    """Associated (premultiplied) colour divided by its alpha, the band after it, as libvips and Pillow give it:
+    the flattening takes alpha as unassociated, and premultiplied colour came out multiplied by it twice (too
+    dark). Colour where alpha is 0 is 0."""
+    if array.dtype.kind not in "uf":
+        raise CannotOpen(f"associated alpha with {array.dtype} samples")
+    full = 1.0 if array.dtype.kind == "f" else np.iinfo(array.dtype).max
+    alpha = array[..., colour:colour + 1].astype(np.float32)
+    scale = np.divide(np.float32(full), alpha, out=np.zeros_like(alpha), where=alpha > 0)
+    colours = np.clip(array[..., :colour] * scale, 0, full)
+    if array.dtype.kind == "u":
+        colours = colours.round()
+    return np.concatenate([colours.astype(array.dtype), array[..., colour:]], axis=-1)
 
 
 def _black_is_zero(array: np.ndarray, bit_depth: int | None) -> np.ndarray:

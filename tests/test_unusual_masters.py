@@ -1,5 +1,6 @@
 """Unusual but valid masters, made at test time: extra samples that are not alpha, 32-bit integers, Lab with an
-embedded Lab profile, half floats, a transparency-mask page; and a decoder failing in an undocumented way."""
+embedded Lab profile, half floats, a transparency-mask page, 12-bit samples, 16-bit planar-separate samples,
+associated alpha, transposing orientations; and a decoder failing in an undocumented way."""
 from __future__ import annotations
 
 import subprocess
@@ -11,6 +12,7 @@ import tifffile
 from PIL import Image, ImageCms
 
 from gcis_etl.conversion import check_decoding, convert
+from gcis_etl.decoding import open_master
 from gcis_etl.inspection import inspect
 from gcis_etl.models import Status, Verdict
 from gcis_etl.policy import ImagingPolicy
@@ -277,3 +279,96 @@ def test_a_jpeg2000_master_whose_origin_is_not_0_0_is_decoded_right(tmp_path, su
     assert result.ok and result.decoder == "pillow", result.reason
     assert any("origin is not 0,0" in w for w in result.warnings)
     assert psnr(luma(decoded_level(tmp_path / "a.tif")), luma(pixels)) >= 40.0
+
+
+@pytest.mark.parametrize("decoder", ["pillow", "tifffile"])
+def test_12_bit_grey_is_scaled_to_the_full_range_by_either_fallback(tmp_path, decoder):
+    """libvips cannot open 12-bit samples; Pillow gives them on 0..4095 in its 16-bit mode, and taken for 16-bit
+    samples the master came out nearly black."""
+    q12 = np.mgrid[0:16, 0:256][1] * 4095 // 255
+    tifffile.imwrite(tmp_path / "grey12.tif", q12.astype(np.uint16), photometric="minisblack", bitspersample=12)
+    pixels = normalised(tmp_path / "grey12.tif", decoders=(decoder,)).astype(int)
+    expected = np.round(q12 * 255 / 4095)
+    assert np.abs(pixels - expected[..., None]).max() <= 1
+
+
+def _ramps16(bands: int) -> np.ndarray:
+    """16-bit ramps, one per band, each a different direction: a band read as 8-bit halves shows at once."""
+    y, x = np.mgrid[0:32, 0:64]
+    ramps = [x * 1040, y * 2114, (x + y) * 693, (63 - x) * 1040][:bands]
+    return np.dstack(ramps).astype(np.uint16)
+
+
+@pytest.mark.parametrize("tile", [(16, 16), None], ids=["tiled", "strips"])
+@pytest.mark.parametrize("bands", [3, 4])
+def test_16_bit_planar_separate_samples_go_past_pillow(tmp_path, bands, tile):
+    """Pillow reads each 16-bit plane of a planar-separate TIFF as 8-bit samples (wrong pixels, no error): it
+    declines such masters, and tifffile reads them. (libvips declines tiled planar-separate ones.)"""
+    samples = _ramps16(bands)
+    tifffile.imwrite(tmp_path / "sep.tif", np.moveaxis(samples, 2, 0), photometric="rgb", planarconfig="separate",
+                     tile=tile, extrasamples=[2] if bands == 4 else None, metadata=None)
+    info = inspect(tmp_path / "sep.tif")
+    assert open_master(info, ("pillow", "tifffile"), strict=True).decoder == "tifffile"
+    pixels = normalised(tmp_path / "sep.tif", decoders=("pillow", "tifffile")).astype(int)
+    colour, alpha = samples[..., :3] / 65535, (samples[..., 3:] / 65535 if bands == 4 else 1)
+    expected = np.round((colour * alpha + (1 - alpha)) * 255)  # flattened on the policy's white
+    assert np.abs(pixels - expected).max() <= 1
+
+
+def _premultiplied(path, bands: int, bits: int, **layout) -> np.ndarray:
+    """A master with associated (premultiplied) alpha; returns it flattened on white, computed here."""
+    full = 2 ** bits - 1
+    y, x = np.mgrid[0:32, 0:64]
+    colour = np.dstack([x * full // 63, y * full // 31, (x + y) * full // 94])[..., :bands - 1]
+    alpha = (x * full // 63 * (y >= 8))[..., None]  # a fully transparent band at the top
+    stored = np.round(colour * alpha / full)
+    dtype = np.uint8 if bits == 8 else np.uint16
+    samples = np.dstack([stored, alpha]).astype(dtype)
+    photometric = "rgb" if bands == 4 else "minisblack"
+    if layout.get("planarconfig") == "separate":
+        samples = np.moveaxis(samples, 2, 0)
+    tifffile.imwrite(path, samples, photometric=photometric, extrasamples=[1], metadata=None, **layout)
+    flattened = (stored + full - alpha) * 255 / full  # premultiplied colour over white
+    return np.round(flattened if bands == 4 else np.repeat(flattened, 3, axis=2))
+
+
+@pytest.mark.parametrize("bands,bits,layout", [
+    (4, 8, {}), (4, 16, {}), (2, 8, {"planarconfig": "separate", "tile": (16, 16)})],
+    ids=["rgba8", "rgba16", "greya8-tiled-separate"])
+def test_tifffile_unpremultiplies_associated_alpha(tmp_path, bands, bits, layout):
+    """tifffile gives premultiplied samples as stored, and flattening multiplied them by alpha again: too dark."""
+    expected = _premultiplied(tmp_path / "assoc.tif", bands, bits, **layout)
+    pixels = normalised(tmp_path / "assoc.tif", decoders=("tifffile",)).astype(int)
+    assert np.abs(pixels - expected).max() <= 1
+
+
+@pytest.mark.parametrize("bits", [8, 16])
+def test_tiled_planar_separate_associated_alpha_is_not_taken_for_corrupt(tmp_path, bits):
+    """Pillow opens it but has no raw mode to load it with ("unknown raw mode"): that was rejected as corrupt
+    data, and tifffile, which reads it, was never tried."""
+    expected = _premultiplied(tmp_path / "assoc.tif", 4, bits, planarconfig="separate", tile=(16, 16))
+    policy = ImagingPolicy()
+    info = inspect(tmp_path / "assoc.tif", policy)
+    assert open_master(info, policy.decoders["TIFF"], strict=True).decoder == "tifffile"
+    pixels = normalised(tmp_path / "assoc.tif", policy).astype(int)
+    assert np.abs(pixels - expected).max() <= 1
+
+
+_UPRIGHT = {5: lambda a: a.swapaxes(0, 1), 6: lambda a: np.rot90(a, -1), 7: lambda a: a[::-1, ::-1].swapaxes(0, 1),
+            8: lambda a: np.rot90(a)}
+
+
+@pytest.mark.parametrize("kind", ["grey8", "grey16", "rgba8"])
+@pytest.mark.parametrize("orientation", [5, 6, 7, 8])
+def test_pillow_turns_a_single_strip_tiff_with_a_transposing_orientation_right(tmp_path, orientation, kind):
+    """Pillow memory-maps an uncompressed single-strip L, I;16 or RGBA TIFF opened by its path, with the size
+    already turned by Orientation 5-8: the rows were read with the wrong stride and the master came out
+    scrambled (RGB, which it does not map, was right)."""
+    stored = np.random.default_rng(5).integers(0, 256, (16, 40, 3), np.uint8)
+    samples = {"grey8": stored[..., 0], "grey16": stored[..., 0].astype(np.uint16) * 257,
+               "rgba8": np.dstack([stored, np.full((16, 40), 255, np.uint8)])}[kind]
+    tifffile.imwrite(tmp_path / "o.tif", samples, photometric="rgb" if kind == "rgba8" else "minisblack",
+                     extrasamples=[2] if kind == "rgba8" else None, rowsperstrip=16, metadata=None,
+                     extratags=[(274, 3, 1, orientation, True)])
+    expected = _UPRIGHT[orientation](stored if kind == "rgba8" else np.repeat(stored[..., :1], 3, axis=2))
+    np.testing.assert_array_equal(normalised(tmp_path / "o.tif", decoders=("pillow",)), expected)
