@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyvips
 
+from gcis_etl import codestream
 from gcis_etl.errors import ConversionFailed, RejectedMaster
 from gcis_etl.models import ImageInfo
 
@@ -106,7 +107,6 @@ def _vips_declines(info: ImageInfo, vips_jpeg2000_origin: bool) -> str | None:
     return None
 
 
-_CODESTREAM = b"\xff\x4f\xff\x51"  # SOC, SIZ
 _SYCC = 18  # JP2 colr box, enumerated colour space
 
 
@@ -116,11 +116,7 @@ def _jpeg2000_origin(path: str) -> tuple[int, int]:
     the output with the same decode, cannot tell (the corpus's Bretagne2_4.j2k, origin 150,300: most runs
     segfault, some deposit noise). (0, 0) when the header cannot be read: libvips says what is wrong with it."""
     with open(path, "rb") as f:
-        if f.read(4) != _CODESTREAM:  # not a raw codestream: the JP2's jp2c box holds it
-            f.seek(0)
-            if _jp2_box(f, b"jp2c") is None or f.read(4) != _CODESTREAM:
-                return 0, 0
-        siz = f.read(20)  # Lsiz (2), Rsiz (2), Xsiz, Ysiz, XOsiz, YOsiz (4 each)
+        siz = f.read(24)[4:] if codestream.find(f) else b""  # Lsiz (2), Rsiz (2), Xsiz, Ysiz, XOsiz, YOsiz (4 each)
     if len(siz) < 20:
         return 0, 0
     return struct.unpack(">II", siz[12:20])
@@ -131,32 +127,11 @@ def _jp2_colour_space(path: str) -> int | None:
     Debian's OpenJPEG 2.5.0 does not learn sYCC (18) from the header, and decodes Y, Cb, Cr as R, G, B (a
     strong colour cast), where OpenJPEG's own decoder and Pillow's (OpenJPEG 2.5.4) convert them to RGB."""
     with open(path, "rb") as f:
-        header = _jp2_box(f, b"jp2h")
-        if header is None or _jp2_box(f, b"colr", None if header < 0 else f.tell() + header) is None:
+        header = codestream.box(f, b"jp2h")
+        if header is None or codestream.box(f, b"colr", None if header < 0 else f.tell() + header) is None:
             return None
         colr = f.read(7)  # METH (1), PREC (1), APPROX (1), EnumCS (4)
     return struct.unpack(">I", colr[3:7])[0] if len(colr) == 7 and colr[0] == 1 else None
-
-
-def _jp2_box(f, kind: bytes, end: int | None = None) -> int | None:
-    """Moves `f` to the contents of the first `kind` box from here (to `end`); their length (-1: to the end of
-    the file), or None when there is none or the boxes cannot be read."""
-    while end is None or f.tell() < end:
-        header = f.read(8)
-        if len(header) < 8:
-            return None
-        length, found = struct.unpack(">I4s", header)
-        if length == 1:
-            extended = f.read(8)
-            if len(extended) < 8:
-                return None
-            length = struct.unpack(">Q", extended)[0] - 8
-        if found == kind:
-            return length - 8 if length else -1
-        if length < 8:
-            return None
-        f.seek(length - 8, 1)
-    return None
 
 
 def _icc_lab(image: pyvips.Image, info: ImageInfo) -> pyvips.Image:

@@ -26,6 +26,8 @@ TOOLS = {"kakadu": "kdu_compress", "openjpeg": "opj_compress", "grok": "grk_comp
 INPUT_BITS_PER_PIXEL = 24  # the normalised image: 3 x 8 bits; opj/grk take ratios, kakadu bits per pixel
 GROK_PLT_WITH_RATES = ("grk_compress 10.0.5 segfaults when PLT markers (-L) are combined with rates (-r): "
                        "PLT markers dropped")
+GROK_SOP_WITH_TILE_PARTS = ("grk_compress 10.0.5 numbers the packets' SOP markers wrongly when tile-parts are split "
+                            "(-u), and Grok's own decoder then reads the file as garbage: SOP markers dropped")
 _SECONDS_BASE, _SECONDS_PER_MEGAPIXEL = 120.0, 4.0  # opj_compress runs at ~4 MP/s: a wide margin
 # Bytes a codestream spends besides coded data (main header; per tile-part; per packet: SOP 6 + EPH 2 + a
 # packet header). A layer whose byte budget is near this total cannot be met: grk_compress 10.0.5 gives up
@@ -94,7 +96,9 @@ def build_command(recipe: Recipe, source: Path, output: Path, binary: str | None
         args += ["-t", _pair(fit.tiles)]
     if jp2.tile_parts:
         args += ["-TP" if opj else "-u", jp2.tile_parts]
-    if jp2.sop:
+    if jp2.sop and not opj and jp2.tile_parts:
+        warnings = (*warnings, GROK_SOP_WITH_TILE_PARTS)
+    elif jp2.sop:
         args.append("-SOP" if opj else "-S")
     if jp2.eph:
         args.append("-EPH" if opj else "-E")

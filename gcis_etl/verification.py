@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
+from gcis_etl.codestream import packet_sequence_errors
 from gcis_etl.isolation import out_of_memory, refused_allocation
 from gcis_etl.keys import names_a_sequence
 from gcis_etl.models import Level, VerifyReport
@@ -173,6 +174,8 @@ def verify_jp2(path: str | Path, expect: Jp2Expectation, reduced: Callable[[], A
     pixels = beside(jp2_pixel_errors, path, expect, expect.coding, reduced) if expect.coding else None
     kept = beside(metadata_differences, expect.metadata, path) if expect.metadata else None
     errors, warnings, found = _jp2_structure(_jpylyzer(path) if checked is None else checked, expect)
+    if found.get("sop"):
+        errors.extend(packet_sequence_errors(path))
     pixel_errors = pixels.result() if pixels else None
     if not errors:  # without the coding expected, the pixels are modelled with the coding the codestream has
         errors.extend(pixel_errors if pixels else jp2_pixel_errors(path, expect, Jp2Coding(
@@ -238,6 +241,7 @@ def _jp2_structure(result, expect: Jp2Expectation) -> tuple[list[str], list[str]
              "levels": _int(result, f"{_CODESTREAM}/cod/levels"), "layers": _int(result, f"{_CODESTREAM}/cod/layers"),
              "progression": result.findtext(f"{_CODESTREAM}/cod/order"), "ht": bool(rsiz & _HT_RSIZ),
              "plt": any(int(e.text) > 0 for e in result.iter("pltCount")),
+             "sop": result.findtext(f"{_CODESTREAM}/cod/sop") == "yes",
              "transform": result.findtext(f"{_CODESTREAM}/cod/transformation"),
              "tile": (_int(result, f"{_CODESTREAM}/siz/xTsiz") or expect.width,
                       _int(result, f"{_CODESTREAM}/siz/yTsiz") or expect.height)}

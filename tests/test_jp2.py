@@ -17,8 +17,8 @@ from PIL import Image
 from gcis_etl.conversion import convert
 from gcis_etl.errors import ConfigError, ConversionFailed
 from gcis_etl.isolation import IsolatedProcess
-from gcis_etl.jp2 import (GROK_PLT_WITH_RATES, build_command, fit_to_image, kdu_compress_path, metadata_carrier,
-                          run_encoder)
+from gcis_etl.jp2 import (GROK_PLT_WITH_RATES, GROK_SOP_WITH_TILE_PARTS, build_command, fit_to_image,
+                          kdu_compress_path, metadata_carrier, run_encoder)
 from gcis_etl.metadata import carrier_copy, exiftool_json, exiftool_run, write_carrier
 from gcis_etl.models import Status
 from gcis_etl.policy import IsolationSettings
@@ -51,10 +51,8 @@ EXPECTED = {
                            "-I", *LAYERS, "-PLT"],
     "jp2-openjpeg-lossless": ["opj_compress", "-i", str(IN), "-o", str(OUT), *STRUCTURE, "-TP", "R", "-SOP",
                               "-EPH", "-PLT"],
-    "jp2-grok-lossy": ["grk_compress", "-i", str(IN), "-o", str(OUT), *STRUCTURE, "-u", "R", "-S", "-E", "-I",
-                       *LAYERS],
-    "jp2-grok-htj2k": ["grk_compress", "-i", str(IN), "-o", str(OUT), *STRUCTURE, "-u", "R", "-S", "-E",
-                       "-M", "64", "-L"],
+    "jp2-grok-lossy": ["grk_compress", "-i", str(IN), "-o", str(OUT), *STRUCTURE, "-u", "R", "-E", "-I", *LAYERS],
+    "jp2-grok-htj2k": ["grk_compress", "-i", str(IN), "-o", str(OUT), *STRUCTURE, "-u", "R", "-E", "-M", "64", "-L"],
 }
 REAL = ["jp2-openjpeg-lossy", "jp2-openjpeg-lossless", "jp2-grok-lossy", "jp2-grok-htj2k"]
 
@@ -206,8 +204,8 @@ def _jp2_pixels(path: Path) -> np.ndarray:
 
 def test_htj2k_output_decodes_exactly_with_an_independent_ht_decoder(worker, tmp_path):
     """The grok HTJ2K recipe's codestream, read by OpenJPH (the HT block coder's reference implementation, in
-    imagecodecs) rather than OpenJPEG: the master's pixels, exactly. grk_decompress 10.0.5 misreads these
-    files (whole image) and OpenJPEG 2.5.0 any region smaller than a tile; this shows the file is sound."""
+    imagecodecs) rather than OpenJPEG: the master's pixels, exactly (OpenJPEG 2.5.0 misreads any HT region
+    smaller than a tile)."""
     import imagecodecs
     master = _detailed_master(tmp_path, 1100, 700)  # 3x2 tiles of 512, edges of 76 and 188
     result = convert(master, tmp_path / "ht.jp2", "jp2-grok-htj2k", worker=worker)
@@ -240,6 +238,42 @@ def test_grok_plt_with_rates_is_dropped_with_a_warning(worker, tmp_path):
     result = convert(CORPUS / "jpeg-baseline/flowers.jpeg", tmp_path / "g.jp2", "jp2-grok-lossy", worker=worker)
     assert result.ok, result.reason
     assert GROK_PLT_WITH_RATES in result.warnings
+
+
+@pytest.mark.parametrize("name", ["jp2-grok-lossy", "jp2-grok-htj2k"])
+def test_grok_reads_the_grok_recipes_jp2s_as_openjpeg_does(name, worker, tmp_path):
+    """grk_compress 10.0.5 misnumbers the packets' SOP markers when tile-parts are split by resolution: Grok's
+    own decoder read the recipes' JP2s as garbage (13.5 dB) while OpenJPEG, which ignores the numbers, read them
+    right. The Grok recipes have no SOP markers now; a recipe asking for both loses its SOP with a warning."""
+    master = _detailed_master(tmp_path, 1100, 700)
+    result = convert(master, tmp_path / "g.jp2", name, worker=worker)
+    assert result.ok, result.reason
+    decoded = {}
+    for tool in ("grk_decompress", "opj_decompress"):
+        out = tmp_path / f"{tool}.tif"
+        subprocess.run([tool, "-i", str(tmp_path / "g.jp2"), "-o", str(out)], check=True, capture_output=True)
+        decoded[tool] = np.asarray(Image.open(out).convert("RGB"))
+    assert psnr(luma(decoded["grk_decompress"]), luma(decoded["opj_decompress"])) >= 50.0
+    recipe = load_recipe(name)
+    asking = recipe.model_copy(update={"jp2": recipe.jp2.model_copy(update={"sop": True})})
+    command = build_command(asking, IN, OUT)
+    assert "-S" not in command.argv and command.warnings[0] == GROK_SOP_WITH_TILE_PARTS
+
+
+def test_verification_catches_misnumbered_packets(kodim_jp2s, tmp_path):
+    """The file grk_compress 10.0.5 makes with SOP markers and tile-parts by resolution (-S -u R): OpenJPEG
+    decodes it right, jpylyzer passes it, Grok reads garbage. Verification follows the SOP numbers itself."""
+    reference, made = kodim_jp2s
+    out = tmp_path / "grok-sop.jp2"
+    argv = build_command(load_recipe("jp2-grok-htj2k"), reference, out, size=(768, 512)).argv
+    run_encoder((*argv, "-S"), timeout=60)
+    expect = _expectation(reference, True, ht=True)
+    report = verify_jp2(out, expect)
+    assert [e for e in report.errors if "SOP" in e] == [
+        "packet sequence numbers (SOP) of tile 0 skip from 3 to 6: a decoder that follows them reads the file wrongly"]
+    run_encoder(argv, timeout=60)  # the recipe's own (no SOP): sound
+    assert verify_jp2(out, expect).ok
+    assert verify_jp2(made["jp2-openjpeg-lossless"], _expectation(reference, True)).ok  # OpenJPEG's SOP: sound
 
 
 def test_an_encoder_crash_is_a_clear_failure(tmp_path):
