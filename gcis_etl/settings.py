@@ -14,7 +14,7 @@ from gcis_etl.errors import ConfigError
 M = TypeVar("M", bound=BaseModel)
 
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
-_SECRET_KEY = re.compile(r"password|secret|token|credential|api[_-]?key|authorization|cookie", re.IGNORECASE)
+_SECRET_KEY = re.compile(r"password|secret|token|credential|(api|access)[_-]?key|authorization|cookie", re.IGNORECASE)
 _MIN_SECRET = 4  # shorter environment values ("0", "yes") are no secrets; masked everywhere, they hide settings
 _MASK = "********"
 

@@ -290,6 +290,19 @@ def test_a_value_from_the_environment_is_never_shown_in_an_error(tmp_path, monke
     assert "hunter2" not in message
 
 
+def test_credentials_written_into_the_config_are_never_shown_in_an_error(tmp_path):
+    """S3 credentials come from boto3's chain, so these keys are refused; the refusal names them, never the
+    values (an access key id was shown)."""
+    data = with_pipeline(store={"kind": "s3", "bucket": "b", "aws_access_key_id": "AKIAEXAMPLEKEYID",
+                                "aws_secret_access_key": "wJalrEXAMPLESECRET"})
+    with pytest.raises(ConfigError) as caught:
+        load_config(write(tmp_path, data))
+    message = str(caught.value)
+    assert "pipelines.museum.store.aws_access_key_id: Extra inputs are not permitted" in message
+    assert "pipelines.museum.store.aws_secret_access_key: Extra inputs are not permitted" in message
+    assert "AKIAEXAMPLE" not in message and "EXAMPLESECRET" not in message
+
+
 def test_a_recipe_given_by_path_can_be_named_in_the_celery_section(tmp_path):
     recipe = tmp_path / "house-ptiff.yaml"
     recipe.write_text((ROOT / "recipes" / "ptiff-jpeg-q90.yaml").read_text().replace(
