@@ -169,6 +169,17 @@ def _check_opj_grk(encoder: str, jp2: Jp2Parameters) -> None:
     if jp2.ht and jp2.layers > 1:
         raise ValueError(f"jp2.ht: {encoder} writes one quality layer with the HT block coder, not "
                          f"{jp2.layers} (verification would fail): set layers: 1")
+    if jp2.precincts:
+        # the encoders halve the last listed size for each lower resolution (a size below 1 becomes 2); JPEG 2000
+        # Part 1 allows a precinct of 1 only at resolution 0 (jpylyzer: precinctSizeXIsValid)
+        last, listed = jp2.precincts[-1], len(jp2.precincts)
+        smallest = 2 ** (jp2.levels - listed + 1)  # what is still 2 at resolution 1
+        if min(last) < smallest:
+            reaches = jp2.levels - (listed - 1 + min(last).bit_length() - 1)
+            raise ValueError(f"jp2.precincts: {encoder} halves the last size, {list(last)}, at each lower "
+                             f"resolution: with {jp2.levels} levels it reaches 1 at resolution {reaches}, where "
+                             f"JPEG 2000 allows 1 only at resolution 0 (the file would be invalid): make the last "
+                             f"size at least {smallest} a side, list sizes for more resolutions, or use fewer levels")
     if jp2.tile_parts == "L":
         raise ValueError(f"jp2.tile_parts: L (by layer) fails with {encoder} from a few layers and levels on "
                          f"(3 layers at 7 levels, 4 at 5, 6 at 3: the encoder fails or writes an invalid JP2): "

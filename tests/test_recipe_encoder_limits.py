@@ -33,7 +33,13 @@ def edited(tmp_path: Path, shipped: str, **jp2) -> Path:
     ("jp2-grok-lossy", {"tile_parts": "L"}, "jp2.tile_parts: L (by layer) fails with grok"),
     ("jp2-grok-lossy", {"ht": True}, "jp2.ht: grok writes one quality layer with the HT block coder, not 6"),
     ("jp2-openjpeg-lossless", {"ht": True}, "jp2.ht: opj_compress cannot write HTJ2K"),
-], ids=["opj LRCP", "opj RLCP", "opj by layer", "grok by layer", "grok HT layers", "opj HT"])
+    ("jp2-openjpeg-lossy", {"precincts": [[4, 4]]}, "jp2.precincts: openjpeg halves the last size, [4, 4], at "
+                                                    "each lower resolution: with 6 levels it reaches 1 at "
+                                                    "resolution 4"),
+    ("jp2-grok-lossy", {"precincts": [[256, 256], [16, 16]]}, "reaches 1 at resolution 1"),
+    ("jp2-openjpeg-lossless", {"precincts": [[64, 16]]}, "make the last size at least 64 a side"),
+], ids=["opj LRCP", "opj RLCP", "opj by layer", "grok by layer", "grok HT layers", "opj HT", "opj precincts to 1",
+        "grok precincts to 1", "opj precincts to 1 in height"])
 def test_what_the_encoder_cannot_make_is_refused_at_load(tmp_path, shipped, change, reason):
     with pytest.raises(ConfigError, match=re.escape(reason)):
         load_recipe(edited(tmp_path, shipped, **change))
@@ -44,7 +50,10 @@ def test_what_the_encoder_cannot_make_is_refused_at_load(tmp_path, shipped, chan
     ("jp2-openjpeg-lossy", {"tile_parts": "C"}),
     ("jp2-grok-lossy", {"progression": "LRCP"}),
     ("jp2-grok-htj2k", {"reversible": False, "rates": [2]}),
-], ids=["opj LRCP, no tile-parts", "opj by component", "grok LRCP", "grok HT lossy, one layer"])
+    ("jp2-openjpeg-lossy", {"precincts": [[256, 256], [256, 256], [16, 16]]}),
+    ("jp2-grok-lossy", {"precincts": [[256, 256], [256, 256], [16, 16]]}),
+], ids=["opj LRCP, no tile-parts", "opj by component", "grok LRCP", "grok HT lossy, one layer",
+        "opj precincts to 2 at resolution 1, below the code-block", "grok precincts to 2 at resolution 1"])
 def test_the_neighbours_of_what_is_refused_convert(tmp_path, shipped, change):
     master = tmp_path / "master.tif"
     pyvips.Image.xyz(700, 500).extract_band(0).cast("uchar").bandjoin([128, 64]).copy(
