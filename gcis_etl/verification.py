@@ -6,11 +6,16 @@ reads with, so a file that passes here is one iipsrv can serve.
 from __future__ import annotations
 
 import io
+import logging
+import re
+import threading
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
 from gcis_etl.codestream import packet_sequence_errors
+from gcis_etl.formats import sniff
 from gcis_etl.isolation import out_of_memory, refused_allocation
 from gcis_etl.keys import names_a_sequence
 from gcis_etl.models import Level, VerifyReport
@@ -37,16 +42,25 @@ def verify(path: str | Path, expect: Expectation | None = None, decode: bool = T
     warnings: list[str] = []
     if names_a_sequence(path.name):
         errors.append("file name contains '_pyr_', which iipsrv 1.1 reads as a 3-D sequence marker")
-    try:
-        with tifffile.TiffFile(path) as tf:
-            pages = list(tf.pages)
-            found = [Level(p.imagewidth, p.imagelength) for p in pages]
-            icc = pages[0].tags.get(34675)
-            icc = bytes(icc.value) if icc is not None else None
-            for i, p in enumerate(pages):
-                errors.extend(_page_errors(i, p, expect))
-    except Exception as exc:  # tifffile raises many types on malformed files
-        return VerifyReport(str(path), errors=(f"not a readable TIFF: {exc}",))
+    pages = []
+    with _tifffile_complaints() as complaints:
+        try:
+            with tifffile.TiffFile(path) as tf:
+                pages = list(tf.pages)
+                found = [Level(p.imagewidth, p.imagelength) for p in pages]
+                icc = pages[0].tags.get(34675) if pages else None
+                icc = bytes(icc.value) if icc is not None else None
+                for i, p in enumerate(pages):
+                    errors.extend(_page_errors(i, p, expect))
+        except Exception as exc:  # tifffile raises many types on malformed files
+            if not sniff(path).endswith("TIFF"):
+                return VerifyReport(str(path), errors=(f"not a readable TIFF: {_plain(str(exc))}",))
+            complaints.append(_plain(str(exc)))
+    if complaints or not pages:
+        details = list(dict.fromkeys(complaints)) or ["no image directory"]
+        more = f" (and {len(details) - 3} more)" if len(details) > 3 else ""
+        return VerifyReport(str(path), errors=(f"truncated or corrupt TIFF ({path.stat().st_size:,} bytes): "
+                                               f"{'; '.join(details[:3])}{more}",))
     w0, h0 = found[0].width, found[0].height
     tile = expect.tile or (pages[0].tilewidth if pages[0].is_tiled else 256)
     wanted = levels_for(w0, h0, tile)
@@ -62,6 +76,35 @@ def verify(path: str | Path, expect: Expectation | None = None, decode: bool = T
         errors.extend(metadata_differences(expect.metadata, path))
     return VerifyReport(str(path), errors=tuple(errors), warnings=tuple(warnings), width=w0, height=h0,
                         levels=tuple(found))
+
+
+@contextmanager
+def _tifffile_complaints():
+    """tifffile logs what it skips in a damaged file and reads on (a truncated file loses its directories, or
+    its last pages): this thread's complaints are collected, in plain words, instead of reaching stderr."""
+    complaints: list[str] = []
+    thread = threading.get_ident()
+
+    def collect(record: logging.LogRecord) -> bool:
+        if record.thread != thread:
+            return True
+        complaints.append(_plain(record.getMessage()))
+        return False
+
+    logger = logging.getLogger("tifffile")
+    logger.addFilter(collect)
+    try:
+        yield complaints
+    finally:
+        logger.removeFilter(collect)
+
+
+_REPR = re.compile(r"<[^<>]*>\s*")  # tifffile's object reprs: "<tifffile.TiffPages @135262> "
+_RAISED = re.compile(r"raised \w+\((['\"])(.*)\1\)")  # "raised TiffFileError('...')"
+
+
+def _plain(message: str) -> str:
+    return _RAISED.sub(r"\2", _REPR.sub("", message)).strip()
 
 
 def _page_errors(index: int, page, expect: Expectation) -> list[str]:

@@ -1,17 +1,21 @@
-"""The TIFF writer: classic or BigTIFF from the same tile layout, metadata carried into both."""
+"""The TIFF writer: classic or BigTIFF from the same tile layout, metadata carried into both; a truncated one
+is reported as such by verify."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import pyvips
 import simplejpeg
 import tifffile
 
 from gcis_etl import tiff
 from gcis_etl.colour import srgb_profile
+from gcis_etl.conversion import convert
 from gcis_etl.metadata import carried_tags, exiftool_json
 from gcis_etl.ptiff import level_tags
 from gcis_etl.pyramid import PyramidEncoder
 from gcis_etl.recipes import load_recipe
+from gcis_etl.verification import verify
 from tests.conftest import CORPUS
 
 
@@ -48,3 +52,25 @@ def test_bigtiff_and_classic_hold_the_same_pixels_and_metadata(tmp_path):
         assert tags["EXIF:Artist"] == "Phil Harvey" and tags["EXIF:ColorSpace"] == 1
         assert tags["XMP:Title"] == "Test IPTC picture"
         assert pyvips.Image.new_from_file(str(tmp_path / name), page=3).width == 240
+
+
+def _first_directory_only(data: bytes, path) -> bytes:
+    """Cut where the second level's directory starts: the full resolution is still described, not the rest."""
+    with tifffile.TiffFile(path) as tf:
+        return data[:tf.pages[1].offset]
+
+
+@pytest.mark.parametrize("cut", [lambda data, path: data[:len(data) * 9 // 10], _first_directory_only],
+                         ids=["90%", "the first directory only"])
+def test_verify_calls_a_truncated_ptiff_truncated_without_tifffile_text(tmp_path, caplog, cut):
+    master, ptiff = tmp_path / "master.tif", tmp_path / "out.tif"
+    pyvips.Image.xyz(700, 500).extract_band(0).cast("uchar").bandjoin([128, 64]).copy(
+        interpretation="srgb").tiffsave(str(master))
+    assert convert(master, ptiff, load_recipe()).ok
+    truncated = tmp_path / "truncated.tif"
+    truncated.write_bytes(cut(ptiff.read_bytes(), ptiff))
+    report = verify(truncated)
+    assert not report.ok and len(report.errors) == 1
+    assert report.errors[0].startswith(f"truncated or corrupt TIFF ({truncated.stat().st_size:,} bytes): ")
+    assert "<" not in report.errors[0] and "TiffFileError" not in report.errors[0]
+    assert not [r for r in caplog.records if r.name == "tifffile"]  # said once, in the report, not on stderr
