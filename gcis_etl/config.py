@@ -43,7 +43,7 @@ class Config(Settings):
     pipelines: dict[str, PipelineSettings] = {}
     celery: CelerySettings = CelerySettings()
     cache: CacheSettings = CacheSettings()
-    source_file: str = "<built-in defaults>"
+    source_file: str = "<built-in defaults: no --config, no $GCIS_CONFIG, no config.yaml in the working folder>"
     _from_environment: frozenset[str] = PrivateAttr(frozenset())
 
     def printable(self) -> dict[str, Any]:

@@ -95,6 +95,12 @@ class ConversionResult:
         return d
 
 
+def pyramid_levels(count: int, jp2: bool = False) -> str:
+    """A pyramid's size for people; a JP2's as JPEG 2000 counts it: its recipe's `levels` are wavelet levels, one
+    fewer than its resolutions (the pyramid levels a PTIFF would have)."""
+    return f"{count} resolutions ({count - 1} wavelet levels)" if jp2 else f"{count} level{'s' if count > 1 else ''}"
+
+
 @dataclass(frozen=True)
 class VerifyReport:
     """Whether a file meets the access-master contract; errors fail it, warnings do not."""
@@ -110,11 +116,11 @@ class VerifyReport:
     def ok(self) -> bool:
         return not self.errors
 
-    def summary(self) -> str:
+    def summary(self, jp2: bool = False) -> str:
         """One line for people: the size and levels only as far as the file could be read (a file that is not a
         TIFF at all has neither)."""
         found = [f"{self.width}x{self.height}"] if self.width is not None and self.height is not None else []
-        found += [f"{len(self.levels)} level{'s' if len(self.levels) > 1 else ''}"] if self.levels else []
+        found += [pyramid_levels(len(self.levels), jp2)] if self.levels else []
         return ", ".join([f"{self.path}: {'valid' if self.ok else 'NOT a valid'} access master", *found])
 
     def to_dict(self) -> dict:

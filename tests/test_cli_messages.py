@@ -11,6 +11,8 @@ import signal
 import subprocess
 import sys
 import threading
+import urllib.error
+import urllib.request
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -199,8 +201,57 @@ def test_verify_of_a_file_that_is_not_a_tiff_shows_no_unknown_size(tmp_path):
     assert refused.stdout.splitlines()[0] == f"{master}: NOT a valid access master"
 
 
+def test_inspect_shows_pages_and_the_metadata_blocks_present(tmp_path):
+    rich, multipage = CORPUS / "metadata-rich/tif-exif.tif", CORPUS / "multipage-tiff/multipage.tiff"
+    shown = gcis(tmp_path, "inspect", "--header-only", str(rich), str(multipage))
+    lines = {line.split(": ", 1)[0]: line for line in shown.stdout.splitlines() if not line.startswith(" ")}
+    assert " pages=1 metadata=EXIF,XMP,IPTC -> " in lines[str(rich)]
+    assert " pages=3 metadata=" in lines[str(multipage)] and lines[str(multipage)].endswith(" -> reject")
+
+
+def test_a_jp2_counts_resolutions_and_wavelet_levels_as_jpeg_2000_does(tmp_path):
+    """The recipes' `levels` are wavelet levels; a JP2 of 6 has 7 resolutions: "7 levels" would mislead."""
+    made = gcis(tmp_path, "convert", "-r", "jp2-openjpeg-lossy", str(CORPUS / "icc-adobergb/example.tif"), "out.jp2")
+    assert made.returncode == 0, made.stderr
+    assert ": 200x287, 7 resolutions (6 wavelet levels), " in made.stdout
+    valid = gcis(tmp_path, "verify", "out.jp2")
+    assert valid.returncode == 0 and valid.stdout == ("out.jp2: valid access master, 200x287, "
+                                                      "7 resolutions (6 wavelet levels)\n")
+
+
+def test_a_command_needing_pipelines_says_no_config_file_was_found_and_where_it_looked(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "GCIS_CONFIG"}
+    for command in ("status", "harvest", "demo"):
+        done = subprocess.run([GCIS, command], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
+        assert done.returncode == 2
+        assert ("no --config, no $GCIS_CONFIG, no config.yaml in the working folder> configures no pipelines"
+                in done.stderr), done.stderr
+
+
 def test_verify_of_an_access_master_shows_its_size_and_levels(tmp_path):
     made = gcis(tmp_path, "convert", str(CORPUS / "rgb8-tiff-uncompressed/hopper.tif"), "out.tif")
     assert made.returncode == 0, made.stderr
     valid = gcis(tmp_path, "verify", "out.tif")
     assert valid.returncode == 0 and valid.stdout == "out.tif: valid access master, 128x128, 1 level\n"
+
+
+@pytest.mark.parametrize("emulator, own_path", [
+    ("rosetta", "/delivery/DeliveryManagerServlet?dps_pid=FL1002"),
+    ("otmm", "/otmmapi/v6/assets/0000000000000000000000000000000000000000/contents")])
+def test_an_emulators_fault_example_fires_on_its_own_paths(emulator, own_path):
+    """The example an emulator prints, sent as printed, makes one of that emulator's requests fail (the OTMM
+    emulator once printed Rosetta's DeliveryManagerServlet, which no OTMM request matches)."""
+    with subprocess.Popen([sys.executable, "-m", f"tests.emulators.{emulator}", "--port", "0"], text=True,
+                          stdout=subprocess.PIPE, cwd=Path(__file__).parent.parent) as running:
+        try:
+            line = ""
+            while not line.startswith("faults: "):
+                line = running.stdout.readline()
+                assert line, "the emulator printed no fault example"
+            url, example = re.fullmatch(r"faults: curl -X POST (\S+) -d '(.*)'\n", line).groups()
+            urllib.request.urlopen(urllib.request.Request(url, data=example.encode(), method="POST"), timeout=10)
+            with pytest.raises(urllib.error.HTTPError) as answered:
+                urllib.request.urlopen(url.split("/_emulator/")[0] + own_path, timeout=10)
+            assert answered.value.code == json.loads(example)["status"] == 503
+        finally:
+            running.terminate()

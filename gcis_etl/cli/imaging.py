@@ -50,8 +50,11 @@ def inspect(ctx: click.Context, files: tuple[str, ...], as_json: bool, header_on
                 click.echo(json.dumps(info.to_dict()))
             else:
                 size = f"{info.width}x{info.height}" if info.width else "?"
+                blocks = ",".join(name for name, present in
+                                  (("EXIF", info.exif), ("XMP", info.xmp), ("IPTC", info.iptc)) if present)
                 click.echo(f"{path}: {info.format} {size} {info.bands or '?'}x{info.bit_depth or '?'}-bit "
-                           f"{info.interpretation or ''} icc={info.icc or 'none'} -> {info.verdict.value}")
+                           f"{info.interpretation or ''} icc={info.icc or 'none'} pages={info.pages or '?'} "
+                           f"metadata={blocks or 'none'} -> {info.verdict.value}")
                 for reason in info.reasons:
                     click.echo(f"    reason: {reason}")
                 for warning in info.warnings:
@@ -78,6 +81,7 @@ def convert(ctx: click.Context, src: str, dst: str, recipe: str, as_json: bool) 
     """
     from gcis_etl.conversion import convert as convert_master
     from gcis_etl.conversion import output_name_problem
+    from gcis_etl.models import pyramid_levels
     cfg = _config(ctx, single_file=True)
     rec = _recipe(ctx, recipe)
     unservable = output_name_problem(dst)
@@ -87,7 +91,8 @@ def convert(ctx: click.Context, src: str, dst: str, recipe: str, as_json: bool) 
     if as_json:
         click.echo(json.dumps(result.to_dict()))
     elif result.ok:
-        click.echo(f"converted {src} -> {result.output}: {result.width}x{result.height}, {result.levels} levels, "
+        click.echo(f"converted {src} -> {result.output}: {result.width}x{result.height}, "
+                   f"{pyramid_levels(result.levels, rec.jp2 is not None)}, "
                    f"{result.bytes:,} bytes in {result.seconds:.2f} s (decoder {result.decoder})")
     else:
         click.echo(f"{result.status.value} {src}: {result.reason}", err=True)
@@ -140,7 +145,7 @@ def verify(ctx: click.Context, file: str, recipe: str | None, as_json: bool) -> 
     if as_json:
         click.echo(json.dumps(report.to_dict()))
     else:
-        click.echo(report.summary())
+        click.echo(report.summary(jp2))
         for error in report.errors:
             click.echo(f"    error: {error}")
     sys.exit(EXIT_OK if report.ok else EXIT_ITEM_FAILED)

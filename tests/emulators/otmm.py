@@ -441,4 +441,4 @@ def _banner(url: str) -> str:
 
 
 if __name__ == "__main__":
-    run_cli("OpenText Media Management emulator (tests/emulators/otmm.py)", OtmmEmulator(), _banner)
+    run_cli("OpenText Media Management emulator (tests/emulators/otmm.py)", OtmmEmulator(), _banner, "/contents")

@@ -593,4 +593,5 @@ def _banner(url: str) -> str:
 
 
 if __name__ == "__main__":
-    run_cli("Ex Libris Rosetta emulator (tests/emulators/rosetta.py)", RosettaEmulator(), _banner)
+    run_cli("Ex Libris Rosetta emulator (tests/emulators/rosetta.py)", RosettaEmulator(), _banner,
+            "DeliveryManagerServlet")

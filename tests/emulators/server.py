@@ -260,8 +260,9 @@ def _chunks(body: bytes | Path):
             yield chunk
 
 
-def run_cli(description: str, app: App, banner: Callable[[str], str]) -> None:
-    """`python -m tests.emulators.<name> --port N`: serve until interrupted, printing how to connect."""
+def run_cli(description: str, app: App, banner: Callable[[str], str], fault_pattern: str) -> None:
+    """`python -m tests.emulators.<name> --port N`: serve until interrupted, printing how to connect and a fault
+    example whose `fault_pattern` matches one of that emulator's paths (a pattern matching none never fires)."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
@@ -269,7 +270,7 @@ def run_cli(description: str, app: App, banner: Callable[[str], str]) -> None:
     server = EmulatorServer(app, args.host, args.port)
     print(banner(server.url), flush=True)
     print(f"faults: curl -X POST {server.url}{CONTROL_PREFIX}faults "
-          "-d '{\"pattern\": \"DeliveryManagerServlet\", \"fault\": \"status\", \"status\": 503, \"times\": 2}'",
+          f"-d '{{\"pattern\": \"{fault_pattern}\", \"fault\": \"status\", \"status\": 503, \"times\": 2}}'",
           flush=True)
     try:
         server.serve_forever()
