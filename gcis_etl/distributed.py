@@ -108,7 +108,9 @@ class CelerySettings(Settings):
                                         "(`sentinel monitor <name> ...` in sentinel.conf)")
     outage_retries: int = Field(
         40, ge=0, le=1000, description="the orchestrator's retries of an unreachable broker or result backend "
-                                       "(backoff doubling to 10 s: 40 is about 5 minutes) before the run stops")
+                                       "before the run stops (40: sending a task waits 0, 1, 2 ... s, at most "
+                                       "10, about 6 minutes; reading outcomes, Celery's random backoff doubling "
+                                       "from 10 ms to at most 10 s, about 2.5 minutes)")
 
     @field_validator("broker_url")
     @classmethod
