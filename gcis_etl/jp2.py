@@ -218,14 +218,13 @@ def encode_jp2(plan: Jp2Plan, out_path: Path, metadata: Callable[[], Jp2Metadata
 
 def run_encoder(argv: tuple[str, ...], timeout: float) -> None:
     """Run the encoder; its crash, time-out or error is this master's ConversionFailed with the reason.
-    It dies with the thread that waits for it (util-linux setpriv sets PR_SET_PDEATHSIG, then execs it): the
-    conversion child dies with its parent, and a Celery pool process hard-killed at its time limit would
+    It dies with the thread that waits for it (isolation.dying_with_thread): the conversion child dies with its
+    parent, and a Celery pool process hard-killed at its time limit would
     otherwise leave the encoder burning the cores for minutes."""
     tool = Path(argv[0]).name
-    setpriv = shutil.which("setpriv")
     try:
         with isolation.encoder_address_space():
-            proc = subprocess.run([setpriv, "--pdeathsig", "KILL", "--", *argv] if setpriv else argv,
+            proc = subprocess.run(isolation.dying_with_thread(argv),
                                   stdin=subprocess.DEVNULL, capture_output=True, text=True,
                                   errors="replace", timeout=timeout)
     except subprocess.TimeoutExpired:

@@ -1,63 +1,129 @@
 """Embedded metadata (EXIF, XMP, IPTC) read and carried from master to access master with exiftool.
 
-One persistent exiftool process per thread (PyExifTool's -stay_open mode): starting Perl per file would cost
-more than the metadata work itself, and one process shared by a worker pool's threads made them queue for it.
+One persistent exiftool process per thread (its -stay_open mode): starting Perl per file would cost more than
+the metadata work itself, and one process shared by a worker pool's threads made them queue for it.
 """
 from __future__ import annotations
 
 import atexit
 import base64
+import json
+import os
 import re
+import selectors
+import signal
 import struct
+import subprocess
 import tempfile
 import threading
-import warnings
 import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterator
 
-import exiftool
-
 from gcis_etl import tiff
 from gcis_etl.errors import ConversionFailed
+from gcis_etl.isolation import dying_with_thread
+
+
+@dataclass(frozen=True)
+class _Answer:
+    status: int
+    stdout: str
+    stderr: str
+
+
+class _StayOpen:
+    """An `exiftool -stay_open` process taking one command at a time.
+
+    It runs in a session of its own, so a signal to the harvest's process group (a terminal's Ctrl-C, a
+    `kill -- -PGID`) leaves it to finish the item in flight, and it dies with the thread that started it
+    (isolation.dying_with_thread). When it dies anyway (a signal to every process of a cgroup, a crash), the
+    command in hand fails with ConversionFailed rather than waiting for ever for an answer that cannot come."""
+
+    def __init__(self) -> None:
+        self._process = subprocess.Popen(dying_with_thread(["exiftool", "-stay_open", "True", "-@", "-"]),
+                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                         start_new_session=True)
+        self._commands = 0
+
+    @property
+    def running(self) -> bool:
+        return self._process.poll() is None
+
+    def execute(self, *args: str) -> _Answer:
+        """exiftool marks the end of each command's output with a number of ours on stdout and, after its exit
+        status, on stderr: both pipes are read together up to those marks (one read after the other could
+        wait on a full pipe)."""
+        self._commands += 1
+        ready, post = f"{{ready{self._commands}}}".encode(), f"post{self._commands}".encode()
+        command = [*args, "-echo4", f"=${{status}}={post.decode()}", f"-execute{self._commands}"]
+        try:
+            self._process.stdin.write(b"".join(os.fsencode(arg) + b"\n" for arg in command))
+            self._process.stdin.flush()
+        except BrokenPipeError:
+            raise self._died() from None
+        out, err = self._read({self._process.stdout: ready, self._process.stderr: post})
+        stderr, _, status = err.decode(errors="replace").strip()[:-len(post) - 1].rpartition("=")  # "...=0="
+        return _Answer(int(status), out.decode(errors="surrogateescape").strip()[:-len(ready)], stderr)
+
+    def _read(self, marks: dict[BinaryIO, bytes]) -> tuple[bytes, bytes]:
+        received = {pipe: bytearray() for pipe in marks}
+        with selectors.DefaultSelector() as selector:
+            for pipe in marks:
+                selector.register(pipe, selectors.EVENT_READ)
+            while selector.get_map():
+                for key, _ in selector.select():
+                    chunk = os.read(key.fd, 65536)
+                    if not chunk:  # end of file: exiftool is gone, the mark will never come
+                        raise self._died()
+                    received[key.fileobj] += chunk
+                    if received[key.fileobj].rstrip().endswith(marks[key.fileobj]):
+                        selector.unregister(key.fileobj)
+        out, err = received.values()
+        return bytes(out), bytes(err)
+
+    def _died(self) -> ConversionFailed:
+        self.kill()
+        code = self._process.returncode
+        how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
+        return ConversionFailed(f"exiftool {how} while reading metadata")
+
+    def close(self) -> None:
+        """Ask it to end; kill it when it does not within a few seconds."""
+        try:
+            self._process.communicate(b"-stay_open\nFalse\n", timeout=5)
+        except (OSError, ValueError, subprocess.TimeoutExpired):
+            self.kill()
+
+    def kill(self) -> None:
+        self._process.kill()
+        self._process.wait()
+        for pipe in (self._process.stdin, self._process.stdout, self._process.stderr):
+            pipe.close()
 
 
 class _ThreadExiftool:
     """One thread's exiftool process: worker threads each run their own, never waiting for another's.
-
-    PyExifTool gives exiftool PR_SET_PDEATHSIG: it dies with the *thread* that started it, so none outlives its
-    user, even when Python is killed. It is closed cleanly when its thread ends (the thread-local holding it is
-    dropped) or the interpreter exits."""
+    It is closed cleanly when its thread ends (the thread-local holding it is dropped) or the interpreter exits."""
 
     def __init__(self) -> None:
-        self._process: exiftool.ExifToolHelper | None = None
+        self._process: _StayOpen | None = None
         with _registry_lock:
             _registry.add(self)
 
-    def get(self) -> exiftool.ExifToolHelper:
-        if not self._running():
+    def get(self) -> _StayOpen:
+        if self._process is None or not self._process.running:  # dead: a crash, a signal; start another
             self.close()
-            self._process = exiftool.ExifToolHelper(common_args=[], check_execute=False)
-            self._process.run()
+            self._process = _StayOpen()
         return self._process
-
-    def _running(self) -> bool:
-        """A process that died (its thread's death signal, a crash) makes PyExifTool's `running` warn on every
-        check: such a death just means: start another."""
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)
-            return self._process is not None and self._process.running
 
     def close(self) -> None:
         if self._process is None:  # closed at exit already: at interpreter teardown, nothing is left to call
             return
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)
-            if self._running():
-                self._process.terminate()
-            self._process = None
+        process, self._process = self._process, None
+        process.close()
 
     __del__ = close
 
@@ -83,21 +149,19 @@ def _shutdown() -> None:
 
 def exiftool_json(path: str | Path, *args: str) -> dict:
     """All tags exiftool reports for one file (group-0 prefixed unless `args` say otherwise, numeric values),
-    {} when it reads nothing."""
-    process = _exiftool()
+    {} when it reads nothing. Raises ConversionFailed when exiftool dies meanwhile: no answer is not 'no tags'."""
+    out = _exiftool().get().execute("-j", "-G0", "-n", *args, str(path)).stdout
     try:
-        result = process.get().execute_json("-G0", "-n", *args, str(path))
-    except Exception:  # a broken pipe or unparseable output: restart the process next time
-        process.close()
+        result = json.loads(out) if out.strip() else []
+    except ValueError:  # not JSON (exiftool said something else): nothing read
         return {}
     return result[0] if result else {}
 
 
 def exiftool_run(*args: str) -> str:
     """Run one exiftool command; raise ConversionFailed with exiftool's own message when it reports an error."""
-    et = _exiftool().get()
-    out = et.execute(*args)
-    status, err = et.last_status, et.last_stderr
+    answer = _exiftool().get().execute(*args)
+    status, err, out = answer.status, answer.stderr, answer.stdout
     if status != 0 or "Error" in (err or ""):
         raise ConversionFailed(f"exiftool: {(err or out).strip().splitlines()[-1] if (err or out).strip() else status}")
     return out

@@ -2,11 +2,15 @@
 behind one process (2x36 inspects took twice as long as 36). A thread's exiftool ends with the thread."""
 from __future__ import annotations
 
+import os
+import signal
 import threading
+import time
 
 import psutil
 import pyvips
 
+from gcis_etl.errors import ConversionFailed
 from gcis_etl.inspection import inspect
 from gcis_etl.metadata import exiftool_json
 
@@ -38,3 +42,40 @@ def test_a_thread_does_not_wait_for_another_threads_exiftool(tmp_path):
         release.touch()  # let the held exiftool, and so the thread, go whatever happened
         held.join(60)
         other.join(60)
+
+
+def wait_until(condition):
+    deadline = time.monotonic() + 30
+    while not (value := condition()):
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+    return value
+
+
+def test_an_exiftool_killed_mid_answer_fails_the_read_instead_of_waiting_for_ever(tmp_path):
+    """A signal to every process of the service's cgroup (systemd's KillMode=control-group) reaches the
+    threads' exiftool processes whatever their session: the read in hand must end, as a failure of the item
+    (not {}: no answer is not 'no metadata'), and the next read starts another exiftool."""
+    master = tmp_path / "m.jpg"
+    pyvips.Image.black(8, 6, bands=3).jpegsave(str(master))
+    hold = f'until (-e "{tmp_path / "never"}") {{ select(undef, undef, undef, 0.05) }} 1'
+    before = exiftools()
+    outcome = []
+
+    def read() -> None:
+        try:
+            outcome.append(exiftool_json(master, "-if", hold))
+        except ConversionFailed as exc:
+            outcome.append(exc)
+        outcome.append(exiftool_json(master))
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    started = wait_until(lambda: exiftools() - before)
+    for pid in started:
+        os.kill(pid, signal.SIGTERM)
+    reader.join(60)  # a hang guard, not a timing assertion
+    assert not reader.is_alive(), "the read waited for ever for the killed exiftool's answer"
+    failure, after = outcome
+    assert isinstance(failure, ConversionFailed) and "SIGTERM" in str(failure), failure
+    assert after["File:ImageWidth"] == 8  # read by a new exiftool
