@@ -451,6 +451,12 @@ def harvest(config: Config, name: str, options: HarvestOptions = HarvestOptions(
                                                  pipeline.settings.concurrency, scratch)
             try:
                 run.execute(executor, since, until)
+                run.update_collection()
+                checkpoint = run.next_checkpoint(since, until)
+                if checkpoint is not None:
+                    ledger.set_checkpoint(name, checkpoint, run.run_id)
+                elif run.relisting():
+                    log.warning("%s: %s", name, run.relisting())
             except BaseException as exc:
                 for result in executor.drain():
                     run.settle(result)
@@ -461,12 +467,6 @@ def harvest(config: Config, name: str, options: HarvestOptions = HarvestOptions(
             finally:
                 if own:
                     executor.close()
-            run.update_collection()
-            checkpoint = run.next_checkpoint(since, until)
-            if checkpoint is not None:
-                ledger.set_checkpoint(name, checkpoint, run.run_id)
-            elif run.relisting():
-                log.warning("%s: %s", name, run.relisting())
             ledger.finish_run(run.run_id, "stopped" if run.cut_short else "completed", run.counts,
                               run.manifests_published, checkpoint, run.note(checkpoint))
             return write_report(report_from_ledger(ledger, ledger.run(run.run_id)), config.reports_dir)
@@ -475,11 +475,16 @@ def harvest(config: Config, name: str, options: HarvestOptions = HarvestOptions(
 def _abort_uploads(config: Config, pipeline: Pipeline, run_id: int, progress: Progress) -> None:
     """A run killed mid-upload leaves its multipart parts in S3 (never completed, invisible, but billed) or its
     temporary files in a local store. Celery workers outlive the run that sent them work: their uploads may
-    still be going for a task's hard time limit, so only older ones are aborted."""
-    keys = pipeline.store.keys.image_prefix(pipeline.name)  # not another pipeline's uploads in a shared store
+    still be going for a task's hard time limit, so only older ones are aborted. Only the pipeline's own keys,
+    not another pipeline's in a shared store: its images (and, with the default key templates, its manifests)
+    and its collections, which live outside its folder."""
+    keys = [pipeline.store.keys.image_prefix(pipeline.name)]
+    if pipeline.manifests is not None:
+        keys += [pipeline.manifests.collection_key(version) for version in pipeline.manifests.settings.versions]
     older_than = timedelta(0) if pipeline.settings.executor == "local" else timedelta(
         seconds=config.celery.limits_for(pipeline.recipe).hard_seconds)
-    aborted = pipeline.store.abort_incomplete_uploads(older_than=older_than, keys=keys)
+    aborted = [key for prefix in keys
+               for key in pipeline.store.abort_incomplete_uploads(older_than=older_than, keys=prefix)]
     if aborted:
         progress.note(f"aborted {len(aborted)} incomplete uploads left by run {run_id}, which was killed: "
                       f"{', '.join(aborted)}")

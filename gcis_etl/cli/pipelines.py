@@ -59,7 +59,8 @@ def _pipelines(cfg, names: tuple[str, ...]) -> list[str]:
 class StopRequest(threading.Event):
     """Set by the first SIGINT or SIGTERM, which it remembers: a command it stopped exits 128 + the signal's
     number, as a shell reports a process the signal killed, so that cron or systemd never takes a run cut
-    short for a success."""
+    short for a success. A run that got to its end all the same (the signal came while its last items were in
+    flight) exits as it would have without it: its report says it completed."""
 
     signum: int | None = None
 
@@ -94,6 +95,7 @@ def _logging(log_json: bool, verbose: int) -> None:
 def _run(ctx: click.Context, names: tuple[str, ...], options, log_json: bool, verbose: int,
          stop: StopRequest) -> None:
     from gcis_etl.harvesting import harvest
+    from gcis_etl.ledger import STOPPED_ON_REQUEST
     from gcis_etl.locks import LockHeld
     from gcis_etl.logs import say
     from gcis_etl.progress import progress_for
@@ -102,7 +104,8 @@ def _run(ctx: click.Context, names: tuple[str, ...], options, log_json: bool, ve
     selected = _pipelines(cfg, names)
     code = EXIT_OK
     for name in selected:
-        if stop.is_set():
+        if stop.is_set():  # the pipelines left are not started: the command was cut short
+            code = max(code, stop.exit_code)
             break
         progress = progress_for(name)
         try:
@@ -130,8 +133,8 @@ def _run(ctx: click.Context, names: tuple[str, ...], options, log_json: bool, ve
                        f"{unreadable} (since {report.since or 'the beginning'})")
             continue
         click.echo(report.summary())
-        code = max(code, report.exit_code)
-    sys.exit(max(code, stop.exit_code))
+        code = max(code, report.exit_code, stop.exit_code if report.note == STOPPED_ON_REQUEST else EXIT_OK)
+    sys.exit(code)
 
 
 _COMMON = [
@@ -175,7 +178,8 @@ def harvest(ctx: click.Context, pipelines: tuple[str, ...], dry_run: bool, since
     Exit codes: 0 all deposited or skipped; 1 some items rejected or failed (or the source failed);
     2 configuration or usage error; 3 another run holds the pipeline's lock (nothing was done);
     130 (Ctrl-C) or 143 (SIGTERM) stopped by that signal before the end, after recording the items in
-    flight. With several pipelines, the highest code wins.
+    flight (a run the signal reached during its last items completes, and exits as completed). With several
+    pipelines, the highest code wins.
 
     \b
     Examples:
