@@ -13,7 +13,7 @@ from typing import Any, Mapping
 
 from connectors.base import Source
 from gcis_etl.errors import ConfigError
-from gcis_etl.settings import Settings, parse
+from gcis_etl.settings import Settings, interpolate_env, parse
 
 CONNECTORS: dict[str, tuple[str, str, str]] = {
     "rosetta": ("connectors.rosetta", "RosettaSource", "RosettaSettings"),
@@ -33,12 +33,17 @@ def open_source(kind: str, settings: Mapping[str, Any] | Settings, name: str, *,
                 config_file: str = "config.yaml", prefix: str = "") -> Source:
     """Validate `settings` for connector `kind` and return the Source; errors are ConfigError naming the key.
 
-    Secrets are expected already interpolated from the environment (`password: ${ROSETTA_PASSWORD}`).
+    A ${VAR} still in `settings` is filled from the environment now: config.yaml leaves a source's unset
+    ones to here, so that only commands opening the source need its secrets; an unset one is a ConfigError.
     """
     module, cls, model = _entry(kind)
     loaded = importlib.import_module(module)
     if not isinstance(settings, Settings):
-        settings = parse(getattr(loaded, model), dict(settings), config_file, prefix)
+        try:
+            filled = interpolate_env(dict(settings), prefix)
+        except ConfigError as exc:
+            raise ConfigError(f"{config_file}: {exc}") from None
+        settings = parse(getattr(loaded, model), filled, config_file, prefix)
     return getattr(loaded, cls)(settings, name=name)
 
 

@@ -91,6 +91,10 @@ class Source(Protocol):
     earlier than the last one yielded (as listed: one edited after its page was read may come with a later
     time). A run cut short then moves its checkpoint to where its listing stopped; otherwise the next run lists
     the same window again from its start."""
+    modified_order_setting: str | None
+    """Where lists_in_modified_order is False: the settings under the pipeline's `source:` that sort the listing
+    oldest first and say so ("search.sort: asc_<id> and search.modified_order: true"), for a run cut short to
+    advise; None when this source's listing cannot be so sorted (an OAI set, a list of ids, a folder walk)."""
 
     def changes(self, since: datetime | None,
                 until: datetime | None = None) -> Iterator[SourceObject | UnreadableObject | ListingMoved]:

@@ -274,6 +274,7 @@ class GroupedSource(ABC):
     grouping: GroupingSettings
     retry: RetryPolicy
     lists_in_modified_order = True  # the whole store is listed, then sorted (an unreadable object keeps its time)
+    modified_order_setting = None
 
     @abstractmethod
     def _files(self) -> Iterator[StoredFile]:

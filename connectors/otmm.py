@@ -140,6 +140,9 @@ class OtmmSource:
         self._login_lock = threading.Lock()
         self._api = settings.base_url.rstrip("/") + "/" + settings.api_path.strip("/")
         self.lists_in_modified_order = settings.search.modified_order  # validated: sorted on the modified field
+        field = settings.search.modified_field_id or "<search.modified_field_id>"
+        self.modified_order_setting = (f"search.sort: asc_{field} and search.modified_order: true"
+                                       if settings.discovery == "search" and settings.group is None else None)
 
     # --- the Source protocol ----------------------------------------------------------------------------
 

@@ -16,6 +16,8 @@ from urllib.parse import quote, quote_plus, urlsplit, urlunsplit
 
 from pydantic import BeforeValidator, SecretStr
 
+from gcis_etl.settings import Deferred
+
 MASK = "***"
 
 _SECRET_PARAM = re.compile(
@@ -62,10 +64,11 @@ logging.getLogger("urllib3.connectionpool").addFilter(_ScrubbingFilter())
 
 
 def _secret_text(value: object) -> object:
-    """Accept YAML scalars as text, and refuse a `${VAR}` that nobody interpolated (never echoing values)."""
+    """Accept YAML scalars as text, and refuse a `${VAR}` that nobody interpolated (never echoing values); one
+    the config loader deferred passes its check of config.yaml (opening the source fills it in, or fails)."""
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return str(value)
-    if isinstance(value, str) and _UNINTERPOLATED.fullmatch(value.strip()):
+    if isinstance(value, str) and not isinstance(value, Deferred) and _UNINTERPOLATED.fullmatch(value.strip()):
         raise ValueError("still holds a ${VAR} reference: load the configuration through the config loader, "
                          "which takes secrets from the environment")
     return value

@@ -172,6 +172,8 @@ class RosettaSource:
         self._zone = ZoneInfo(settings.timezone)
         self._delivery_base = (settings.delivery_base_url or settings.base_url).rstrip("/")
         self.lists_in_modified_order = settings.discovery == "sru" and settings.sru.modified_order
+        self.modified_order_setting = (f"sru.sort_by: {settings.sru.modified_index}/sort.ascending and "
+                                       f"sru.modified_order: true" if settings.discovery == "sru" else None)
 
     # --- the Source protocol ----------------------------------------------------------------------------
 

@@ -8,6 +8,7 @@ the key path and what was expected; ${VAR} references are filled from the enviro
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -99,7 +100,7 @@ def load_config(path: str | Path | None = None) -> Config:
     if found is None:
         return Config()
     source = str(found)
-    data = _filled(_read_mapping(found), found, _anchored)
+    data = _filled(_read_mapping(found), found, _anchored, _SOURCES)
     hidden = environment_values(data)
     pipelines = data.pop("pipelines", None) or {}
     if not isinstance(pipelines, dict):
@@ -110,9 +111,7 @@ def load_config(path: str | Path | None = None) -> Config:
     for key, value in inherited.items():
         if not isinstance(value, dict):
             raise ConfigError(f"{source}: {key}: expected a mapping")
-    parsed = {name: pipeline_settings(str(name), settings, inherited["defaults"], inherited["imaging"],
-                                      inherited["isolation"], source)
-              for name, settings in pipelines.items()}
+    parsed = {name: _pipeline(str(name), settings, inherited, source) for name, settings in pipelines.items()}
     config = top.model_copy(update={"pipelines": _served(parsed, top.cache.server.max_cvt, top.cache.pipelines,
                                                          source),
                                     "source_file": source})
@@ -130,13 +129,30 @@ def _read_mapping(found: Path) -> dict:
     return data
 
 
-def _filled(data: dict, found: Path, anchored) -> dict:
-    """`data` with its ${VAR} filled in, then its relative paths made relative to the file's folder by
-    `anchored` (after interpolation: an absolute path from the environment stays absolute)."""
+_SOURCES = re.compile(r"pipelines\.[^.]+\.source\b")
+"""Where a ${VAR} that is not set is left for connectors.open_source: only commands that open a pipeline's
+source (harvest, retry, config check) need its secrets; status, report and cache only read the ledger."""
+
+
+def _filled(data: dict, found: Path, anchored, deferred: re.Pattern | None = None) -> dict:
+    """`data` with its ${VAR} filled in (but where `deferred`), then its relative paths made relative to the
+    file's folder by `anchored` (after interpolation: an absolute path from the environment stays absolute)."""
     try:
-        return anchored(interpolate_env(data, ""), _anchor_in(config_folder(found)))
+        return anchored(interpolate_env(data, "", deferred), _anchor_in(config_folder(found)))
     except ConfigError as exc:
         raise ConfigError(f"{found}: {exc}") from None
+
+
+def _pipeline(name: str, settings: Any, inherited: dict[str, dict], source: str) -> PipelineSettings:
+    """One pipeline's settings; when they are invalid and its source has a ${VAR} left unset, the missing
+    variable is what to report (`base_url: ${ROSETTA_URL}` fails its pattern only for want of it)."""
+    try:
+        return pipeline_settings(name, settings, inherited["defaults"], inherited["imaging"], inherited["isolation"],
+                                 source)
+    except ConfigError:
+        if isinstance(settings, dict):
+            _filled({"pipelines": {name: {"source": settings.get("source")}}}, Path(source), lambda data, _: data)
+        raise
 
 
 def _check_names(config: Config) -> None:

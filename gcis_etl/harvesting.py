@@ -413,10 +413,14 @@ class Harvest:
         if (not self.cut_short or self.checkpoint_held or self.pipeline.source.lists_in_modified_order
                 or self.options.since is not None or self.options.object_ids):
             return None
+        source = self.pipeline.source
+        sorting = (f"set {source.modified_order_setting} under pipelines.{self.pipeline.name}.source (a listing "
+                   f"sorted oldest first on the modified date), " if source.modified_order_setting else "")
+        cannot = "" if sorting else f" ({source.name}'s listing cannot be sorted on the modified date)"
         return (f"the checkpoint stays where it was, so the next run lists the same window again from its start "
-                f"({self.pipeline.source.name} is not known to list oldest first); if runs keep stopping before "
-                f"they get through it, raise max_run_minutes, sort the source's search on its modified date and "
-                f"set modified_order: true, or load the backlog once with `gcis-migrate initial_load`")
+                f"({source.name} is not known to list oldest first); if runs keep stopping before they get through "
+                f"it, raise max_run_minutes, {sorting}or load the backlog once with `gcis-migrate initial_load`"
+                f"{cannot}")
 
 
 def harvest(config: Config, name: str, options: HarvestOptions = HarvestOptions(),

@@ -45,10 +45,23 @@ class FromEnvironment(str):
     secrets: frozenset[str] = frozenset()
 
 
-def interpolate_env(value: Any, where: str = "") -> Any:
-    """Replace ${NAME} with the environment variable NAME; a missing variable is a ConfigError."""
+class Deferred(str):
+    """A string whose ${NAME} was not set when the configuration was read, kept as written: what it
+    configures fills it in when opened (connectors.open_source), and fails then, naming the key."""
+
+
+def interpolate_env(value: Any, where: str = "", deferred: re.Pattern | None = None) -> Any:
+    """Replace ${NAME} with the environment variable NAME; a missing variable is a ConfigError, but under a
+    key path `deferred` matches, where the string is kept as Deferred (a pipeline's source: commands that only
+    read the ledger need no DAM password). A value filled in already is not filled in again (an environment
+    value may hold a literal ${...})."""
+    if isinstance(value, FromEnvironment):
+        return value
     if isinstance(value, str) and _ENV_REF.search(value):
         secrets = set()
+        if deferred is not None and deferred.match(where) and any(
+                name not in os.environ for name in _ENV_REF.findall(value)):
+            return Deferred(value)
 
         def sub(match: re.Match) -> str:
             name = match.group(1)
@@ -61,9 +74,9 @@ def interpolate_env(value: Any, where: str = "") -> Any:
         filled.secrets = frozenset(secrets)
         return filled
     if isinstance(value, dict):
-        return {k: interpolate_env(v, f"{where}.{k}" if where else str(k)) for k, v in value.items()}
+        return {k: interpolate_env(v, f"{where}.{k}" if where else str(k), deferred) for k, v in value.items()}
     if isinstance(value, list):
-        return [interpolate_env(v, f"{where}[{i}]") for i, v in enumerate(value)]
+        return [interpolate_env(v, f"{where}[{i}]", deferred) for i, v in enumerate(value)]
     return value
 
 

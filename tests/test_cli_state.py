@@ -188,6 +188,29 @@ def test_a_dry_run_after_real_runs_reads_the_ledger_and_changes_nothing(site):
     assert ledger.read_bytes() == before
 
 
+def test_commands_that_only_read_the_ledger_need_no_dam_secret_and_a_harvest_names_it(site, monkeypatch):
+    """status, report and cache sync never contact a source: a pipeline whose password is not in their
+    environment (the iipsrv host's cron) does not stop them. A harvest that would open it stops before any run,
+    naming the key and the variable, never a value."""
+    monkeypatch.delenv("GCIS_TEST_UNSET_PASSWORD", raising=False)
+    config = yaml.safe_load((site / "config.yaml").read_text())
+    config["pipelines"]["dam"] = {"source": {"kind": "rosetta", "base_url": "https://rosetta.example.org",
+                                             "username": "etl", "password": "${GCIS_TEST_UNSET_PASSWORD}",
+                                             "oai": {"set": "gcis"}},
+                                  "store": {"kind": "local", "root": "store"}}
+    (site / "config.yaml").write_text(yaml.safe_dump(config))
+    assert cli(site, "harvest", "p").returncode == 0
+    for args in (("status",), ("report",), ("cache", "sync")):
+        done = cli(site, *args)
+        assert done.returncode == 0, (args, done.stderr)
+    refused = cli(site, "harvest")
+    assert refused.returncode == 2
+    assert (f"{site / 'config.yaml'}: pipelines.dam.source.password: environment variable GCIS_TEST_UNSET_PASSWORD "
+            "is not set") in refused.stderr
+    with Ledger.open(load_config(site / "config.yaml"), read_only=True) as ledger:
+        assert [run.run_id for run in ledger.runs(None, limit=5)] == [1]
+
+
 # ------------------------------------------------------------------------- F8: a run killed without a trace
 
 def test_status_tells_a_run_whose_process_is_gone_from_a_running_one(site):

@@ -517,6 +517,19 @@ def test_modified_order_is_taken_only_with_the_search_sorted_ascending_on_the_mo
                            "dam").lists_in_modified_order
 
 
+def test_a_source_names_the_settings_that_sort_its_listing_where_there_are_any():
+    """What a harvest cut short advises (harvesting.py): the keys under `source:`, with the site's field id."""
+    base = {"base_url": "http://x", "username": "u", "password": "p"}
+    dated = {"modified_field_id": MODIFIED_FIELD, "modified_operator_id": "ARTESIA.OPERATOR.DATE.IS ON OR AFTER"}
+    assert open_source("otmm", {**base, "search": dated}, "dam").modified_order_setting == \
+        f"search.sort: asc_{MODIFIED_FIELD} and search.modified_order: true"
+    assert open_source("otmm", base, "dam").modified_order_setting == \
+        "search.sort: asc_<search.modified_field_id> and search.modified_order: true"
+    for unsortable in ({"group": GROUP}, {"discovery": "folder", "folder": {"folder_id": "f"}},
+                       {"discovery": "ids", "id_list": {"ids": ["a"]}}):
+        assert open_source("otmm", {**base, **unsortable}, "dam").modified_order_setting is None
+
+
 def test_the_emulator_runs_standalone():
     port = free_port()
     process = subprocess.Popen([sys.executable, "-m", "tests.emulators.otmm", "--port", str(port)],

@@ -16,8 +16,9 @@ from connectors import open_source
 from connectors.base import ListingMoved, UnreadableObject
 from connectors.errors import (AuthenticationFailed, FetchIntegrityError, ObjectNotFound, PermissionDenied,
                                SourceRequestFailed)
-from connectors.rosetta import RosettaSource
+from connectors.rosetta import RosettaSettings, RosettaSource
 from gcis_etl.errors import ConfigError
+from gcis_etl.settings import parse
 from tests.emulators import FAST_RETRY
 from tests.emulators.catalogue import CORPUS, CorpusFile
 from tests.emulators.faults import Fault
@@ -402,14 +403,30 @@ def test_modified_order_is_taken_only_with_sru_sorted_ascending_on_the_modified_
                            "main").lists_in_modified_order
 
 
-def test_the_password_is_never_shown_by_settings():
+def test_a_source_names_the_settings_that_sort_its_listing_where_there_are_any():
+    """What a harvest cut short advises (harvesting.py): SRU sorts; an OAI set or a PID list cannot."""
+    base = {"base_url": "http://x", "username": "u", "password": "p"}
+    index = "IE.objectCharacteristics.modificationDate"
+    assert open_source("rosetta", {**base, "discovery": "sru", "sru": {"modified_index": index}},
+                       "main").modified_order_setting == f"sru.sort_by: {index}/sort.ascending and " \
+                                                         "sru.modified_order: true"
+    for unsortable in ({"oai": {"set": "s"}}, {"discovery": "pids", "pid_list": {"ids": ["IE1"]}}):
+        assert open_source("rosetta", {**base, **unsortable}, "main").modified_order_setting is None
+
+
+def test_the_password_is_never_shown_by_settings(monkeypatch):
     source = open_source("rosetta", {"base_url": "http://x", "username": "u", "password": 123456789,
                                      "oai": {"set": "s"}}, "main")
     assert source.settings.password.get_secret_value() == "123456789"
     assert "123456789" not in repr(source.settings) and "123456789" not in str(source.settings)
+    monkeypatch.delenv("GCIS_TEST_UNSET_PASSWORD", raising=False)
+    with pytest.raises(ConfigError, match=r"^config.yaml: sources.main.password: environment variable "
+                                          r"GCIS_TEST_UNSET_PASSWORD is not set$"):
+        open_source("rosetta", {"base_url": "http://x", "username": "u", "password": "${GCIS_TEST_UNSET_PASSWORD}",
+                                "oai": {"set": "s"}}, "main", prefix="sources.main")
     with pytest.raises(ConfigError, match=r"password: Value error, still holds a \$\{VAR\} reference"):
-        open_source("rosetta", {"base_url": "http://x", "username": "u", "password": "${ROSETTA_PASSWORD}",
-                                "oai": {"set": "s"}}, "main")
+        parse(RosettaSettings, {"base_url": "http://x", "username": "u", "password": "${ROSETTA_PASSWORD}",
+                                "oai": {"set": "s"}}, "config.yaml")
 
 
 # --- the emulator standalone ---------------------------------------------------------------------------------

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 
+import pytest
+
 from tests.emulators.catalogue import CorpusFile
 from tests.emulators.faults import Fault
-from tests.emulators.rosetta import RosettaCatalogue, RosettaEmulator
-from tests.harvests import ie, rosetta_expected, rosetta_source, serving
+from tests.emulators.otmm import MODIFIED_FIELD, OtmmEmulator
+from tests.emulators.rosetta import SRU_DATE_INDEX, RosettaCatalogue, RosettaEmulator
+from tests.harvests import ie, otmm_source, rosetta_expected, rosetta_source, serving
 
 pytest_plugins = ("tests.harvests",)  # the `rig` fixture
 
@@ -158,6 +161,8 @@ def test_a_run_cut_short_leaves_the_checkpoint_and_the_next_run_finishes(rig):
         assert run.status == "stopped" and run.checkpoint_after is None
         assert run.note.startswith("stopped at the limit of 2 items; the checkpoint stays where it was, so the next "
                                    "run lists the same window again from its start (dam is not known to list")
+        assert run.note.endswith("raise max_run_minutes, or load the backlog once with `gcis-migrate initial_load` "
+                                 "(dam's listing cannot be sorted on the modified date)")  # no OAI setting sorts
         assert run.counts == {"deposited": 2, "skipped": 0, "rejected": 0, "failed": 0}
         with rig.ledger() as ledger:
             assert ledger.checkpoint(rig.pipeline) is None
@@ -166,6 +171,24 @@ def test_a_run_cut_short_leaves_the_checkpoint_and_the_next_run_finishes(rig):
                                              ("IE5010", "FL5012"): "deposited", ("IE5020", "FL5022"): "rejected",
                                              ("IE5020", "FL5023"): "deposited"}
         rig.check_final_state(rosetta_expected(source))
+
+
+@pytest.mark.parametrize("dam", ["otmm", "rosetta-sru"])
+def test_a_run_cut_short_on_an_unsorted_listing_names_the_settings_that_sort_it(rig, dam):
+    """The advice names the keys of the source's own listing, as config.yaml writes them."""
+    emulator, source, setting = {
+        "otmm": (OtmmEmulator(), lambda url: otmm_source(url, group=None, search={
+            "modified_field_id": MODIFIED_FIELD, "modified_operator_id": "ARTESIA.OPERATOR.DATE.IS ON OR AFTER"}),
+                 f"search.sort: asc_{MODIFIED_FIELD} and search.modified_order: true"),
+        "rosetta-sru": (RosettaEmulator(catalogue()), lambda url: rosetta_source(
+            url, discovery="sru", sru={"modified_index": SRU_DATE_INDEX}),
+                        f"sru.sort_by: {SRU_DATE_INDEX}/sort.ascending and sru.modified_order: true")}[dam]
+    with serving(emulator) as server:
+        rig.write(source(server.url))
+        run = rig.harvest(limit=1)
+    assert run.status == "stopped" and run.checkpoint_after is None
+    assert (f"raise max_run_minutes, set {setting} under pipelines.{rig.pipeline}.source (a listing sorted oldest "
+            f"first on the modified date), or load the backlog once with `gcis-migrate initial_load`") in run.note
 
 
 def test_an_object_with_failed_items_that_left_the_source_does_not_stop_the_runs(rig):

@@ -77,9 +77,13 @@ BROKEN = [
      "defaults.overlap_seconds: Input should be a valid number"),
     ("bad journal mode", {"ledger": {"journal_mode": "memory"}}, "ledger.journal_mode: Input should be 'wal'"),
     ("unknown top-level key", {"pipeline": {}}, "pipeline: Extra inputs are not permitted"),
-    ("missing secret", with_pipeline(source={"kind": "otmm", "base_url": "https://otmm.example.org",
-                                              "username": "etl", "password": "${GCIS_TEST_UNSET_PASSWORD}"}),
-     "pipelines.museum.source.password: environment variable GCIS_TEST_UNSET_PASSWORD is not set"),
+    ("source setting that fails its check for want of its variable",
+     with_pipeline(source={"kind": "otmm", "base_url": "${GCIS_TEST_UNSET_URL}", "username": "etl",
+                           "password": "${GCIS_TEST_UNSET_PASSWORD}"}),
+     "pipelines.museum.source.base_url: environment variable GCIS_TEST_UNSET_URL is not set"),
+    ("missing variable outside a source", with_pipeline(manifests={**GOOD_PIPELINE["manifests"],
+                                                                   "manifest_base_url": "${GCIS_TEST_UNSET_URL}"}),
+     "pipelines.museum.manifests.manifest_base_url: environment variable GCIS_TEST_UNSET_URL is not set"),
     ("CMYK profile missing", {"imaging": {"cmyk_fallback_profile": "profiles/fogra.icc"}},
      "imaging.cmyk_fallback_profile: Value error, no such file: "),
     ("not YAML", "pipelines: [unclosed", "not valid YAML"),
@@ -123,12 +127,41 @@ BROKEN = [
 @pytest.mark.parametrize("data, expected", [(d, e) for _, d, e in BROKEN], ids=[name for name, _, _ in BROKEN])
 def test_broken_config_is_refused_with_file_key_and_expectation(tmp_path, data, expected, monkeypatch):
     monkeypatch.delenv("GCIS_TEST_UNSET_PASSWORD", raising=False)
+    monkeypatch.delenv("GCIS_TEST_UNSET_URL", raising=False)
     path = write(tmp_path, data)
     with pytest.raises(ConfigError) as caught:
         load_config(path)
     message = str(caught.value)
     assert expected in message
     assert str(path) in message
+
+
+def test_a_sources_unset_secret_is_needed_only_to_open_the_source(tmp_path, monkeypatch):
+    """status, report and cache read the configuration but never the DAM: its password may be absent there.
+    Opening the source fills it in, and fails naming the file, the key and the variable."""
+    monkeypatch.delenv("GCIS_TEST_UNSET_PASSWORD", raising=False)
+    path = write(tmp_path, with_pipeline(source={"kind": "rosetta", "base_url": "https://rosetta.example.org",
+                                                 "username": "etl", "password": "${GCIS_TEST_UNSET_PASSWORD}",
+                                                 "oai": {"set": "gcis"}}))
+    cfg = load_config(path)
+    with pytest.raises(ConfigError) as caught:
+        cfg.pipeline("museum").source
+    assert str(caught.value) == (f"{path}: pipelines.museum.source.password: environment variable "
+                                 "GCIS_TEST_UNSET_PASSWORD is not set")
+    monkeypatch.setenv("GCIS_TEST_UNSET_PASSWORD", "Harvest-pw-1")
+    cfg = load_config(path)
+    assert cfg.pipeline("museum").source.settings.password.get_secret_value() == "Harvest-pw-1"
+    assert "Harvest-pw-1" not in str(cfg.printable())
+
+
+def test_an_environment_value_is_not_filled_in_twice(tmp_path, monkeypatch):
+    """A password may hold a literal ${...}: the source gets it as the environment holds it."""
+    monkeypatch.setenv("GCIS_TEST_PASSWORD", "a${GCIS_TEST_UNSET_PASSWORD}b")
+    monkeypatch.delenv("GCIS_TEST_UNSET_PASSWORD", raising=False)
+    cfg = load_config(write(tmp_path, with_pipeline(source={
+        "kind": "rosetta", "base_url": "https://rosetta.example.org", "username": "etl",
+        "password": "${GCIS_TEST_PASSWORD}", "oai": {"set": "gcis"}})))
+    assert cfg.pipeline("museum").source.settings.password.get_secret_value() == "a${GCIS_TEST_UNSET_PASSWORD}b"
 
 
 def test_pipeline_inherits_defaults_and_overrides_single_policy_keys(tmp_path):

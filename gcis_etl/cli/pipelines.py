@@ -56,6 +56,17 @@ def _pipelines(cfg, names: tuple[str, ...]) -> list[str]:
     return list(names) or sorted(cfg.pipelines)
 
 
+def _open_sources(cfg, names: list[str]) -> None:
+    """The commands that list or fetch need their sources' secrets (config.yaml leaves a source's unset ${VAR}
+    to the opening, so that status, report and cache need none): all are opened before any run starts, and
+    one missing is a configuration error (exit 2) naming the key."""
+    try:
+        for name in names:
+            cfg.pipeline(name).source
+    except ConfigError as exc:
+        _fail_config(exc)
+
+
 class StopRequest(threading.Event):
     """Set by the first SIGINT or SIGTERM, which it remembers: a command it stopped exits 128 + the signal's
     number, as a shell reports a process the signal killed, so that cron or systemd never takes a run cut
@@ -102,6 +113,7 @@ def _run(ctx: click.Context, names: tuple[str, ...], options, log_json: bool, ve
     _logging(log_json, verbose)
     cfg = _config(ctx)
     selected = _pipelines(cfg, names)
+    _open_sources(cfg, selected)
     code = EXIT_OK
     for name in selected:
         if stop.is_set():  # the pipelines left are not started: the command was cut short
@@ -354,4 +366,5 @@ def config_check(ctx: click.Context) -> None:
     import yaml
 
     cfg = _config(ctx)
+    _open_sources(cfg, sorted(cfg.pipelines))
     click.echo(f"# {cfg.source_file}: valid\n" + yaml.safe_dump(cfg.printable(), sort_keys=False, allow_unicode=True))
