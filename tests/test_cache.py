@@ -20,6 +20,7 @@ from gcis_etl.locks import LockHeld, RunLock
 from gcis_etl.settings import parse
 from gcis_etl.stores import LocalStore, LocalStoreSettings, S3Store
 from tests.conftest import cache_settings, s3_settings
+from tests.servers import free_port
 
 GCIS = str(Path(sys.executable).with_name("gcis-etl"))
 
@@ -412,6 +413,40 @@ def test_cli_sync_and_purge_of_a_store_that_cannot_be_listed_fail_and_remove_not
     purged = gcis(config, "purge")
     assert purged.returncode == 1 and "nothing was purged" in purged.stderr
     assert sorted(cached(load_config(config).cache)) == ["samples/o/a.tif", "samples/o/b.tif"]
+
+
+def served(config: Path, port: int) -> str:
+    """What `cache serve --port PORT` says until it serves (stdout and stderr), then stopped as systemd does."""
+    proc = subprocess.Popen([GCIS, "--config", str(config), "cache", "serve", "--no-sync", "--port", str(port)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = []
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            if line.startswith("Ctrl-C stops"):
+                break
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=60)
+    return "".join(lines)
+
+
+def test_serve_on_another_port_than_the_manifests_name_warns_which_keys_to_change(configured):
+    """The printed viewer URL loads the manifest from manifest_base_url: on another port nothing answers."""
+    config, _ = configured
+    port = free_port()
+    manifests = {"manifest_base_url": f"http://127.0.0.1:{port}/store",
+                 "image_service_base_url": f"http://localhost:{port}/iiif"}
+    config.write_text(config.read_text().replace("store: {kind: local, root: store}\n",
+                                                 f"store: {{kind: local, root: store}}\n    manifests: {manifests}\n"))
+    assert "manifests:" in config.read_text()
+    elsewhere = served(config, 0)
+    assert "Ctrl-C stops" in elsewhere, elsewhere
+    assert (f"warning: pipelines.samples.manifests.manifest_base_url, pipelines.samples.manifests."
+            f"image_service_base_url name port {port} of this host, but this server listens on ") in elsewhere
+    assert f"Serve on port {port} (--port, or cache.server.port)" in elsewhere
+    same = served(config, port)
+    assert "Ctrl-C stops" in same and "warning" not in same, same
 
 
 @pytest.mark.parametrize("command", ["sync", "prune", "purge", "serve"])

@@ -53,6 +53,22 @@ def _setup(ctx: click.Context, names: tuple[str, ...]):
     return cfg, [CacheSource(p.name, p.store, p.settings.store.keys.image_prefix(p.name)) for p in pipelines]
 
 
+def _on_other_ports(cfg, consumer) -> dict[str, int]:
+    """The pipelines' manifest and image base URLs (key: port) naming this server's host but another port: the
+    manifests were made for a server elsewhere, where nothing may listen."""
+    from urllib.parse import urlsplit
+    hosts = {consumer.server.host, "127.0.0.1", "localhost", "::1"}
+    found = {}
+    for name in sorted(cfg.pipelines):
+        manifests = cfg.pipelines[name].manifests
+        for key in ("manifest_base_url", "image_service_base_url"):
+            url = urlsplit(getattr(manifests, key)) if manifests is not None else None
+            port = url and (url.port or {"https": 443}.get(url.scheme, 80))
+            if url and url.hostname in hosts and port != consumer.port:
+                found[f"pipelines.{name}.manifests.{key}"] = port
+    return found
+
+
 def _run(action, *args, **kwargs):
     """Call the library; a lock held by another cache command or a store failure ends the command."""
     from gcis_etl.locks import LockHeld
@@ -191,6 +207,10 @@ def serve(ctx: click.Context, port: int | None, no_sync: bool) -> None:
 
     Runs deploy/iipsrv/demo.conf: lighttpd and iipsrv (cache.server), the JSON documents of a local store
     (cache.server.documents_root, at /store) and Mirador at /viewer/ (deploy/iipsrv/install-mirador).
+    The viewer loads the manifests from the pipelines' manifests.manifest_base_url, and their images from
+    manifests.image_service_base_url: serve on the port those name (cache.server.port). On another port
+    (--port), a warning names the keys to change (then `harvest --since` an early date publishes the
+    manifests again).
 
     \b
     Example:
@@ -211,6 +231,13 @@ def serve(ctx: click.Context, port: int | None, no_sync: bool) -> None:
         if manifests is not None:
             key = manifests.collection_key(manifests.settings.versions[0])
             click.echo(f"{name}: {consumer.url}/viewer/?manifest={manifests.settings.manifest_base_url}/{key}")
+    elsewhere = _on_other_ports(cfg, consumer)
+    if elsewhere:
+        ports = ", ".join(sorted({str(port) for port in elsewhere.values()}))
+        click.echo(f"warning: {', '.join(elsewhere)} name port {ports} of this host, but this server listens on "
+                   f"{consumer.port}: the viewer cannot load what they name. Serve on port {ports} (--port, or "
+                   f"cache.server.port), or change those keys and publish the manifests again (gcis-etl harvest "
+                   f"--since <a date before the first harvest>)", err=True)
     click.echo("Ctrl-C stops")
 
     def interrupted(signum, frame):
