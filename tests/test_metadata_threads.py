@@ -16,7 +16,16 @@ from gcis_etl.metadata import exiftool_json
 
 
 def exiftools() -> set[int]:
-    return {p.pid for p in psutil.Process().children() if "exiftool" in " ".join(p.cmdline())}
+    """This process's running exiftool children. A child another test left unreaped (a zombie: its command
+    line cannot be read) or one that ends meanwhile is none of them."""
+    found = set()
+    for child in psutil.Process().children():
+        try:
+            if "exiftool" in " ".join(child.cmdline()):
+                found.add(child.pid)
+        except psutil.Error:
+            continue
+    return found
 
 
 def test_a_thread_does_not_wait_for_another_threads_exiftool(tmp_path):
