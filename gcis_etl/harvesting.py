@@ -459,8 +459,8 @@ def harvest(config: Config, name: str, options: HarvestOptions = HarvestOptions(
                 checkpoint = run.next_checkpoint(since, until)
                 if checkpoint is not None:
                     ledger.set_checkpoint(name, checkpoint, run.run_id)
-                elif run.relisting():
-                    log.warning("%s: %s", name, run.relisting())
+                elif relisting := run.relisting():
+                    log.warning("%s: %s", name, relisting)
             except BaseException as exc:
                 for result in executor.drain():
                     run.settle(result)

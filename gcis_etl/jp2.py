@@ -219,8 +219,8 @@ def encode_jp2(plan: Jp2Plan, out_path: Path, metadata: Callable[[], Jp2Metadata
 def run_encoder(argv: tuple[str, ...], timeout: float) -> None:
     """Run the encoder; its crash, time-out or error is this master's ConversionFailed with the reason.
     It dies with the thread that waits for it (isolation.dying_with_thread): the conversion child dies with its
-    parent, and a Celery pool process hard-killed at its time limit would
-    otherwise leave the encoder burning the cores for minutes."""
+    parent, and a Celery pool process hard-killed at its time limit would otherwise leave the encoder burning
+    the cores for minutes."""
     tool = Path(argv[0]).name
     try:
         with isolation.encoder_address_space():

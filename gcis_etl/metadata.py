@@ -161,10 +161,10 @@ def exiftool_json(path: str | Path, *args: str) -> dict:
 def exiftool_run(*args: str) -> str:
     """Run one exiftool command; raise ConversionFailed with exiftool's own message when it reports an error."""
     answer = _exiftool().get().execute(*args)
-    status, err, out = answer.status, answer.stderr, answer.stdout
-    if status != 0 or "Error" in (err or ""):
-        raise ConversionFailed(f"exiftool: {(err or out).strip().splitlines()[-1] if (err or out).strip() else status}")
-    return out
+    said = (answer.stderr or answer.stdout).strip()
+    if answer.status != 0 or "Error" in answer.stderr:
+        raise ConversionFailed(f"exiftool: {said.splitlines()[-1] if said else answer.status}")
+    return answer.stdout
 
 
 @dataclass(frozen=True)

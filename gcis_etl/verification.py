@@ -217,12 +217,12 @@ def verify_jp2(path: str | Path, expect: Jp2Expectation, reduced: Callable[[], A
     pixels = beside(jp2_pixel_errors, path, expect, expect.coding, reduced) if expect.coding else None
     kept = beside(metadata_differences, expect.metadata, path) if expect.metadata else None
     errors, warnings, found = _jp2_structure(_jpylyzer(path) if checked is None else checked, expect)
-    if found.get("sop"):
-        errors.extend(packet_sequence_errors(path))
     pixel_errors = pixels.result() if pixels else None
     if not errors:  # without the coding expected, the pixels are modelled with the coding the codestream has
         errors.extend(pixel_errors if pixels else jp2_pixel_errors(path, expect, Jp2Coding(
             reversible=found["transform"] == _TRANSFORMS[True], tile=found["tile"])))
+    if found.get("sop"):  # beside the pixels, not before them: OpenJPEG decodes such a file whatever the numbers
+        errors.extend(packet_sequence_errors(path))
     errors.extend(kept.result() if kept else ())
     width, height = found.get("size", (None, None))
     levels = tuple(Level(_down(width, r), _down(height, r)) for r in range((found.get("levels") or 0) + 1)) \
