@@ -102,7 +102,8 @@ class Progress:
 
     def planned(self, obj: SourceObject, tasks: int) -> None: ...
     def started(self, object_id: str, item_id: str) -> None: ...  # the executor took it (it had a free slot)
-    def item(self, object_id: str, item_id: str, outcome: str, reason: str | None) -> None: ...
+    def item(self, object_id: str, item_id: str, outcome: str, reason: str | None,
+             warnings: tuple[str, ...] = ()) -> None: ...
     def note(self, message: str) -> None: ...
 
 
@@ -324,7 +325,7 @@ class Harvest:
         pending = self.pending[result.object_id]
         item = next(i for i in pending.obj.items if i.id == result.item_id)
         self.ledger.record(self.run_id, result, item.modified)
-        self._count(result.object_id, result.item_id, result.outcome.value, result.reason)
+        self._count(result.object_id, result.item_id, result.outcome.value, result.reason, result.warnings)
         pending.waiting.discard(result.item_id)
         self._settle_when_done(result.object_id)
 
@@ -335,9 +336,10 @@ class Harvest:
         if pending is not None and pending.complete and not pending.waiting:
             self.object_settled(object_id)
 
-    def _count(self, object_id: str, item_id: str, outcome: str, reason: str | None) -> None:
+    def _count(self, object_id: str, item_id: str, outcome: str, reason: str | None,
+               warnings: tuple[str, ...] = ()) -> None:
         self.counts[outcome] += 1
-        self.progress.item(object_id, item_id, outcome, reason)
+        self.progress.item(object_id, item_id, outcome, reason, warnings)
 
     def object_settled(self, object_id: str) -> None:
         """All items have an outcome: publish the manifest when every item is deposited or rejected, then retire

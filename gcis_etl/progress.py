@@ -61,7 +61,10 @@ class TerminalProgress(Progress):
                                                name=f"gcis-progress-{self.pipeline}")
                 self._timer.start()
 
-    def item(self, object_id: str, item_id: str, outcome: str, reason: str | None) -> None:
+    def item(self, object_id: str, item_id: str, outcome: str, reason: str | None,
+             warnings: tuple[str, ...] = ()) -> None:
+        """One item's outcome, logged with its reason and what its conversion warned of (a misnamed master,
+        an encoder option dropped, an output recognised in the store)."""
         with self._lock:
             self.in_flight.pop((object_id, item_id), None)
             self._heard = time.monotonic()
@@ -69,9 +72,10 @@ class TerminalProgress(Progress):
             level = logging.WARNING if outcome in PROBLEMS else logging.INFO
             if log.isEnabledFor(level):
                 self._take_down()  # on a line of its own, not glued to the live one
-            log.log(level, "%s %s/%s%s", outcome, object_id, item_id, f": {reason}" if reason else "",
+            log.log(level, "%s %s/%s%s%s", outcome, object_id, item_id, f": {reason}" if reason else "",
+                    f" (warnings: {'; '.join(warnings)})" if warnings else "",
                     extra={"pipeline": self.pipeline, "object_id": object_id, "item_id": item_id,
-                           "outcome": outcome, "reason": reason})
+                           "outcome": outcome, "reason": reason, "warnings": list(warnings)})
             self._draw()
 
     def note(self, message: str) -> None:

@@ -50,6 +50,7 @@ class Provenance:
 
     source_id: str | None = None
     source_checksum: str | None = None  # "<algorithm>:<hex>" as the source reported it
+    master_sha256: str | None = None  # of the master's bytes: recognises it when only its source version changed
     recipe: str | None = None
     recipe_digest: str | None = None
     width: int | None = None

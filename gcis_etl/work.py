@@ -25,7 +25,7 @@ from gcis_etl.isolation import IsolatedProcess
 from gcis_etl.models import Status
 from gcis_etl.pipelines import Pipeline
 from gcis_etl.recipes import RecipeCache
-from gcis_etl.stores import Provenance
+from gcis_etl.stores import Provenance, StoredObject
 
 log = logging.getLogger(__name__)
 
@@ -178,15 +178,21 @@ class Worker:
         key = store.keys.image_key(task.pipeline, task.object_id, task.item.id, task.item.sequence,
                                    recipe.extension.lstrip("."))
         done = None if task.force else store.head(key)  # a damaged copy keeps its provenance
-        if done is not None and done.sha256 and done.provenance.source_checksum == task.fingerprint \
-                and done.provenance.recipe_digest == recipe.digest and done.provenance.width:
-            return replace(base, outcome=Outcome.DEPOSITED, key=key, sha256=done.sha256, bytes=done.size,
-                           width=done.provenance.width, height=done.provenance.height,
-                           warnings=("already in the store from the same source version and recipe",))
+        reusable = done is not None and bool(done.sha256) and done.provenance.recipe_digest == recipe.digest \
+            and bool(done.provenance.width)
+        if reusable and done.provenance.source_checksum == task.fingerprint:
+            return _already(base, key, done, "already in the store from the same source version and recipe")
         self.scratch.mkdir(parents=True, exist_ok=True)
         scratch = Path(tempfile.mkdtemp(prefix="item-", dir=self.scratch))
         try:
             fetched = pipeline.source.fetch(task.item, scratch)
+            # A master touched without changing (a new modification time, a re-upload of the same file) is
+            # recognised by its bytes. The stored provenance keeps the older version: putting the same
+            # output again changes nothing, and rewriting S3 metadata would copy the whole object.
+            if reusable and done.provenance.master_sha256 == fetched.sha256:
+                return _already(base, key, done, "already in the store from the same master bytes and recipe; "
+                                                 "only the source's version of the master changed",
+                                fetched.sha256)
             output = scratch / f"access{recipe.extension}"
             converted = convert(fetched.path, output, recipe, pipeline.settings.imaging, worker=self._child(pipeline),
                                 durable=False)  # scratch: the store makes durable what it holds
@@ -199,9 +205,17 @@ class Worker:
                 return replace(base, reason=reason, **common)
             stored = store.put(key, output, sha256=converted.sha256, provenance=Provenance(
                 source_id=f"{task.object_id}/{task.item.id}", source_checksum=task.fingerprint,
+                master_sha256=fetched.sha256,
                 recipe=recipe.name, recipe_digest=recipe.digest, width=converted.width, height=converted.height),
                 overwrite=task.force)
             return replace(base, outcome=Outcome.DEPOSITED, key=key, sha256=stored.sha256, bytes=stored.size,
                            width=converted.width, height=converted.height, **common)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _already(base: ItemResult, key: str, done: StoredObject, why: str, master_sha256: str | None = None) -> ItemResult:
+    """The item's access master is in the store already: deposited, without converting it again."""
+    return replace(base, outcome=Outcome.DEPOSITED, key=key, sha256=done.sha256, bytes=done.size,
+                   width=done.provenance.width, height=done.provenance.height, warnings=(why,),
+                   master_sha256=master_sha256)

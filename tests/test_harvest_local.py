@@ -155,6 +155,39 @@ def test_second_run_skips_everything_and_a_changed_master_is_the_only_work(site)
     assert all(r["last_run"] == 1 for k, r in rows.items() if k[0] != "photo-3")
 
 
+def test_a_master_touched_without_changing_is_recognised_by_its_bytes_not_converted_again(site):
+    """A new modification time (the same file uploaded again) is a new source version, but the master's bytes
+    are those the stored access master was made from: fetched and hashed, not converted. The store keeps the
+    provenance of the first version, so a run that lost the ledger (killed before recording) must do the same."""
+    assert cli(site, "harvest").returncode == 1
+    touched = site / "masters/print-2/p1-pil_sample_cmyk.jpg"
+    os.utime(touched, (time.time() + 5, time.time() + 5))
+    recognised = ("deposited print-2/print-2/p1-pil_sample_cmyk.jpg (warnings: already in the store from the same "
+                  "master bytes and recipe; only the source's version of the master changed)")
+
+    again = cli(site, "harvest", "-v")
+    assert "1 deposited, 0 skipped, 0 rejected, 0 failed" in again.stdout, again.stdout + again.stderr
+    assert recognised in again.stderr
+    assert ledger_rows(site)[("print-2", "print-2/p1-pil_sample_cmyk.jpg")]["fingerprint"].endswith(
+        datetime.fromtimestamp(touched.stat().st_mtime, timezone.utc).isoformat())
+
+    (site / "var/state/ledger.sqlite").unlink()
+    lost = cli(site, "harvest", "-v")
+    assert "5 deposited, 0 skipped, 3 rejected, 0 failed" in lost.stdout, lost.stdout + lost.stderr
+    assert recognised in lost.stderr
+    assert lost.stderr.count("(warnings: already in the store from the same source version and recipe)") == 4
+
+
+def test_a_deposited_items_conversion_warnings_are_logged_with_it(site):
+    """The corpus policy for a master with a wrong extension: sniff the content, deposit it, record a warning."""
+    shutil.copy(CORPUS / "wrong-extension/jpg-incorrect-extension.png", site / "masters/photo-3/p3-scan.png")
+    run = cli(site, "harvest", "--object", "photo-3", "--log-json", "-v")
+    (line,) = [json.loads(ln) for ln in run.stderr.splitlines() if '"photo-3/p3-scan.png"' in ln]
+    expected = "extension .png does not match the content (JPEG); processed as JPEG"
+    assert (line["outcome"], line["warnings"]) == ("deposited", [expected])
+    assert line["message"] == f"deposited photo-3/photo-3/p3-scan.png (warnings: {expected})"
+
+
 def test_each_item_is_logged_once_and_a_rejected_one_as_a_warning_with_its_fields(site):
     plain = cli(site, "harvest")  # without -v: the problems alone, one readable line each
     assert plain.returncode == 1, plain.stderr
