@@ -22,6 +22,7 @@ from connectors.base import Fixity, SourceItem
 from connectors.errors import AuthenticationFailed, PermissionDenied
 from gcis_etl.errors import GcisError, SourceError, StoreError
 from gcis_etl.isolation import IsolatedProcess
+from gcis_etl.keys import UnsafeKey
 from gcis_etl.models import Status
 from gcis_etl.pipelines import Pipeline
 from gcis_etl.recipes import RecipeCache
@@ -175,8 +176,11 @@ class Worker:
             return replace(base, reason=f"recipe {task.recipe!r} here has digest {recipe.digest}, the task was "
                                         f"planned with {task.recipe_digest}: deploy the same recipes everywhere")
         store = pipeline.store
-        key = store.keys.image_key(task.pipeline, task.object_id, task.item.id, task.item.sequence,
-                                   recipe.extension.lstrip("."))
+        try:
+            key = store.keys.image_key(task.pipeline, task.object_id, task.item.id, task.item.sequence,
+                                       recipe.extension.lstrip("."))
+        except UnsafeKey as exc:  # the same on every attempt, before anything is fetched: not worth retrying soon
+            return replace(base, reason=f"cannot be named in the store: {exc}")
         done = None if task.force else store.head(key)  # a damaged copy keeps its provenance
         reusable = done is not None and bool(done.sha256) and done.provenance.recipe_digest == recipe.digest \
             and bool(done.provenance.width)

@@ -188,6 +188,19 @@ def test_a_deposited_items_conversion_warnings_are_logged_with_it(site):
     assert line["message"] == f"deposited photo-3/photo-3/p3-scan.png (warnings: {expected})"
 
 
+def test_an_object_whose_id_cannot_name_a_store_key_fails_at_once_as_not_transient(site):
+    """30 CJK characters are 90 bytes, 270 once escaped for a key segment: nothing is fetched or converted, and
+    retrying soon (a Celery worker's backoff) cannot help."""
+    folder = site / "masters" / ("\u5c71" * 30)
+    folder.mkdir()
+    shutil.copy(CORPUS / "gray8/hopper_gray.jpg", folder / "p1.jpg")
+    run = cli(site, "harvest", "--object", folder.name)
+    assert "0 deposited, 0 skipped, 0 rejected, 1 failed" in run.stdout, run.stdout + run.stderr
+    (row,) = [r for (o, _), r in ledger_rows(site).items() if o == folder.name]
+    assert row["reason"].startswith("cannot be named in the store: identifier") and "too long" in row["reason"]
+    assert row["transient"] == 0
+
+
 def test_each_item_is_logged_once_and_a_rejected_one_as_a_warning_with_its_fields(site):
     plain = cli(site, "harvest")  # without -v: the problems alone, one readable line each
     assert plain.returncode == 1, plain.stderr
