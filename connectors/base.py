@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Iterable, Iterator, Protocol
+from urllib.parse import quote
 
 
 @dataclass(frozen=True)
@@ -20,7 +21,8 @@ class LangValue:
 
 @dataclass(frozen=True)
 class Fixity:
-    algorithm: str  # lower-case hashlib name: "md5", "sha1", "sha256"
+    algorithm: str  # lower-case hashlib name: "md5", "sha1", "sha256"; one we cannot compute, as the source
+    #                 names it, lower-case and compacted: "crc32"
     value: str      # lower-case hex digest
 
 
@@ -48,6 +50,16 @@ class SourceObject:
     items: tuple[SourceItem, ...]
     metadata: dict[str, tuple[LangValue, ...]] = field(default_factory=dict)  # source field -> values
     source_url: str | None = None
+    listed_at: datetime | None = None
+    """The object's value of the date its listing is sorted on, which a run cut short moves the checkpoint to
+    (Source.lists_in_modified_order), where `modified` counts dates the listing is not sorted on (a Rosetta IE's
+    files'). None: the listing is sorted on `modified` itself, or not sorted."""
+
+
+def source_url(template: str | None, object_id: str, **fields: str) -> str | None:
+    """A connector's source_url_template filled in, the id percent-encoded whole: an id with a space would make
+    the URL invalid, and a '&', '#' or '/' in it would point the link elsewhere."""
+    return template.format(id=quote(object_id, safe=""), **fields) if template else None
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,9 @@
 Bytes go to a hidden temporary name next to the destination and are renamed into place only once
 their count matches what the source and the transport announced and their digest matches the
 source's fixity. A truncated or corrupt transfer is retried under the retry policy and never
-reaches the final name, so the converter only ever sees verified files.
+reaches the final name, so the converter only ever sees verified files. A transfer slower than the
+policy's min_transfer_bytes_per_second is interrupted: a body trickling in never trips the read timeout,
+which only bounds silences.
 """
 from __future__ import annotations
 
@@ -16,42 +18,69 @@ import uuid
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import BinaryIO, Callable, Iterable
+from typing import BinaryIO, Callable, Iterable, Iterator
 
 from connectors.base import FetchedFile, Fixity, SourceItem
 from connectors.errors import FetchIntegrityError, TransferInterrupted
-from connectors.retry import RetryBudget, RetryPolicy
+from connectors.retry import RetryBudget, RetryPolicy, TransferPace
 
 CHUNK_SIZE = 1 << 20
 _KERNEL_COPY = 1 << 30
 # no copy_file_range (kernel or libc); files on two filesystems (refused by most kernels); none on this filesystem
 _NO_KERNEL_COPY = {errno.ENOSYS, errno.EXDEV, errno.EOPNOTSUPP, errno.EINVAL}
 
-_ALGORITHMS = {"md5": "md5", "sha1": "sha1", "sha224": "sha224", "sha256": "sha256",
-               "sha384": "sha384", "sha512": "sha512"}
+_ALGORITHMS = ("md5", "sha1", "sha224", "sha256", "sha384", "sha512")
 _HEX = re.compile(r"^[0-9a-f]+$")
 
 
 @dataclass(frozen=True)
 class Body:
     """An open stream of bytes and the length the transport announced for it (Content-Length), if any;
-    `file`, when the bytes are a local file's, lets the kernel copy them (copy_file_range)."""
+    `file`, when the bytes are a local file's, lets the kernel copy them (copy_file_range). Where the
+    transport decodes what it carries (HTTP Content-Encoding), `length` counts the encoded bytes:
+    `transferred` then says how many of those arrived, the chunks' own count being the decoded size."""
 
     chunks: Iterable[bytes]
     length: int | None = None
     file: BinaryIO | None = None
+    transferred: Callable[[], int] | None = None
 
 
 BodyOpener = Callable[[RetryBudget], AbstractContextManager[Body]]
 
 
+def hashlib_name(algorithm: str) -> str | None:
+    """The hashlib name of a digest as a source or a setting spells it ("MD5", "SHA-256", "sha1" -> "md5",
+    "sha256", "sha1"), or None for one we cannot compute ("CRC32"): the one reading of those names."""
+    name = _compact(algorithm)
+    return name if name in _ALGORITHMS else None
+
+
 def fixity(algorithm: str, value: str) -> Fixity | None:
-    """A Fixity from a source's spelling ("MD5", "SHA-256", "sha1"), or None for algorithms we cannot check."""
-    name = _ALGORITHMS.get(re.sub(r"[^a-z0-9]", "", algorithm.lower()))
+    """A Fixity from a source's spelling ("MD5", "SHA-256", "sha1"); None without a value or for a malformed
+    digest. An algorithm we cannot compute (CRC32) is kept under its compacted name, so that the fetch says
+    it was not checked instead of passing as a master that came with no fixity."""
     digest = value.strip().lower()
-    if name is None or not _HEX.match(digest) or len(digest) != hashlib.new(name).digest_size * 2:
+    name = hashlib_name(algorithm)
+    if name is None:
+        unknown = _compact(algorithm)
+        return Fixity(unknown, digest) if unknown and digest else None
+    if not _HEX.match(digest) or len(digest) != hashlib.new(name).digest_size * 2:
         return None
     return Fixity(name, digest)
+
+
+def fetch_warnings(fetched: FetchedFile) -> tuple[str, ...]:
+    """What the item's outcome must say about its fetch: a source fixity that could not be checked."""
+    given = fetched.item.fixity
+    if given is None or fetched.fixity_verified:
+        return ()
+    return (f"the source's {given.algorithm} fixity cannot be checked (only {', '.join(_ALGORITHMS)} can): "
+            "the master was not verified against it",)
+
+
+def _compact(algorithm: str) -> str:
+    return re.sub(r"[^a-z0-9]", "", algorithm.lower())
 
 
 def scratch_name(item: SourceItem) -> str:
@@ -70,13 +99,15 @@ def fetch_verified(item: SourceItem, dest_dir: Path, open_body: BodyOpener, poli
     dest_dir.mkdir(parents=True, exist_ok=True)
     final = dest_dir / scratch_name(item)
     budget = RetryBudget(policy)
+    expected = item.fixity if item.fixity and hashlib_name(item.fixity.algorithm) else None
     while True:
         budget.start_attempt()
         temp = dest_dir / f".{final.name}.{uuid.uuid4().hex[:12]}.part"
         try:
             with open_body(budget) as body:
-                size, sha256, fixity_digest = _copy(body, temp, item.fixity)
+                size, sha256, fixity_digest = _copy(body, temp, expected, TransferPace(policy))
                 announced = body.length
+                transferred = body.transferred() if body.transferred else size
         except TransferInterrupted as exc:
             temp.unlink(missing_ok=True)
             budget.after_failure(f"{item.id}: {exc}")
@@ -84,21 +115,21 @@ def fetch_verified(item: SourceItem, dest_dir: Path, open_body: BodyOpener, poli
         except BaseException:
             temp.unlink(missing_ok=True)
             raise
-        problem = _disagreement(item, announced, size, fixity_digest)
+        problem = _disagreement(item, expected, announced, transferred, size, fixity_digest)
         if problem:
             temp.unlink(missing_ok=True)
             budget.after_failure(f"{item.id}: {problem}", give_up=FetchIntegrityError)
             continue
         os.replace(temp, final)
-        return FetchedFile(item=item, path=final, size=size, sha256=sha256, fixity_verified=item.fixity is not None)
+        return FetchedFile(item=item, path=final, size=size, sha256=sha256, fixity_verified=expected is not None)
 
 
-def _copy(body: Body, temp: Path, expected: Fixity | None) -> tuple[int, str, str | None]:
+def _copy(body: Body, temp: Path, expected: Fixity | None, pace: TransferPace) -> tuple[int, str, str | None]:
     """Write `body` to `temp`; the size and digests are those of the bytes `temp` received: read from it
     again after a kernel copy."""
     with open(temp, "xb") as out:
         if body.file is None or not _copy_in_kernel(body.file, out):
-            return _digest(body.chunks, expected, out)
+            return _digest(_paced(body.chunks, pace), expected, out)
     with open(temp, "rb") as copied:
         if not os.fstat(copied.fileno()).st_size:
             return _digest([], expected)
@@ -140,11 +171,21 @@ def _digest(chunks: Iterable[bytes], expected: Fixity | None,
     return size, sha256.hexdigest(), (other or sha256).hexdigest()
 
 
-def _disagreement(item: SourceItem, announced: int | None, size: int, digest: str | None) -> str | None:
-    if announced is not None and size != announced:
-        return f"received {size} bytes, the response announced {announced}"
+def _paced(chunks: Iterable[bytes], pace: TransferPace) -> Iterator[bytes]:
+    """`chunks`, interrupted when they come too slowly (checked as each arrives)."""
+    for chunk in chunks:
+        pace.arrived(len(chunk))
+        yield chunk
+
+
+def _disagreement(item: SourceItem, expected: Fixity | None, announced: int | None, transferred: int, size: int,
+                  digest: str | None) -> str | None:
+    """Why the bytes received are not the master: the transport's count against what it announced, the
+    decoded bytes against the source's size and fixity."""
+    if announced is not None and transferred != announced:
+        return f"received {transferred} bytes, the response announced {announced}"
     if item.size is not None and size != item.size:
         return f"received {size} bytes, the source records {item.size}"
-    if item.fixity and digest != item.fixity.value:
-        return f"{item.fixity.algorithm} {digest} does not match the source's fixity {item.fixity.value}"
+    if expected and digest != expected.value:
+        return f"{expected.algorithm} {digest} does not match the source's fixity {expected.value}"
     return None

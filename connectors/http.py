@@ -10,6 +10,10 @@ Retried: connection errors, connect/read timeouts, bodies ending early, and the 
 retry_statuses (429/5xx by default) honouring Retry-After. Not retried: 401 (AuthenticationFailed,
 after at most one re-login when the connector installed `on_unauthorized`), 403 (PermissionDenied),
 other 4xx (SourceRequestFailed with .status).
+
+Redirects are followed, but a hop to another origin (scheme, host or port) carries none of the headers
+a connector set (session tokens, gateway keys, Authorization, cookies): requests itself strips only
+Authorization. A download redirected to a presigned S3 or CDN URL needs none of them.
 """
 from __future__ import annotations
 
@@ -19,10 +23,12 @@ import os
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from typing import Callable, Iterator
+from urllib.parse import urlsplit
 
 import requests
+import urllib3
 from pydantic import Field, field_validator
-from urllib3.exceptions import ReadTimeoutError
+from urllib3.exceptions import ProtocolError, ReadTimeoutError
 
 from connectors.errors import (AuthenticationFailed, PermissionDenied, SourceRequestFailed,
                                TransferInterrupted)
@@ -35,6 +41,12 @@ log = logging.getLogger(__name__)
 
 _TRANSIENT = (requests.exceptions.ConnectionError, requests.exceptions.Timeout,
               requests.exceptions.ChunkedEncodingError, requests.exceptions.ContentDecodingError)
+
+
+# What a request may still carry to another origin: nothing a connector or the cookie jar added.
+_PORTABLE_HEADERS = frozenset({"user-agent", "accept", "accept-encoding", "accept-language", "connection",
+                               "proxy-authorization"})  # set by requests for the new hop's own proxy
+_DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
 _SWITCHES = {"true": True, "yes": True, "on": True, "1": True, "false": False, "no": False, "off": False, "0": False}
@@ -66,6 +78,22 @@ class HttpSourceSettings(Settings):
         return tls_setting(value)
 
 
+class _Session(requests.Session):
+    """requests.Session whose redirects to another origin go without the credentials the first request carried."""
+
+    def rebuild_auth(self, prepared_request: requests.PreparedRequest, response: requests.Response) -> None:
+        """Called by requests for every redirect hop, after it has set the hop's URL, method, body and cookies."""
+        if _origin(prepared_request.url) != _origin(response.request.url):
+            if prepared_request.body is not None:
+                raise SourceRequestFailed(
+                    f"{response.request.method} {scrub_url(response.request.url)} was redirected to another host "
+                    f"({scrub_url(prepared_request.url)}) with its request body, which may hold credentials: "
+                    f"not followed; configure the URL the source redirects to")
+            for name in [n for n in prepared_request.headers if n.lower() not in _PORTABLE_HEADERS]:
+                del prepared_request.headers[name]
+        super().rebuild_auth(prepared_request, response)
+
+
 class HttpSession:
     """requests with bounded retries, timeouts, optional re-login on 401 and redacted errors."""
 
@@ -86,7 +114,7 @@ class HttpSession:
     def session(self) -> requests.Session:
         """One requests.Session per process: pooled sockets must not be shared across a fork."""
         if self._session is None or self._pid != os.getpid():
-            self._session = requests.Session()
+            self._session = _Session()
             self._session.verify = self.settings.verify_tls
             self._pid = os.getpid()
         return self._session
@@ -147,20 +175,28 @@ class HttpSession:
 
     @contextmanager
     def download(self, url: str, budget: RetryBudget, params: dict | None = None) -> Iterator[Body]:
-        """Open a streamed GET for fetching.fetch_verified; errors while reading become TransferInterrupted."""
+        """Open a streamed GET for fetching.fetch_verified; errors while reading become TransferInterrupted.
+
+        Content-Length counts the bytes on the wire, which a Content-Encoding the server applies anyway
+        (we ask for identity) makes fewer than the decoded master: the Body says how many arrived.
+        """
         what = self.describe("GET", url, params)
         response = self.request("GET", url, params=params, budget=budget, stream=True,
                                 headers={"Accept-Encoding": "identity"})
         try:
             length = response.headers.get("Content-Length", "")
-            yield Body(self._chunks(response, what), int(length) if length.isdigit() else None)
+            yield Body(self._chunks(response, what), int(length) if length.isdigit() else None,
+                       transferred=response.raw.tell)
         finally:
             response.close()
 
     def _chunks(self, response: requests.Response, what: str) -> Iterator[bytes]:
+        """The decoded body as it arrives (read1: a full chunk may take for ever on a trickling body, and the
+        caller checks its deadline between chunks)."""
         try:
-            yield from response.iter_content(CHUNK_SIZE)
-        except _TRANSIENT as exc:
+            while chunk := response.raw.read1(CHUNK_SIZE, decode_content=True):
+                yield chunk
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
             raise TransferInterrupted(f"{what}: {self._explain(exc)}") from None
 
     def _explain(self, exc: Exception) -> str:
@@ -168,7 +204,7 @@ class HttpSession:
             return f"connect timed out after {self.policy.connect_timeout_seconds:g}s"
         if any(isinstance(e, (requests.exceptions.ReadTimeout, ReadTimeoutError, TimeoutError)) for e in _chain(exc)):
             return f"read timed out after {self.policy.read_timeout_seconds:g}s"
-        if isinstance(exc, requests.exceptions.ChunkedEncodingError):
+        if isinstance(exc, (requests.exceptions.ChunkedEncodingError, ProtocolError)):
             return f"response body ended early ({_root_cause(exc)})"
         return f"connection failed ({_root_cause(exc)})"
 
@@ -194,6 +230,11 @@ def _chain(exc: BaseException) -> Iterator[BaseException]:
         wrapped = current.args[0] if current.args and isinstance(current.args[0], BaseException) else None
         current = (reason if isinstance(reason, BaseException) else None) or wrapped \
             or current.__cause__ or current.__context__
+
+
+def _origin(url: str) -> tuple[str, str | None, int | None]:
+    parts = urlsplit(url)
+    return parts.scheme, parts.hostname, parts.port or _DEFAULT_PORTS.get(parts.scheme)
 
 
 def _root_cause(exc: BaseException) -> str:

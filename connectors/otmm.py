@@ -2,7 +2,7 @@
 
 Follows reference/dam-apis.md §2. Session login (`POST /sessions`, then `otmmauthtoken` + `X-Requested-By`,
 and the JSESSIONID cookie) or an OAuth password grant; on 401 the connector logs in again once and
-repeats the request. Discovery is `search/text` paged with after/limit until total_hit_count, a
+repeats the request. Discovery is `search/text` paged with after/limit until a short page, a
 folder walk, or an explicit id list. Everything the reference could not confirm is configuration:
 the last-modified search field and operator (without them, changes are found by comparing each
 asset's date_last_updated), which content is the master (`/contents`, the master rendition, or a
@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Literal
@@ -20,7 +21,7 @@ from typing import Any, Iterable, Iterator, Literal
 import requests
 from pydantic import Field, model_validator
 
-from connectors.base import FetchedFile, LangValue, ListingMoved, SourceItem, SourceObject, UnreadableObject
+from connectors.base import FetchedFile, LangValue, ListingMoved, SourceItem, SourceObject, UnreadableObject, source_url
 from connectors.errors import OBJECT_ERRORS, ObjectNotFound, SourceDataError, SourceRequestFailed
 from connectors.fetching import fetch_verified, fixity
 from connectors.grouping import natural_key
@@ -40,7 +41,8 @@ class SearchSettings(Settings):
 
     method: Literal["POST", "GET"] = "POST"
     keyword_query: str = "*"
-    modified_field_id: str | None = None
+    modified_field_id: str | None = Field(None, description="the search field holding the assets' date_last_updated, "
+                                                            "which is what the window and checkpoint are kept in")
     modified_operator_id: str | None = None
     modified_value_format: str = "%Y-%m-%dT%H:%M:%SZ"
     conditions: tuple[dict[str, Any], ...] = Field((), description="extra SearchScalarConditions, ANDed")
@@ -179,7 +181,7 @@ class OtmmSource:
             except OBJECT_ERRORS as exc:
                 yield UnreadableObject(object_id, _updated(summary), str(exc))
                 continue
-            yield obj
+            yield replace(obj, listed_at=_updated(summary))  # where the listing had it, not as read since
 
     def get(self, object_ids: Iterable[str]) -> Iterator[SourceObject]:
         for object_id in object_ids:
@@ -268,7 +270,10 @@ class OtmmSource:
         return conditions
 
     def _search(self, conditions: list[dict]) -> Iterator[dict | ListingMoved]:
-        """Paged by offset: a total_hit_count that changes between pages says the result moved under the listing."""
+        """Paged by offset: a total_hit_count that changes between pages says the result moved under the listing.
+        The count alone does not end it (a capped or estimated count would pass over the rest): a full page is
+        followed by another; a short one ends it once the count is reached (less means the server caps its
+        pages); without a count, only an empty page does."""
         s = self.settings.search
         base = {"keyword_query": s.keyword_query, "load_type": s.load_type, "level_of_detail": s.level_of_detail,
                 "limit": str(s.page_size)}
@@ -287,8 +292,9 @@ class OtmmSource:
             resource = _path(self._json(response, "search"), "search_result_resource")
             result = _path(resource, "search_result")
             assets = resource.get("asset_list") or [{"asset_id": i} for i in result.get("asset_id_list", [])]
-            count = int(result.get("total_hit_count", 0))
-            if s.shift_check and total is not None and count != total:
+            count = result.get("total_hit_count")
+            count = None if count is None else int(count)
+            if s.shift_check and None not in (total, count) and count != total:
                 yield ListingMoved(f"the search's total_hit_count went from {total} to {count} "
                                    f"between two pages (at after={after}): assets left or joined it while it was "
                                    "paged, and one may have been passed over")
@@ -296,7 +302,7 @@ class OtmmSource:
             yield from assets
             hits = int(result.get("hit_count", len(assets)))
             after += hits
-            if hits == 0 or after >= total:
+            if hits == 0 or (hits < s.page_size and total is not None and after >= total):
                 return
 
     def _walk(self, folder_id: str) -> Iterator[dict | ListingMoved]:
@@ -387,11 +393,10 @@ class OtmmSource:
                 known = metadata.setdefault(key, [])
                 known += [v for v in values if v not in known]
         modified = max([m for m in (_updated(a) for a in assets) if m] or [datetime.now(timezone.utc)])
-        template = self.settings.source_url_template
         return SourceObject(id=object_id, modified=modified, items=items,
                             metadata={k: tuple(v) for k, v in metadata.items()},
-                            source_url=template.format(id=object_id, base_url=self.settings.base_url.rstrip("/"))
-                            if template else None)
+                            source_url=source_url(self.settings.source_url_template, object_id,
+                                                  base_url=self.settings.base_url.rstrip("/")))
 
     def _item(self, asset: dict, sequence: int) -> SourceItem:
         s = self.settings

@@ -1,7 +1,8 @@
 """How long and how often a source operation is retried: one policy for HTTP requests, downloads and S3.
 
 A budget counts attempts and elapsed time across everything done for one logical operation, so a
-download whose request is itself retried still stops within `max_total_seconds`.
+download whose request is itself retried still stops within `max_total_seconds`. A transfer is bounded by
+its pace, not its length (TransferPace): a large master over a slow link may take as long as it needs.
 """
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import time
 
 from pydantic import Field, model_validator
 
-from connectors.errors import SourceUnavailable
+from connectors.errors import SourceUnavailable, TransferInterrupted
 from gcis_etl.errors import SourceError
 from gcis_etl.settings import Settings
 
@@ -28,6 +29,9 @@ class RetryPolicy(Settings):
     max_total_seconds: float = Field(600.0, gt=0, description="no retry starts once waiting would exceed this")
     connect_timeout_seconds: float = Field(10.0, gt=0)
     read_timeout_seconds: float = Field(120.0, gt=0, description="longest silence allowed while reading")
+    min_transfer_bytes_per_second: float = Field(
+        16384, ge=0, description="a download bringing less over read_timeout_seconds is cut off and retried "
+                                 "(a body trickling in never falls silent); 0: never")
     retry_statuses: frozenset[int] = frozenset({429, 500, 502, 503, 504})
 
     @model_validator(mode="after")
@@ -72,3 +76,22 @@ class RetryBudget:
                           f"would exceed max_total_seconds={policy.max_total_seconds:g}")
         log.warning("%s; retrying in %.2fs (attempt %d of %d)", reason, delay, self.attempts + 1, policy.max_attempts)
         time.sleep(delay)
+
+
+class TransferPace:
+    """Cuts off a transfer that brings less than min_transfer_bytes_per_second over a read_timeout_seconds
+    window: the read timeout bounds silences, and a body trickling in a byte at a time is never silent."""
+
+    def __init__(self, policy: RetryPolicy):
+        self.policy = policy
+        self._since, self._bytes = time.monotonic(), 0
+
+    def arrived(self, size: int) -> None:
+        self._bytes += size
+        elapsed = time.monotonic() - self._since
+        if elapsed < self.policy.read_timeout_seconds:
+            return
+        if self._bytes < self.policy.min_transfer_bytes_per_second * elapsed:
+            raise TransferInterrupted(f"transfer too slow: {self._bytes} bytes in the last {elapsed:.1f}s, under "
+                                      f"min_transfer_bytes_per_second={self.policy.min_transfer_bytes_per_second:g}")
+        self._since, self._bytes = time.monotonic(), 0

@@ -8,6 +8,7 @@ word, the server's timezone for DNX dates. Credentials travel as Basic auth with
 from __future__ import annotations
 
 import base64
+import hashlib
 import logging
 import re
 import xml.etree.ElementTree as ET
@@ -20,9 +21,10 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 import requests
 from pydantic import Field, field_validator, model_validator
 
-from connectors.base import FetchedFile, Fixity, LangValue, ListingMoved, SourceItem, SourceObject, UnreadableObject
+from connectors.base import (FetchedFile, Fixity, LangValue, ListingMoved, SourceItem, SourceObject, UnreadableObject,
+                             source_url)
 from connectors.errors import OBJECT_ERRORS, ObjectNotFound, PermissionDenied, SourceDataError, SourceRequestFailed
-from connectors.fetching import fetch_verified, fixity
+from connectors.fetching import fetch_verified, fixity, hashlib_name
 from connectors.http import HttpSession, HttpSourceSettings
 from connectors.idlist import IdListSettings
 from connectors.redaction import Secret, register, scrub
@@ -105,7 +107,8 @@ class RosettaSettings(HttpSourceSettings):
                                                 description="first type present wins; the spelling is inferred")
     struct_map_type: str = "PHYSICAL"
     missing_representation: Literal["error", "skip"] = "error"
-    fixity_preference: tuple[str, ...] = ("sha256", "sha1", "md5")
+    fixity_preference: tuple[str, ...] = Field(("sha256", "sha1", "md5"), description="as hashlib or Rosetta "
+                                               "spell them (sha256 or SHA-256); the first the file has is checked")
     timezone: str = Field("UTC", description="zone of DNX dates, which carry no offset")
     delivery_path: str = "/delivery/DeliveryManagerServlet"
     delivery_params: dict[str, str] = Field(default_factory=dict, description="extra delivery query parameters")
@@ -121,6 +124,18 @@ class RosettaSettings(HttpSourceSettings):
         except (ZoneInfoNotFoundError, ValueError):
             raise ValueError(f"unknown time zone {value!r}") from None
         return value
+
+    @field_validator("fixity_preference")
+    @classmethod
+    def _checkable(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        """Read once, as fetching reads the files' own fixity names: a name that matched none of those would
+        turn fixity checking off without a word."""
+        unknown = [name for name in value if hashlib_name(name) is None]
+        if unknown:
+            checkable = sorted({hashlib_name(a) for a in hashlib.algorithms_guaranteed} - {None})
+            raise ValueError(f"cannot check {', '.join(map(repr, unknown))}: name digests among "
+                             f"{', '.join(checkable)} (Rosetta's spelling, as MD5 or SHA-256, will do)")
+        return tuple(hashlib_name(name) for name in value)
 
     @field_validator("not_found_fault", "ie_pid_pattern")
     @classmethod
@@ -334,11 +349,12 @@ class RosettaSource:
                 raise ObjectNotFound(message)
             log.warning("%s: %s; skipped", self.name, message)
             return None
-        modified = max([m for m in (document.modified(), *(i.modified for i in items)) if m] or
-                       [stamp or datetime.now(timezone.utc)])
-        url = self.settings.source_url_template
+        own = document.modified()
+        modified = max([m for m in (own, *(i.modified for i in items)) if m] or [stamp or datetime.now(timezone.utc)])
         return SourceObject(id=pid, modified=modified, items=items, metadata=document.metadata(),
-                            source_url=url.format(id=pid, delivery_base_url=self._delivery_base) if url else None)
+                            source_url=source_url(self.settings.source_url_template, pid,
+                                                  delivery_base_url=self._delivery_base),
+                            listed_at=own if self.settings.discovery == "sru" else None)  # sru.modified_index's
 
     def _get_ie(self, pid: str) -> str:
         envelope = (f'<soap:Envelope xmlns:soap="{NS["soap"]}" xmlns:dps="http://dps.exlibris.com/"><soap:Body>'
@@ -454,7 +470,7 @@ class _IeDocument:
             for candidate in known:
                 if candidate.algorithm == algorithm:
                     return candidate
-        return None
+        return next(iter(known), None)  # one that cannot be checked (CRC32): the fetch says it was not
 
     def modified(self) -> datetime | None:
         dnx = self._dnx(None, "ie-amd")

@@ -167,12 +167,14 @@ class Harvest:
         yield from self._by_id(retry)
 
     def _reach(self, obj: SourceObject | UnreadableObject, until: datetime) -> None:
-        """The time of the last object listed, the one in hand included (a run stopping takes none after it):
-        in a listing in modified order no object still to come is modified earlier. One stamped after the run
-        began was edited after its page was read, so its time is not its place in the listing; one with no time
-        (an object the source could not describe) is no earlier than the one before it: neither moves it."""
-        if obj.modified is not None and obj.modified <= until:
-            self.reached = obj.modified
+        """The place in the listing of the last object listed, the one in hand included (a run stopping takes
+        none after it): the date the listing is sorted on (SourceObject.listed_at where that is not `modified`; an
+        UnreadableObject's is the listing's stamp), not a newest date that may run ahead of objects to come. One
+        stamped after the run began was edited after its page was read, so its time is not its place in the
+        listing; one with no time is no earlier than the one before it: neither moves it."""
+        at = obj.modified if isinstance(obj, UnreadableObject) else obj.listed_at or obj.modified
+        if at is not None and at <= until:
+            self.reached = at
 
     def _hold_checkpoint(self, why: str) -> None:
         """Sources page their listings by offset: an object edited after its page was read moves to the end (it
@@ -497,7 +499,10 @@ def _abort_uploads(config: Config, pipeline: Pipeline, run_id: int, progress: Pr
 
 
 def _manifest_fingerprint(obj: SourceObject, images: list[DepositedImage], settings: str) -> str:
-    document = {"object": asdict(obj) | {"items": None}, "images": [asdict(i) for i in images], "settings": settings}
+    """listed_at is left out: where the object stood in a listing is not in its manifest, and an object asked
+    for by id has none."""
+    described = {k: v for k, v in asdict(obj).items() if k != "listed_at"}
+    document = {"object": described | {"items": None}, "images": [asdict(i) for i in images], "settings": settings}
     return hashlib.sha256(json.dumps(document, sort_keys=True, default=str).encode()).hexdigest()
 
 

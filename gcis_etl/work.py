@@ -20,6 +20,7 @@ from typing import Any
 
 from connectors.base import Fixity, SourceItem
 from connectors.errors import AuthenticationFailed, PermissionDenied
+from connectors.fetching import fetch_warnings
 from gcis_etl.errors import GcisError, SourceError, StoreError
 from gcis_etl.isolation import IsolatedProcess
 from gcis_etl.keys import UnsafeKey
@@ -194,13 +195,13 @@ class Worker:
             # recognised by its bytes. The stored provenance keeps the older version: putting the same
             # output again changes nothing, and rewriting S3 metadata would copy the whole object.
             if reusable and done.provenance.master_sha256 == fetched.sha256:
-                return _already(base, key, done, "already in the store from the same master bytes and recipe; "
-                                                 "only the source's version of the master changed",
-                                fetched.sha256)
+                return replace(_already(base, key, done, "already in the store from the same master bytes and "
+                                                         "recipe; only the source's version of the master changed"),
+                               master_sha256=fetched.sha256)
             output = scratch / f"access{recipe.extension}"
             converted = convert(fetched.path, output, recipe, pipeline.settings.imaging, worker=self._child(pipeline),
                                 durable=False)  # scratch: the store makes durable what it holds
-            common = dict(master_sha256=fetched.sha256, warnings=converted.warnings)
+            common = dict(master_sha256=fetched.sha256, warnings=fetch_warnings(fetched) + converted.warnings)
             # the scratch path changes every run: name the master as the source does
             reason = (converted.reason or "").replace(str(fetched.path), task.item.original_name) or None
             if converted.status is Status.REJECTED:
@@ -218,8 +219,7 @@ class Worker:
             shutil.rmtree(scratch, ignore_errors=True)
 
 
-def _already(base: ItemResult, key: str, done: StoredObject, why: str, master_sha256: str | None = None) -> ItemResult:
+def _already(base: ItemResult, key: str, done: StoredObject, why: str) -> ItemResult:
     """The item's access master is in the store already: deposited, without converting it again."""
     return replace(base, outcome=Outcome.DEPOSITED, key=key, sha256=done.sha256, bytes=done.size,
-                   width=done.provenance.width, height=done.provenance.height, warnings=(why,),
-                   master_sha256=master_sha256)
+                   width=done.provenance.width, height=done.provenance.height, warnings=(why,))

@@ -13,7 +13,8 @@ import pytest
 import requests
 
 from connectors import open_source
-from connectors.base import ListingMoved, UnreadableObject
+from connectors.base import Fixity, ListingMoved, UnreadableObject
+from connectors.fetching import fetch_warnings
 from connectors.errors import (AuthenticationFailed, FetchIntegrityError, ObjectNotFound, PermissionDenied,
                                SourceRequestFailed)
 from connectors.rosetta import RosettaSettings, RosettaSource
@@ -313,11 +314,37 @@ def test_a_faulty_download_is_retried_until_verified(emulator, tmp_path, fault):
     assert [p.name for p in tmp_path.iterdir()] == ["FL1022.tif"]
 
 
+def test_a_file_whose_only_fixity_cannot_be_checked_is_fetched_with_a_warning_saying_so(tmp_path):
+    """Rosetta may record CRC32 alone: the master is fetched, and its outcome must not read as verified."""
+    only_crc = RosettaFile("FL2033", CorpusFile("gray8/gray.tif"), "Only", ("CRC32",))
+    catalogue = RosettaCatalogue([Entity("IE2031", [("dc:title", "CRC", "en")], utc("2023-01-01 00:00:00"),
+                                         utc("2024-01-03 00:00:00"),
+                                         [Representation("REP2032", "MODIFIED_MASTER", [only_crc])])])
+    with EmulatorServer(RosettaEmulator(catalogue)) as server:
+        (ie,) = rosetta(server.url).get(["IE2031"])
+        assert ie.items[0].fixity == Fixity("crc32", only_crc.source.digest("crc32"))
+        fetched = rosetta(server.url).fetch(ie.items[0], tmp_path)
+    assert not fetched.fixity_verified and fetched.path.read_bytes() == (CORPUS / "gray8/gray.tif").read_bytes()
+    assert fetch_warnings(fetched) == ("the source's crc32 fixity cannot be checked (only md5, sha1, sha224, sha256, "
+                                       "sha384, sha512 can): the master was not verified against it",)
+
+
 def test_a_download_that_never_matches_its_fixity_is_never_handed_on(emulator, tmp_path):
     (ie,) = rosetta(emulator.url).get(["IE1020"])
     emulator.inject("dps_pid=FL1022", Fault.corrupt(), times=None)
     with pytest.raises(FetchIntegrityError, match="FL1022: md5 .* does not match"):
         rosetta(emulator.url).fetch(ie.items[0], tmp_path)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_fixity_preference_spelled_as_rosetta_spells_it_still_checks_the_download(emulator, tmp_path):
+    source = rosetta(emulator.url, fixity_preference=["SHA-256", "MD5"])
+    assert source.settings.fixity_preference == ("sha256", "md5")
+    (ie,) = source.get(["IE1020"])
+    assert ie.items[0].fixity.algorithm == "md5"  # the emulator's files carry an MD5
+    emulator.inject("dps_pid=FL1022", Fault.corrupt(), times=None)
+    with pytest.raises(FetchIntegrityError, match="FL1022: md5 .* does not match"):
+        source.fetch(ie.items[0], tmp_path)
     assert list(tmp_path.iterdir()) == []
 
 
@@ -384,6 +411,11 @@ def test_settings_are_validated_with_the_key_named():
     with pytest.raises(ConfigError, match="timezone: Value error, unknown time zone 'Mars/Olympus'"):
         open_source("rosetta", {"base_url": "http://x", "username": "u", "password": "p", "oai": {"set": "s"},
                                 "timezone": "Mars/Olympus"}, "main")
+    with pytest.raises(ConfigError, match=r"sources.main.fixity_preference: Value error, cannot check 'CRC32', "
+                                          r"'sha-3': name digests among md5, sha1, sha224, sha256, sha384, sha512 "
+                                          r"\(Rosetta's spelling, as MD5 or SHA-256, will do\)"):
+        open_source("rosetta", {"base_url": "http://x", "username": "u", "password": "p", "oai": {"set": "s"},
+                                "fixity_preference": ["CRC32", "MD5", "sha-3"]}, "main", prefix="sources.main")
 
 
 def test_modified_order_is_taken_only_with_sru_sorted_ascending_on_the_modified_index():

@@ -7,10 +7,10 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from tests.emulators.catalogue import CorpusFile
+from tests.emulators.catalogue import CorpusFile, utc
 from tests.emulators.faults import Fault
 from tests.emulators.otmm import MODIFIED_FIELD, OtmmEmulator
-from tests.emulators.rosetta import SRU_DATE_INDEX, RosettaCatalogue, RosettaEmulator
+from tests.emulators.rosetta import SRU_DATE_INDEX, RosettaCatalogue, RosettaEmulator, RosettaFile
 from tests.harvests import ie, otmm_source, rosetta_expected, rosetta_source, serving
 
 pytest_plugins = ("tests.harvests",)  # the `rig` fixture
@@ -189,6 +189,29 @@ def test_a_run_cut_short_on_an_unsorted_listing_names_the_settings_that_sort_it(
     assert run.status == "stopped" and run.checkpoint_after is None
     assert (f"raise max_run_minutes, set {setting} under pipelines.{rig.pipeline}.source (a listing sorted oldest "
             f"first on the modified date), or load the backlog once with `gcis-migrate initial_load`") in run.note
+
+
+def test_a_run_cut_short_on_a_sorted_sru_listing_moves_the_checkpoint_by_the_sorted_date(rig):
+    """SRU sorts IEs on their own date; IE6010's file was replaced after its IE record was last modified, so the
+    object's newest date runs two days ahead of its place in the listing. The run stopping with IE6010 in hand
+    moves the checkpoint to IE6010's IE date, not its file's, which would pass over IE6020 and IE6030 for ever."""
+    replaced = RosettaFile("FL6012", CorpusFile("gray8/hopper_gray.jpg"), "Image 1",
+                           modified=utc("2024-01-05 10:00:00"))
+    source = RosettaCatalogue([ie(6000, "2024-01-01 10:00:00", "png/png-rgb-64x56x8.png"),
+                               ie(6010, "2024-01-02 10:00:00", replaced),
+                               ie(6020, "2024-01-03 10:00:00", "rgb8-tiff-lzw/hopper_lzw.tif"),
+                               ie(6030, "2024-01-04 10:00:00", "gray8/gray.tif")])
+    with serving(RosettaEmulator(source)) as emulator:
+        rig.write(rosetta_source(emulator.url, discovery="sru", sru={
+            "modified_index": SRU_DATE_INDEX, "page_size": 2, "sort_by": f"{SRU_DATE_INDEX}/sort.ascending",
+            "modified_order": True}))
+        run = rig.harvest(limit=1)
+        assert run.status == "stopped" and outcomes(rig, run.run_id) == {("IE6000", "FL6002"): "deposited"}
+        assert datetime.fromisoformat(run.checkpoint_after) == utc("2024-01-02 10:00:00")
+        run = rig.harvest()
+        assert outcomes(rig, run.run_id) == {("IE6010", "FL6012"): "deposited", ("IE6020", "FL6022"): "deposited",
+                                             ("IE6030", "FL6032"): "deposited"}
+        rig.check_final_state(rosetta_expected(source))
 
 
 def test_an_object_with_failed_items_that_left_the_source_does_not_stop_the_runs(rig):

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from http.cookies import SimpleCookie
 from operator import eq, ge, gt, le, lt
+from typing import Callable
 
 from tests.emulators.catalogue import CorpusFile, utc
 from tests.emulators.server import Request, Response, run_cli
@@ -156,6 +157,9 @@ class OtmmEmulator:
         self.tokens: dict[str, str] = {}
         self._lock = threading.Lock()
         self._next_session = 471542185
+        # what a search's total_hit_count says of its matches: a server may cap or estimate it; None leaves it out
+        self.reported_total: Callable[[int], int | None] = lambda matches: matches
+        self.max_limit: int | None = None  # a server's own cap on a search page, below the limit asked
 
     def expire_sessions(self) -> None:
         """Invalidate every session and OAuth token, as a server-side timeout or restart would."""
@@ -303,13 +307,18 @@ class OtmmEmulator:
         key = {"NAME": lambda a: a.name, MODIFIED_FIELD: lambda a: (a.updated, a.asset_id)}.get(
             sort_field, lambda a: a.asset_id)
         matches.sort(key=key, reverse=direction == "desc")
+        if self.max_limit is not None:
+            limit = min(limit, self.max_limit) if limit > 0 else self.max_limit
         page = matches[after:after + limit] if limit > 0 else matches[after:]
         load = request.arg("load_type") not in (None, "system")
+        result = {"asset_group_count": {"entry": []}, "asset_id_list": [a.asset_id for a in page],
+                  "contains_invalid_conditions": False, "facet_field_response_list": [], "hit_count": len(page),
+                  "offset": after}
+        total = self.reported_total(len(matches))
+        if total is not None:
+            result["total_hit_count"] = total
         return Response.json({"search_result_resource": {
-            "search_result": {"asset_group_count": {"entry": []}, "asset_id_list": [a.asset_id for a in page],
-                              "contains_invalid_conditions": False, "facet_field_response_list": [],
-                              "hit_count": len(page), "offset": after, "total_hit_count": len(matches)},
-            "asset_list": [self._asset(a, load) for a in page]}})
+            "search_result": result, "asset_list": [self._asset(a, load) for a in page]}})
 
     # --- assets, contents, folders --------------------------------------------------------------------
 

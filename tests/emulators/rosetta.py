@@ -68,6 +68,7 @@ class RosettaFile:
     label: str
     fixity: tuple[str, ...] = ("MD5",)
     original_name: str | None = None
+    modified: datetime | None = None  # the file's own date, later than its IE's once replaced; None: the IE's
 
     @property
     def name(self) -> str:
@@ -275,15 +276,16 @@ class RosettaEmulator:
                 "objectCharacteristics": [{"objectType": "REPRESENTATION", "parentID": entity.pid,
                                            "modificationDate": _dnx(entity.modified)}]})
             for f in rep.files:
+                file_modified = _dnx(f.modified or entity.modified)
                 _amd(root, f"{f.pid}-amd", {
                     "generalFileCharacteristics": [{
                         "label": f.label, "fileOriginalName": f.name, "fileOriginalPath": f"/deposit/{f.name}",
                         "fileExtension": f.name.rpartition(".")[2], "fileMIMEType": f.source.mime,
-                        "fileSizeBytes": str(f.source.size), "fileModificationDate": _dnx(entity.modified)}],
+                        "fileSizeBytes": str(f.source.size), "fileModificationDate": file_modified}],
                     "fileFixity": [{"agent": "REG_SA_JAVA5_FIXITY", "fixityType": t,
                                     "fixityValue": f.source.digest(t.lower())} for t in f.fixity],
                     "objectCharacteristics": [{"objectType": "FILE", "parentID": rep.pid,
-                                               "modificationDate": _dnx(entity.modified)}]})
+                                               "modificationDate": file_modified}]})
         file_sec = _sub(root, "mets:fileSec")
         for rep in reps:
             group = _sub(file_sec, "mets:fileGrp", USE="VIEW", ID=rep.pid, ADMID=f"{rep.pid}-amd")
