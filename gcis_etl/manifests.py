@@ -7,7 +7,10 @@ an unchanged manifest again is a no-op for the store.
 
 Identifiers:
 - manifest and collection id = ``{manifest_base_url}/{store key}``: the base URL is where the store (below
-  its prefix) is published;
+  its prefix) is published. iiif-prezi3 writes every URL of a 3.0 manifest in its normal form (pydantic's
+  AnyUrl: host lower-cased, default port dropped, spaces and non-ASCII percent-encoded), and the other
+  documents are plain JSON, so both base URLs must be written in that form (a ConfigError shows it) for
+  every document to name the same ids; a source record's URL (the homepage) is written in it everywhere;
 - canvas, annotation page and annotation ids = the manifest id without ``.json``, then ``/canvas/{sequence}``,
   ``/page/{sequence}``, ``/annotation/{sequence}``;
 - image service id = ``{image_service_base_url}/{identifier}`` where the identifier is the access master's
@@ -26,8 +29,9 @@ upscaled). With it off, iipsrv caps the width at that of the pyramid level it pi
 (803x601 at ``400,`` comes out 399x299, 650x10 390x6), and ``!w,h`` depends on the level read. iipsrv also
 renders nothing wider or taller than its MAX_CVT (`max_image_size`, by default config.yaml's
 `cache.server.max_cvt`): asked for more, it scales the image down without saying so, so a body or thumbnail
-beyond that limit asks for the largest size within it. The canvas and the image service keep the master's
-full size.
+beyond that limit asks for the largest size within it. A thumbnail's longer side is at most
+`thumbnail_width` (a scroll's thumbnail is as small as a landscape's). The canvas and the image service keep
+the master's full size.
 
 3.0 manifests are built with iiif-prezi3 (the IIIF community's library, which checks them against its model of
 the schema as they are built). It has no 2.x model and the older iiif-prezi factory is built for authoring by
@@ -44,7 +48,7 @@ from dataclasses import dataclass
 from typing import Annotated, Any, Iterable, Literal, Sequence
 from urllib.parse import quote, urlsplit
 
-from pydantic import AfterValidator, Field, ValidationError, field_validator
+from pydantic import AfterValidator, AnyUrl, Field, ValidationError, field_validator
 
 from connectors.base import LangValue, SourceObject
 from gcis_etl.errors import ManifestError
@@ -58,8 +62,11 @@ Version = Literal["3.0", "2.1"]
 MEDIA_TYPES = {"3.0": f'application/ld+json;profile="{CONTEXT_3}"',
                "2.1": f'application/ld+json;profile="{CONTEXT_2}"'}
 IMAGE_2_LEVEL1 = "http://iiif.io/api/image/2/level1.json"  # iipsrv 1.1: Image API 2, level 1
-_RIGHTS = re.compile(r"^https?://(creativecommons\.org/(licenses|publicdomain)/|rightsstatements\.org/vocab/)\S+$")
+# a rights URI the IIIF schema accepts, in URL-unreserved characters: what is not one is text
+_RIGHTS = re.compile(r"https?://(creativecommons\.org/(licenses|publicdomain)/|rightsstatements\.org/vocab/)"
+                     r"[A-Za-z0-9._~/-]+")
 
+_HTTP_URL = re.compile(r"https?://[^/?#]", re.IGNORECASE)  # and a host (normal_url would make one of http:/x)
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _LANGUAGE = re.compile(r"^[a-zA-Z-]+$")  # a language key as IIIF 3.0 (iiif-prezi3, the schema) accepts it
 
@@ -73,6 +80,14 @@ def language_tag(language: str | None) -> str | None:
     if not _LANGUAGE.match(tag):
         raise ValueError(f"{language!r} is not a language tag such as en or en-US")
     return tag
+
+
+def normal_url(url: str) -> str | None:
+    """`url` as iiif-prezi3 writes it into a 3.0 manifest (see Identifiers above); None if it is no URL."""
+    try:
+        return str(AnyUrl(url))
+    except ValidationError:
+        return None
 
 
 def _label_languages(label: str | dict[str, str]) -> str | dict[str, str]:
@@ -111,7 +126,7 @@ class ManifestSettings(Settings):
     required_statement: MetadataField | None = None  # e.g. the credit line
     homepage_label: LabelSetting | None = "Source record"  # a homepage to SourceObject.source_url; None: none
     default_language: str = Field("none", pattern=_LANGUAGE.pattern)  # for values the source gives no language
-    thumbnail_width: int = Field(400, ge=16, le=2000)
+    thumbnail_width: int = Field(400, ge=16, le=2000)  # the longer side of a thumbnail
     max_image_size: int | None = Field(None, ge=1, description="the largest width or height the image server "
                                        "renders (iipsrv MAX_CVT); unset: config.yaml's cache.server.max_cvt")
     collection_label: LabelSetting | None = None   # the pipeline name otherwise
@@ -119,13 +134,22 @@ class ManifestSettings(Settings):
     @field_validator("manifest_base_url", "image_service_base_url")
     @classmethod
     def _base_url(cls, url: str) -> str:
-        """Both go into every manifest and collection, published: a password there would be public."""
+        """Both go into every manifest and collection, published: a password there would be public. Written
+        other than in its normal form, the 3.0 manifests would name other URLs than the rest (module docstring)."""
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment:
             raise ValueError("must be an http(s) URL without query or fragment")
         if parts.username or parts.password:
             raise ValueError("must not carry credentials (user:password@): it is published in every manifest")
-        return url.rstrip("/")
+        url = url.rstrip("/")
+        normal = normal_url(url + "/")
+        if normal is None:
+            raise ValueError(f"{url!r} is not a URL")
+        if normal != url + "/":
+            raise ValueError(f"write it as {normal.rstrip('/')!r}: IIIF 3.0 manifests carry URLs in that normal "
+                             f"form (host in lower case, no default port, spaces and non-ASCII "
+                             f"percent-encoded), and every document must name the same")
+        return url
 
     @field_validator("versions")
     @classmethod
@@ -181,7 +205,7 @@ class Manifests:
         self.pipeline = pipeline
         self.store = store
         self._not_tags: set[str] = set()  # source languages warned about
-        self._warned: set[tuple[str, str]] = set()  # (object, field) whose broken characters were warned about
+        self._warned: set[tuple[str, str]] = set()  # (object, field) warned about, once for both versions
 
     # ------------------------------------------------------------------------------------------ ids
 
@@ -223,12 +247,15 @@ class Manifests:
         return self._first(obj, self.settings.label) or (LangValue(obj.id),)
 
     def _rights(self, obj: SourceObject) -> tuple[str | None, tuple[LangValue, ...]]:
-        """The first rights URI (in the http form the IIIF schema requires), and the values that are not one."""
+        """The first rights URI (in the http form the IIIF schema requires), and the other values for the rights
+        metadata entry: text, and any further URI (`rights` holds one), so nothing the source says is lost."""
         if self.settings.rights is None:
             return None, ()
         values = self._values(obj, self.settings.rights.field)
-        uris = [v.value.strip().replace("https://", "http://", 1) for v in values if _RIGHTS.match(v.value.strip())]
-        return (uris[0] if uris else None), tuple(v for v in values if not _RIGHTS.match(v.value.strip()))
+        first = next((i for i, v in enumerate(values) if _RIGHTS.fullmatch(v.value.strip())), None)
+        if first is None:
+            return None, values
+        return values[first].value.strip().replace("https://", "http://", 1), values[:first] + values[first + 1:]
 
     def _metadata_pairs(self, obj: SourceObject) -> list[tuple[LabelSetting, tuple[LangValue, ...]]]:
         pairs = [(m.label, values) for m in self.settings.metadata if (values := self._values(obj, m.field))]
@@ -242,17 +269,22 @@ class Manifests:
         return self._values(obj, statement.field) if statement else ()
 
     def _homepage(self, obj: SourceObject) -> str | None:
-        """The source record's URL without its user:password (a source URL may derive from a base_url that
-        carries the source's credentials): the manifest is public."""
+        """The source record's URL in its normal form, so that 3.0 and 2.1 say the same, and without its
+        user:password (a source URL may derive from a base_url that carries the source's credentials): the
+        manifest is public. A source URL that is none is left out with a warning: an optional link must not
+        keep the object's manifests out."""
         url = obj.source_url
         if self.settings.homepage_label is None or not url:
             return None
-        parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname or not url.isprintable() or " " in url:
-            raise ManifestError(f"{self.pipeline}/{obj.id}: source URL {redacted(url)!r} is not an http(s) URL")
-        if "@" in parts.netloc:
-            return parts._replace(netloc=parts.netloc.rpartition("@")[2]).geturl()
-        return url
+        normal = normal_url(url)
+        if normal is None or not _HTTP_URL.match(url) or not url.isprintable() or " " in url:
+            if (obj.id, "source_url") not in self._warned:
+                self._warned.add((obj.id, "source_url"))
+                log.warning("%s/%s: source URL %r is not an http(s) URL: the manifests go out without the link to "
+                            "the source record", self.pipeline, obj.id, redacted(url))
+            return None
+        parts = urlsplit(normal)
+        return parts._replace(netloc=parts.netloc.rpartition("@")[2]).geturl()
 
     def _language(self, value: LangValue) -> str:
         """The value's language as language_tag() reads it, or the configured default: for none, and for one
@@ -301,12 +333,14 @@ class Manifests:
             return {"none": [_as_text(label, html_allowed=False)]}
         return {language: [_as_text(text, html_allowed=False)] for language, text in label.items()}
 
-    def _request(self, image: DepositedImage, width: int, height: int) -> ImageRequest:
-        """`image` at width x height, or at the largest size within max_image_size (None: no limit known, for
-        settings not read through config.yaml), asked for as the module docstring says iipsrv renders exactly."""
-        limit = self.settings.max_image_size
+    def _request(self, image: DepositedImage, longest: int | None = None) -> ImageRequest:
+        """`image` at its full size, or at the largest size with no side beyond `longest` nor max_image_size (None:
+        no limit known, for settings not read through config.yaml), asked for as the module docstring says
+        iipsrv renders exactly."""
+        width, height = image.width, image.height
+        limit = min((n for n in (longest, self.settings.max_image_size) if n is not None), default=None)
         if limit is not None and max(width, height) > limit:
-            if image.width >= image.height:
+            if width >= height:
                 width, height = limit, max(1, round(image.height * limit / image.width))
             else:
                 width, height = max(1, round(image.width * limit / image.height)), limit
@@ -314,11 +348,10 @@ class Manifests:
         return ImageRequest(f"{self.image_service_id(image)}/full/{size}/0/default.jpg", width, height)
 
     def _painted(self, image: DepositedImage) -> ImageRequest:
-        return self._request(image, image.width, image.height)
+        return self._request(image)
 
     def _thumbnail(self, image: DepositedImage) -> ImageRequest:
-        width = min(self.settings.thumbnail_width, image.width)
-        return self._request(image, width, max(1, round(image.height * width / image.width)))
+        return self._request(image, self.settings.thumbnail_width)
 
     def _build_3(self, obj: SourceObject, images: list[DepositedImage], manifest_id: str) -> dict:
         # Imported here: building iiif_prezi3's models takes ~0.5 s, which every command that writes no v3

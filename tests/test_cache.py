@@ -438,8 +438,9 @@ def test_serve_on_another_port_than_the_manifests_name_warns_which_keys_to_chang
     manifests = {"manifest_base_url": f"http://127.0.0.1:{port}/store",
                  "image_service_base_url": f"http://localhost:{port}/iiif"}
     config.write_text(config.read_text().replace("store: {kind: local, root: store}\n",
-                                                 f"store: {{kind: local, root: store}}\n    manifests: {manifests}\n"))
-    assert "manifests:" in config.read_text()
+                                                 f"store: {{kind: local, root: store}}\n    manifests: {manifests}\n")
+                      .replace("server: {", "server: {documents_root: store, "))  # this server serves them
+    assert "manifests:" in config.read_text() and "documents_root" in config.read_text()
     elsewhere = served(config, 0)
     assert "Ctrl-C stops" in elsewhere, elsewhere
     assert (f"warning: pipelines.samples.manifests.manifest_base_url, pipelines.samples.manifests."
@@ -447,6 +448,25 @@ def test_serve_on_another_port_than_the_manifests_name_warns_which_keys_to_chang
     assert f"Serve on port {port} (--port, or cache.server.port)" in elsewhere
     same = served(config, port)
     assert "Ctrl-C stops" in same and "warning" not in same, same
+
+
+def test_serve_does_not_warn_about_manifests_another_local_server_publishes(configured):
+    """Manifests in a bucket of a MinIO on this host: its port is theirs, not one this server should take.
+    The images this server does serve are still checked."""
+    config, _ = configured
+    port, minio_port = free_port(), free_port()
+    manifests = {"manifest_base_url": f"http://127.0.0.1:{minio_port}/access/museum",
+                 "image_service_base_url": f"http://127.0.0.1:{port}/iiif"}
+    store = {"kind": "s3", "bucket": "access", "prefix": "museum", "endpoint_url": f"http://127.0.0.1:{minio_port}",
+             "region": "us-east-1", "addressing_style": "path"}
+    config.write_text(config.read_text().replace("store: {kind: local, root: store}\n",
+                                                 f"store: {store}\n    manifests: {manifests}\n"))
+    assert "'kind': 's3'" in config.read_text()
+    same = served(config, port)
+    assert "Ctrl-C stops" in same and "warning" not in same, same
+    elsewhere = served(config, 0)
+    assert (f"warning: pipelines.samples.manifests.image_service_base_url name port {port} of this host, but this "
+            f"server listens on ") in elsewhere, elsewhere
 
 
 @pytest.mark.parametrize("command", ["sync", "prune", "purge", "serve"])

@@ -1,8 +1,8 @@
 """Manifests ask for images at sizes the image server renders exactly: a master at its full size as `full`, any
 other size as `w,h` (iipsrv renders that exactly with ALLOW_UPSCALING on, the default; `w,` goes through a float
 ratio and comes out a pixel short); a master wider or taller than the server's limit (iipsrv's MAX_CVT,
-manifests.max_image_size) is painted, and thumbnailed, at the largest size within it
-(tests/test_iipsrv_e2e.py checks the sizes against a running iipsrv)."""
+manifests.max_image_size) is painted, and thumbnailed, at the largest size within it; a thumbnail's longer
+side is at most manifests.thumbnail_width (tests/test_iipsrv_e2e.py checks the sizes against a running iipsrv)."""
 from __future__ import annotations
 
 import pytest
@@ -54,16 +54,29 @@ def test_masters_within_the_limit_are_painted_at_full_size_as_before(version):
                                         (f"{service(3)}/full/full/0/default.jpg", 300, 500)]
     assert sizes(thumbnails(manifest)) == [(f"{service(1)}/full/400,320/0/default.jpg", 400, 320),
                                            (f"{service(1)}/full/400,320/0/default.jpg", 400, 320),
-                                           (f"{service(2)}/full/full/0/default.jpg", 1, 5000),
-                                           (f"{service(3)}/full/full/0/default.jpg", 300, 500)]
+                                           (f"{service(2)}/full/1,400/0/default.jpg", 1, 400),
+                                           (f"{service(3)}/full/240,400/0/default.jpg", 240, 400)]
+
+
+@pytest.mark.parametrize("version", ["3.0", "2.1"])
+def test_a_thumbnail_fits_the_thumbnail_width_on_its_longer_side(version):
+    """A tall image's thumbnail is as small as a wide one's (400 wide, a 2000x20000 scroll's was 400x4000), and
+    still asked for at the exact w,h iipsrv renders; one within the width keeps its full size."""
+    manifest = build(version, image(1, 2000, 20000), image(2, 20000, 2000), image(3, 97, 6001), image(4, 300, 200),
+                     max_image_size=5000)
+    assert sizes(thumbnails(manifest)) == [(f"{service(1)}/full/40,400/0/default.jpg", 40, 400),
+                                           (f"{service(1)}/full/40,400/0/default.jpg", 40, 400),
+                                           (f"{service(2)}/full/400,40/0/default.jpg", 400, 40),
+                                           (f"{service(3)}/full/6,400/0/default.jpg", 6, 400),
+                                           (f"{service(4)}/full/full/0/default.jpg", 300, 200)]
 
 
 @pytest.mark.parametrize("version", ["3.0", "2.1"])
 def test_thumbnails_beyond_the_limit_are_scaled_into_it_too(version):
-    """A scroll's 400 px wide thumbnail is 24000 px tall: iipsrv would shrink it to 5000; and a limit below the
-    thumbnail width shrinks every thumbnail. The smallest side never rounds to nothing."""
-    scroll = build(version, image(1, 1000, 60000), max_image_size=5000)
-    assert sizes(thumbnails(scroll)) == [(f"{service(1)}/full/83,5000/0/default.jpg", 83, 5000)] * 2
+    """A limit below the thumbnail width shrinks every thumbnail, and the painted image of a scroll. The smallest
+    side never rounds to nothing."""
+    scroll = build(version, image(1, 1000, 60000), max_image_size=5000, thumbnail_width=2000)
+    assert sizes(thumbnails(scroll)) == [(f"{service(1)}/full/33,2000/0/default.jpg", 33, 2000)] * 2
     assert sizes(painted(scroll)) == [(f"{service(1)}/full/83,5000/0/default.jpg", 83, 5000)]
 
     small = build(version, image(1, 6000, 4000), image(2, 200, 100), image(3, 9000, 10), thumbnail_width=400,

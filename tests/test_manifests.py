@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import subprocess
 import sys
 from datetime import datetime, timezone
@@ -150,6 +151,26 @@ def test_mapping_edge_cases(store):
     assert "homepage" not in bare
 
 
+def test_rights_hold_the_first_rights_uri_and_the_rights_entry_all_else_the_source_says(store):
+    """`rights` (3.0) and `license` (2.1) hold one URI: a second one is shown, not dropped; a value that only
+    starts like a rights URI is text, never a URI in the manifest."""
+    manifests = Manifests(settings(), "demo", store)
+    obj = source_object(**{"dc:rights": (
+        LangValue("https://creativecommons.org/licenses/by/4.0/"),
+        LangValue("http://rightsstatements.org/vocab/InC/1.0/"),
+        LangValue('https://creativecommons.org/licenses/by/4.0/"><script>x</script>'))})
+    v3, v2 = (manifests.build(obj, [image(1)], v) for v in ("3.0", "2.1"))
+    assert validate(v3).ok and validate(v2).ok, (validate(v3).errors, validate(v2).errors)
+    assert v3["rights"] == v2["license"] == "http://creativecommons.org/licenses/by/4.0/"
+    shown = ["http://rightsstatements.org/vocab/InC/1.0/",
+             'https://creativecommons.org/licenses/by/4.0/"><script>x</script>']
+    assert {"label": {"none": ["Rights"]}, "value": {"none": shown}} in v3["metadata"]
+    assert {"label": "Rights", "value": shown} in v2["metadata"]
+
+    junk = manifests.build(source_object(**{"dc:rights": (LangValue(shown[1]),)}), [image(1)], "2.1")
+    assert "license" not in junk and {"label": "Rights", "value": shown[1]} in junk["metadata"]
+
+
 def test_text_that_looks_like_html_stays_text_where_html_is_allowed(store):
     obj = source_object(**{"dc:description": (LangValue("<script>alert(1)</script>"),),
                            "dc:date": (LangValue("<unknown>"),), "credit": (LangValue("<anonymous>", "en"),)})
@@ -199,7 +220,7 @@ def test_multi_image_manifests_in_both_versions(store):
     assert [(c["label"], c["width"], c["height"]) for c in v3["items"]] == [
         ({"none": ["front"]}, 6000, 4000), ({"none": ["2"]}, 300, 500), ({"none": ["back"]}, 1200, 1600)]
     assert [c["thumbnail"][0]["id"].split("/full/", 1)[1] for c in v3["items"]] == [
-        "400,267/0/default.jpg", "full/0/default.jpg", "400,533/0/default.jpg"]
+        "400,267/0/default.jpg", "240,400/0/default.jpg", "300,400/0/default.jpg"]  # the longer side: 400
 
     assert v2["@context"] == "http://iiif.io/api/presentation/2/context.json"
     assert v2["@id"] == f"{BASE}/demo/IE~2042~2Fx/manifest-v2.json"
@@ -272,13 +293,34 @@ def test_impossible_manifests_are_errors(store, images, problem):
         Manifests(settings(), "demo", store).build(source_object(), images, "3.0")
 
 
-def test_an_invalid_manifest_is_an_error_naming_the_problem_and_nothing_is_deposited(store):
+def test_a_manifest_that_cannot_be_made_is_an_error_naming_the_problem_and_nothing_is_deposited(store):
     manifests = Manifests(settings(), "demo", store)
-    bad_url = SourceObject(id="IE1", modified=datetime(2026, 1, 1, tzinfo=timezone.utc), items=(),
-                           source_url="https://dam.example.org/a b\r\nSet-Cookie: x")
-    with pytest.raises(ManifestError, match="source URL .* is not an http"):
-        manifests.publish(bad_url, [image(1, object_id="IE1")])
+    with pytest.raises(ManifestError, match=r"demo/IE1: image .* has no real size \(6000x0\)"):
+        manifests.publish(source_object("IE1"), [image(1, object_id="IE1"), image(2, 6000, 0, object_id="IE1")])
     assert not store.root.exists()  # nothing was deposited, not even the store's folder
+
+
+@pytest.mark.parametrize("source_url", [
+    "https://dam.example.org/otmm/ux-html/?p=asset&id=84.PA.1 20a",   # an id put in a template as it is
+    "https://dam.example.org/a\r\nSet-Cookie: x",
+    "ftp://records.example.org/IE1",
+    "javascript:alert(1)",
+    "https://etl:Hunter2-secret@[dam.example.org/IE1",
+    "http:/records.example.org/IE1",
+])
+def test_a_source_url_that_is_no_http_url_is_left_out_with_a_warning_and_the_manifests_go_out(store, caplog,
+                                                                                              source_url):
+    """The link to the source record is optional: without it the manifests are still worth publishing."""
+    record = SourceObject(id="IE1", modified=datetime(2026, 1, 1, tzinfo=timezone.utc), items=(),
+                          source_url=source_url)
+    with caplog.at_level(logging.WARNING, logger="gcis_etl.manifests"):
+        published = Manifests(settings(), "demo", store).publish(record, [image(1, object_id="IE1")])
+    v3, v2 = (json.loads(store.get_bytes(s.key)) for s in published.stored)
+    assert "homepage" not in v3 and "related" not in v2
+    [warning] = [r.getMessage() for r in caplog.records]
+    assert warning.startswith("demo/IE1: source URL ") and warning.endswith(
+        "is not an http(s) URL: the manifests go out without the link to the source record")
+    assert "Hunter2" not in warning
 
 
 def test_publish_deposits_both_versions_and_a_second_publish_is_a_noop(store):
@@ -361,6 +403,40 @@ def test_credentials_in_a_published_base_url_are_refused_and_not_shown(key):
     with pytest.raises(ConfigError, match=rf"pipelines\.demo\.manifests\.{key}: .*must not carry credentials") as err:
         settings(**{key: "https://stage:Hunter2-secret@cdn.example.org/x"})
     assert "Hunter2-secret" not in str(err.value)
+
+
+@pytest.mark.parametrize("configured, normal", [
+    ("http://IIIF.Example.org/store", "http://iiif.example.org/store"),
+    ("https://iiif.example.org:443/store/", "https://iiif.example.org/store"),
+    ("http://127.0.0.1:80/gcis store/ü", "http://127.0.0.1/gcis%20store/%C3%BC"),
+    ("http://bücher.example.org/iiif", "http://xn--bcher-kva.example.org/iiif"),
+])
+@pytest.mark.parametrize("key", ["manifest_base_url", "image_service_base_url"])
+def test_a_base_url_not_in_the_normal_form_of_3_0_manifests_is_refused_showing_that_form(key, configured, normal):
+    """iiif-prezi3 writes the 3.0 manifests' URLs in that form, the collection and 2.1 as configured: they would
+    name other ids."""
+    with pytest.raises(ConfigError, match=rf"pipelines\.demo\.manifests\.{key}: Value error, write it as "
+                                          rf"'{re.escape(normal)}': IIIF 3.0 manifests carry URLs in that normal"):
+        settings(**{key: configured})
+
+
+def test_every_document_names_the_same_ids(store):
+    """A base URL with a port, an escaped space and escaped non-ASCII: the same in 3.0, 2.1 and the
+    collections; the source record's URL too, written in the normal form whatever the source gave."""
+    base, service = "http://127.0.0.1:8182/gcis%20store/%C3%BC", "http://127.0.0.1:8182/iiif"
+    manifests = Manifests(settings(manifest_base_url=base, image_service_base_url=service), "demo", store)
+    record = SourceObject(id="IE1", modified=datetime(2026, 1, 1, tzinfo=timezone.utc), items=(),
+                          source_url="https://DAM.example.org:443/delivery/Bücher?id=IE1")
+    published = manifests.publish(record, [image(1, object_id="IE1")])
+    manifests.update_collection([published.entry])
+    v3, v2 = (json.loads(store.get_bytes(s.key)) for s in published.stored)
+    c3, c2 = (json.loads(store.get_bytes(manifests.collection_key(v))) for v in ("3.0", "2.1"))
+    assert v3["id"] == c3["items"][0]["id"] == f"{base}/demo/IE1/manifest-v3.json"
+    assert v2["@id"] == c2["manifests"][0]["@id"] == f"{base}/demo/IE1/manifest-v2.json"
+    assert (c3["id"], c2["@id"]) == (f"{base}/collections/demo-v3.json", f"{base}/collections/demo-v2.json")
+    service_id = f"{service}/demo/IE1/FL~201.tif"
+    assert [b["service"][0]["@id"] for b in painted(v3)] == [b["service"]["@id"] for b in painted(v2)] == [service_id]
+    assert v3["homepage"][0]["id"] == v2["related"]["@id"] == "https://dam.example.org/delivery/B%C3%BCcher?id=IE1"
 
 
 def test_the_homepage_leaves_the_source_urls_credentials_out(store):

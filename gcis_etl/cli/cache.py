@@ -53,18 +53,33 @@ def _setup(ctx: click.Context, names: tuple[str, ...]):
     return cfg, [CacheSource(p.name, p.store, p.settings.store.keys.image_prefix(p.name)) for p in pipelines]
 
 
+def _served_here(cfg, consumer, name: str) -> list[str]:
+    """Which base URLs of the pipeline's manifests name what this server serves: the images of the pipelines
+    the cache mirrors, and the documents of the local store that is cache.server.documents_root. Documents
+    published by something else (a bucket in MinIO, a CDN) are none of its business."""
+    pipeline = cfg.pipelines[name]
+    keys = ["image_service_base_url"] if name in (cfg.cache.pipelines or cfg.pipelines) else []
+    documents = consumer.server.documents_root
+    if documents is not None and pipeline.store.kind == "local" and \
+            pipeline.store.root.resolve() == documents.resolve():
+        keys.insert(0, "manifest_base_url")
+    return keys
+
+
 def _on_other_ports(cfg, consumer) -> dict[str, int]:
-    """The pipelines' manifest and image base URLs (key: port) naming this server's host but another port: the
-    manifests were made for a server elsewhere, where nothing may listen."""
+    """The base URLs (key: port) of what this server serves that name its host but another port: the manifests
+    were made for a server elsewhere, where nothing may listen."""
     from urllib.parse import urlsplit
     hosts = {consumer.server.host, "127.0.0.1", "localhost", "::1"}
     found = {}
     for name in sorted(cfg.pipelines):
         manifests = cfg.pipelines[name].manifests
-        for key in ("manifest_base_url", "image_service_base_url"):
-            url = urlsplit(getattr(manifests, key)) if manifests is not None else None
-            port = url and (url.port or {"https": 443}.get(url.scheme, 80))
-            if url and url.hostname in hosts and port != consumer.port:
+        if manifests is None:
+            continue
+        for key in _served_here(cfg, consumer, name):
+            url = urlsplit(getattr(manifests, key))
+            port = url.port or {"https": 443}.get(url.scheme, 80)
+            if url.hostname in hosts and port != consumer.port:
                 found[f"pipelines.{name}.manifests.{key}"] = port
     return found
 
@@ -208,9 +223,10 @@ def serve(ctx: click.Context, port: int | None, no_sync: bool) -> None:
     Runs deploy/iipsrv/demo.conf: lighttpd and iipsrv (cache.server), the JSON documents of a local store
     (cache.server.documents_root, at /store) and Mirador at /viewer/ (deploy/iipsrv/install-mirador).
     The viewer loads the manifests from the pipelines' manifests.manifest_base_url, and their images from
-    manifests.image_service_base_url: serve on the port those name (cache.server.port). On another port
-    (--port), a warning names the keys to change (then `harvest --since` an early date publishes the
-    manifests again).
+    manifests.image_service_base_url: serve on the port those name (cache.server.port). Where one names this
+    host on another port (--port) for what this server serves (the images it caches; the manifests of the
+    store at cache.server.documents_root), a warning names the keys to change (then `harvest --since` an
+    early date publishes the manifests again).
 
     \b
     Example:
