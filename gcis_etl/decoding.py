@@ -97,6 +97,9 @@ def _tiled_separate_planes(path: str) -> bool:
 
 def _vips_declines(info: ImageInfo, vips_jpeg2000_origin: bool) -> str | None:
     """Why libvips is not given this master (the next decoder is), or None."""
+    if info.interpretation == "lab" and info.alpha and _associated_alpha(info.path):
+        return ("libvips 8.14 divides Lab by its associated alpha on the wrong scale (8-bit CIELab came out "
+                "as one flat colour)")
     if info.format not in ("JP2", "J2K"):
         return None
     if not vips_jpeg2000_origin and _jpeg2000_origin(info.path) != (0, 0):
@@ -108,6 +111,12 @@ def _vips_declines(info: ImageInfo, vips_jpeg2000_origin: bool) -> str | None:
 
 
 _SYCC = 18  # JP2 colr box, enumerated colour space
+
+
+def _associated_alpha(path: str) -> bool:
+    import tifffile
+    with tifffile.TiffFile(path) as tif:
+        return tuple(tif.pages[0].extrasamples or ())[:1] == (tifffile.EXTRASAMPLE.ASSOCALPHA,)
 
 
 def _jpeg2000_origin(path: str) -> tuple[int, int]:
@@ -137,7 +146,7 @@ def _jp2_colour_space(path: str) -> int | None:
 def _icc_lab(image: pyvips.Image, info: ImageInfo) -> pyvips.Image:
     """libvips 8.14 decodes TIFF CIELab (8) but passes other Lab encodings through as plain bands, which
     would then be taken for RGB. ICCLab (9: L* 0..max, a* and b* unsigned, offset by 128 or 32768) is
-    rescaled to libvips' float Lab; any other is rejected."""
+    rescaled to libvips' float Lab, an alpha after it on 0..1; any other is rejected."""
     import tifffile
     with tifffile.TiffFile(info.path) as tif:
         photometric = int(tif.pages[0].photometric)
@@ -146,7 +155,9 @@ def _icc_lab(image: pyvips.Image, info: ImageInfo) -> pyvips.Image:
                              f"is not supported by the decoders")
     full, offset, scale = (255, 128, 1) if image.format == "uchar" else (65535, 32768, 256)
     lab = image[:3].cast("float").linear([100 / full, 1 / scale, 1 / scale], [0, -offset / scale, -offset / scale])
-    return lab.bandjoin(image[3:]).copy(interpretation="lab") if image.bands > 3 else lab.copy(interpretation="lab")
+    if image.bands > 3:
+        lab = lab.bandjoin(image[3:].cast("float").linear(1 / full, 0))
+    return lab.copy(interpretation="lab")
 
 
 def _open_pillow(info: ImageInfo, strict: bool) -> pyvips.Image:
@@ -214,6 +225,8 @@ def _open_tifffile(info: ImageInfo, strict: bool) -> pyvips.Image:
         raise CannotOpen(_first_line(exc)) from None
     if axes.startswith("S"):  # planar-separate samples come plane by plane
         array = np.moveaxis(array, 0, -1)
+    if info.interpretation == "lab":
+        return _lab(array, photometric, extrasamples)
     if photometric == tifffile.PHOTOMETRIC.PALETTE:  # tifffile gives the indices, not their colours
         if colormap is None or array.ndim != 2 or array.dtype.kind != "u":
             raise CannotOpen(f"palette image of {array.dtype} samples, {array.ndim} axes")
@@ -222,6 +235,29 @@ def _open_tifffile(info: ImageInfo, strict: bool) -> pyvips.Image:
     if extrasamples and extrasamples[0] == tifffile.EXTRASAMPLE.ASSOCALPHA:
         array = _unassociated(array, array.shape[-1] - len(extrasamples))
     return _from_array(array, info, icc)
+
+
+def _lab(array: np.ndarray, photometric: int, extrasamples: tuple[int, ...]) -> pyvips.Image:
+    """TIFF Lab samples as libvips' float Lab, an alpha after it on 0..1: CIELab's (8) a*, b* are signed,
+    ICCLab's (9) unsigned, offset by half the range. Associated alpha is divided out of the samples as stored,
+    as libvips does for other colour."""
+    import tifffile
+    if photometric not in (tifffile.PHOTOMETRIC.CIELAB, tifffile.PHOTOMETRIC.ICCLAB) or array.ndim != 3 \
+            or array.shape[-1] < 3 or array.dtype not in (np.uint8, np.uint16):
+        raise CannotOpen(f"Lab encoding (TIFF photometric {int(photometric)}, {array.dtype}) is not supported")
+    full, scale = (255, 1) if array.dtype == np.uint8 else (65535, 256)
+    cielab = photometric == tifffile.PHOTOMETRIC.CIELAB
+    samples = array.astype(np.float32)
+    if cielab:
+        samples[..., 1:3] = array.view(np.int8 if full == 255 else np.int16)[..., 1:3]
+    if extrasamples and extrasamples[0] == tifffile.EXTRASAMPLE.ASSOCALPHA:
+        alpha = samples[..., 3:4]
+        samples[..., :3] = np.divide(samples[..., :3] * full, alpha, out=np.zeros_like(samples[..., :3]),
+                                     where=alpha > 0)
+    offset = 0 if cielab else (full + 1) // 2
+    lab = np.concatenate([samples[..., :1] * (100 / full), (samples[..., 1:3] - offset) / scale,
+                          samples[..., 3:] / full], axis=-1)
+    return pyvips.Image.new_from_array(np.ascontiguousarray(lab, dtype=np.float32)).copy(interpretation="lab")
 
 
 def _stored_samples(array: np.ndarray, bit_depth: int | None, min_is_white: bool) -> np.ndarray:
