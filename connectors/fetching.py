@@ -29,7 +29,7 @@ _KERNEL_COPY = 1 << 30
 # no copy_file_range (kernel or libc); files on two filesystems (refused by most kernels); none on this filesystem
 _NO_KERNEL_COPY = {errno.ENOSYS, errno.EXDEV, errno.EOPNOTSUPP, errno.EINVAL}
 
-_ALGORITHMS = ("md5", "sha1", "sha224", "sha256", "sha384", "sha512")
+CHECKABLE_DIGESTS = ("md5", "sha1", "sha224", "sha256", "sha384", "sha512")  # hashlib names
 _HEX = re.compile(r"^[0-9a-f]+$")
 
 
@@ -53,7 +53,7 @@ def hashlib_name(algorithm: str) -> str | None:
     """The hashlib name of a digest as a source or a setting spells it ("MD5", "SHA-256", "sha1" -> "md5",
     "sha256", "sha1"), or None for one we cannot compute ("CRC32"): the one reading of those names."""
     name = _compact(algorithm)
-    return name if name in _ALGORITHMS else None
+    return name if name in CHECKABLE_DIGESTS else None
 
 
 def fixity(algorithm: str, value: str) -> Fixity | None:
@@ -75,7 +75,7 @@ def fetch_warnings(fetched: FetchedFile) -> tuple[str, ...]:
     given = fetched.item.fixity
     if given is None or fetched.fixity_verified:
         return ()
-    return (f"the source's {given.algorithm} fixity cannot be checked (only {', '.join(_ALGORITHMS)} can): "
+    return (f"the source's {given.algorithm} fixity cannot be checked (only {', '.join(CHECKABLE_DIGESTS)} can): "
             "the master was not verified against it",)
 
 

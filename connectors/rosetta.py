@@ -8,7 +8,6 @@ word, the server's timezone for DNX dates. Credentials travel as Basic auth with
 from __future__ import annotations
 
 import base64
-import hashlib
 import logging
 import re
 import xml.etree.ElementTree as ET
@@ -24,7 +23,7 @@ from pydantic import Field, field_validator, model_validator
 from connectors.base import (FetchedFile, Fixity, LangValue, ListingMoved, SourceItem, SourceObject, UnreadableObject,
                              source_url)
 from connectors.errors import OBJECT_ERRORS, ObjectNotFound, PermissionDenied, SourceDataError, SourceRequestFailed
-from connectors.fetching import fetch_verified, fixity, hashlib_name
+from connectors.fetching import CHECKABLE_DIGESTS, fetch_verified, fixity, hashlib_name
 from connectors.http import HttpSession, HttpSourceSettings
 from connectors.idlist import IdListSettings
 from connectors.redaction import Secret, register, scrub
@@ -132,9 +131,8 @@ class RosettaSettings(HttpSourceSettings):
         turn fixity checking off without a word."""
         unknown = [name for name in value if hashlib_name(name) is None]
         if unknown:
-            checkable = sorted({hashlib_name(a) for a in hashlib.algorithms_guaranteed} - {None})
             raise ValueError(f"cannot check {', '.join(map(repr, unknown))}: name digests among "
-                             f"{', '.join(checkable)} (Rosetta's spelling, as MD5 or SHA-256, will do)")
+                             f"{', '.join(CHECKABLE_DIGESTS)} (Rosetta's spelling, as MD5 or SHA-256, will do)")
         return tuple(hashlib_name(name) for name in value)
 
     @field_validator("not_found_fault", "ie_pid_pattern")
