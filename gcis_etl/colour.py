@@ -6,6 +6,10 @@ image costs almost nothing in JPEG.
 """
 from __future__ import annotations
 
+import struct
+from functools import lru_cache
+
+import numpy as np
 import pyvips
 
 from gcis_etl.inspection import encodes_srgb, input_intent
@@ -22,6 +26,11 @@ _MAX_ALPHA = {"uchar": 255, "char": 127, "ushort": 65535, "short": 32767, "float
 _D50 = [96.422, 100.0, 82.521]  # the ICC PCS white, which TIFF and ICC Lab are relative to
 _BRADFORD_D65_TO_D50 = [[1.047886, 0.022919, -0.050216], [0.029582, 0.990484, -0.017079],
                         [-0.009252, 0.015073, 0.751678]]
+# libvips 8.14's icc_export packs float Lab as ICC v2 16-bit Lab (L* x 652.8, a* and b* x 256 + 32768) and has
+# LittleCMS read it as v4 (TYPE_Lab_16: L* x 655.35, a* and b* x 257 + 32896): these gains and offsets make the
+# one packing land on the other. L* above 65280 / 655.35 = 99.61 does not fit the v2 packing.
+_LAB_V2_AS_V4 = ([65535 / 65280, 257 / 256, 257 / 256], [0, 0.5, 0.5])
+_LAB_V2_MAX_L = 65280 / 655.35
 
 
 def srgb_profile() -> bytes:
@@ -151,9 +160,7 @@ def _to_srgb(image: pyvips.Image, policy: ImagingPolicy) -> pyvips.Image:
                depth=8)
     interpretation = image.interpretation
     if interpretation in LAB:  # float Lab (_lab): an embedded Lab profile would take them as device values
-        # libvips 8.14 hands LittleCMS the Lab in a 16-bit encoding it reads as another (L* x 652.8 vs 655.35):
-        # a mean CIEDE2000 of 0.58 from tificc, darker and greener (RGB -1.8, -0.4, +0.4), white 253, 254, 254
-        return image.icc_export(output_profile=SRGB, **cms)
+        return _lab_to_srgb(image, cms)
     embedded = image.get_typeof("icc-profile-data") != 0
     if embedded and not is_srgb(image, policy):
         cms["intent"] = _INTENTS[input_intent(image.get("icc-profile-data"), policy.rendering_intent)]
@@ -167,6 +174,43 @@ def _to_srgb(image: pyvips.Image, policy: ImagingPolicy) -> pyvips.Image:
     if interpretation in ("multiband",) or image.bands not in (1, 3):
         image = image[:3] if image.bands >= 3 else image[0]
     return image.colourspace("srgb")
+
+
+def _lab_to_srgb(lab: pyvips.Image, cms: dict) -> pyvips.Image:
+    """D50 Lab through LittleCMS as tificc transforms it: handed to icc_export packed so that LittleCMS reads
+    the L*, a*, b* given (_LAB_V2_AS_V4; as libvips packs it, the result was a mean CIEDE2000 0.58 off tificc,
+    darker and greener, white 253, 254, 254). The near-whites that packing cannot carry (L* > 99.61, which
+    it clamped to a grey 253) take the output profile's own matrix and curves (_by_matrix) instead."""
+    if (pyvips.version(0), pyvips.version(1)) >= (8, 15):  # Lab goes to LittleCMS as float there (libvips #3373)
+        return lab.icc_export(output_profile=SRGB, **cms)
+    exported = lab.linear(*_LAB_V2_AS_V4).copy(interpretation="lab").icc_export(output_profile=SRGB, **cms)
+    return (lab[0] > _LAB_V2_MAX_L).ifthenelse(_by_matrix(lab), exported)
+
+
+def _by_matrix(lab: pyvips.Image) -> pyvips.Image:
+    """D50 Lab -> XYZ -> linear RGB by the inverse of the sRGB profile's D50 colorant matrix -> its tone curve,
+    each channel clipped to 0..1 first, as LittleCMS applies a matrix/TRC output profile (every intent alike)."""
+    colorants, inverse_curve = _matrix_shaper()
+    linear = lab.Lab2XYZ(temp=_D50).recomb(pyvips.Image.new_from_array(np.linalg.inv(colorants) / 100))
+    return linear.linear(65535, 0.5).cast("ushort").maplut(inverse_curve).copy(interpretation="srgb")
+
+
+@lru_cache(maxsize=1)
+def _matrix_shaper() -> tuple[np.ndarray, pyvips.Image]:
+    """The sRGB profile's colorants (XYZ = M x linear RGB) and a 16-bit linear -> 8-bit encoded table that
+    inverts its tone curve (a 'curv' table, shared by the three channels), read from the profile itself."""
+    profile = srgb_profile()
+    count = struct.unpack(">I", profile[128:132])[0]
+    tags = {}
+    for entry in range(132, 132 + 12 * count, 12):
+        signature, offset, size = struct.unpack(">4sII", profile[entry:entry + 12])
+        tags[signature] = profile[offset:offset + size]
+    colorants = np.array([struct.unpack(">3i", tags[t][8:20]) for t in (b"rXYZ", b"gXYZ", b"bXYZ")]).T / 65536
+    points = struct.unpack(">I", tags[b"rTRC"][8:12])[0]
+    curve = np.array(struct.unpack(f">{points}H", tags[b"rTRC"][12:12 + 2 * points])) / 65535
+    encoded = np.interp(np.arange(65536) / 65535, curve, np.linspace(0, 1, points))
+    table = pyvips.Image.new_from_array(np.rint(encoded * 255).astype(np.uint8)[None, :])
+    return colorants, table
 
 
 def is_srgb(image: pyvips.Image, policy: ImagingPolicy) -> bool:

@@ -15,8 +15,7 @@ Pillow has no 16-bit RGB or CMYK mode: 16-bit samples are rounded to 8 bits (x /
 The main path transforms 16 bits in float; on 16-bit masters the two differ by a mean CIEDE2000 of 0.36
 (Adobe RGB) and 0.56 (ProPhoto, whose out-of-gamut dark blues clip differently), below what JPEG Q90 adds;
 8-bit masters come out identical (tests/test_tifffile_path.py). Lab goes through Pillow's 8-bit Lab: identical
-to LittleCMS's tificc on 8- and 16-bit Lab twins, from which the main path is off by a mean CIEDE2000 of 0.58
-(colour._to_srgb).
+to LittleCMS's tificc on 8- and 16-bit Lab twins, as the main path is within rounding (colour._lab_to_srgb).
 
 Cost: Pillow gives LittleCMS 4-byte pixels (TYPE_RGBA_8 for every RGB mode), whose generic pixel formatters
 take over half of the transform's time; the same transform inside libvips (3-byte pixels) costs ~60% as much.

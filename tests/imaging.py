@@ -1,10 +1,13 @@
-"""Test-side access to pixels: the normaliser's output and a decoded access master, as numpy arrays."""
+"""Test-side access to pixels: the normaliser's output, a decoded access master and LittleCMS's own transform
+(tificc, the independent reference), as numpy arrays."""
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import numpy as np
 import pyvips
+import tifffile
 
 from gcis_etl.colour import normalise
 from gcis_etl.decoding import open_master
@@ -28,3 +31,19 @@ def normalised(path: Path, policy: ImagingPolicy | None = None, decoders: tuple[
 def decoded_level(path: Path, level: int = 0) -> np.ndarray:
     """One level of an access master decoded through libtiff (as iipsrv reads it)."""
     return as_array(pyvips.Image.new_from_file(str(path), page=level))
+
+
+def tificc(master: Path, input_profile: str | Path, output_profile: Path, bpc: bool = False) -> np.ndarray:
+    """LittleCMS's own transform of a TIFF to 8 bits, relative colorimetric, black-point compensation (-b) only
+    when asked (as colour.py transforms by default); `input_profile` "*Lab" reads a CIELab TIFF as D50 Lab."""
+    out = master.with_name(master.stem + (".tificc-bpc.tif" if bpc else ".tificc.tif"))
+    subprocess.run(["tificc", "-w8", "-t1", *(["-b"] if bpc else []), f"-i{input_profile}", f"-o{output_profile}",
+                    str(master), str(out)], check=True, capture_output=True)
+    return tifffile.imread(out)
+
+
+def patch_centres(pixels: np.ndarray, patch: int) -> np.ndarray:
+    """Each flat patch's mean away from its edges, where JPEG's blocks and chroma subsampling blur neighbours."""
+    rows, columns = pixels.shape[0] // patch, pixels.shape[1] // patch
+    inner = pixels.reshape(rows, patch, columns, patch, -1)[:, patch // 4:-(patch // 4), :, patch // 4:-(patch // 4)]
+    return inner.astype(np.float64).mean(axis=(1, 3))
