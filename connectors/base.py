@@ -7,7 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Iterable, Iterator, Protocol
+from string import Formatter
+from typing import Collection, Iterable, Iterator, Protocol
 from urllib.parse import quote
 
 
@@ -59,7 +60,45 @@ class SourceObject:
 def source_url(template: str | None, object_id: str, **fields: str) -> str | None:
     """A connector's source_url_template filled in, the id percent-encoded whole: an id with a space would make
     the URL invalid, and a '&', '#' or '/' in it would point the link elsewhere."""
-    return template.format(id=quote(object_id, safe=""), **fields) if template else None
+    if not template:
+        return None
+    values = {"id": quote(object_id, safe=""), **fields}
+    return "".join(literal + (values[name] if name else "") for literal, name in _template(template, values))
+
+
+def checked_source_url_template(template: str | None, *fields: str) -> str | None:
+    """For a connector's settings: a template source_url could not fill (a misspelt or unclosed placeholder)
+    is refused when the configuration loads, rather than failing, or making a wrong link, at every object."""
+    if template:
+        _template(template, ("id", *fields))
+    return template
+
+
+def _template(template: str, names: Collection[str]) -> list[tuple[str, str | None]]:
+    """The template as str.format reads it ({{ and }} are literal braces): (literal text, placeholder name)
+    pieces, each placeholder a bare {name} among `names` (a conversion or format spec would change the link);
+    a ValueError names the placeholder that is not."""
+    allowed = ", ".join(f"{{{name}}}" for name in names)
+    try:
+        pieces = list(Formatter().parse(template))
+    except ValueError as exc:
+        read = max(end for end in range(len(template)) if _readable(template[:end]))
+        bad = template[read:template.find("}", read) + 1 or None]
+        raise ValueError(f"{bad!r} is not a placeholder ({exc}; a literal brace is written twice); the template "
+                         f"may use {allowed}") from None
+    for _, name, spec, conversion in pieces:
+        if name is not None and (name not in names or spec or conversion):
+            written = "{" + name + (f"!{conversion}" if conversion else "") + (f":{spec}" if spec else "") + "}"
+            raise ValueError(f"unknown placeholder {written}; the template may use {allowed}")
+    return [(literal, name) for literal, name, _, _ in pieces]
+
+
+def _readable(text: str) -> bool:
+    try:
+        list(Formatter().parse(text))
+    except ValueError:
+        return False
+    return True
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,8 @@ repeats the request. Discovery is `search/text` paged with after/limit until a s
 folder walk, or an explicit id list. Everything the reference could not confirm is configuration:
 the last-modified search field and operator (without them, changes are found by comparing each
 asset's date_last_updated), which content is the master (`/contents`, the master rendition, or a
-named rendition such as the "Access Files" preview), and what content_checksum means.
+named rendition such as the "Access Files" preview), what content_checksum means, and whether an expired
+asset is harvested (OpenText's pyxecm drops it as a deleted one).
 """
 from __future__ import annotations
 
@@ -19,9 +20,10 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator, Literal
 
 import requests
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from connectors.base import FetchedFile, LangValue, ListingMoved, SourceItem, SourceObject, UnreadableObject, source_url
+from connectors.base import (FetchedFile, LangValue, ListingMoved, SourceItem, SourceObject, UnreadableObject,
+                             checked_source_url_template, source_url)
 from connectors.errors import OBJECT_ERRORS, ObjectNotFound, SourceDataError, SourceRequestFailed
 from connectors.fetching import fetch_verified, fixity
 from connectors.grouping import natural_key
@@ -106,6 +108,14 @@ class OtmmSettings(HttpSourceSettings):
     include_unmapped: bool = True
     metadata_language: str | None = None
     source_url_template: str | None = None
+    expired: Literal["skip", "harvest"] = Field("skip", description="an asset whose `expired` is true: skipped as "
+                                                                    "a deleted one is (as OpenText's pyxecm does), "
+                                                                    "or harvested")
+
+    @field_validator("source_url_template")
+    @classmethod
+    def _fillable(cls, value: str | None) -> str | None:
+        return checked_source_url_template(value, "base_url")
 
     @model_validator(mode="after")
     def _consistent(self) -> "OtmmSettings":
@@ -141,6 +151,7 @@ class OtmmSource:
         self._token: str | None = None
         self._login_lock = threading.Lock()
         self._api = settings.base_url.rstrip("/") + "/" + settings.api_path.strip("/")
+        self._unread_counts: set[str] = set()  # the search counts warned of as not numbers
         self.lists_in_modified_order = settings.search.modified_order  # validated: sorted on the modified field
         field = settings.search.modified_field_id or "<search.modified_field_id>"
         self.modified_order_setting = (f"search.sort: asc_{field} and search.modified_order: true"
@@ -158,8 +169,7 @@ class OtmmSource:
             if isinstance(summary, ListingMoved):
                 yield summary
                 continue
-            if summary.get("deleted"):
-                log.info("%s: asset %s is deleted; nothing to harvest", self.name, summary.get("asset_id"))
+            if self._left_out(summary):
                 continue
             relisted = summary["asset_id"] in assets_seen  # the listing moved: the run must see its group again
             assets_seen.add(summary["asset_id"])
@@ -167,8 +177,8 @@ class OtmmSource:
                 continue
             object_id = summary["asset_id"]  # the asset's group, once the asset is read
             try:
-                asset = self._asset(summary["asset_id"])
-                if not within(_updated(asset), since, until):
+                asset = self._read(summary["asset_id"])
+                if self._left_out(asset) or not within(_updated(asset), since, until):
                     continue
                 if self.settings.group is None:
                     obj = self._object(object_id, [asset])
@@ -292,18 +302,31 @@ class OtmmSource:
             resource = _path(self._json(response, "search"), "search_result_resource")
             result = _path(resource, "search_result")
             assets = resource.get("asset_list") or [{"asset_id": i} for i in result.get("asset_id_list", [])]
-            count = result.get("total_hit_count")
-            count = None if count is None else int(count)
+            count = self._count(result, "total_hit_count", "paging on until a page comes back empty, and unable to "
+                                                           "tell whether the search moved between pages")
             if s.shift_check and None not in (total, count) and count != total:
                 yield ListingMoved(f"the search's total_hit_count went from {total} to {count} "
                                    f"between two pages (at after={after}): assets left or joined it while it was "
                                    "paged, and one may have been passed over")
             total = count
             yield from assets
-            hits = int(result.get("hit_count", len(assets)))
+            hits = self._count(result, "hit_count", "counting the assets the page holds")
+            hits = len(assets) if hits is None else hits
             after += hits
             if hits == 0 or (hits < s.page_size and total is not None and after >= total):
                 return
+
+    def _count(self, result: dict, key: str, instead: str) -> int | None:
+        """One of the search result's counts; None when it is absent or no whole number ("many", "1,234"), which
+        is warned of once: the listing is not lost for a count it can do without."""
+        value = result.get(key)
+        if (isinstance(value, int) and not isinstance(value, bool)
+                or isinstance(value, str) and value.isascii() and value.isdigit()):
+            return int(value)
+        if value is not None and key not in self._unread_counts:
+            self._unread_counts.add(key)
+            log.warning("%s: the search's %s is %r, not a number; %s", self.name, key, value, instead)
+        return None
 
     def _walk(self, folder_id: str) -> Iterator[dict | ListingMoved]:
         folder = self.settings.folder
@@ -333,18 +356,39 @@ class OtmmSource:
 
     # --- objects ----------------------------------------------------------------------------------------
 
+    def _withdrawn(self, asset: dict) -> str | None:
+        """Why an asset is not to be harvested: deleted, or expired unless `expired: harvest` (OpenText's own
+        pyxecm treats an expired asset as a deleted one, dam-apis.md 2.4)."""
+        if asset.get("deleted"):
+            return "deleted"
+        if asset.get("expired") and self.settings.expired == "skip":
+            return "expired (expired: skip)"
+        return None
+
+    def _left_out(self, asset: dict) -> bool:
+        """A listed asset that is withdrawn is passed over, with a note, not failed: there is nothing to harvest."""
+        withdrawn = self._withdrawn(asset)
+        if withdrawn:
+            log.info("%s: asset %s is %s; nothing to harvest", self.name, asset.get("asset_id"), withdrawn)
+        return withdrawn is not None
+
     def _asset(self, asset_id: str) -> dict:
+        """An asset asked for by id, or as a group's member: a withdrawn one is not there to harvest."""
+        asset = self._read(asset_id)
+        withdrawn = self._withdrawn(asset)
+        if withdrawn:
+            raise ObjectNotFound(f"{self.name}: asset {asset_id} is {withdrawn}")
+        return asset
+
+    def _read(self, asset_id: str) -> dict:
         try:
-            asset = _path(self._get(f"assets/{asset_id}", {"load_type": "full", "level_of_detail": "full"},
-                                    f"asset {asset_id}"), "asset_resource", "asset")
+            return _path(self._get(f"assets/{asset_id}", {"load_type": "full", "level_of_detail": "full"},
+                                   f"asset {asset_id}"), "asset_resource", "asset")
         except SourceRequestFailed as exc:
             if exc.status == 404:
                 raise ObjectNotFound(f"{self.name}: no asset {asset_id} "
                                      f"(or not visible to {self.settings.username})") from None
             raise
-        if asset.get("deleted"):
-            raise ObjectNotFound(f"{self.name}: asset {asset_id} is deleted")
-        return asset
 
     def _group_value(self, asset: dict) -> str | None:
         values = _flatten(asset).get(self.settings.group.field_id, [])
@@ -371,8 +415,9 @@ class OtmmSource:
                               "the next run tries again")
 
     def _member(self, summary: dict) -> dict | None:
-        """A listed member's asset; None when it was deleted since the search: it left the group, as one whose
-        group field changed does (an ObjectNotFound here would say the whole group is gone)."""
+        """A listed member's asset; None when it is withdrawn (deleted or expired, _withdrawn), or gone since the
+        search: it left the group, as one whose group field changed does (an ObjectNotFound here would say the
+        whole group is gone)."""
         try:
             return self._asset(summary["asset_id"])
         except ObjectNotFound:

@@ -21,7 +21,7 @@ import requests
 from pydantic import Field, field_validator, model_validator
 
 from connectors.base import (FetchedFile, Fixity, LangValue, ListingMoved, SourceItem, SourceObject, UnreadableObject,
-                             source_url)
+                             checked_source_url_template, source_url)
 from connectors.errors import OBJECT_ERRORS, ObjectNotFound, PermissionDenied, SourceDataError, SourceRequestFailed
 from connectors.fetching import CHECKABLE_DIGESTS, fetch_verified, fixity, hashlib_name
 from connectors.http import HttpSession, HttpSourceSettings
@@ -134,6 +134,11 @@ class RosettaSettings(HttpSourceSettings):
             raise ValueError(f"cannot check {', '.join(map(repr, unknown))}: name digests among "
                              f"{', '.join(CHECKABLE_DIGESTS)} (Rosetta's spelling, as MD5 or SHA-256, will do)")
         return tuple(hashlib_name(name) for name in value)
+
+    @field_validator("source_url_template")
+    @classmethod
+    def _fillable(cls, value: str | None) -> str | None:
+        return checked_source_url_template(value, "delivery_base_url")
 
     @field_validator("not_found_fault", "ie_pid_pattern")
     @classmethod

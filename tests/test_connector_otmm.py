@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import re
 import subprocess
 import sys
@@ -158,6 +159,31 @@ def test_a_server_that_serves_fewer_than_asked_is_paged_to_its_total(emulator):
     listed = list(otmm(emulator.url, search={"page_size": 5}).changes(None))
     assert sorted(names(emulator, [o.id for o in listed])) == sorted(NAMES)
     assert [p.arg("after") for p in emulator.requests(f"POST {API}/search/text")] == ["0", "4"]
+
+
+@pytest.mark.parametrize("reported", ["many", "1,234", ""])
+def test_a_total_hit_count_that_is_no_number_is_taken_as_absent_with_one_warning(emulator, caplog, reported):
+    """The pages are read on to an empty one, as without a count; the warning says that a move while paged goes
+    unseen (the count is how the listing sees it)."""
+    emulator.app.reported_total = lambda matches: reported
+    with caplog.at_level(logging.WARNING, logger="connectors.otmm"):
+        listed = list(otmm(emulator.url).changes(None))
+    assert sorted(names(emulator, [o.id for o in listed])) == sorted(NAMES)
+    assert [p.arg("after") for p in emulator.requests(f"POST {API}/search/text")] == ["0", "2", "4", "6"]
+    assert [r.getMessage() for r in caplog.records] == [
+        f"otmm-test: the search's total_hit_count is {reported!r}, not a number; paging on until a page comes "
+        "back empty, and unable to tell whether the search moved between pages"]
+
+
+def test_a_hit_count_that_is_no_number_is_taken_as_the_assets_the_page_holds(emulator, caplog):
+    emulator.app.reported_hits = lambda served: "some"
+    emulator.app.max_limit = 4  # pages short of the limit asked, ended by the total
+    with caplog.at_level(logging.WARNING, logger="connectors.otmm"):
+        listed = list(otmm(emulator.url, search={"page_size": 5}).changes(None))
+    assert sorted(names(emulator, [o.id for o in listed])) == sorted(NAMES)
+    assert [p.arg("after") for p in emulator.requests(f"POST {API}/search/text")] == ["0", "4"]
+    assert [r.getMessage() for r in caplog.records] == [
+        "otmm-test: the search's hit_count is 'some', not a number; counting the assets the page holds"]
 
 
 def test_incremental_search_with_a_server_side_date_condition(emulator):
@@ -421,6 +447,50 @@ def test_an_asset_that_cannot_be_read_stands_in_the_listing_in_its_place(emulato
     assert len(listed) == (6 if group is None else 4)  # the others all the same
 
 
+def withdrawn_notes(records) -> list[tuple[int, str]]:
+    return [(r.levelno, r.getMessage()) for r in records if "nothing to harvest" in r.getMessage()]
+
+
+def test_an_expired_asset_is_left_out_as_a_deleted_one_is_unless_told_to_harvest_it(emulator, caplog):
+    """OpenText's pyxecm drops expired assets with the deleted ones (dam-apis.md 2.4): passed over as listed,
+    with one note, and not there when asked for by id; `expired: harvest` takes them."""
+    bust = asset_id(emulator, "84_PA_1.png")
+    emulator.app.catalogue.assets[bust].expired = True
+    with caplog.at_level(logging.INFO, logger="connectors.otmm"):
+        listed = list(otmm(emulator.url).changes(None))
+    assert sorted(names(emulator, [o.id for o in listed])) == sorted(set(NAMES) - {"84_PA_1.png"})
+    assert emulator.requests(f"GET {API}/assets/{bust}") == []  # left out as listed, never read
+    assert withdrawn_notes(caplog.records) == [
+        (logging.INFO, f"otmm-test: asset {bust} is expired (expired: skip); nothing to harvest")]
+    with pytest.raises(ObjectNotFound, match=rf"otmm-test: asset {bust} is expired \(expired: skip\)"):
+        list(otmm(emulator.url).get([bust]))
+    harvested = otmm(emulator.url, expired="harvest")
+    assert sorted(names(emulator, [o.id for o in harvested.changes(None)])) == sorted(NAMES)
+    assert [o.id for o in harvested.get([bust])] == [bust]
+
+
+def test_an_expired_asset_seen_only_once_read_is_left_out_too(emulator, caplog):
+    """An id list's assets are known as expired once read: passed over with the note, not failed."""
+    bust, vase = asset_id(emulator, "84_PA_1.png"), asset_id(emulator, "2019_M_10.tif")
+    emulator.app.catalogue.assets[bust].expired = True
+    with caplog.at_level(logging.INFO, logger="connectors.otmm"):
+        listed = list(otmm(emulator.url, discovery="ids", id_list={"ids": [bust, vase]}).changes(None))
+    assert [o.id for o in listed] == [vase] and not isinstance(listed[0], UnreadableObject)
+    assert withdrawn_notes(caplog.records) == [
+        (logging.INFO, f"otmm-test: asset {bust} is expired (expired: skip); nothing to harvest")]
+
+
+@pytest.mark.parametrize("path", ["changes", "get"])
+def test_an_expired_member_has_left_its_group(emulator, path):
+    emulator.app.catalogue.by_name("2019_M_1_verso.tif").expired = True
+    source = otmm(emulator.url, group=GROUP_IS, search=RECTO_ONLY)
+    (obj,) = source.changes(None) if path == "changes" else source.get(["2019.M.1"])
+    assert names(emulator, [i.id for i in obj.items]) == ["2019_M_1_recto.tif", "2019_M_1_detail.jpg"]
+    harvested = otmm(emulator.url, group=GROUP_IS, search=RECTO_ONLY, expired="harvest")
+    (whole,) = harvested.changes(None) if path == "changes" else harvested.get(["2019.M.1"])
+    assert names(emulator, [i.id for i in whole.items]) == NAMES[:3]
+
+
 def test_metadata_is_flattened_and_mapped(emulator):
     source = otmm(emulator.url, include_unmapped=False, metadata_language="en",
                   source_url_template="{base_url}/otmm/ux-html/?p=asset&id={id}", metadata_map={
@@ -441,6 +511,31 @@ def test_the_source_url_carries_the_object_id_percent_encoded(emulator):
     assert obj.source_url == f"{emulator.url}/otmm/ux-html/?p=object&number=84.PA.1%20a%26b%23c%2Fd"
     listed = next(o for o in source.changes(None) if o.id == "84.PA.1 a&b#c/d")
     assert listed.source_url == obj.source_url
+
+
+def test_a_source_url_template_writes_a_literal_brace_twice(emulator):
+    bust = asset_id(emulator, "84_PA_1.png")
+    (obj,) = otmm(emulator.url, source_url_template="{base_url}/ux-html/{{asset}}?id={id}").get([bust])
+    assert obj.source_url == f"{emulator.url}/ux-html/{{asset}}?id={bust}"
+
+
+@pytest.mark.parametrize("template, message", [
+    ("{base_url}/ux-html/?id={idd}", "unknown placeholder {idd}; the template may use {id}, {base_url}"),
+    ("{base_url}/ux-html/?id={id", "'{id' is not a placeholder (expected '}' before end of string; a literal brace "
+                                   "is written twice); the template may use {id}, {base_url}"),
+    ("{base_url}/ux-html/?id={id}}", "'}' is not a placeholder (Single '}' encountered in format string; a literal "
+                                     "brace is written twice); the template may use {id}, {base_url}"),
+    ("{base_url}/ux-html/?id={id!r}", "unknown placeholder {id!r}; the template may use {id}, {base_url}"),
+    ("{delivery_base_url}/?id={id}", "unknown placeholder {delivery_base_url}; the template may use {id}, "
+                                     "{base_url}"),  # Rosetta's
+], ids=["misspelt", "unclosed", "stray-brace", "conversion", "other-connectors"])
+def test_a_source_url_template_that_cannot_be_filled_is_refused_when_the_settings_load(template, message):
+    """Not at every object's link, as a KeyError or a link to somewhere else."""
+    with pytest.raises(ConfigError) as raised:
+        open_source("otmm", {"base_url": "http://x", "username": "u", "password": "p",
+                             "source_url_template": template}, "dam", prefix="sources.dam")
+    assert str(raised.value) == (f"config.yaml: sources.dam.source_url_template: Value error, {message} "
+                                 f"(got {template!r})")
 
 
 def test_unmapped_fields_are_kept_under_their_field_ids(emulator):

@@ -418,6 +418,21 @@ def test_settings_are_validated_with_the_key_named():
                                 "fixity_preference": ["CRC32", "MD5", "sha-3"]}, "main", prefix="sources.main")
 
 
+@pytest.mark.parametrize("template, message", [
+    ("{base_url}/delivery/DeliveryManagerServlet?dps_pid={id}",
+     "unknown placeholder {base_url}; the template may use {id}, {delivery_base_url}"),  # OTMM's
+    ("{delivery_base_url}/delivery/DeliveryManagerServlet?dps_pid={id",
+     "'{id' is not a placeholder (expected '}' before end of string; a literal brace is written twice); the "
+     "template may use {id}, {delivery_base_url}"),
+], ids=["other-connectors", "unclosed"])
+def test_a_source_url_template_that_cannot_be_filled_is_refused_when_the_settings_load(template, message):
+    with pytest.raises(ConfigError) as raised:
+        open_source("rosetta", {"base_url": "http://x", "username": "u", "password": "p", "oai": {"set": "s"},
+                                "source_url_template": template}, "main", prefix="sources.main")
+    assert str(raised.value) == (f"config.yaml: sources.main.source_url_template: Value error, {message} "
+                                 f"(got {template!r})")
+
+
 def test_modified_order_is_taken_only_with_sru_sorted_ascending_on_the_modified_index():
     base = {"base_url": "http://x", "username": "u", "password": "p", "discovery": "sru"}
     index = "IE.objectCharacteristics.modificationDate"

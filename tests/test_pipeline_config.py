@@ -84,6 +84,17 @@ BROKEN = [
     ("missing variable outside a source", with_pipeline(manifests={**GOOD_PIPELINE["manifests"],
                                                                    "manifest_base_url": "${GCIS_TEST_UNSET_URL}"}),
      "pipelines.museum.manifests.manifest_base_url: environment variable GCIS_TEST_UNSET_URL is not set"),
+    ("source URL template with a misspelt placeholder",
+     with_pipeline(source={"kind": "otmm", "base_url": "https://otmm.example.org", "username": "etl",
+                           "password": "p", "source_url_template": "{base_url}/otmm/ux-html/?p=asset&id={idd}"}),
+     "pipelines.museum.source.source_url_template: Value error, unknown placeholder {idd}; the template may use "
+     "{id}, {base_url}"),
+    ("source URL template with an unclosed placeholder",
+     with_pipeline(source={"kind": "rosetta", "base_url": "https://rosetta.example.org", "username": "etl",
+                           "password": "p", "oai": {"set": "gcis"},
+                           "source_url_template": "{delivery_base_url}/delivery/DeliveryManagerServlet?dps_pid={id"}),
+     "pipelines.museum.source.source_url_template: Value error, '{id' is not a placeholder (expected '}' before "
+     "end of string; a literal brace is written twice); the template may use {id}, {delivery_base_url}"),
     ("CMYK profile missing", {"imaging": {"cmyk_fallback_profile": "profiles/fogra.icc"}},
      "imaging.cmyk_fallback_profile: Value error, no such file: "),
     ("not YAML", "pipelines: [unclosed", "not valid YAML"),

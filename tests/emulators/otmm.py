@@ -7,7 +7,8 @@
   An unknown or expired session answers 401 with an exception_body; a missing X-Requested-By answers 400.
 - `GET|POST /search/text`: keyword_query, after/limit paging (hit_count, total_hit_count, offset),
   search_condition_list of SearchScalarConditions, folder_filter, sort, load_type.
-- `GET /assets/{id}`, `GET /assets/{id}/contents`, `GET /renditions/{content_id}` (bytes, streamed);
+- `GET /assets/{id}` (`expired` true for an Asset so marked), `GET /assets/{id}/contents`,
+  `GET /renditions/{content_id}` (bytes, streamed);
   downloads need the user's "download" right (403 otherwise, as Getty restricts "Download Original").
 - `GET /folders/rootfolders`, `/folders/{id}/folders`, `/folders/{id}/children` (after/limit).
 
@@ -59,6 +60,7 @@ class Asset:
     fields: dict[str, FieldValue]
     preview: CorpusFile = CorpusFile("gray8/hopper_gray.jpg")
     thumbnail: CorpusFile = CorpusFile("png/png-rgb-64x56x8.png")
+    expired: bool = False  # past its expiration date: served, listed and downloadable all the same
 
     @property
     def asset_id(self) -> str:
@@ -157,8 +159,10 @@ class OtmmEmulator:
         self.tokens: dict[str, str] = {}
         self._lock = threading.Lock()
         self._next_session = 471542185
-        # what a search's total_hit_count says of its matches: a server may cap or estimate it; None leaves it out
-        self.reported_total: Callable[[int], int | None] = lambda matches: matches
+        # what a search's total_hit_count says of its matches (a server may cap or estimate it, or write it as
+        # no number: "many"), and its hit_count of the page's; None leaves it out
+        self.reported_total: Callable[[int], int | str | None] = lambda matches: matches
+        self.reported_hits: Callable[[int], int | str | None] = lambda served: served
         self.max_limit: int | None = None  # a server's own cap on a search page, below the limit asked
 
     def expire_sessions(self) -> None:
@@ -312,11 +316,11 @@ class OtmmEmulator:
         page = matches[after:after + limit] if limit > 0 else matches[after:]
         load = request.arg("load_type") not in (None, "system")
         result = {"asset_group_count": {"entry": []}, "asset_id_list": [a.asset_id for a in page],
-                  "contains_invalid_conditions": False, "facet_field_response_list": [], "hit_count": len(page),
-                  "offset": after}
-        total = self.reported_total(len(matches))
-        if total is not None:
-            result["total_hit_count"] = total
+                  "contains_invalid_conditions": False, "facet_field_response_list": [], "offset": after}
+        for key, count in (("total_hit_count", self.reported_total(len(matches))),
+                           ("hit_count", self.reported_hits(len(page)))):
+            if count is not None:
+                result[key] = count
         return Response.json({"search_result_resource": {
             "search_result": result, "asset_list": [self._asset(a, load) for a in page]}})
 
@@ -333,7 +337,7 @@ class OtmmEmulator:
         data = {
             "asset_id": asset.asset_id, "original_asset_id": asset.asset_id, "name": asset.name,
             "mime_type": asset.master.mime, "content_type": "BITMAP", "content_size": asset.master.size,
-            "version": 1, "latest_version": True, "deleted": False, "expired": False, "locked": False,
+            "version": 1, "latest_version": True, "deleted": False, "expired": asset.expired, "locked": False,
             "checked_out": False, "asset_state": "NORMAL", "content_state": "NORMAL", "data_type": "ASSET",
             "date_imported": asset.imported.strftime(ISO), "date_last_updated": asset.updated.strftime(ISO),
             "metadata_model_id": "GTRUST.MODEL.MUSEUM", "legacy_model_id": 104,
