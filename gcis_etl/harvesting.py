@@ -364,13 +364,17 @@ class Harvest:
             known = self.ledger.object(self.pipeline.name, obj.id)
             if known is None or known.manifest_fingerprint != digest or self.options.force:
                 try:
-                    manifests.publish(obj, images)
+                    published = manifests.publish(obj, images)
                 except ManifestError as exc:  # the object's metadata: it waits for the source to change
                     reason = f"manifest not published: {exc}"
                     self._count(obj.id, MANIFEST, Outcome.REJECTED.value, reason)
                     self.ledger.reject_manifest(self.run_id, self.pipeline.name, obj.id, reason)
                     return  # its deposited manifest still shows the superseded keys
-                self.ledger.record_manifest(self.pipeline.name, obj.id, obj.modified, label, digest)
+                for warning in published.warnings:
+                    log.warning("%s/%s: %s", self.pipeline.name, obj.id, warning,
+                                extra={"pipeline": self.pipeline.name, "object_id": obj.id, "item_id": MANIFEST})
+                self.ledger.record_manifest(self.run_id, self.pipeline.name, obj.id, obj.modified, label, digest,
+                                            published.warnings)
                 self.manifests_published += 1
         for retired in retire_superseded(self.ledger, self.pipeline, obj.id, self.options.keep_superseded):
             self.progress.note(f"{'kept' if retired.kept else 'deleted'} {retired.key}, superseded by "

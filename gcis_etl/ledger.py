@@ -6,8 +6,11 @@ loses at most the items in flight, which the next run redoes (item processing is
 
 Item rows hold the item's settled state: `deposited`, `rejected` or `failed` (with attempts for the current
 source version). What a run did with each item is in `run_items` (`skipped` ones for the latest runs only:
-ledger.skipped_history_runs). An object whose manifest was rejected is in `manifest_problems` until a manifest
-of it is published. An access master an item no longer uses (re-derived under another key) is in `superseded`
+ledger.skipped_history_runs). What an item's conversion (or fetch) warned of is recorded with it: in `run_items`
+as the run saw it, in `items` for the item's current deposit; what building an object's manifests warned of, in
+`objects` for its published manifests and in `manifest_warnings` for the run that published them (JSON lists;
+NULL for none). An object whose manifest was rejected is in `manifest_problems` until a manifest of it is
+published. An access master an item no longer uses (re-derived under another key) is in `superseded`
 until nothing refers to it (gcis_etl/supersession.py).
 """
 from __future__ import annotations
@@ -17,7 +20,7 @@ import sqlite3
 from dataclasses import dataclass, fields
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from gcis_etl.errors import ConfigError
 from gcis_etl.work import ItemResult, Outcome
@@ -38,6 +41,12 @@ SUPERSEDED = """CREATE TABLE IF NOT EXISTS superseded (
     PRIMARY KEY (pipeline, key)
 )"""
 
+MANIFEST_WARNINGS = """CREATE TABLE IF NOT EXISTS manifest_warnings (
+    run_id INTEGER NOT NULL, object_id TEXT NOT NULL, warnings TEXT NOT NULL, at TEXT NOT NULL,
+    PRIMARY KEY (run_id, object_id)
+)"""
+WARNED = ("items", "run_items", "objects")  # the tables whose rows gained a `warnings` column
+
 SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS items (
     pipeline TEXT NOT NULL, object_id TEXT NOT NULL, item_id TEXT NOT NULL, sequence INTEGER NOT NULL,
@@ -46,20 +55,20 @@ CREATE TABLE IF NOT EXISTS items (
     status TEXT NOT NULL CHECK (status IN ('deposited', 'skipped', 'rejected', 'failed')),
     output_key TEXT, sha256 TEXT, bytes INTEGER, width INTEGER, height INTEGER,
     reason TEXT, attempts INTEGER NOT NULL DEFAULT 0, transient INTEGER NOT NULL DEFAULT 0,
-    first_seen TEXT NOT NULL, updated TEXT NOT NULL, last_run INTEGER,
+    first_seen TEXT NOT NULL, updated TEXT NOT NULL, last_run INTEGER, warnings TEXT,
     PRIMARY KEY (pipeline, object_id, item_id)
 );
 CREATE INDEX IF NOT EXISTS items_status ON items (pipeline, status);
 CREATE TABLE IF NOT EXISTS objects (
     pipeline TEXT NOT NULL, object_id TEXT NOT NULL, modified TEXT NOT NULL,
     label TEXT NOT NULL DEFAULT '[]', manifest_fingerprint TEXT, published TEXT,
-    in_collection INTEGER NOT NULL DEFAULT 0,
+    in_collection INTEGER NOT NULL DEFAULT 0, warnings TEXT,
     PRIMARY KEY (pipeline, object_id)
 );
 {RUNS};
 CREATE TABLE IF NOT EXISTS run_items (
     run_id INTEGER NOT NULL, object_id TEXT NOT NULL, item_id TEXT NOT NULL,
-    outcome TEXT NOT NULL, reason TEXT, seconds REAL, at TEXT NOT NULL,
+    outcome TEXT NOT NULL, reason TEXT, seconds REAL, at TEXT NOT NULL, warnings TEXT,
     PRIMARY KEY (run_id, object_id, item_id)
 );
 CREATE TABLE IF NOT EXISTS manifest_problems (
@@ -67,6 +76,7 @@ CREATE TABLE IF NOT EXISTS manifest_problems (
     PRIMARY KEY (pipeline, object_id)
 );
 {SUPERSEDED};
+{MANIFEST_WARNINGS};
 CREATE INDEX IF NOT EXISTS superseded_object ON superseded (pipeline, object_id);
 CREATE TABLE IF NOT EXISTS checkpoints (
     pipeline TEXT PRIMARY KEY, checkpoint TEXT NOT NULL, run_id INTEGER, updated TEXT NOT NULL
@@ -96,6 +106,10 @@ def _dt(value: str | None) -> datetime | None:
     return datetime.fromisoformat(value) if value else None
 
 
+def _warnings_text(warnings: tuple[str, ...]) -> str | None:
+    return json.dumps(list(warnings), ensure_ascii=False) if warnings else None
+
+
 @dataclass(frozen=True)
 class ItemRecord:
     pipeline: str
@@ -119,6 +133,7 @@ class ItemRecord:
     first_seen: str
     updated: str
     last_run: int | None
+    warnings: tuple[str, ...] = ()  # of the current deposit
 
 
 @dataclass(frozen=True)
@@ -153,6 +168,7 @@ class RunItem:
     reason: str | None
     seconds: float | None
     at: str
+    warnings: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -164,6 +180,7 @@ class ObjectRecord:
     manifest_fingerprint: str | None
     published: str | None
     in_collection: int
+    warnings: tuple[str, ...] = ()  # of its published manifests
 
 
 @dataclass(frozen=True)
@@ -177,6 +194,17 @@ class SupersededKey:
 
 
 @dataclass(frozen=True)
+class ManifestWarnings:
+    """What building an object's manifests changed or left out of what the source said, in the run that
+    published them."""
+
+    run_id: int
+    object_id: str
+    warnings: tuple[str, ...]
+    at: str
+
+
+@dataclass(frozen=True)
 class ManifestProblem:
     pipeline: str
     object_id: str
@@ -185,29 +213,61 @@ class ManifestProblem:
     at: str
 
 
-def _allow_failed_runs(db: sqlite3.Connection) -> None:
-    """Ledgers made before a run could be recorded as 'failed' (its source or store stopped it) have the older
-    CHECK on runs.status; SQLite cannot alter a constraint, so the table is copied under the new one."""
-    def current() -> bool:
-        return "'failed'" in db.execute("SELECT sql FROM sqlite_master WHERE name='runs'").fetchone()[0]
-
-    if current():
+def _upgrade(db: sqlite3.Connection, stale: Callable[[], bool], change: Callable[[], None]) -> None:
+    """Bring a ledger an older version made up to date: once, under the write lock, looking again there, since
+    another process may have done it meanwhile."""
+    if not stale():
         return
-    db.execute("BEGIN IMMEDIATE")  # then look again: another process may have copied it meanwhile
+    db.execute("BEGIN IMMEDIATE")
     try:
-        if not current():
-            db.execute("ALTER TABLE runs RENAME TO runs_before_failed")
-            db.execute(RUNS)
-            db.execute("INSERT INTO runs SELECT * FROM runs_before_failed")
-            db.execute("DROP TABLE runs_before_failed")
+        if stale():
+            change()
         db.commit()
     except BaseException:
         db.rollback()
         raise
 
 
+def _allow_failed_runs(db: sqlite3.Connection) -> None:
+    """Ledgers made before a run could be recorded as 'failed' (its source or store stopped it) have the older
+    CHECK on runs.status; SQLite cannot alter a constraint, so the table is copied under the new one."""
+    def copy() -> None:
+        db.execute("ALTER TABLE runs RENAME TO runs_before_failed")
+        db.execute(RUNS)
+        db.execute("INSERT INTO runs SELECT * FROM runs_before_failed")
+        db.execute("DROP TABLE runs_before_failed")
+
+    def stale() -> bool:
+        return "'failed'" not in db.execute("SELECT sql FROM sqlite_master WHERE name='runs'").fetchone()[0]
+
+    _upgrade(db, stale, copy)
+
+
+def _unwarned(db: sqlite3.Connection) -> list[str]:
+    """The WARNED tables of a ledger made before warnings were recorded, which have no `warnings` column."""
+    return [table for table in WARNED
+            if "warnings" not in {row[1] for row in db.execute(f"PRAGMA main.table_info({table})")}]
+
+
+def _record_warnings(db: sqlite3.Connection) -> None:
+    """Rows from before have none recorded (NULL)."""
+    def add() -> None:
+        for table in _unwarned(db):
+            db.execute(f"ALTER TABLE {table} ADD COLUMN warnings TEXT")
+
+    _upgrade(db, lambda: bool(_unwarned(db)), add)
+
+
 def _columns(cls) -> str:
     return ", ".join(f.name for f in fields(cls))
+
+
+def _record(cls, row: tuple):
+    """A row as `cls`, its `warnings` column (JSON text, NULL for none) as a tuple."""
+    values = dict(zip((f.name for f in fields(cls)), row))
+    if "warnings" in values:
+        values["warnings"] = tuple(json.loads(values["warnings"] or "[]"))
+    return cls(**values)
 
 
 class Ledger:
@@ -235,8 +295,11 @@ class Ledger:
         if read_only:
             db = sqlite3.connect(path.resolve().as_uri() + "?mode=ro", uri=True, timeout=busy_timeout_seconds)
             db.execute("SELECT count(*) FROM sqlite_master").fetchone()  # opens the file now, not at a query
-            if not db.execute("SELECT 1 FROM sqlite_master WHERE name='superseded'").fetchone():
-                db.execute(SUPERSEDED.replace("CREATE TABLE", "CREATE TEMP TABLE"))  # made by an older version
+            for table, create in (("superseded", SUPERSEDED), ("manifest_warnings", MANIFEST_WARNINGS)):
+                if not db.execute("SELECT 1 FROM sqlite_master WHERE name=?", (table,)).fetchone():
+                    db.execute(create.replace("CREATE TABLE", "CREATE TEMP TABLE"))  # made by an older version
+            for table in _unwarned(db):  # the same: read as if none were recorded
+                db.execute(f"CREATE TEMP VIEW {table} AS SELECT *, NULL AS warnings FROM main.{table}")
             return db
         path.parent.mkdir(parents=True, exist_ok=True)
         db = sqlite3.connect(path, timeout=busy_timeout_seconds)
@@ -245,6 +308,7 @@ class Ledger:
             db.execute("PRAGMA synchronous=NORMAL")  # with WAL: consistent after any crash, durable per commit
             db.executescript(SCHEMA)
             _allow_failed_runs(db)
+            _record_warnings(db)
         except BaseException:
             db.close()
             raise
@@ -266,10 +330,10 @@ class Ledger:
 
     def _one(self, cls, sql: str, *args: Any):
         row = self.db.execute(f"SELECT {_columns(cls)} FROM {sql}", args).fetchone()
-        return cls(*row) if row else None
+        return _record(cls, row) if row else None
 
     def _all(self, cls, sql: str, *args: Any) -> list:
-        return [cls(*row) for row in self.db.execute(f"SELECT {_columns(cls)} FROM {sql}", args)]
+        return [_record(cls, row) for row in self.db.execute(f"SELECT {_columns(cls)} FROM {sql}", args)]
 
     # ------------------------------------------------------------------------------------------- runs
 
@@ -321,10 +385,17 @@ class Ledger:
             return self._all(RunRecord, "runs ORDER BY run_id DESC LIMIT ?", limit)
         return self._all(RunRecord, "runs WHERE pipeline=? ORDER BY run_id DESC LIMIT ?", pipeline, limit)
 
-    def run_items(self, run_id: int, outcome: str | None = None) -> list[RunItem]:
-        if outcome is None:
-            return self._all(RunItem, "run_items WHERE run_id=? ORDER BY at", run_id)
-        return self._all(RunItem, "run_items WHERE run_id=? AND outcome=? ORDER BY at", run_id, outcome)
+    def run_items(self, run_id: int, outcome: str | None = None, warned: bool = False) -> list[RunItem]:
+        """`warned`: only the items with warnings."""
+        sql, args = "run_items WHERE run_id=?", [run_id]
+        if outcome is not None:
+            sql, args = sql + " AND outcome=?", args + [outcome]
+        if warned:
+            sql += " AND warnings IS NOT NULL"
+        return self._all(RunItem, sql + " ORDER BY at", *args)
+
+    def manifest_warnings(self, run_id: int) -> list[ManifestWarnings]:
+        return self._all(ManifestWarnings, "manifest_warnings WHERE run_id=? ORDER BY at", run_id)
 
     # ------------------------------------------------------------------------------------------ items
 
@@ -363,6 +434,8 @@ class Ledger:
 
     def record(self, run_id: int, result: ItemResult, source_modified: datetime | None) -> None:
         """Store one result and what the run did; a failure counts an attempt of the current source version.
+        Its warnings go with what the run did and, for a deposit, with the item (a deposit without any clears
+        those of the one before; an item that fails or is rejected keeps those of the deposit it still has).
         A deposit under another key than the item's last one (a recipe with another extension) supersedes that
         key: it stays in the store, where manifests may still show it, until it is retired; a key deposited
         again (a reencode reversed) is no longer superseded."""
@@ -371,12 +444,13 @@ class Ledger:
             and previous.recipe_digest == result.recipe_digest
         attempts = (previous.attempts if same_version and previous.status == "failed" else 0) + 1 \
             if result.outcome is Outcome.FAILED else 0
-        stamp = _ts(now())
+        stamp, warnings = _ts(now()), _warnings_text(result.warnings)
         with self.db:
             self.db.execute(
                 "INSERT INTO items (pipeline, object_id, item_id, sequence, fingerprint, source_modified, "
                 "master_sha256, recipe, recipe_digest, status, output_key, sha256, bytes, width, height, reason, "
-                "attempts, transient, first_seen, updated, last_run) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?) "
+                "attempts, transient, first_seen, updated, last_run, warnings) "
+                "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?) "
                 "ON CONFLICT (pipeline, object_id, item_id) DO UPDATE SET sequence=excluded.sequence, "
                 "fingerprint=excluded.fingerprint, source_modified=excluded.source_modified, "
                 "master_sha256=coalesce(excluded.master_sha256, items.master_sha256), recipe=excluded.recipe, "
@@ -386,18 +460,20 @@ class Ledger:
                 "bytes=CASE WHEN excluded.status='deposited' THEN excluded.bytes ELSE items.bytes END, "
                 "width=coalesce(excluded.width, items.width), height=coalesce(excluded.height, items.height), "
                 "reason=excluded.reason, attempts=excluded.attempts, transient=excluded.transient, "
-                "updated=excluded.updated, last_run=excluded.last_run",
+                "updated=excluded.updated, last_run=excluded.last_run, "
+                "warnings=CASE WHEN excluded.status='deposited' THEN excluded.warnings ELSE items.warnings END",
                 (result.pipeline, result.object_id, result.item_id, result.sequence, result.fingerprint,
                  _ts(source_modified), result.master_sha256, result.recipe, result.recipe_digest,
                  result.outcome.value, result.key, result.sha256, result.bytes, result.width, result.height,
-                 result.reason, attempts, int(result.transient), stamp, stamp, run_id))
+                 result.reason, attempts, int(result.transient), stamp, stamp, run_id,
+                 warnings if result.outcome is Outcome.DEPOSITED else None))
             if result.outcome is Outcome.DEPOSITED and result.key:
                 self.db.execute("DELETE FROM superseded WHERE pipeline=? AND key=?", (result.pipeline, result.key))
                 if previous is not None and previous.output_key and previous.output_key != result.key:
                     self._supersede(result.pipeline, result.object_id, result.item_id, previous.output_key, run_id,
                                     stamp)
             self._run_item(run_id, result.object_id, result.item_id, result.outcome.value, result.reason,
-                           result.seconds, stamp)
+                           result.seconds, stamp, warnings)
 
     def record_unprocessed(self, run_id: int, object_id: str, item_id: str, outcome: str, reason: str) -> None:
         """An item the run decided not to process (unchanged, rejected before, out of attempts)."""
@@ -405,11 +481,12 @@ class Ledger:
             self._run_item(run_id, object_id, item_id, outcome, reason, 0.0, _ts(now()))
 
     def _run_item(self, run_id: int, object_id: str, item_id: str, outcome: str, reason: str | None,
-                  seconds: float, stamp: str) -> None:
-        self.db.execute("INSERT INTO run_items (run_id, object_id, item_id, outcome, reason, seconds, at) "
-                        "VALUES (?,?,?,?,?,?,?) ON CONFLICT (run_id, object_id, item_id) DO UPDATE SET "
-                        "outcome=excluded.outcome, reason=excluded.reason, seconds=excluded.seconds, at=excluded.at",
-                        (run_id, object_id, item_id, outcome, reason, seconds, stamp))
+                  seconds: float, stamp: str, warnings: str | None = None) -> None:
+        self.db.execute("INSERT INTO run_items (run_id, object_id, item_id, outcome, reason, seconds, at, warnings) "
+                        "VALUES (?,?,?,?,?,?,?,?) ON CONFLICT (run_id, object_id, item_id) DO UPDATE SET "
+                        "outcome=excluded.outcome, reason=excluded.reason, seconds=excluded.seconds, at=excluded.at, "
+                        "warnings=excluded.warnings",
+                        (run_id, object_id, item_id, outcome, reason, seconds, stamp, warnings))
 
     def supersede(self, pipeline: str, object_id: str, item_id: str, key: str, run_id: int | None) -> None:
         with self.db:
@@ -467,18 +544,23 @@ class Ledger:
     def object(self, pipeline: str, object_id: str) -> ObjectRecord | None:
         return self._one(ObjectRecord, "objects WHERE pipeline=? AND object_id=?", pipeline, object_id)
 
-    def record_manifest(self, pipeline: str, object_id: str, modified: datetime, label: list[list[str | None]],
-                        fingerprint: str) -> None:
-        """The object's manifest is deposited (a rejection of an earlier one is over); it still has to be added
-        to the collection."""
+    def record_manifest(self, run_id: int, pipeline: str, object_id: str, modified: datetime,
+                        label: list[list[str | None]], fingerprint: str, warnings: tuple[str, ...] = ()) -> None:
+        """The object's manifest is deposited (a rejection of an earlier one is over), with what building it warned
+        of (none clears those of the one before); it still has to be added to the collection."""
+        stamp, text = _ts(now()), _warnings_text(warnings)
         with self.db:
             self.db.execute("DELETE FROM manifest_problems WHERE pipeline=? AND object_id=?", (pipeline, object_id))
             self.db.execute(
                 "INSERT INTO objects (pipeline, object_id, modified, label, manifest_fingerprint, published, "
-                "in_collection) VALUES (?,?,?,?,?,?,0) ON CONFLICT (pipeline, object_id) DO UPDATE SET "
+                "in_collection, warnings) VALUES (?,?,?,?,?,?,0,?) ON CONFLICT (pipeline, object_id) DO UPDATE SET "
                 "modified=excluded.modified, label=excluded.label, manifest_fingerprint=excluded.manifest_fingerprint, "
-                "published=excluded.published, in_collection=0",
-                (pipeline, object_id, _ts(modified), json.dumps(label), fingerprint, _ts(now())))
+                "published=excluded.published, in_collection=0, warnings=excluded.warnings",
+                (pipeline, object_id, _ts(modified), json.dumps(label), fingerprint, stamp, text))
+            if text is not None:
+                self.db.execute("INSERT INTO manifest_warnings (run_id, object_id, warnings, at) VALUES (?,?,?,?) "
+                                "ON CONFLICT (run_id, object_id) DO UPDATE SET warnings=excluded.warnings, "
+                                "at=excluded.at", (run_id, object_id, text, stamp))
 
     def reject_manifest(self, run_id: int, pipeline: str, object_id: str, reason: str) -> None:
         """The object's manifest was not published; kept beyond the run, for `status`, until one is."""

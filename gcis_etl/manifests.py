@@ -37,12 +37,15 @@ the master's full size.
 the schema as they are built). It has no 2.x model and the older iiif-prezi factory is built for authoring by
 hand, so 2.1 manifests are plain JSON, as are collections (a list of references that can grow to millions).
 Every document is checked by iiif_validation before it is deposited.
+
+What building a manifest changes or leaves out of what the source said (a source URL that is no http(s) URL, a
+broken character, a source language that is no tag) does not stop it: it is returned with the manifest as its
+warnings (like iiif_validation's, never logged here), for the harvest to log and record with the object.
 """
 from __future__ import annotations
 
 import html
 import json
-import logging
 import re
 from dataclasses import dataclass
 from typing import Annotated, Any, Iterable, Literal, Sequence
@@ -55,8 +58,6 @@ from gcis_etl.errors import ManifestError
 from gcis_etl.iiif_validation import CONTEXT_2, CONTEXT_3, IMAGE_CONTEXT_2, require_valid
 from gcis_etl.settings import Settings, redacted
 from gcis_etl.stores import Provenance, Store, StoredObject
-
-log = logging.getLogger(__name__)
 
 Version = Literal["3.0", "2.1"]
 MEDIA_TYPES = {"3.0": f'application/ld+json;profile="{CONTEXT_3}"',
@@ -188,9 +189,18 @@ class CollectionEntry:
 
 
 @dataclass(frozen=True)
+class Built:
+    """A manifest as a JSON-ready dict (not yet validated), and what building it warned of."""
+
+    document: dict
+    warnings: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class Published:
     entry: CollectionEntry
     stored: tuple[StoredObject, ...]  # one per configured version
+    warnings: tuple[str, ...] = ()    # of all its versions, each once
 
 
 def _major(version: str) -> int:
@@ -204,8 +214,9 @@ class Manifests:
         self.settings = settings
         self.pipeline = pipeline
         self.store = store
-        self._not_tags: set[str] = set()  # source languages warned about
-        self._warned: set[tuple[str, str]] = set()  # (object, field) warned about, once for both versions
+        # of the manifest being built, each once, in order (build starts them afresh; what the collection's
+        # labels would add was said with their manifests)
+        self._warnings: dict[str, None] = {}
 
     # ------------------------------------------------------------------------------------------ ids
 
@@ -232,10 +243,9 @@ class Manifests:
             if not value.value.strip():
                 continue
             text = _SURROGATE.sub("\ufffd", value.value)
-            if text != value.value and (obj.id, field) not in self._warned:
-                self._warned.add((obj.id, field))
-                log.warning("%s/%s: %s holds a broken character (a lone UTF-16 surrogate), written as U+FFFD: %r",
-                            self.pipeline, obj.id, field, value.value)
+            if text != value.value:
+                self._warnings[f"{field} holds a broken character (a lone UTF-16 surrogate), written as U+FFFD: "
+                               f"{value.value!r}"] = None
             values.append(LangValue(text, value.language) if text != value.value else value)
         return tuple(values)
 
@@ -278,31 +288,31 @@ class Manifests:
             return None
         normal = normal_url(url)
         if normal is None or not _HTTP_URL.match(url) or not url.isprintable() or " " in url:
-            if (obj.id, "source_url") not in self._warned:
-                self._warned.add((obj.id, "source_url"))
-                log.warning("%s/%s: source URL %r is not an http(s) URL: the manifests go out without the link to "
-                            "the source record", self.pipeline, obj.id, redacted(url))
+            self._warnings[f"source URL {redacted(url)!r} is not an http(s) URL: the manifests go out without the "
+                           f"link to the source record"] = None
             return None
         parts = urlsplit(normal)
         return parts._replace(netloc=parts.netloc.rpartition("@")[2]).geturl()
 
     def _language(self, value: LangValue) -> str:
         """The value's language as language_tag() reads it, or the configured default: for none, and for one
-        that is no tag (with a warning, once per language), so that 3.0 and 2.1 say the same and a source's
-        stray tag never stops an object's manifests."""
+        that is no tag (with a warning), so that 3.0 and 2.1 say the same and a source's stray tag never stops
+        an object's manifests."""
         try:
             return language_tag(value.language) or self.settings.default_language
         except ValueError as exc:
-            if value.language not in self._not_tags:
-                self._not_tags.add(value.language)
-                log.warning("%s: source language %s: its values go out under manifests.default_language %r",
-                            self.pipeline, exc, self.settings.default_language)
+            self._warnings[f"source language {exc}: its values go out under manifests.default_language "
+                           f"{self.settings.default_language!r}"] = None
             return self.settings.default_language
 
     # --------------------------------------------------------------------------------------- building
 
-    def build(self, obj: SourceObject, images: Sequence[DepositedImage], version: str) -> dict:
-        """The manifest of `obj` as a JSON-ready dict (not yet validated)."""
+    def build(self, obj: SourceObject, images: Sequence[DepositedImage], version: str) -> Built:
+        """The manifest of `obj` in `version`, and what building it warned of."""
+        self._warnings = {}
+        return Built(self._document(obj, images, version), tuple(self._warnings))
+
+    def _document(self, obj: SourceObject, images: Sequence[DepositedImage], version: str) -> dict:
         ordered = sorted(images, key=lambda i: i.sequence)
         where = f"{self.pipeline}/{obj.id}"
         if not ordered:
@@ -463,11 +473,13 @@ class Manifests:
     def publish(self, obj: SourceObject, images: Sequence[DepositedImage]) -> Published:
         """Build, validate and deposit every configured version; nothing is deposited if any is invalid."""
         keys = {v: self.manifest_key(obj.id, v) for v in self.settings.versions}
-        payloads = {v: self._validated(keys[v], self.build(obj, images, v)) for v in self.settings.versions}
+        built = {v: self.build(obj, images, v) for v in self.settings.versions}
+        payloads = {v: self._validated(keys[v], b.document) for v, b in built.items()}
         stored = tuple(self.store.put_bytes(keys[v], data, content_type=MEDIA_TYPES[v],
                                             provenance=Provenance(source_id=obj.id))
                        for v, data in payloads.items())
-        return Published(CollectionEntry(obj.id, self.label_of(obj)), stored)
+        warnings = tuple(dict.fromkeys(w for b in built.values() for w in b.warnings))
+        return Published(CollectionEntry(obj.id, self.label_of(obj)), stored, warnings)
 
     def withdraw(self, object_id: str) -> list[str]:
         """Delete the manifests of an object (its images are the pipeline's business); returns the keys removed."""

@@ -17,6 +17,7 @@ from gcis_etl.ledger import COUNTED, MANIFEST, STOPPED_ON_REQUEST, Ledger, RunIt
 from gcis_etl.locks import RunLock
 
 PROBLEMS = ("rejected", "failed")
+SHOWN = 10  # of each list in a report's summary; its JSON has them all
 PLANNED = ("process", "skip", "fail")  # a dry run's actions; fail: an object the source cannot describe
 ENDED_UNFINISHED = "ended without finishing (killed?)"  # a run shown as running whose process is gone
 
@@ -29,6 +30,16 @@ class PlannedItem:
     item_id: str
     action: str  # one of PLANNED
     reason: str
+
+
+@dataclass(frozen=True)
+class Warned:
+    """An item the run deposited, or an object whose manifests it published (item id MANIFEST), and what its
+    conversion or the building of the manifests warned of."""
+
+    object_id: str
+    item_id: str
+    warnings: tuple[str, ...]
 
 
 @dataclass
@@ -47,6 +58,7 @@ class RunReport:
     process_gone: bool = False  # recorded as running, but nothing holds the pipeline's lock: killed
     problems: list[RunItem] = field(default_factory=list)
     planned: list[PlannedItem] = field(default_factory=list)
+    warned: list[Warned] = field(default_factory=list)  # items first, then manifests
     json_path: str | None = None
     csv_path: str | None = None
 
@@ -72,10 +84,18 @@ class RunReport:
             lines.append(f"  checkpoint now {self.checkpoint_after}")
         if self.note:
             lines.append(f"  note: {self.note}")
-        for problem in self.problems[:10]:
+        for problem in self.problems[:SHOWN]:
             lines.append(f"  {problem.outcome}: {problem.object_id}/{problem.item_id}: {problem.reason}")
-        if len(self.problems) > 10:
-            lines.append(f"  ... and {len(self.problems) - 10} more (see {self.csv_path or 'the CSV report'})")
+        if len(self.problems) > SHOWN:
+            lines.append(f"  ... and {len(self.problems) - SHOWN} more (see {self.csv_path or 'the CSV report'})")
+        if self.warned:
+            manifests = sum(w.item_id == MANIFEST for w in self.warned)
+            lines.append(f"  {len(self.warned) - manifests} items deposited with warnings, {manifests} manifests "
+                         f"published with warnings")
+        for warned in self.warned[:SHOWN]:
+            lines.append(f"  warning: {warned.object_id}/{warned.item_id}: {'; '.join(warned.warnings)}")
+        if len(self.warned) > SHOWN:
+            lines.append(f"  ... and {len(self.warned) - SHOWN} more (see {self.json_path or 'the JSON report'})")
         if self.json_path:
             lines.append(f"  report: {self.json_path}")
         return "\n".join(lines)
@@ -86,10 +106,12 @@ def report_from_ledger(ledger: Ledger, run: RunRecord, lock: RunLock | None = No
     without a trace from a live one; a harvest reporting its own finished run has no need of it."""
     run, gone = _unless_gone(ledger, run, lock) if lock else (run, False)
     problems = [item for name in PROBLEMS for item in ledger.run_items(run.run_id, name)]
+    warned = [Warned(i.object_id, i.item_id, i.warnings) for i in ledger.run_items(run.run_id, "deposited", True)]
+    warned += [Warned(m.object_id, MANIFEST, m.warnings) for m in ledger.manifest_warnings(run.run_id)]
     return RunReport(pipeline=run.pipeline, run_id=run.run_id, status=run.status, started=run.started,
                      finished=run.finished, since=run.since, until=run.until, checkpoint_after=run.checkpoint_after,
                      counts=ledger.counts_so_far(run), manifests=run.manifests, note=run.note, process_gone=gone,
-                     problems=problems)
+                     problems=problems, warned=warned)
 
 
 def _unless_gone(ledger: Ledger, run: RunRecord, lock: RunLock) -> tuple[RunRecord, bool]:

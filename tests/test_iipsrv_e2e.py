@@ -157,7 +157,8 @@ def test_with_a_small_max_cvt_every_manifest_image_is_served_at_exactly_its_decl
             obj = SourceObject(image.object_id, datetime(2026, 1, 1, tzinfo=timezone.utc), ())
             manifests = config.pipeline(image.pipeline).manifests
             for version in ("3.0", "2.1"):
-                manifest = manifests.build(obj, [DepositedImage(1, image.key, image.width, image.height)], version)
+                as_deposited = DepositedImage(1, image.key, image.width, image.height)
+                manifest = manifests.build(obj, [as_deposited], version).document
                 for served in painted(manifest) + thumbnails(manifest):
                     url = served.get("id") or served["@id"]
                     assert jpeg_size(get(url).body) == (served["width"], served["height"]), url
@@ -205,7 +206,7 @@ def test_every_manifest_image_is_served_at_exactly_its_declared_size_in_the_size
     requested = set()
     for image in images:
         for version in ("3.0", "2.1"):
-            manifest = manifests.build(source_object(), [image], version)
+            manifest = manifests.build(source_object(), [image], version).document
             for served in painted(manifest) + thumbnails(manifest):
                 url = served.get("id") or served["@id"]
                 assert jpeg_size(get(url).body) == (served["width"], served["height"]), url

@@ -16,7 +16,7 @@ from tests.test_manifests import SERVICE, image, painted, settings, source_objec
 
 def build(version: str, *images, **overrides) -> dict:
     manifests = Manifests(settings(**overrides), "demo", LocalStore(LocalStoreSettings(root="unused")))
-    manifest = manifests.build(source_object(), list(images), version)
+    manifest = manifests.build(source_object(), list(images), version).document
     assert validate(manifest).ok, validate(manifest).errors  # the bundled 3.0 schema; iiif-prezi's reader for 2.1
     return manifest
 

@@ -3,7 +3,6 @@ deposited with the IIIF media types, stable from run to run."""
 from __future__ import annotations
 
 import json
-import logging
 import re
 import subprocess
 import sys
@@ -86,13 +85,13 @@ def documents() -> str:
     """Every document built for a fixed input; a fresh interpreter prints the same (see the stability test)."""
     manifests = Manifests(settings(), "demo", LocalStore(LocalStoreSettings(root=Path("unused"))))
     images = [image(2, 3000, 2000, label="verso"), image(1, label="recto")]
-    built = {v: manifests.build(source_object(), images, v) for v in ("3.0", "2.1")}
+    built = {v: manifests.build(source_object(), images, v).document for v in ("3.0", "2.1")}
     built["collection"] = manifests.collection("3.0", [])
     return json.dumps(built, ensure_ascii=False, indent=1)
 
 
 def test_single_image_manifest_3_0(store):
-    manifest = Manifests(settings(), "demo", store).build(source_object(), [image(1)], "3.0")
+    manifest = Manifests(settings(), "demo", store).build(source_object(), [image(1)], "3.0").document
     assert validate(manifest).ok, validate(manifest).errors
 
     manifest_id = f"{BASE}/demo/IE~2042~2Fx/manifest-v3.json"
@@ -119,7 +118,7 @@ def test_single_image_manifest_3_0(store):
 
 
 def test_descriptive_metadata_follows_the_configured_mapping(store):
-    manifest = Manifests(settings(), "demo", store).build(source_object(), [image(1)], "3.0")
+    manifest = Manifests(settings(), "demo", store).build(source_object(), [image(1)], "3.0").document
     assert manifest["summary"] == {"none": ["Portrait of Lisa Gherardini"]}
     assert manifest["metadata"] == [
         {"label": {"en": ["Creator"], "fr": ["Créateur"]}, "value": {"none": ["Leonardo da Vinci"]}},
@@ -137,7 +136,7 @@ def test_mapping_edge_cases(store):
     obj = source_object(**{"title": (LangValue("Carte", "fr_CA"), LangValue("Map")),
                            "dc:rights": (LangValue("All rights reserved by the museum"),),
                            "dc:date": None, "credit": ()})
-    manifest = manifests.build(obj, [image(1)], "3.0")
+    manifest = manifests.build(obj, [image(1)], "3.0").document
     assert validate(manifest).ok, validate(manifest).errors
     assert manifest["label"] == {"fr-CA": ["Carte"], "en": ["Map"]}      # first configured field present
     assert "rights" not in manifest and "requiredStatement" not in manifest
@@ -145,9 +144,9 @@ def test_mapping_edge_cases(store):
         in manifest["metadata"]                                          # text that is not a rights URI
     assert [m["label"] for m in manifest["metadata"]][1] == {"none": ["Identifier"]}  # absent fields are skipped
 
-    untitled = Manifests(settings(label=["nothing"]), "demo", store).build(source_object(), [image(1)], "3.0")
+    untitled = Manifests(settings(label=["nothing"]), "demo", store).build(source_object(), [image(1)], "3.0").document
     assert untitled["label"] == {"none": ["IE 42/x"]}
-    bare = Manifests(settings(homepage_label=None), "demo", store).build(source_object(), [image(1)], "3.0")
+    bare = Manifests(settings(homepage_label=None), "demo", store).build(source_object(), [image(1)], "3.0").document
     assert "homepage" not in bare
 
 
@@ -159,7 +158,7 @@ def test_rights_hold_the_first_rights_uri_and_the_rights_entry_all_else_the_sour
         LangValue("https://creativecommons.org/licenses/by/4.0/"),
         LangValue("http://rightsstatements.org/vocab/InC/1.0/"),
         LangValue('https://creativecommons.org/licenses/by/4.0/"><script>x</script>'))})
-    v3, v2 = (manifests.build(obj, [image(1)], v) for v in ("3.0", "2.1"))
+    v3, v2 = (manifests.build(obj, [image(1)], v).document for v in ("3.0", "2.1"))
     assert validate(v3).ok and validate(v2).ok, (validate(v3).errors, validate(v2).errors)
     assert v3["rights"] == v2["license"] == "http://creativecommons.org/licenses/by/4.0/"
     shown = ["http://rightsstatements.org/vocab/InC/1.0/",
@@ -167,7 +166,7 @@ def test_rights_hold_the_first_rights_uri_and_the_rights_entry_all_else_the_sour
     assert {"label": {"none": ["Rights"]}, "value": {"none": shown}} in v3["metadata"]
     assert {"label": "Rights", "value": shown} in v2["metadata"]
 
-    junk = manifests.build(source_object(**{"dc:rights": (LangValue(shown[1]),)}), [image(1)], "2.1")
+    junk = manifests.build(source_object(**{"dc:rights": (LangValue(shown[1]),)}), [image(1)], "2.1").document
     assert "license" not in junk and {"label": "Rights", "value": shown[1]} in junk["metadata"]
 
 
@@ -175,7 +174,7 @@ def test_text_that_looks_like_html_stays_text_where_html_is_allowed(store):
     obj = source_object(**{"dc:description": (LangValue("<script>alert(1)</script>"),),
                            "dc:date": (LangValue("<unknown>"),), "credit": (LangValue("<anonymous>", "en"),)})
     manifests = Manifests(settings(), "demo", store)
-    v3, v2 = (manifests.build(obj, [image(1)], v) for v in ("3.0", "2.1"))
+    v3, v2 = (manifests.build(obj, [image(1)], v).document for v in ("3.0", "2.1"))
     assert v3["summary"] == {"none": ["<span>&lt;script&gt;alert(1)&lt;/script&gt;</span>"]}
     assert v2["description"] == "<span>&lt;script&gt;alert(1)&lt;/script&gt;</span>"
     assert {"label": {"none": ["Date"]}, "value": {"none": ["<span>&lt;unknown&gt;</span>"]}} in v3["metadata"]
@@ -213,8 +212,8 @@ def test_labels_that_look_like_html_stay_plain_text(store, language):
 def test_multi_image_manifests_in_both_versions(store):
     manifests = Manifests(settings(), "demo", store)
     images = [image(3, 1200, 1600, label="back"), image(1, 6000, 4000, label="front"), image(2, 300, 500)]
-    v3 = manifests.build(source_object(), images, "3.0")
-    v2 = manifests.build(source_object(), images, "2.1")
+    v3 = manifests.build(source_object(), images, "3.0").document
+    v2 = manifests.build(source_object(), images, "2.1").document
     assert validate(v3).ok and validate(v2).ok, (validate(v3).errors, validate(v2).errors)
 
     assert [(c["label"], c["width"], c["height"]) for c in v3["items"]] == [
@@ -252,23 +251,23 @@ def test_ids_are_stable_across_runs(store):
     assert fresh.stdout.rstrip("\n") == first
 
 
-def test_source_languages_go_out_as_tags_and_the_same_in_both_versions(store, caplog):
+def test_source_languages_go_out_as_tags_and_the_same_in_both_versions(store):
     """POSIX locales lose their codeset and modifier; XMP's x-default and an empty tag are no language; what is
     still no tag takes the default language with a warning (once), in 3.0 as in 2.1, never failing the object."""
     manifests = Manifests(settings(default_language="en"), "demo", store)
     title = tuple(LangValue(f"t{n}", language) for n, language in enumerate(
         ["en_US.UTF-8", "de_DE@euro", "fr_FR.ISO-8859-1@euro", "x-default", "", "en US", "*", "en US"]))
     obj = source_object(**{"dc:title": title})
-    with caplog.at_level(logging.WARNING, logger="gcis_etl.manifests"):
-        v3, v2 = (manifests.build(obj, [image(1)], version) for version in ("3.0", "2.1"))
+    built = [manifests.build(obj, [image(1)], version) for version in ("3.0", "2.1")]
+    v3, v2 = (b.document for b in built)
     assert validate(v3).ok and validate(v2).ok, (validate(v3).errors, validate(v2).errors)
     assert v3["label"] == {"en-US": ["t0"], "de-DE": ["t1"], "fr-FR": ["t2"], "en": ["t3", "t4", "t5", "t6", "t7"]}
     assert [(v["@language"], v["@value"]) for v in v2["label"]] == [
         ("en-US", "t0"), ("de-DE", "t1"), ("fr-FR", "t2"), ("en", "t3"), ("en", "t4"), ("en", "t5"), ("en", "t6"),
         ("en", "t7")]
-    assert [r.getMessage() for r in caplog.records] == [
-        f"demo: source language {tag!r} is not a language tag such as en or en-US: its values go out under "
-        f"manifests.default_language 'en'" for tag in ("en US", "*")]
+    for warnings in (b.warnings for b in built):
+        assert warnings == tuple(f"source language {tag!r} is not a language tag such as en or en-US: its values "
+                                 f"go out under manifests.default_language 'en'" for tag in ("en US", "*"))
 
 
 def test_configured_label_languages_are_read_as_tags_and_a_wrong_one_is_a_config_error():
@@ -308,17 +307,15 @@ def test_a_manifest_that_cannot_be_made_is_an_error_naming_the_problem_and_nothi
     "https://etl:Hunter2-secret@[dam.example.org/IE1",
     "http:/records.example.org/IE1",
 ])
-def test_a_source_url_that_is_no_http_url_is_left_out_with_a_warning_and_the_manifests_go_out(store, caplog,
-                                                                                              source_url):
+def test_a_source_url_that_is_no_http_url_is_left_out_with_a_warning_and_the_manifests_go_out(store, source_url):
     """The link to the source record is optional: without it the manifests are still worth publishing."""
     record = SourceObject(id="IE1", modified=datetime(2026, 1, 1, tzinfo=timezone.utc), items=(),
                           source_url=source_url)
-    with caplog.at_level(logging.WARNING, logger="gcis_etl.manifests"):
-        published = Manifests(settings(), "demo", store).publish(record, [image(1, object_id="IE1")])
+    published = Manifests(settings(), "demo", store).publish(record, [image(1, object_id="IE1")])
     v3, v2 = (json.loads(store.get_bytes(s.key)) for s in published.stored)
     assert "homepage" not in v3 and "related" not in v2
-    [warning] = [r.getMessage() for r in caplog.records]
-    assert warning.startswith("demo/IE1: source URL ") and warning.endswith(
+    [warning] = published.warnings  # once for both versions
+    assert warning.startswith("source URL ") and warning.endswith(
         "is not an http(s) URL: the manifests go out without the link to the source record")
     assert "Hunter2" not in warning
 
@@ -449,18 +446,16 @@ def test_the_homepage_leaves_the_source_urls_credentials_out(store):
     assert not [path for path in store.root.rglob("*") if path.is_file() and b"Hunter2" in path.read_bytes()]
 
 
-def test_a_lone_surrogate_in_a_value_goes_out_as_a_replacement_character_with_one_warning(store, caplog):
+def test_a_lone_surrogate_in_a_value_goes_out_as_a_replacement_character_with_one_warning(store):
     """JSON's "\\ud83d" (an emoji a DAM cut in two) decodes to a lone surrogate, which UTF-8 cannot write."""
     manifests = Manifests(settings(), "demo", store)
     obj = source_object(**{"dc:title": (LangValue("Mona \ud83d Lisa", "en"),),
                            "dc:creator": (LangValue("Leonardo \udce9"),)})
-    with caplog.at_level(logging.WARNING, logger="gcis_etl.manifests"):
-        published = manifests.publish(obj, [image(1)])
-        manifests.update_collection([published.entry])
+    published = manifests.publish(obj, [image(1)])
+    manifests.update_collection([published.entry])
     v3 = json.loads(store.get_bytes(manifests.manifest_key(obj.id, "3.0")))
     assert v3["label"] == {"en": ["Mona \ufffd Lisa"]}
     assert {"none": ["Leonardo \ufffd"]} in [pair["value"] for pair in v3["metadata"]]
     collection = json.loads(store.get_bytes(manifests.collection_key("3.0")))
     assert [item["label"] for item in collection["items"]] == [{"en": ["Mona \ufffd Lisa"]}]
-    assert sorted(r.getMessage().split(" holds")[0] for r in caplog.records) == [
-        "demo/IE 42/x: dc:creator", "demo/IE 42/x: dc:title"]
+    assert sorted(w.split(" holds")[0] for w in published.warnings) == ["dc:creator", "dc:title"]

@@ -317,7 +317,8 @@ def status(ctx: click.Context, pipelines: tuple[str, ...], as_json: bool) -> Non
 @click.option("--json", "as_json", is_flag=True, help="The full report as JSON.")
 @click.pass_context
 def report(ctx: click.Context, run_id: int | None, pipeline: str | None, as_json: bool) -> None:
-    """The report of a run (the latest when RUN_ID is not given), rebuilt from the ledger.
+    """The report of a run (the latest when RUN_ID is not given), rebuilt from the ledger: its counts, the items
+    it rejected or failed, and those it deposited (and the manifests it published) with warnings.
 
     Exit codes: 0 the run completed and every item was deposited or skipped; 1 some items rejected or failed,
     or the run did not complete (its source or store failed, it crashed, was killed, is still running, or was
@@ -328,6 +329,7 @@ def report(ctx: click.Context, run_id: int | None, pipeline: str | None, as_json
     Examples:
       gcis-etl report                 the latest run of any pipeline
       gcis-etl report 42 --json | jq '.problems[] | .reason'
+      gcis-etl report 42 --json | jq '.warned[] | .warnings[]'
     """
     from gcis_etl.locks import pipeline_lock
     from gcis_etl.reports import report_from_ledger, with_written_files
