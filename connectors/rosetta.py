@@ -27,7 +27,7 @@ from connectors.fetching import CHECKABLE_DIGESTS, fetch_verified, fixity, hashl
 from connectors.http import HttpSession, HttpSourceSettings
 from connectors.idlist import IdListSettings
 from connectors.redaction import Secret, register, scrub
-from connectors.timestamps import as_utc, parse_timestamp, within
+from connectors.timestamps import as_utc, clock_window, parse_timestamp, within
 from gcis_etl.errors import SourceError
 from gcis_etl.settings import Settings
 
@@ -199,7 +199,8 @@ class RosettaSource:
                 until: datetime | None = None) -> Iterator[SourceObject | UnreadableObject | ListingMoved]:
         since = as_utc(since) if since else None
         until = as_utc(until) if until else None
-        for listed in self._discover(since, until):
+        clocked = clock_window(since, until, self._zone)  # for DNX dates, clock time in settings.timezone
+        for listed in self._discover(since, until, clocked):
             if isinstance(listed, ListingMoved):
                 yield listed
                 continue
@@ -211,7 +212,7 @@ class RosettaSource:
                 continue
             if obj is None:
                 continue
-            if self.settings.discovery == "pids" and not within(obj.modified, since, until):
+            if self.settings.discovery == "pids" and not within(obj.modified, *clocked):
                 continue
             yield obj
 
@@ -225,12 +226,13 @@ class RosettaSource:
 
     # --- discovery --------------------------------------------------------------------------------------
 
-    def _discover(self, since: datetime | None,
-                  until: datetime | None) -> Iterator[tuple[str, datetime | None] | ListingMoved]:
+    def _discover(self, since: datetime | None, until: datetime | None, clocked: tuple[datetime | None, datetime | None]
+                  ) -> Iterator[tuple[str, datetime | None] | ListingMoved]:
+        """OAI-PMH datestamps are UTC; the SRU date index holds DNX dates, compared with the `clocked` window."""
         if self.settings.discovery == "oai":
             return self._oai(since, until)
         if self.settings.discovery == "sru":
-            return self._sru(since, until)
+            return self._sru(*clocked)
         return ((pid, None) for pid in dict.fromkeys(self.settings.pid_list.read()))  # once each: see Harvest.objects
 
     def _oai(self, since: datetime | None,

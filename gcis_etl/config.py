@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import os
 import re
+from types import UnionType
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Iterator, Literal, Union, get_args, get_origin
 
-from pydantic import Field, PrivateAttr
+from pydantic import BaseModel, Field, PrivateAttr
 
+from connectors import settings_model
 from connectors.http import tls_switch
 from gcis_etl.cache import CacheSettings
 from gcis_etl.distributed import CelerySettings
@@ -218,7 +220,7 @@ def _anchored(data: dict, anchor) -> dict:
         data["defaults"] = _anchored_recipe(data["defaults"], anchor)
     pipelines = data.get("pipelines")
     if isinstance(pipelines, dict):
-        data["pipelines"] = {name: _anchored_pipeline(p, anchor) for name, p in pipelines.items()}
+        data["pipelines"] = {name: _anchored_pipeline(str(name), p, anchor) for name, p in pipelines.items()}
     return data
 
 
@@ -239,26 +241,50 @@ def _anchored_recipe(section: dict, anchor) -> dict:
     return {**section, "recipe": anchor(recipe)}
 
 
-def _anchored_pipeline(pipeline: Any, anchor) -> Any:
+def _anchored_pipeline(name: str, pipeline: Any, anchor) -> Any:
     if not isinstance(pipeline, dict):
         return pipeline
     pipeline = _anchored_recipe(_anchored_imaging(dict(pipeline), anchor), anchor)
-    for section, kinds in (("source", ("filesystem",)), ("store", ("local",))):
-        part = pipeline.get(section)
-        if isinstance(part, dict) and part.get("kind") in kinds and "root" in part:
-            pipeline[section] = {**part, "root": anchor(part["root"])}
+    store = pipeline.get("store")
+    if isinstance(store, dict) and store.get("kind") == "local" and "root" in store:
+        pipeline["store"] = {**store, "root": anchor(store["root"])}
     source = pipeline.get("source")
-    if isinstance(source, dict):
-        pipeline["source"] = _anchored_source_files(source, anchor)
+    if isinstance(source, dict) and isinstance(source.get("kind"), str):
+        try:
+            model = settings_model(source["kind"])
+        except ConfigError as exc:
+            raise ConfigError(f"pipelines.{name}.source.kind: {exc}") from None
+        pipeline["source"] = _anchored_source(source, model, anchor)
     return pipeline
 
 
-def _anchored_source_files(source: dict, anchor) -> dict:
-    """A source's id list file (Rosetta's pid_list, OTMM's id_list) and a CA bundle given as verify_tls."""
-    source = dict(source)
-    for key in ("pid_list", "id_list"):
-        if isinstance(source.get(key), dict) and isinstance(source[key].get("file"), str):
-            source[key] = {**source[key], "file": anchor(source[key]["file"])}
+def _anchored_source(source: dict, model: type[BaseModel], anchor) -> dict:
+    """A source's paths: every field its connector's settings model types as a Path (in nested settings too,
+    as Rosetta's pid_list.file), built-in connector or not, and a CA bundle given as verify_tls."""
+    source = _anchored_fields(source, model, anchor)
     if isinstance(source.get("verify_tls"), str) and tls_switch(source["verify_tls"]) is None:
         source["verify_tls"] = anchor(source["verify_tls"])
     return source
+
+
+def _anchored_fields(values: dict, model: type[BaseModel], anchor) -> dict:
+    values = dict(values)
+    for key, field in model.model_fields.items():
+        value = values.get(key)
+        types = list(_types(field.annotation))
+        if isinstance(value, str) and Path in types:
+            values[key] = anchor(value)
+        elif isinstance(value, dict):
+            nested = [t for t in types if isinstance(t, type) and issubclass(t, BaseModel)]
+            values[key] = _anchored_fields(value, nested[0], anchor) if nested else value
+    return values
+
+
+def _types(annotation: Any) -> Iterator[Any]:
+    """The types an annotation admits: those of a union (Path | None), the base of Annotated (FilePath)."""
+    if get_origin(annotation) in (Union, UnionType, Annotated):
+        arguments = get_args(annotation)
+        for argument in arguments[:1] if get_origin(annotation) is Annotated else arguments:
+            yield from _types(argument)
+    else:
+        yield annotation

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import traceback
 from datetime import datetime, timedelta, timezone
+from zoneinfo import ZoneInfo
 
 import pytest
 import requests
@@ -252,6 +253,40 @@ def test_descriptive_metadata_keeps_languages_and_order(emulator):
 def test_dnx_dates_are_read_in_the_configured_time_zone(emulator):
     (ie,) = rosetta(emulator.url, timezone="America/Los_Angeles").get(["IE1001"])
     assert ie.modified == utc("2024-01-10 17:00:00")
+
+
+NEW_YORK = ZoneInfo("America/New_York")
+DST_EDGES = {  # the server's clock, an edit (UTC) and the harvest window (UTC) with one end close to it
+    "repeated hour: an edit in its second pass, the window opening in its first":
+        (NEW_YORK, "2024-11-03 06:30:00", "2024-11-03 05:55:00", "2024-11-04 00:00:00"),
+    "repeated hour: an edit in its first pass, the window closing in its second":
+        (NEW_YORK, "2024-11-03 05:30:00", "2024-11-02 00:00:00", "2024-11-03 06:10:00"),
+    "skipped hour, written by a clock left on daylight time, the window closing":
+        (timezone(timedelta(hours=-4)), "2024-03-10 06:30:00", "2024-03-09 00:00:00", "2024-03-10 07:00:00"),
+    "skipped hour, written by a clock left on standard time, the window opening":
+        (timezone(timedelta(hours=-5)), "2024-03-10 07:30:00", "2024-03-10 07:10:00", "2024-03-11 00:00:00"),
+}
+
+
+@pytest.mark.parametrize("discovery", ["pids", "sru"])
+@pytest.mark.parametrize("clock, edited, since, until", DST_EDGES.values(), ids=DST_EDGES)
+def test_an_edit_at_a_clock_time_a_dst_change_repeats_or_skips_is_listed_in_every_window_it_may_belong_to(
+        discovery, clock, edited, since, until):
+    """DNX dates carry no offset: 01:30 in New York on 3 November 2024 is 05:30 or 06:30 UTC, and 02:30 on
+    10 March (a time skipped there) 06:30 or 07:30. Either way the edit is listed by a window holding either
+    reading, whether IEs come from a PID list or from an SRU query (which the server answers by comparing its
+    clock times as text), while edits well outside the window stay out. Its `modified` is the earliest reading,
+    which a checkpoint can move to without passing the edit."""
+    ies = {"IE3001": "2024-01-01 00:00:00", "IE3002": edited, "IE3003": "2024-12-01 00:00:00"}
+    catalogue = RosettaCatalogue([
+        Entity(pid, [("dc:title", pid, "en")], utc("2023-01-01 00:00:00"), utc(modified), [Representation(
+            f"REP{pid}", "MODIFIED_MASTER", [RosettaFile(f"FL{pid}", CorpusFile("gray8/gray.tif"), "Image")])])
+        for pid, modified in ies.items()])
+    with EmulatorServer(RosettaEmulator(catalogue, zone=clock)) as server:
+        source = rosetta(server.url, timezone="America/New_York", discovery=discovery,
+                         sru={"modified_index": SRU_DATE_INDEX}, pid_list={"ids": list(ies)})
+        (listed,) = source.changes(utc(since), utc(until))
+    assert listed.id == "IE3002" and listed.modified <= utc(edited)
 
 
 # --- download and auth ---------------------------------------------------------------------------------------

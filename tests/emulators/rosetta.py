@@ -23,7 +23,7 @@ import re
 import threading
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta, timezone, tzinfo
 
 from tests.emulators.catalogue import CorpusFile, utc
 from tests.emulators.server import Request, Response, run_cli
@@ -178,11 +178,13 @@ USERS = {
 
 class RosettaEmulator:
     def __init__(self, catalogue: RosettaCatalogue | None = None, users: dict[str, User] | None = None,
-                 oai_page_size: int = 2, repository: str = "rosetta.emulator"):
+                 oai_page_size: int = 2, repository: str = "rosetta.emulator", zone: tzinfo = timezone.utc):
+        """`zone` is the server's clock: DNX dates and the SRU date index are written in it, with no offset."""
         self.catalogue = catalogue or seed()
         self.users = USERS if users is None else users
         self.oai_page_size = oai_page_size
         self.repository = repository
+        self.zone = zone
 
     def handle(self, request: Request) -> Response:
         if request.path == "/dpsws/repository/IEWebServices" and request.method == "POST":
@@ -262,8 +264,8 @@ class RosettaEmulator:
         _amd(root, "ie-amd", {
             "generalIECharacteristics": [{"status": "ACTIVE", "IEEntityType": "Image",
                                           "UserDefinedA": entity.user_defined_a}],
-            "objectCharacteristics": [{"objectType": "INTELLECTUAL_ENTITY", "creationDate": _dnx(entity.created),
-                                       "createdBy": "emulator", "modificationDate": _dnx(entity.modified),
+            "objectCharacteristics": [{"objectType": "INTELLECTUAL_ENTITY", "creationDate": self._dnx(entity.created),
+                                       "createdBy": "emulator", "modificationDate": self._dnx(entity.modified),
                                        "modifiedBy": "emulator", "owner": "CRS00.INS00.DEP"}],
             "internalIdentifier": [{"internalIdentifierType": "PID", "internalIdentifierValue": entity.pid}],
         }, rights={"accessRightsPolicy": [{"policyId": "AR_EVERYONE", "policyDescription": "Everyone"}]})
@@ -274,9 +276,9 @@ class RosettaEmulator:
                                                "label": rep.label or rep.preservation_type.title(),
                                                "RevisionNumber": "1", "DigitalOriginal": "true"}],
                 "objectCharacteristics": [{"objectType": "REPRESENTATION", "parentID": entity.pid,
-                                           "modificationDate": _dnx(entity.modified)}]})
+                                           "modificationDate": self._dnx(entity.modified)}]})
             for f in rep.files:
-                file_modified = _dnx(f.modified or entity.modified)
+                file_modified = self._dnx(f.modified or entity.modified)
                 _amd(root, f"{f.pid}-amd", {
                     "generalFileCharacteristics": [{
                         "label": f.label, "fileOriginalName": f.name, "fileOriginalPath": f"/deposit/{f.name}",
@@ -302,6 +304,9 @@ class RosettaEmulator:
         return ET.tostring(root, encoding="unicode")
 
     # --- delivery -------------------------------------------------------------------------------------
+
+    def _dnx(self, when: datetime) -> str:
+        return when.astimezone(self.zone).strftime(DNX_DATE)
 
     def _deliver(self, request: Request) -> Response:
         user = self._user(request)
@@ -449,7 +454,7 @@ class RosettaEmulator:
                 raise _SruError(6, "Unsupported parameter value", "startRecord/maximumRecords")
             clauses = _cql(request.arg("query"))
             matches = sorted((e for e in self.catalogue.entities.values()
-                              if not e.deleted and all(_sru_match(e, *c) for c in clauses)),
+                              if not e.deleted and all(_sru_match(e, *c, self._dnx) for c in clauses)),
                              key=lambda e: (e.modified, e.pid))[:10000]
         except _SruError as exc:
             diagnostic = _sub(_sub(root, "srw:diagnostics"), "diag:diagnostic")
@@ -502,10 +507,10 @@ class _SruError(Exception):
 
 
 _SRU_INDEXES = {
-    SRU_DATE_INDEX: lambda e: [_dnx(e.modified)],
-    "IE.generalIECharacteristics.UserDefinedA": lambda e: [e.user_defined_a],
-    "IE.generalIECharacteristics.status": lambda e: ["ACTIVE"],
-    "IE.dc.title": lambda e: [v for k, v, _ in e.dc if k == "dc:title"],
+    SRU_DATE_INDEX: lambda e, dnx: [dnx(e.modified)],  # as text, compared as text: the server's clock time
+    "IE.generalIECharacteristics.UserDefinedA": lambda e, dnx: [e.user_defined_a],
+    "IE.generalIECharacteristics.status": lambda e, dnx: ["ACTIVE"],
+    "IE.dc.title": lambda e, dnx: [v for k, v, _ in e.dc if k == "dc:title"],
 }
 _CLAUSE = re.compile(r'^\s*([\w.]+)\s*(==|>=|<=|=|>|<)\s*(?:"([^"]*)"|(\S+))\s*$')
 
@@ -529,8 +534,8 @@ def _cql(query: str) -> list[tuple[str, str, str]]:
     return clauses
 
 
-def _sru_match(entity: Entity, index: str, relation: str, value: str) -> bool:
-    values = _SRU_INDEXES[index](entity)
+def _sru_match(entity: Entity, index: str, relation: str, value: str, dnx) -> bool:
+    values = _SRU_INDEXES[index](entity, dnx)
     if relation in ("=", "=="):
         if index == "IE.dc.title":
             return any(value.lower() in v.lower() for v in values)
@@ -580,8 +585,6 @@ def _fault(code: str, message: str, exception: str) -> Response:
     return Response(500, ET.tostring(envelope, xml_declaration=True, encoding="UTF-8"), "text/xml; charset=UTF-8")
 
 
-def _dnx(when: datetime) -> str:
-    return when.astimezone(timezone.utc).strftime(DNX_DATE)
 
 
 def _banner(url: str) -> str:
