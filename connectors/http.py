@@ -22,20 +22,20 @@ import logging
 import os
 from contextlib import contextmanager
 from datetime import datetime, timezone
-from typing import Callable, Iterator
-from urllib.parse import urlsplit
+from typing import Annotated, Callable, Iterator
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 import requests
 import urllib3
-from pydantic import Field, field_validator
+from pydantic import AfterValidator, Field, field_validator
 from urllib3.exceptions import ProtocolError, ReadTimeoutError
 
 from connectors.errors import (AuthenticationFailed, PermissionDenied, SourceRequestFailed,
                                TransferInterrupted)
 from connectors.fetching import CHUNK_SIZE, Body
-from connectors.redaction import scrub, scrub_url
+from connectors.redaction import register, scrub, scrub_url
 from connectors.retry import RetryBudget, RetryPolicy
-from gcis_etl.settings import Settings
+from gcis_etl.settings import Settings, checked_url, redacted
 
 log = logging.getLogger(__name__)
 
@@ -64,10 +64,20 @@ def tls_setting(value: object) -> object:
     return value if switch is None else switch
 
 
+def _parsable(url: str) -> str:
+    return checked_url(url, ("http", "https"), "must be an http:// or https:// URL")
+
+
+BaseUrl = Annotated[str, Field(pattern=r"^https?://[^/?#]+", description="scheme and host[:port], optional path "
+                                                                         "prefix"), AfterValidator(_parsable)]
+"""A source's URL: refused at load when a password in it has an unencoded '#', '?' or '/' (which would end its
+host part early), rather than failing at the first request with a message quoting the password's start."""
+
+
 class HttpSourceSettings(Settings):
     """What every HTTP connector's settings share."""
 
-    base_url: str = Field(pattern=r"^https?://[^/?#]+", description="scheme and host[:port], optional path prefix")
+    base_url: BaseUrl
     retry: RetryPolicy = RetryPolicy()
     verify_tls: bool | str = Field(True, description="false, true, or the path of a CA bundle")
     user_agent: str = "gcis-etl"
@@ -106,9 +116,25 @@ class HttpSession:
         self.relogin_statuses: frozenset[int] = frozenset({401})
         self._session: requests.Session | None = None
         self._pid = 0
+        self._userinfo: dict[tuple[str, str | None, int | None], requests.auth.HTTPBasicAuth] = {}
+        self.base_url = self.credential_free(settings.base_url).rstrip("/")
 
     def url(self, path: str) -> str:
-        return self.settings.base_url.rstrip("/") + "/" + path.lstrip("/")
+        return self.base_url + "/" + path.lstrip("/")
+
+    def credential_free(self, url: str) -> str:
+        """`url` without its user-info, which this session sends instead (Basic) with every request to that
+        origin: what a connector makes its addresses from, a SourceItem.locator above all, since a locator
+        travels in Celery task messages (broker, `celery inspect`, task events, worker logs). A worker opening
+        the same source from the same settings learns the same user-info when its connector calls this."""
+        parts = urlsplit(url)
+        if "@" not in parts.netloc:
+            return url
+        if parts.username or parts.password:
+            password = unquote(parts.password or "")
+            register(password)
+            self._userinfo[_origin(url)] = requests.auth.HTTPBasicAuth(unquote(parts.username or ""), password)
+        return urlunsplit((parts.scheme, parts.netloc.rpartition("@")[2], parts.path, parts.query, parts.fragment))
 
     @property
     def session(self) -> requests.Session:
@@ -121,7 +147,11 @@ class HttpSession:
 
     def describe(self, method: str, url: str, params: dict | None = None) -> str:
         prepared = requests.PreparedRequest()
-        prepared.prepare_url(url, params)
+        try:
+            prepared.prepare_url(url, params)
+        except requests.exceptions.InvalidURL:  # its message quotes the URL, password included
+            raise SourceRequestFailed(f"{method} {scrub(redacted(url))}: not a valid URL (percent-encode the "
+                                      f"reserved characters of a user name or password)") from None
         return f"{method} {scrub_url(prepared.url)}"
 
     def request(self, method: str, url: str, *, params: dict | None = None, budget: RetryBudget | None = None,
@@ -142,8 +172,8 @@ class HttpSession:
             counted = False
             try:
                 response = self.session.request(
-                    method, url, params=params, headers={**self.headers, **(headers or {})}, auth=self.auth,
-                    timeout=timeout, stream=stream, **kwargs)
+                    method, url, params=params, headers={**self.headers, **(headers or {})},
+                    auth=self.auth or self._userinfo.get(_origin(url)), timeout=timeout, stream=stream, **kwargs)
             except requests.exceptions.SSLError as exc:
                 raise SourceRequestFailed(f"{what}: TLS failure ({_root_cause(exc)})") from None
             except _TRANSIENT as exc:

@@ -29,7 +29,7 @@ from connectors.fetching import fetch_verified, fixity
 from connectors.grouping import natural_key
 from connectors.http import HttpSession, HttpSourceSettings
 from connectors.idlist import IdListSettings
-from connectors.redaction import Secret, register
+from connectors.redaction import Secret, register, register_environment
 from connectors.timestamps import as_utc, parse_timestamp, within
 from gcis_etl.settings import Settings
 
@@ -146,11 +146,12 @@ class OtmmSource:
         register(settings.password.get_secret_value(),
                                settings.client_secret.get_secret_value() if settings.client_secret else None)
         register(*settings.extra_headers.values())  # where a gateway's API key or Authorization header goes
+        register_environment(settings)  # a contents_params value, say: a ${VAR} is a secret whatever its key
         self.http.on_unauthorized = self._relogin
         self.http.relogin_statuses = settings.relogin_statuses
         self._token: str | None = None
         self._login_lock = threading.Lock()
-        self._api = settings.base_url.rstrip("/") + "/" + settings.api_path.strip("/")
+        self._api = self.http.url(settings.api_path.strip("/"))  # no user-info: locators are made from it
         self._unread_counts: set[str] = set()  # the search counts warned of as not numbers
         self.lists_in_modified_order = settings.search.modified_order  # validated: sorted on the modified field
         field = settings.search.modified_field_id or "<search.modified_field_id>"
@@ -204,6 +205,8 @@ class OtmmSource:
             yield self._object(object_id, members)
 
     def fetch(self, item: SourceItem, dest_dir: Path) -> FetchedFile:
+        """contents_params are added here, not to the locator, which a Celery task message carries: they may be
+        credentials."""
         params = self.settings.contents_params if self.settings.content == "contents" else None
 
         def open_body(budget):
@@ -441,7 +444,7 @@ class OtmmSource:
         return SourceObject(id=object_id, modified=modified, items=items,
                             metadata={k: tuple(v) for k, v in metadata.items()},
                             source_url=source_url(self.settings.source_url_template, object_id,
-                                                  base_url=self.settings.base_url.rstrip("/")))
+                                                  base_url=self.http.base_url))
 
     def _item(self, asset: dict, sequence: int) -> SourceItem:
         s = self.settings
@@ -457,7 +460,7 @@ class OtmmSource:
         else:
             if not info.get("url"):
                 raise SourceDataError(f"{self.name}: asset {asset_id}: the {s.content} content has no url")
-            locator = s.base_url.rstrip("/") + "/" + info["url"].lstrip("/")
+            locator = self.http.url(info["url"])
         size = info.get("content_size")
         checksum = info.get("content_checksum")
         return SourceItem(

@@ -1,22 +1,27 @@
 """Keeping credentials out of log lines and exception text.
 
 Three defences: URLs lose their user-info and the values of query parameters that look secret;
-every string a connector registered as secret (password, Basic header, session token) is replaced
-wherever it appears, encoded or not; and urllib3's DEBUG request lines, which carry query strings,
-go through the same scrubbing (a filter installed on its logger when this module is imported).
-The registry is process-wide: a secret is a secret whichever connector met it.
+every string a connector registered as secret (password, Basic header, session token, whatever the
+environment filled into its settings) is replaced wherever it appears, encoded or not; and log lines go
+through the same scrubbing (ScrubbingFilter: on urllib3's request logger when this module is imported,
+on every handler gcis_etl.logs sets up). The registry is process-wide: a secret is a secret whichever
+connector met it.
+
+Where a credential must not go at all: a SourceItem.locator, which travels in Celery task messages (the
+broker, `celery inspect`, task events, a worker's DEBUG log). A locator holds no user-info
+(HttpSession.credential_free) and no secret parameter: both are added when the item is fetched.
 """
 from __future__ import annotations
 
 import logging
 import re
 import threading
-from typing import Annotated
-from urllib.parse import quote, quote_plus, urlsplit, urlunsplit
+from typing import Annotated, Any, Iterator
+from urllib.parse import quote, quote_plus, unquote, urlsplit, urlunsplit
 
-from pydantic import BeforeValidator, SecretStr
+from pydantic import BaseModel, BeforeValidator, SecretStr
 
-from gcis_etl.settings import Deferred
+from gcis_etl.settings import Deferred, Settings
 
 MASK = "***"
 
@@ -24,6 +29,8 @@ _SECRET_PARAM = re.compile(
     r"pass|pwd|secret|token|auth|api_?key|signature|credential|session|pds_handle|ticket|digest|x-amz-",
     re.IGNORECASE)
 _QUERY_PAIR = re.compile(r"(?<=[?&])([^=&\s\"'#]+)=([^&\s\"'#]*)")
+_USERINFO = re.compile(r"(?<=://)([^\s/@:\"']*):[^\s/@\"']+@")
+_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 _secrets: set[str] = set()
 _lock = threading.Lock()
 
@@ -36,12 +43,39 @@ def register(*secrets: str | None) -> None:
                 _secrets.update({secret, quote(secret, safe=""), quote_plus(secret)})
 
 
+def register_environment(settings: Settings) -> None:
+    """Register what the environment filled into a source's settings (config.yaml's ${VAR}s, validated by
+    gcis_etl.settings.parse): put there for being secret, whatever its key (`code:` under delivery_params as
+    much as `password:`). Of a URL only its password, so that messages keep naming the host; a value
+    validation turned into a number or a switch (verify_tls: ${VERIFY}) is no secret."""
+    texts = set(_texts(settings))
+    for value in settings.from_environment & texts:
+        register(unquote(urlsplit(value).password or "") if _URL.match(value) else value)
+
+
+def _texts(value: Any) -> Iterator[str]:
+    """Every string of validated settings, secret ones included."""
+    if isinstance(value, BaseModel):
+        value = dict(value)
+    if isinstance(value, SecretStr):
+        yield value.get_secret_value()
+    elif isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _texts(item)
+    elif isinstance(value, (list, tuple, set, frozenset)):
+        for item in value:
+            yield from _texts(item)
+
+
 def scrub(text: str) -> str:
-    """Text with registered secrets and the values of secret-looking query parameters masked."""
+    """Text with registered secrets, URLs' user-info and the values of secret-looking query parameters masked."""
     with _lock:
         secrets = sorted(_secrets, key=len, reverse=True)
     for secret in secrets:
         text = text.replace(secret, MASK)
+    text = _USERINFO.sub(rf"\1:{MASK}@", text)
     return _QUERY_PAIR.sub(lambda m: f"{m.group(1)}={MASK}" if _SECRET_PARAM.search(m.group(1)) else m.group(0), text)
 
 
@@ -51,7 +85,9 @@ def scrub_url(url: str) -> str:
     return scrub(urlunsplit((parts.scheme, parts.netloc.rpartition("@")[2], parts.path, parts.query, "")))
 
 
-class _ScrubbingFilter(logging.Filter):
+class ScrubbingFilter(logging.Filter):
+    """Log records with their message scrubbed (on a handler: every record it writes, whichever logger)."""
+
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
         clean = scrub(message)
@@ -60,7 +96,7 @@ class _ScrubbingFilter(logging.Filter):
         return True
 
 
-logging.getLogger("urllib3.connectionpool").addFilter(_ScrubbingFilter())
+logging.getLogger("urllib3.connectionpool").addFilter(ScrubbingFilter())
 
 
 def _secret_text(value: object) -> object:

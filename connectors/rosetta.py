@@ -24,9 +24,9 @@ from connectors.base import (FetchedFile, Fixity, LangValue, ListingMoved, Sourc
                              checked_source_url_template, source_url)
 from connectors.errors import OBJECT_ERRORS, ObjectNotFound, PermissionDenied, SourceDataError, SourceRequestFailed
 from connectors.fetching import CHECKABLE_DIGESTS, fetch_verified, fixity, hashlib_name
-from connectors.http import HttpSession, HttpSourceSettings
+from connectors.http import BaseUrl, HttpSession, HttpSourceSettings
 from connectors.idlist import IdListSettings
-from connectors.redaction import Secret, register, scrub
+from connectors.redaction import Secret, register, register_environment, scrub
 from connectors.timestamps import as_utc, clock_window, parse_timestamp, within
 from gcis_etl.errors import SourceError
 from gcis_etl.settings import Settings
@@ -93,8 +93,7 @@ class RosettaSettings(HttpSourceSettings):
     institution_code: str | None = Field(None, description="None when the username already carries it")
     password: Secret
     auth_scheme: Literal["Basic", "local"] = "Basic"
-    delivery_base_url: str | None = Field(None, pattern=r"^https?://[^/?#]+",
-                                          description="delivery/OAI/SRU host; default base_url")
+    delivery_base_url: BaseUrl | None = Field(None, description="delivery/OAI/SRU host; default base_url")
     discovery: Literal["oai", "sru", "pids"] = "oai"
     oai: OaiSettings = OaiSettings()
     sru: SruSettings | None = None
@@ -187,8 +186,11 @@ class RosettaSource:
         token = base64.b64encode(f"{login}:{password}".encode()).decode()
         self.http.auth = _SchemeAuth(f"{settings.auth_scheme} {token}")
         register(password, token)
+        register_environment(settings)
         self._zone = ZoneInfo(settings.timezone)
-        self._delivery_base = (settings.delivery_base_url or settings.base_url).rstrip("/")
+        # no credential in a locator (they travel in task messages): user-info is sent by the session, and
+        # delivery_params are added when fetching
+        self._delivery_base = self.http.credential_free(settings.delivery_base_url or settings.base_url).rstrip("/")
         self.lists_in_modified_order = settings.discovery == "sru" and settings.sru.modified_order
         self.modified_order_setting = (f"sru.sort_by: {settings.sru.modified_index}/sort.ascending and "
                                        f"sru.modified_order: true" if settings.discovery == "sru" else None)
@@ -221,7 +223,8 @@ class RosettaSource:
             yield self._describe(pid.strip(), None, explicit=True)
 
     def fetch(self, item: SourceItem, dest_dir: Path) -> FetchedFile:
-        return fetch_verified(item, Path(dest_dir), lambda budget: self.http.download(item.locator, budget),
+        params = self.settings.delivery_params  # added here, never to the locator (see __init__)
+        return fetch_verified(item, Path(dest_dir), lambda budget: self.http.download(item.locator, budget, params),
                               self.settings.retry)
 
     # --- discovery --------------------------------------------------------------------------------------
@@ -392,7 +395,7 @@ class RosettaSource:
     def _delivery_url(self, file_pid: str) -> str:
         prepared = requests.PreparedRequest()
         prepared.prepare_url(self._delivery_base + "/" + self.settings.delivery_path.lstrip("/"),
-                             {"dps_pid": file_pid, "dps_func": "stream", **self.settings.delivery_params})
+                             {"dps_pid": file_pid, "dps_func": "stream"})
         return prepared.url
 
 

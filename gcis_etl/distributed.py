@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 from pydantic import Field, PlainSerializer, field_validator, model_validator
 
 from gcis_etl.recipes import JP2_ENCODERS, Recipe
-from gcis_etl.settings import Settings, redacted
+from gcis_etl.settings import Settings, checked_url, redacted
 
 TASK_NAME = "gcis_etl.process_item"
 QUEUE_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$"
@@ -23,22 +23,9 @@ OUTAGE_RETRY_CEILING_SECONDS = 10  # the longest wait between two retries of an 
 
 
 def _checked(url: str, schemes: tuple[str, ...], what: str) -> str:
-    """Each URL of a ';'-separated list: of an accepted scheme, and parsed as kombu will parse it. A password
-    with an unencoded '#', '?' or '/' ends the host part early: kombu then fails on a "port" made of the
-    password's first characters (and shows them), or connects somewhere else. The value is not repeated."""
+    """Each URL of a ';'-separated list (Sentinel, failover) checked as settings.checked_url does."""
     for one in url.split(";"):
-        parts = urlsplit(one)
-        if parts.scheme not in schemes:
-            raise ValueError(what)
-        try:
-            parts.port
-        except ValueError:
-            parsed = False
-        else:
-            parsed = "@" not in one[len(parts.scheme) + 3 + len(parts.netloc):]
-        if not parsed:
-            raise ValueError("cannot be parsed: percent-encode the reserved characters of its user name and "
-                             "password ('#' as %23, '?' as %3F, '/' as %2F, '@' as %40, ':' as %3A, '%' as %25)")
+        checked_url(one, schemes, what)
     return url
 
 

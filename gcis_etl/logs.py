@@ -1,4 +1,5 @@
-"""Log set-up for the commands: plain lines for people, JSON lines (`--log-json`) for log shippers."""
+"""Log set-up for the commands: plain lines for people, JSON lines (`--log-json`) for log shippers; and what
+every process of ours (the Celery workers too) does to its logging to keep secrets out of it."""
 from __future__ import annotations
 
 import json
@@ -8,6 +9,9 @@ from datetime import datetime, timezone
 
 import click
 
+from connectors.redaction import ScrubbingFilter
+
+_NOISY = ("botocore", "boto3", "s3transfer", "urllib3")
 _STANDARD = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime"}
 
 
@@ -29,8 +33,19 @@ def configure(json_lines: bool, verbose: int) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(logging.DEBUG if verbose > 1 else logging.INFO if verbose or json_lines else logging.WARNING)
-    for noisy in ("botocore", "boto3", "s3transfer", "urllib3"):
+    guard(root)
+
+
+def guard(logger: logging.Logger, **_: object) -> None:
+    """Whatever the level (-vv, a Celery worker's --loglevel DEBUG): the AWS and HTTP libraries log at WARNING
+    and above only (botocore's DEBUG lines carry each request's headers, the Authorization header's
+    Credential= and X-Amz-Security-Token among them; urllib3's, query strings), and every line `logger`'s
+    handlers write is scrubbed of registered secrets. Also a Celery after_setup_logger handler."""
+    for noisy in _NOISY:
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    for handler in logger.handlers:
+        if not any(isinstance(f, ScrubbingFilter) for f in handler.filters):
+            handler.addFilter(ScrubbingFilter())
 
 
 def say(message: str, level: int = logging.ERROR, **fields: object) -> None:

@@ -5,9 +5,10 @@ import os
 import re
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 import yaml
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError
 
 from gcis_etl.errors import ConfigError
 
@@ -23,6 +24,13 @@ class Settings(BaseModel):
     """Base of every settings model: unknown keys are errors (a typo must not be silently ignored)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+    _from_environment: frozenset[str] = PrivateAttr(frozenset())
+
+    @property
+    def from_environment(self) -> frozenset[str]:
+        """The strings ${NAME} filled into the data `parse` validated (environment_values): secrets, whatever
+        their key, for whoever must keep them out of messages (connectors.redaction.register_environment)."""
+        return self._from_environment
 
 
 def read_yaml(path: str | Path) -> Any:
@@ -34,7 +42,15 @@ def read_yaml(path: str | Path) -> Any:
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+        raise ConfigError(f"{path}: not valid YAML{_where(exc)}") from None
+
+
+def _where(exc: yaml.YAMLError) -> str:
+    """Where the YAML breaks and why, without PyYAML's snippet of the line: that may be a password."""
+    mark = getattr(exc, "problem_mark", None)
+    problem = "; ".join(filter(None, (getattr(exc, "context", None), getattr(exc, "problem", None))))
+    at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    return f"{at}: {problem}" if problem else at
 
 
 class FromEnvironment(str):
@@ -83,13 +99,13 @@ def interpolate_env(value: Any, where: str = "", deferred: re.Pattern | None = N
 def parse(model: type[M], data: Any, source: str, prefix: str = "") -> M:
     """Validate `data` as `model`; on failure raise ConfigError listing `source: key.path: problem (got ...)`."""
     try:
-        return model.model_validate(data if data is not None else {})
+        settings = model.model_validate(data if data is not None else {})
     except ValidationError as exc:
         lines = []
         for err in exc.errors():
             key = ".".join(str(p) for p in (prefix, *_written(err["loc"], data)) if p != "")
             got = err.get("input")
-            secret = any(_SECRET_KEY.search(str(p)) for p in err["loc"])
+            secret = _hidden_input(err)
             if isinstance(got, FromEnvironment):
                 shown = " (got a value from the environment, not shown)"
             elif err["type"] == "missing" or isinstance(got, dict) or secret:
@@ -98,6 +114,36 @@ def parse(model: type[M], data: Any, source: str, prefix: str = "") -> M:
                 shown = f" (got {redacted(got) if isinstance(got, str) else got!r})"
             lines.append(f"{source}: {key or '<top>'}: {err['msg']}{shown}")
         raise ConfigError("\n".join(lines)) from None
+    if isinstance(settings, Settings):
+        settings._from_environment = environment_values(data)
+    return settings
+
+
+def _hidden_input(error: dict) -> bool:
+    """An input an error must not show: under a secret-named key or a mapping of headers (a gateway's API key),
+    or under a key the model does not have (a misspelt `passwd:` holds a password all the same)."""
+    return error["type"] == "extra_forbidden" or any(
+        _SECRET_KEY.search(str(part)) or str(part).lower().endswith("headers") for part in error["loc"])
+
+
+def checked_url(url: str, schemes: tuple[str, ...], what: str) -> str:
+    """`url` of an accepted scheme (else ValueError(what)), and parsed as a client will parse it: a password
+    with an unencoded '#', '?' or '/' ends the host part early, and the client then fails on a "port" made
+    of the password's first characters (and shows them), or connects somewhere else. The value is not
+    repeated."""
+    parts = urlsplit(url)
+    if parts.scheme not in schemes:
+        raise ValueError(what)
+    try:
+        parts.port
+    except ValueError:
+        parsed = False
+    else:
+        parsed = "@" not in url[len(parts.scheme) + 3 + len(parts.netloc):]
+    if not parsed:
+        raise ValueError("cannot be parsed: percent-encode the reserved characters of its user name and "
+                         "password ('#' as %23, '?' as %3F, '/' as %2F, '@' as %40, ':' as %3A, '%' as %25)")
+    return url
 
 
 def _written(loc: tuple, data: Any) -> list:

@@ -35,6 +35,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Iterator
 
+from connectors.redaction import scrub
+from gcis_etl import logs
 from gcis_etl.config import Config, load_config
 from gcis_etl.distributed import OUTAGE_RETRY_CEILING_SECONDS, TASK_NAME, CelerySettings, TaskRetry, redacted
 from gcis_etl.errors import ConfigError, GcisError
@@ -187,7 +189,11 @@ def _on_process_shutdown(**kwargs: Any) -> None:
 
 
 def _connect_signals() -> None:
+    """Logging as the commands have it (logs.guard), on the loggers Celery sets up: its own (`--loglevel DEBUG`
+    leaves botocore logging request headers) and its task logger, which writes through handlers of its own."""
     from celery import signals
+    signals.after_setup_logger.connect(logs.guard, weak=False)
+    signals.after_setup_task_logger.connect(logs.guard, weak=False)
     signals.worker_init.connect(_on_worker_init, weak=False)
     signals.worker_process_init.connect(_on_process_init, weak=False)
     signals.worker_process_shutdown.connect(_on_process_shutdown, weak=False)
@@ -318,9 +324,12 @@ class CeleryExecutor:
         app.backend.store_result(task_id, None, SENT)
         # Published directly rather than through app.send_task, which would also subscribe this process to
         # each task's result channel: outcomes are read by id instead, which also works after a restart.
+        # argsrepr is what task events (Flower) and worker logs show of the arguments: scrubbed, in case a
+        # locator's URL carries a signed query (a presigned rendition URL) the worker needs to fetch it.
+        args = (flight.task.to_dict(),)
         message = app.amqp.create_task_message(
-            task_id, TASK_NAME, (flight.task.to_dict(),), {}, time_limit=limits.hard_seconds,
-            soft_time_limit=limits.soft_seconds, create_sent_event=app.conf.task_send_sent_event)
+            task_id, TASK_NAME, args, {}, time_limit=limits.hard_seconds, soft_time_limit=limits.soft_seconds,
+            create_sent_event=app.conf.task_send_sent_event, argsrepr=scrub(repr(args)), kwargsrepr="{}")
         with app.producer_or_acquire() as producer:
             app.amqp.send_task_message(producer, TASK_NAME, message, queue=self.settings.queue_for(recipe),
                                        retry=True, retry_policy={
