@@ -18,7 +18,9 @@ from gcis_etl.recipes import Recipe, load_recipe
 
 
 def verify(path, expect=None) -> VerifyReport:
-    """Check the access-master contract in an isolated process (it decodes tiles through libtiff)."""
+    """Check the access-master contract in an isolated process (it decodes tiles through libtiff). `expect`: an
+    Expectation, a recipe's Jp2Parameters, or a Recipe (what it sets for the file's kind); a file that cannot be
+    read is a report with that error."""
     from gcis_etl.conversion import verify_in_child
     from gcis_etl.isolation import IsolatedProcess
     with IsolatedProcess() as worker:

@@ -61,20 +61,29 @@ class EncodeOutcome:
 def convert(src: str | Path, dst: str | Path, recipe: Recipe | str | None = None,
             policy: ImagingPolicy | None = None, worker: IsolatedProcess | None = None,
             isolation_settings: IsolationSettings | None = None, durable: bool = True) -> ConversionResult:
-    """Convert `src` into the access master `dst`. Never raises for a bad master: the result says why.
-    `durable`: fsync `dst` and its folder; not for scratch output that a store deposits (the store makes
-    durable what it holds, the bytes linked or copied and their names) and that is deleted right after."""
+    """Convert `src` into the access master `dst`. Never raises for a bad master (nor a missing one): the
+    result says why. Both paths are made absolute first, as the result names them: a reused `worker` keeps
+    the cwd it started in. `durable`: fsync `dst` and its folder; not for scratch output that a store deposits
+    (the store makes durable what it holds, the bytes linked or copied and their names) and that is deleted
+    right after."""
     started = time.monotonic()
     recipe = recipe if isinstance(recipe, Recipe) else load_recipe(recipe or "ptiff-jpeg-q90")
     policy = policy or ImagingPolicy()
-    dst = Path(dst)
-    info = inspect(src, policy)
-    base = dict(source=str(src), recipe=recipe.name, recipe_digest=recipe.digest, info=info,
-                warnings=info.warnings)
+    src, unwritable = Path(src).absolute(), _destination_problem(dst)
+    dst = Path(dst).absolute()
+    base = dict(source=str(src), recipe=recipe.name, recipe_digest=recipe.digest)
+    try:
+        info = inspect(src, policy)
+    except OSError as exc:  # no master to read: a missing file, a folder
+        return ConversionResult(Status.FAILED, reason=f"cannot read {src}: {exc.strerror or exc}",
+                                seconds=time.monotonic() - started, **base)
+    except ConversionFailed as exc:  # exiftool died reading its metadata
+        return ConversionResult(Status.FAILED, reason=str(exc), seconds=time.monotonic() - started, **base)
+    base.update(info=info, warnings=info.warnings)
     if info.verdict is Verdict.REJECT:
         return ConversionResult(Status.REJECTED, reason="; ".join(info.reasons),
                                 seconds=time.monotonic() - started, **base)
-    unservable = output_name_problem(dst)
+    unservable = unwritable or output_name_problem(dst)
     if unservable:
         return ConversionResult(Status.FAILED, reason=unservable, seconds=time.monotonic() - started, **base)
     if dst.exists() and os.path.samefile(src, dst):
@@ -104,11 +113,26 @@ def convert(src: str | Path, dst: str | Path, recipe: Recipe | str | None = None
             tmp.unlink()
         if own_worker:
             worker.close()
-    base["warnings"] = info.warnings + notes + outcome.notes + _misnamed(dst, recipe)
+    base["warnings"] = tuple(dict.fromkeys(info.warnings + notes + outcome.notes + _misnamed(dst, recipe)))
     return ConversionResult(Status.CONVERTED, output=str(dst), width=outcome.width, height=outcome.height,
                             levels=outcome.levels, bytes=outcome.bytes, sha256=outcome.sha256,
                             decoder=outcome.decoder, peak_rss_mb=outcome.peak_rss_mb,
                             seconds=time.monotonic() - started, **base)
+
+
+def _destination_problem(dst: str | Path) -> str | None:
+    """Why nothing can be written at `dst`, known before any work: found only when the output is moved into
+    place, it was named for the wrong thing ('cannot write afile/o.tif: File exists'; '.: Device or resource
+    busy' for an empty name)."""
+    if not os.fspath(dst):
+        return "no output path given (an empty name)"
+    path = Path(dst).absolute()
+    if path.is_dir():
+        return f"cannot write {path}: it is a folder (name the output file)"
+    folder = next(parent for parent in path.parents if parent.exists())
+    if not folder.is_dir():
+        return f"cannot write {path}: {folder} is a file, not a folder"
+    return None
 
 
 def output_name_problem(dst: str | Path) -> str | None:
@@ -130,7 +154,8 @@ def _misnamed(dst: Path, recipe: Recipe) -> tuple[str, ...]:
 
 def check_decoding(src: str | Path, policy: ImagingPolicy | None = None,
                    worker: IsolatedProcess | None = None) -> ImageInfo:
-    """inspect() plus a full strict decode in the isolated child: the verdict a conversion would reach."""
+    """inspect() plus a full strict decode in the isolated child: the verdict a conversion would reach. Raises
+    OSError when there is no file to read, as inspect() does."""
     policy = policy or ImagingPolicy()
     info = inspect(src, policy)
     if info.verdict is Verdict.REJECT:
@@ -139,7 +164,7 @@ def check_decoding(src: str | Path, policy: ImagingPolicy | None = None,
     worker = worker or IsolatedProcess()
     try:
         decoder, notes = _run_with_fallbacks(worker, decode_in_child, DecodeJob(info, policy, _decoders(info, policy)))
-        return replace(info, warnings=info.warnings + notes)
+        return replace(info, warnings=tuple(dict.fromkeys(info.warnings + notes)))
     except RejectedMaster as exc:
         return replace(info, verdict=Verdict.REJECT, reasons=(str(exc),))
     except WorkerCrashed as exc:
@@ -158,11 +183,11 @@ def _decoders(info: ImageInfo, policy: ImagingPolicy) -> tuple[str, ...]:
 def _run_with_fallbacks(worker: IsolatedProcess, target, job: DecodeJob):
     """Run the job; when a decoder crashes the child, retry in a fresh child with the next decoder.
 
-    Returns (the job's result, notes on the fallbacks taken)."""
+    Returns (the job's result, notes on the fallbacks taken and what the child's libraries said of the master)."""
     notes: list[str] = []
     while True:
         try:
-            return worker.call(target, job), tuple(notes)
+            return worker.call(target, job, notes=notes), tuple(notes)
         except WorkerCrashed as exc:
             crashed = (exc.stage or "").removeprefix(_PIXELS) if (exc.stage or "").startswith(_PIXELS) else None
             remaining = tuple(d for d in job.decoders if d != crashed)
@@ -185,11 +210,31 @@ def decode_in_child(job: DecodeJob) -> str:
     return decoded.decoder
 
 
-def verify_in_child(path: str, expect) -> VerifyReport:
+def verify_in_child(path: str, expect=None) -> VerifyReport:
     """A pyramidal TIFF against `expect` (an Expectation), or a JP2 on its own (`expect`: a recipe's
-    Jp2Parameters or None)."""
-    from gcis_etl.verification import verify, verify_jp2_alone
-    return verify_jp2_alone(path, expect) if sniff(path) == "JP2" else verify(path, expect)
+    Jp2Parameters or None); `expect` a Recipe checks what it sets for the file's kind (a PTIFF recipe's tile
+    and chroma, a JP2 recipe's Jp2Parameters)."""
+    from gcis_etl.verification import Expectation, unreadable, verify, verify_jp2_alone
+    cannot = unreadable(Path(path))
+    if cannot:
+        return cannot
+    jp2 = sniff(path) == "JP2"
+    if isinstance(expect, Recipe):
+        mismatch = recipe_mismatch(path, expect)
+        if mismatch:
+            return VerifyReport(path, errors=(mismatch,))
+        expect = expect.jp2 if jp2 else Expectation(tile=expect.tile, chroma=expect.chroma)
+    return verify_jp2_alone(path, expect) if jp2 else verify(path, expect)
+
+
+def recipe_mismatch(path: str | Path, recipe: Recipe) -> str | None:
+    """Why a file cannot be checked against a recipe: the recipe makes the other kind of access master (the
+    kind known by content, whatever the name says)."""
+    jp2 = sniff(path) == "JP2"
+    if (recipe.jp2 is not None) == jp2:
+        return None
+    return (f"{path} is {'a JP2' if jp2 else 'not a JP2'}, and recipe {recipe.name} makes "
+            f"{'JP2' if recipe.jp2 else 'pyramidal TIFF'} files")
 
 
 def encode_in_child(job: EncodeJob) -> EncodeOutcome:

@@ -8,10 +8,14 @@ from __future__ import annotations
 
 import io
 import logging
+import re
 import struct
+import threading
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 from PIL import Image, ImageCms
@@ -55,9 +59,10 @@ class _Header:
 
 
 def inspect(path: str | Path, policy: ImagingPolicy | None = None) -> ImageInfo:
-    """Describe a master and give the policy's verdict, without decoding its pixels."""
+    """Describe a master and give the policy's verdict, without decoding its pixels. The path is made absolute:
+    the description (and a conversion child reusing it) must name the same file whatever the cwd becomes."""
     policy = policy or ImagingPolicy()
-    path = str(path)
+    path = str(Path(path).absolute())
     fmt = formats.sniff(path)
     if fmt == "empty":
         return _reject(path, fmt, "zero-byte file (an interrupted upload or copy?)")
@@ -214,28 +219,52 @@ def _reject(path: str, fmt: str, reason: str, warnings: list[str] | None = None)
                      warnings=tuple(warnings or ()))
 
 
-class _Collect(logging.Handler):
-    """Keeps what tifffile logs about a malformed file, to report it as warnings of that master."""
+_collecting = threading.local()  # the complaints list of a thread inside tifffile_complaints()
 
-    def __init__(self) -> None:
-        super().__init__(logging.WARNING)
-        self.messages: list[str] = []
 
-    def emit(self, record: logging.LogRecord) -> None:
-        self.messages.append(record.getMessage())
+def _collect(record: logging.LogRecord) -> bool:
+    """tifffile's logger filter, in the thread that logs: a record is kept for that thread's tifffile_complaints()
+    when one is open, and passes on otherwise. One filter for good: adding and removing filters, or turning
+    propagation off, per read would change the logger under other threads' reads."""
+    complaints = getattr(_collecting, "complaints", None)
+    if complaints is None:
+        return True
+    complaints.append(plain_complaint(record.getMessage()))
+    return False
+
+
+logging.getLogger("tifffile").addFilter(_collect)
+
+
+@contextmanager
+def tifffile_complaints() -> Iterator[list[str]]:
+    """What tifffile logs in this thread meanwhile (what it skips in a damaged file and reads on), in plain
+    words, collected as this file's findings instead of reaching the log or stderr."""
+    outer = getattr(_collecting, "complaints", None)
+    _collecting.complaints = complaints = []
+    try:
+        yield complaints
+    finally:
+        _collecting.complaints = outer
+
+
+_REPR = re.compile(r"<[^<>]*>\s*")  # tifffile's object reprs: "<tifffile.TiffPages @135262> "
+_RAISED = re.compile(r"raised \w+\((['\"])(.*)\1\)")  # "raised TiffFileError('...')"
+
+
+def plain_complaint(message: str) -> str:
+    return _RAISED.sub(r"\2", _REPR.sub("", message)).strip()
+
+
+def structure_warning(complaint: str) -> str:
+    """A master's warning for what tifffile said of its file (by inspection, or by a decoder reading it)."""
+    return f"TIFF structure: {complaint}"
 
 
 def _read_tiff(path: str) -> _Header:
-    logger = logging.getLogger("tifffile")
-    collect = _Collect()
-    logger.addHandler(collect)
-    propagate, logger.propagate = logger.propagate, False
-    try:
+    with tifffile_complaints() as complaints:
         header = _read_tiff_tags(path)
-    finally:
-        logger.removeHandler(collect)
-        logger.propagate = propagate
-    header.notes.extend(f"TIFF structure: {m}" for m in collect.messages)
+    header.notes.extend(structure_warning(m) for m in complaints)
     return header
 
 

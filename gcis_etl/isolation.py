@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import logging
 import os
 import re
 import resource
@@ -35,6 +36,7 @@ from typing import Any, Callable, Iterator
 from gcis_etl.errors import ConversionFailed, GcisError, RejectedMaster
 from gcis_etl.policy import IsolationSettings
 
+_log = logging.getLogger(__name__)
 _conn: Connection | None = None  # set in the child: where stage() reports to
 _memory_limit_mb: int | None = None  # set in the child: its isolation.memory_limit_mb
 SCRATCH_PREFIX = "gcis-scratch-"
@@ -53,10 +55,28 @@ class WorkerTimeout(ConversionFailed):
     pass
 
 
+_send_lock = threading.Lock()  # in the child: threads beside may report while the job's thread does
+
+
+def _report(kind: str, payload: Any) -> None:
+    if _conn is not None:
+        with _send_lock:
+            _conn.send((kind, payload))
+
+
 def stage(name: str) -> None:
     """Tell the parent what the child is doing now, so a crash can be attributed ("while decoding ...")."""
-    if _conn is not None:
-        _conn.send(("stage", name))
+    _report("stage", name)
+
+
+class _ToParent(logging.Handler):
+    """In the child, what tifffile logs (what it skips in a damaged master and reads on) goes to the parent as
+    a note of the job, a warning of its result: written to the inherited stderr it was a plain line among a
+    harvest's JSON log lines (--log-json), and no one could tell which master it was about."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        from gcis_etl.inspection import plain_complaint, structure_warning
+        _report("note", structure_warning(plain_complaint(record.getMessage())))
 
 
 # Threads for work that needs no result of the main thread's, e.g. exiftool reading the master while the
@@ -166,6 +186,7 @@ def _child_main(conn: Connection, settings: dict) -> None:
     limit = settings["memory_limit_mb"] * 1024 * 1024
     resource.setrlimit(resource.RLIMIT_AS, (limit, resource.getrlimit(resource.RLIMIT_AS)[1]))  # soft only
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when the child stops
+    logging.getLogger("tifffile").addHandler(_ToParent(logging.WARNING))
     _die_with_parent()
     os.environ["VIPS_CONCURRENCY"] = str(settings["vips_concurrency"])  # before any job imports libvips
     while True:
@@ -179,9 +200,9 @@ def _child_main(conn: Connection, settings: dict) -> None:
         module, _, name = target.rpartition(".")
         try:
             result = getattr(importlib.import_module(module), name)(*args)
-            conn.send(("ok", result))
+            _report("ok", result)
         except Exception as exc:  # the job's failure, reported to the parent; the child lives on
-            conn.send(("error", _failure(exc)))
+            _report("error", _failure(exc))
 
 
 _lift_lock = threading.Lock()
@@ -267,8 +288,10 @@ class IsolatedProcess:
     def pid(self) -> int | None:
         return self._proc.pid if self._alive() else None
 
-    def call(self, target: Callable | str, *args: Any, timeout: float | None = None) -> Any:
-        """Run the job in the child; raise WorkerCrashed / WorkerTimeout, or the job's own exception."""
+    def call(self, target: Callable | str, *args: Any, timeout: float | None = None,
+             notes: list[str] | None = None) -> Any:
+        """Run the job in the child; raise WorkerCrashed / WorkerTimeout, or the job's own exception.
+        What the child's libraries log meanwhile (see _ToParent) is added to `notes`; without it, logged here."""
         if callable(target):
             target = f"{target.__module__}.{target.__qualname__}"
         self._ensure_started()
@@ -293,6 +316,12 @@ class IsolatedProcess:
                     raise self._crashed(current_stage) from None
                 if kind == "stage":
                     current_stage = payload
+                    continue
+                if kind == "note":
+                    if notes is None:
+                        _log.warning("%s", payload)
+                    else:
+                        notes.append(payload)
                     continue
                 answered = True
                 if kind == "ok":

@@ -40,7 +40,9 @@ class _StayOpen:
     It runs in a session of its own, so a signal to the harvest's process group (a terminal's Ctrl-C, a
     `kill -- -PGID`) leaves it to finish the item in flight, and it dies with the thread that started it
     (isolation.dying_with_thread). When it dies anyway (a signal to every process of a cgroup, a crash), the
-    command in hand fails with ConversionFailed rather than waiting for ever for an answer that cannot come."""
+    command in hand fails with ConversionFailed rather than waiting for ever for an answer that cannot come.
+    A command interrupted in the caller (Ctrl-C, a Celery soft time limit) kills it: its answer, still to come,
+    would be read as the next command's."""
 
     def __init__(self) -> None:
         self._process = subprocess.Popen(dying_with_thread(["exiftool", "-stay_open", "True", "-@", "-"]),
@@ -62,9 +64,12 @@ class _StayOpen:
         try:
             self._process.stdin.write(b"".join(os.fsencode(arg) + b"\n" for arg in command))
             self._process.stdin.flush()
+            out, err = self._read({self._process.stdout: ready, self._process.stderr: post})
         except BrokenPipeError:
             raise self._died() from None
-        out, err = self._read({self._process.stdout: ready, self._process.stderr: post})
+        except BaseException:
+            self.kill()
+            raise
         stderr, _, status = err.decode(errors="replace").strip()[:-len(post) - 1].rpartition("=")  # "...=0="
         return _Answer(int(status), out.decode(errors="surrogateescape").strip()[:-len(ready)], stderr)
 
@@ -149,12 +154,13 @@ def _shutdown() -> None:
 
 def exiftool_json(path: str | Path, *args: str) -> dict:
     """All tags exiftool reports for one file (group-0 prefixed unless `args` say otherwise, numeric values),
-    {} when it reads nothing. Raises ConversionFailed when exiftool dies meanwhile: no answer is not 'no tags'."""
+    {} when it reads nothing. Raises ConversionFailed when exiftool dies meanwhile or answers with something
+    other than JSON: no answer, or another command's, is not 'no tags' (a rotated master would be left lying)."""
     out = _exiftool().get().execute("-j", "-G0", "-n", *args, str(path)).stdout
     try:
         result = json.loads(out) if out.strip() else []
-    except ValueError:  # not JSON (exiftool said something else): nothing read
-        return {}
+    except ValueError:
+        raise ConversionFailed(f"exiftool's answer for {path} is not JSON: {out[:200]!r}") from None
     return result[0] if result else {}
 
 

@@ -6,16 +6,13 @@ reads with, so a file that passes here is one iipsrv can serve.
 from __future__ import annotations
 
 import io
-import logging
-import re
-import threading
-from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
 from gcis_etl.codestream import packet_sequence_errors
 from gcis_etl.formats import sniff
+from gcis_etl.inspection import plain_complaint, tifffile_complaints
 from gcis_etl.isolation import out_of_memory, refused_allocation
 from gcis_etl.keys import names_a_sequence
 from gcis_etl.models import Level, VerifyReport
@@ -38,12 +35,15 @@ def verify(path: str | Path, expect: Expectation | None = None, decode: bool = T
     import tifffile
     expect = expect or Expectation()
     path = Path(path)
+    cannot = unreadable(path)
+    if cannot:
+        return cannot
     errors: list[str] = []
     warnings: list[str] = []
     if names_a_sequence(path.name):
         errors.append("file name contains '_pyr_', which iipsrv 1.1 reads as a 3-D sequence marker")
     pages = []
-    with _tifffile_complaints() as complaints:
+    with tifffile_complaints() as complaints:
         try:
             with tifffile.TiffFile(path) as tf:
                 pages = list(tf.pages)
@@ -54,8 +54,8 @@ def verify(path: str | Path, expect: Expectation | None = None, decode: bool = T
                     errors.extend(_page_errors(i, p, expect))
         except Exception as exc:  # tifffile raises many types on malformed files
             if not sniff(path).endswith("TIFF"):
-                return VerifyReport(str(path), errors=(f"not a readable TIFF: {_plain(str(exc))}",))
-            complaints.append(_plain(str(exc)))
+                return VerifyReport(str(path), errors=(f"not a readable TIFF: {plain_complaint(str(exc))}",))
+            complaints.append(plain_complaint(str(exc)))
     if complaints or not pages:
         details = list(dict.fromkeys(complaints)) or ["no image directory"]
         more = f" (and {len(details) - 3} more)" if len(details) > 3 else ""
@@ -78,33 +78,13 @@ def verify(path: str | Path, expect: Expectation | None = None, decode: bool = T
                         levels=tuple(found))
 
 
-@contextmanager
-def _tifffile_complaints():
-    """tifffile logs what it skips in a damaged file and reads on (a truncated file loses its directories, or
-    its last pages): this thread's complaints are collected, in plain words, instead of reaching stderr."""
-    complaints: list[str] = []
-    thread = threading.get_ident()
-
-    def collect(record: logging.LogRecord) -> bool:
-        if record.thread != thread:
-            return True
-        complaints.append(_plain(record.getMessage()))
-        return False
-
-    logger = logging.getLogger("tifffile")
-    logger.addFilter(collect)
+def unreadable(path: Path) -> VerifyReport | None:
+    """The report on a path that cannot be read at all (missing, a folder, not permitted), else None."""
     try:
-        yield complaints
-    finally:
-        logger.removeFilter(collect)
-
-
-_REPR = re.compile(r"<[^<>]*>\s*")  # tifffile's object reprs: "<tifffile.TiffPages @135262> "
-_RAISED = re.compile(r"raised \w+\((['\"])(.*)\1\)")  # "raised TiffFileError('...')"
-
-
-def _plain(message: str) -> str:
-    return _RAISED.sub(r"\2", _REPR.sub("", message)).strip()
+        with open(path, "rb"):
+            return None
+    except OSError as exc:
+        return VerifyReport(str(path), errors=(f"cannot read {path}: {exc.strerror or exc}",))
 
 
 def _page_errors(index: int, page, expect: Expectation) -> list[str]:

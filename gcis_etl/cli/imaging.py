@@ -122,30 +122,24 @@ def verify(ctx: click.Context, file: str, recipe: str | None, as_json: bool) -> 
       gcis-etl verify --recipe ptiff-jpeg-q90 access/master.tif
       gcis-etl verify --recipe jp2-grok-htj2k access/master.jp2
     """
-    from gcis_etl.conversion import verify_in_child
+    from gcis_etl.conversion import recipe_mismatch, verify_in_child
     from gcis_etl.errors import ConversionFailed
     from gcis_etl.isolation import IsolatedProcess
     from gcis_etl.formats import sniff
-    from gcis_etl.verification import Expectation
     rec = _recipe(ctx, recipe) if recipe else None
-    jp2 = sniff(file) == "JP2"  # by content, whatever the name says
-    if rec is not None and (rec.jp2 is not None) != jp2:
-        raise click.UsageError(f"{file} is {'a JP2' if jp2 else 'not a JP2'}, and recipe {rec.name} makes "
-                               f"{'JP2' if rec.jp2 else 'pyramidal TIFF'} files")
-    if jp2:
-        expect = rec.jp2 if rec else None
-    else:
-        expect = Expectation(tile=rec.tile, chroma=rec.chroma) if rec else Expectation()
+    mismatch = recipe_mismatch(file, rec) if rec else None
+    if mismatch:
+        raise click.UsageError(mismatch)
     with IsolatedProcess(_config(ctx, single_file=True).isolation) as worker:
         try:
-            report = worker.call(verify_in_child, file, expect)
+            report = worker.call(verify_in_child, file, rec)
         except ConversionFailed as exc:  # a decoder crashed, or memory or time ran out under the limits
             click.echo(f"{file}: not verified: {exc}", err=True)
             sys.exit(EXIT_ITEM_FAILED)
     if as_json:
         click.echo(json.dumps(report.to_dict()))
     else:
-        click.echo(report.summary(jp2))
+        click.echo(report.summary(sniff(file) == "JP2"))  # by content, whatever the name says
         for error in report.errors:
             click.echo(f"    error: {error}")
     sys.exit(EXIT_OK if report.ok else EXIT_ITEM_FAILED)

@@ -1,0 +1,176 @@
+"""gcis_etl used as a library: interrupted calls, a reused worker after os.chdir, what reaches the caller's
+stderr, tifffile's log under threads, and the answers for a missing master or an output nowhere to go."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import gcis_etl
+from gcis_etl.isolation import IsolatedProcess
+from gcis_etl.models import Status, Verdict
+
+CORPUS = Path(__file__).parent / "corpus"
+ROTATED = CORPUS / "exif-orientation/Landscape_6.jpg"  # stored 450x600, EXIF orientation 6: upright 600x450
+OTHER = CORPUS / "jpeg-baseline/jpg-rgb-594x522x8-baseline.jpg"
+NOISY = CORPUS / "corrupt/crash-1185209cf7655b5aed8ae5e77784dfdd18ab59e9.tif"  # tifffile complains reading it
+QUIET = CORPUS / "rgb8-tiff-lzw/hopper_lzw.tif"
+STRIPS = CORPUS / "truncated/tiff_overflow_rows_per_strip.tif"  # tifffile complains in the decoding child too
+
+# The interrupt of a Jupyter kernel or a Celery soft time limit: a signal handler raising in the main thread
+# while it waits for exiftool. exiftool is held in its read of a file named gcis-held* by a composite tag of
+# its own config (it waits for a file), so the signal certainly lands before its answer; the answer comes
+# after, and the next call in that thread must not take it for its own.
+_INTERRUPTED = """
+import json, signal, sys, threading, time
+from pathlib import Path
+import gcis_etl
+held_master, held, released, master, out = map(Path, sys.argv[1:])
+
+class Interrupted(BaseException):
+    pass
+
+def interrupt(signum, frame):
+    raise Interrupted()
+
+def act():
+    while not held.exists():
+        time.sleep(0.01)
+    signal.pthread_kill(threading.main_thread().ident, signal.SIGUSR1)
+
+signal.signal(signal.SIGUSR1, interrupt)
+threading.Thread(target=act).start()
+try:
+    gcis_etl.inspect(held_master)
+    interrupted = False
+except Interrupted:
+    interrupted = True
+released.touch()
+info = gcis_etl.inspect(master)
+result = gcis_etl.convert(master, out)
+print(json.dumps({"interrupted": interrupted, "orientation": info.orientation, "status": result.status.value,
+                  "size": [result.width, result.height], "reason": result.reason}))
+"""
+
+
+def test_an_interrupted_exiftool_read_is_not_answered_to_the_next_call(tmp_path):
+    home = tmp_path / "exiftool"
+    home.mkdir()
+    held, released = tmp_path / "held", tmp_path / "released"
+    (home / ".ExifTool_config").write_text(
+        "%Image::ExifTool::UserDefined = ('Image::ExifTool::Composite' => { GcisHeld => {\n"
+        f"    Require => 'FileName', ValueConv => q{{ if ($val =~ /gcis-held/) {{ open(my $f, '>', '{held}');\n"
+        f"    close($f); select(undef, undef, undef, 0.05) until -e '{released}' }} 1 }} }} }});\n1;\n")
+    held_master = tmp_path / "gcis-held.jpg"
+    shutil.copy(ROTATED, held_master)
+    done = subprocess.run([sys.executable, "-c", _INTERRUPTED, str(held_master), str(held), str(released),
+                           str(ROTATED), str(tmp_path / "out.tif")],
+                          env={**os.environ, "EXIFTOOL_HOME": str(home)}, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    outcome = json.loads(done.stdout.splitlines()[-1])
+    assert outcome["interrupted"]
+    assert outcome["orientation"] == 6
+    assert (outcome["status"], outcome["size"]) == ("converted", [600, 450]), outcome["reason"]
+
+
+def test_a_reused_worker_converts_relative_paths_of_the_callers_cwd(tmp_path, monkeypatch):
+    first, second = tmp_path / "first", tmp_path / "second"
+    for folder, master in ((first, OTHER), (second, ROTATED)):
+        folder.mkdir()
+        shutil.copy(master, folder / "master.jpg")
+    with IsolatedProcess() as worker:
+        monkeypatch.chdir(first)
+        assert gcis_etl.convert("master.jpg", "out.tif", worker=worker).ok
+        monkeypatch.chdir(second)  # the worker's child still runs in `first`
+        result = gcis_etl.convert("master.jpg", "out.tif", worker=worker)
+    assert result.status is Status.CONVERTED, result.reason
+    assert (result.width, result.height) == (600, 450)  # second's master, upright: not first's 594x522
+    assert result.output == str(second / "out.tif")
+    assert gcis_etl.verify(second / "out.tif").width == 600
+    assert sorted(p.name for p in first.iterdir()) == ["master.jpg", "out.tif"]  # no .partial left there
+
+
+def test_conversion_children_leave_the_callers_stderr_alone(capfd, tmp_path):
+    """tifffile's complaints in the child become the master's warnings (once, with inspection's own), never
+    lines on the stderr the child inherits (under --log-json every line there is JSON)."""
+    info = gcis_etl.check_decoding(STRIPS)
+    structure = [w for w in info.warnings if w.startswith("TIFF structure: ")]
+    assert structure and len(structure) == len(set(structure))
+    assert gcis_etl.convert(STRIPS, tmp_path / "out.tif").status is Status.REJECTED
+    assert capfd.readouterr().err == ""
+
+
+def test_tifffile_complaints_stay_with_the_thread_and_master_they_are_about():
+    """One thread's TIFF warnings are never another master's, and tifffile's log keeps working for the rest of
+    the process while masters are inspected in threads."""
+    noisy_alone = set(gcis_etl.inspect(NOISY).warnings)
+    assert any(w.startswith("TIFF structure: ") for w in noisy_alone)
+    logger = logging.getLogger("tifffile")
+    received: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            received.append(record.getMessage())
+
+    keep, stop = Keep(logging.WARNING), threading.Event()
+    logger.addHandler(keep)
+
+    def chatter() -> int:  # another part of the program logging through tifffile's logger meanwhile
+        sent = 0
+        while not stop.is_set():
+            logger.warning("not about any master %d", sent)
+            sent += 1
+            time.sleep(0.0005)  # lets the inspecting threads run between records
+        return sent
+
+    try:
+        with ThreadPoolExecutor(5) as pool:
+            sent = pool.submit(chatter)
+            infos = list(pool.map(gcis_etl.inspect, [NOISY, QUIET] * 100))
+            stop.set()
+            sent = sent.result()
+    finally:
+        logger.removeHandler(keep)
+    assert [i.warnings for i in infos if i.path == str(QUIET)] == [()] * 100
+    assert all(set(i.warnings) == noisy_alone for i in infos if i.path == str(NOISY))
+    assert received == [f"not about any master {n}" for n in range(sent)]
+    assert logger.propagate
+
+
+def test_verify_reports_a_missing_file_or_a_folder_and_takes_a_recipe(tmp_path):
+    missing = gcis_etl.verify(tmp_path / "missing.tif")
+    assert not missing.ok and missing.errors == (f"cannot read {tmp_path / 'missing.tif'}: No such file or directory",)
+    folder = gcis_etl.verify(tmp_path)
+    assert not folder.ok and folder.errors == (f"cannot read {tmp_path}: Is a directory",)
+    out = tmp_path / "out.tif"
+    assert gcis_etl.convert(OTHER, out, recipe="ptiff-jpeg-q90-444").ok
+    assert gcis_etl.verify(out, gcis_etl.load_recipe("ptiff-jpeg-q90-444")).ok
+    chroma = gcis_etl.verify(out, gcis_etl.load_recipe("ptiff-jpeg-q90"))  # 4:2:0, the file is 4:4:4
+    assert not chroma.ok and all("expected YCbCr (2, 2)" in e for e in chroma.errors)
+    kind = gcis_etl.verify(out, gcis_etl.load_recipe("jp2-openjpeg-lossy"))
+    assert kind.errors == (f"{out} is not a JP2, and recipe jp2-openjpeg-lossy makes JP2 files",)
+
+
+def test_convert_fails_a_missing_master_and_an_output_nowhere_to_go(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for master, why in (("missing.jpg", "No such file or directory"), (".", "Is a directory")):
+        result = gcis_etl.convert(master, "out.tif")
+        assert result.status is Status.FAILED
+        assert result.reason == f"cannot read {Path(master).absolute()}: {why}"
+    (tmp_path / "afile").write_text("x")
+    (tmp_path / "adir.tif").mkdir()
+    for dst, reason in (("afile/out.tif", f"cannot write {tmp_path}/afile/out.tif: {tmp_path}/afile is a file, "
+                                          "not a folder"),
+                        ("adir.tif", f"cannot write {tmp_path}/adir.tif: it is a folder (name the output file)"),
+                        ("", "no output path given (an empty name)")):
+        result = gcis_etl.convert(OTHER, dst)
+        assert (result.status, result.reason) == (Status.FAILED, reason)
+        assert result.info.verdict is Verdict.ACCEPT
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["adir.tif", "afile"]
