@@ -26,18 +26,23 @@ from connectors.errors import OBJECT_ERRORS, ObjectNotFound
 from gcis_etl.config import Config
 from gcis_etl.errors import GcisError, ManifestError
 from gcis_etl.executors import Executor, open_executor
-from gcis_etl.ledger import COUNTED, MANIFEST, STOPPED_ON_REQUEST, ItemRecord, Ledger, now
+from gcis_etl.ledger import COUNTED, MANIFEST, STOPPED_ON_REQUEST, ItemRecord, Ledger, LedgerUnwritable, now
 from gcis_etl.locks import pipeline_lock
 from gcis_etl.manifests import CollectionEntry, DepositedImage
 from gcis_etl.pipelines import Pipeline, config_folder
 from gcis_etl.recipes import load_recipe
-from gcis_etl.reports import PLANNED, PlannedItem, RunReport, report_from_ledger, write_report
+from gcis_etl.reports import PLANNED, PlannedItem, RunReport, prune_reports, report_from_ledger, write_report
 from gcis_etl.supersession import retire_superseded
 from gcis_etl.work import ItemResult, ItemTask, Outcome, fingerprint
 
 log = logging.getLogger("gcis_etl.harvest")  # the name log shippers filter on (progress.py logs items under it)
 
 OBJECT = "(object)"  # stands for the item id where the run reports that the source could not describe the object
+
+
+class RunHalted(GcisError):
+    """A worker cannot work at all (its scratch space full or read-only): every item would fail the same way and
+    spend its attempts, so the run stops, as it does when the store check fails."""
 
 
 @dataclass(frozen=True)
@@ -105,6 +110,7 @@ class Progress:
     def item(self, object_id: str, item_id: str, outcome: str, reason: str | None,
              warnings: tuple[str, ...] = ()) -> None: ...
     def note(self, message: str) -> None: ...
+    def ended(self, report: RunReport) -> None: ...  # the run is over (failed ones too), recorded or not
 
 
 class Harvest:
@@ -127,6 +133,8 @@ class Harvest:
         minutes = options.max_run_minutes or pipeline.settings.max_run_minutes
         self.deadline = time.monotonic() + minutes * 60 if minutes else None
         self.cut_short: str | None = None
+        self.halted: str | None = None  # why a worker could not work at all (RunHalted)
+        self.began = time.monotonic()
         self.checkpoint_held: str | None = None  # why a complete run leaves the checkpoint where it was
         self.listed: set[str] = set()  # objects this run has seen in the source
         self.reached: datetime | None = None  # how far the listing got, for a source listing in modified order
@@ -218,7 +226,7 @@ class Harvest:
             yield item, decision, (task if decision.process else None)
 
     def should_stop(self) -> bool:
-        if self.cut_short:
+        if self.cut_short or self.halted:
             return True
         if self.stop.is_set():
             self.cut_short = STOPPED_ON_REQUEST
@@ -275,6 +283,8 @@ class Harvest:
             self.report_exhausted()
         for result in executor.drain():
             self.settle(result)
+        if self.halted:
+            raise RunHalted(self.halted)
         for pending in list(self.pending.values()):  # cut short: these stay for the next run
             self.unsettled.append(pending.obj.modified)
 
@@ -324,6 +334,10 @@ class Harvest:
                                       (self.pipeline.settings.max_attempts,))
 
     def settle(self, result: ItemResult) -> None:
+        """A result that stops the run is not the item's: it is not recorded, and counts no attempt."""
+        if result.stops_run:
+            self.halted = self.halted or result.reason
+            return
         pending = self.pending[result.object_id]
         item = next(i for i in pending.obj.items if i.id == result.item_id)
         self.ledger.record(self.run_id, result, item.modified)
@@ -379,6 +393,34 @@ class Harvest:
         for retired in retire_superseded(self.ledger, self.pipeline, obj.id, self.options.keep_superseded):
             self.progress.note(f"{'kept' if retired.kept else 'deleted'} {retired.key}, superseded by "
                                f"{retired.replaced_by}")
+
+    def abandon(self, executor: Executor, exc: BaseException) -> None:
+        """The run ends on `exc`: the items in flight are recorded, then the run as failed (its source, store,
+        ledger or workers failed as a whole, and said why) or crashed (a second Ctrl-C, a bug). A ledger that
+        cannot be written is what the command reports, whatever else went wrong (it must be put right before
+        anything can run), and the run's note: when even that cannot be recorded (its disk full), the run stays
+        'running', which `status` shows as ended without finishing once the lock is free. What the items in
+        flight deposited, the next run finds in the store."""
+        unwritable = exc if isinstance(exc, LedgerUnwritable) else None
+        try:
+            for result in executor.drain():
+                self.settle(result)
+        except LedgerUnwritable as failure:
+            unwritable = unwritable or failure
+        ended = unwritable or exc
+        status, note = "failed" if isinstance(ended, GcisError) else "crashed", f"{type(ended).__name__}: {ended}"
+        try:
+            self.ledger.finish_run(self.run_id, status, self.counts, self.manifests_published, None, note)
+        except LedgerUnwritable as failure:
+            unwritable = unwritable or failure
+        self.progress.ended(self.in_memory(status, note))
+        if unwritable is not None and unwritable is not exc:
+            raise unwritable
+
+    def in_memory(self, status: str, note: str) -> RunReport:
+        """The report of a run that ended on an error, from what the run holds (the ledger may not be writable)."""
+        return RunReport(self.pipeline.name, self.run_id, status, None, None, None, None, None, dict(self.counts),
+                         self.manifests_published, note, seconds=time.monotonic() - self.began)
 
     def update_collection(self) -> None:
         manifests = self.pipeline.manifests
@@ -470,18 +512,17 @@ def harvest(config: Config, name: str, options: HarvestOptions = HarvestOptions(
                 elif relisting := run.relisting():
                     log.warning("%s: %s", name, relisting)
             except BaseException as exc:
-                for result in executor.drain():
-                    run.settle(result)
-                # failed: the source or the store failed as a whole, and said why; crashed: a second Ctrl-C, a bug
-                ledger.finish_run(run.run_id, "failed" if isinstance(exc, GcisError) else "crashed", run.counts,
-                                  run.manifests_published, None, f"{type(exc).__name__}: {exc}")
+                run.abandon(executor, exc)
                 raise
             finally:
                 if own:
                     executor.close()
             ledger.finish_run(run.run_id, "stopped" if run.cut_short else "completed", run.counts,
                               run.manifests_published, checkpoint, run.note(checkpoint))
-            return write_report(report_from_ledger(ledger, ledger.run(run.run_id)), config.reports_dir)
+            report = write_report(report_from_ledger(ledger, ledger.run(run.run_id)), config.reports_dir)
+            prune_reports(config.reports_dir, ledger, name)
+            progress.ended(report)
+            return report
 
 
 def _abort_uploads(config: Config, pipeline: Pipeline, run_id: int, progress: Progress) -> None:

@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 from gcis_etl.errors import ConfigError
 from gcis_etl.work import ItemResult, Outcome
@@ -92,6 +93,21 @@ STOPPED_ON_REQUEST = "stopped on request"  # the note of a run SIGINT or SIGTERM
 class LedgerError(ConfigError):
     """The ledger cannot be opened (state_dir unwritable, not a SQLite file): the deployment must change before
     any run can, so it is reported and exits like a configuration error."""
+
+
+class LedgerUnwritable(LedgerError):
+    """The ledger was opened, then failed (a write its disk refused): a harvest stops, one that began is recorded
+    as failed if the ledger takes that much, and the command exits like a configuration error (2): nothing can
+    run until the ledger's disk or filesystem is put right."""
+
+
+_UNWRITABLE = {  # SQLite's primary result codes for a ledger that cannot be written, and what to do
+    "FULL": "free space on its filesystem",
+    "IOERR": "check its filesystem (full, read-only, unmounted?)",
+    "CANTOPEN": "check that its folder is there and writable",
+    "READONLY": "make it and its folder writable by this user",
+    "BUSY": "another process held it past ledger.busy_timeout_seconds: find it (`fuser` on the file)",
+}
 
 
 def now() -> datetime:
@@ -328,12 +344,36 @@ class Ledger:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    @contextmanager
+    def _guarded(self) -> Iterator[None]:
+        """A ledger that cannot be used (its disk full, its filesystem gone read-only or away, held by another
+        process past busy_timeout_seconds) is a LedgerUnwritable in one line, not a traceback; after a write
+        failed so, reads fail too."""
+        try:
+            yield
+        except sqlite3.OperationalError as exc:
+            todo = _UNWRITABLE.get(exc.sqlite_errorname.split("_")[1])  # SQLITE_IOERR_WRITE: IOERR
+            if todo is None:  # a mistake in our SQL
+                raise
+            raise LedgerUnwritable(f"ledger {self.path}: {exc}; {todo}, then run again (what was settled is "
+                                   f"recorded; what was deposited since is found in the store)") from None
+
+    @contextmanager
+    def _writing(self) -> Iterator[None]:
+        """One transaction."""
+        with self._guarded(), self.db:
+            yield
+
+    def _execute(self, sql: str, args: Sequence[Any] = ()) -> sqlite3.Cursor:
+        with self._guarded():
+            return self.db.execute(sql, args)
+
     def _one(self, cls, sql: str, *args: Any):
-        row = self.db.execute(f"SELECT {_columns(cls)} FROM {sql}", args).fetchone()
+        row = self._execute(f"SELECT {_columns(cls)} FROM {sql}", args).fetchone()
         return _record(cls, row) if row else None
 
     def _all(self, cls, sql: str, *args: Any) -> list:
-        return [_record(cls, row) for row in self.db.execute(f"SELECT {_columns(cls)} FROM {sql}", args)]
+        return [_record(cls, row) for row in self._execute(f"SELECT {_columns(cls)} FROM {sql}", args)]
 
     # ------------------------------------------------------------------------------------------- runs
 
@@ -343,18 +383,18 @@ class Ledger:
         counts of the items they recorded (only a run that finishes writes its own). A nightly re-listing records
         every unchanged item as skipped, run after run: those rows are kept for the latest runs only (the runs
         table keeps every run's counts), or a 50k-item pipeline's ledger would grow by gigabytes a year."""
-        dead = [row[0] for row in self.db.execute("SELECT run_id FROM runs WHERE pipeline=? AND status='running'",
-                                                  (pipeline,))]
-        with self.db:
+        dead = [row[0] for row in self._execute("SELECT run_id FROM runs WHERE pipeline=? AND status='running'",
+                                                (pipeline,))]
+        with self._writing():
             for run_id in dead:
                 counts = self._recorded_counts(run_id)
-                self.db.execute(f"UPDATE runs SET status='crashed', {', '.join(f'{n}=?' for n in COUNTED)}, "
-                                "note=coalesce(note, ?) WHERE run_id=?",
-                                (*(counts[n] for n in COUNTED), _KILLED, run_id))
-            self.db.execute("DELETE FROM run_items WHERE outcome='skipped' AND run_id IN (SELECT run_id FROM runs "
-                            "WHERE pipeline=? AND status!='running' ORDER BY run_id DESC LIMIT -1 OFFSET ?)",
-                            (pipeline, self.skipped_history_runs - 1))
-            cursor = self.db.execute(
+                self._execute(f"UPDATE runs SET status='crashed', {', '.join(f'{n}=?' for n in COUNTED)}, "
+                              "note=coalesce(note, ?) WHERE run_id=?",
+                              (*(counts[n] for n in COUNTED), _KILLED, run_id))
+            self._execute("DELETE FROM run_items WHERE outcome='skipped' AND run_id IN (SELECT run_id FROM runs "
+                          "WHERE pipeline=? AND status!='running' ORDER BY run_id DESC LIMIT -1 OFFSET ?)",
+                          (pipeline, self.skipped_history_runs - 1))
+            cursor = self._execute(
                 "INSERT INTO runs (pipeline, started, status, since, until, options) VALUES (?,?,?,?,?,?)",
                 (pipeline, _ts(now()), "dry-run" if dry_run else "running", _ts(since), _ts(until),
                  json.dumps(options, sort_keys=True, default=str)))
@@ -362,8 +402,8 @@ class Ledger:
 
     def finish_run(self, run_id: int, status: str, counts: dict[str, int], manifests: int,
                    checkpoint: datetime | None, note: str | None = None) -> None:
-        with self.db:
-            self.db.execute(
+        with self._writing():
+            self._execute(
                 "UPDATE runs SET finished=?, status=?, deposited=?, skipped=?, rejected=?, failed=?, manifests=?, "
                 "checkpoint_after=?, note=? WHERE run_id=?",
                 (_ts(now()), status, *(counts.get(name, 0) for name in COUNTED), manifests, _ts(checkpoint),
@@ -377,7 +417,7 @@ class Ledger:
         return run.counts if run.status != "running" else self._recorded_counts(run.run_id)
 
     def _recorded_counts(self, run_id: int) -> dict[str, int]:
-        rows = self.db.execute("SELECT outcome, count(*) FROM run_items WHERE run_id=? GROUP BY outcome", (run_id,))
+        rows = self._execute("SELECT outcome, count(*) FROM run_items WHERE run_id=? GROUP BY outcome", (run_id,))
         return {name: 0 for name in COUNTED} | {k: v for k, v in rows.fetchall() if k in COUNTED}
 
     def runs(self, pipeline: str | None = None, limit: int = 10) -> list[RunRecord]:
@@ -445,8 +485,8 @@ class Ledger:
         attempts = (previous.attempts if same_version and previous.status == "failed" else 0) + 1 \
             if result.outcome is Outcome.FAILED else 0
         stamp, warnings = _ts(now()), _warnings_text(result.warnings)
-        with self.db:
-            self.db.execute(
+        with self._writing():
+            self._execute(
                 "INSERT INTO items (pipeline, object_id, item_id, sequence, fingerprint, source_modified, "
                 "master_sha256, recipe, recipe_digest, status, output_key, sha256, bytes, width, height, reason, "
                 "attempts, transient, first_seen, updated, last_run, warnings) "
@@ -468,7 +508,7 @@ class Ledger:
                  result.reason, attempts, int(result.transient), stamp, stamp, run_id,
                  warnings if result.outcome is Outcome.DEPOSITED else None))
             if result.outcome is Outcome.DEPOSITED and result.key:
-                self.db.execute("DELETE FROM superseded WHERE pipeline=? AND key=?", (result.pipeline, result.key))
+                self._execute("DELETE FROM superseded WHERE pipeline=? AND key=?", (result.pipeline, result.key))
                 if previous is not None and previous.output_key and previous.output_key != result.key:
                     self._supersede(result.pipeline, result.object_id, result.item_id, previous.output_key, run_id,
                                     stamp)
@@ -477,25 +517,25 @@ class Ledger:
 
     def record_unprocessed(self, run_id: int, object_id: str, item_id: str, outcome: str, reason: str) -> None:
         """An item the run decided not to process (unchanged, rejected before, out of attempts)."""
-        with self.db:
+        with self._writing():
             self._run_item(run_id, object_id, item_id, outcome, reason, 0.0, _ts(now()))
 
     def _run_item(self, run_id: int, object_id: str, item_id: str, outcome: str, reason: str | None,
                   seconds: float, stamp: str, warnings: str | None = None) -> None:
-        self.db.execute("INSERT INTO run_items (run_id, object_id, item_id, outcome, reason, seconds, at, warnings) "
-                        "VALUES (?,?,?,?,?,?,?,?) ON CONFLICT (run_id, object_id, item_id) DO UPDATE SET "
-                        "outcome=excluded.outcome, reason=excluded.reason, seconds=excluded.seconds, at=excluded.at, "
-                        "warnings=excluded.warnings",
-                        (run_id, object_id, item_id, outcome, reason, seconds, stamp, warnings))
+        self._execute("INSERT INTO run_items (run_id, object_id, item_id, outcome, reason, seconds, at, warnings) "
+                      "VALUES (?,?,?,?,?,?,?,?) ON CONFLICT (run_id, object_id, item_id) DO UPDATE SET "
+                      "outcome=excluded.outcome, reason=excluded.reason, seconds=excluded.seconds, at=excluded.at, "
+                      "warnings=excluded.warnings",
+                      (run_id, object_id, item_id, outcome, reason, seconds, stamp, warnings))
 
     def supersede(self, pipeline: str, object_id: str, item_id: str, key: str, run_id: int | None) -> None:
-        with self.db:
+        with self._writing():
             self._supersede(pipeline, object_id, item_id, key, run_id, _ts(now()))
 
     def _supersede(self, pipeline: str, object_id: str, item_id: str, key: str, run_id: int | None,
                    stamp: str) -> None:
-        self.db.execute("INSERT INTO superseded (pipeline, object_id, item_id, key, run_id, at) VALUES (?,?,?,?,?,?) "
-                        "ON CONFLICT (pipeline, key) DO NOTHING", (pipeline, object_id, item_id, key, run_id, stamp))
+        self._execute("INSERT INTO superseded (pipeline, object_id, item_id, key, run_id, at) VALUES (?,?,?,?,?,?) "
+                      "ON CONFLICT (pipeline, key) DO NOTHING", (pipeline, object_id, item_id, key, run_id, stamp))
 
     def superseded(self, pipeline: str, object_id: str | None = None, page: int = 1000) -> Iterator[SupersededKey]:
         """The keys waiting to be retired, of one object or all, in (object_id, key) order."""
@@ -503,39 +543,39 @@ class Ledger:
         return self._paged(SupersededKey, "superseded", ("object_id", "key"), pipeline, where, args, page)
 
     def superseded_count(self, pipeline: str) -> int:
-        return self.db.execute("SELECT count(*) FROM superseded WHERE pipeline=?", (pipeline,)).fetchone()[0]
+        return self._execute("SELECT count(*) FROM superseded WHERE pipeline=?", (pipeline,)).fetchone()[0]
 
     def forget_superseded(self, pipeline: str, key: str) -> None:
-        with self.db:
-            self.db.execute("DELETE FROM superseded WHERE pipeline=? AND key=?", (pipeline, key))
+        with self._writing():
+            self._execute("DELETE FROM superseded WHERE pipeline=? AND key=?", (pipeline, key))
 
     def forget_item(self, pipeline: str, object_id: str, item_id: str) -> None:
-        with self.db:
-            self.db.execute("DELETE FROM items WHERE pipeline=? AND object_id=? AND item_id=?",
-                            (pipeline, object_id, item_id))
+        with self._writing():
+            self._execute("DELETE FROM items WHERE pipeline=? AND object_id=? AND item_id=?",
+                          (pipeline, object_id, item_id))
 
     def reset_attempts(self, pipeline: str, object_id: str) -> int:
         """`gcis-etl retry`: the object's failed items get a fresh set of attempts."""
-        with self.db:
-            return self.db.execute("UPDATE items SET attempts=0 WHERE pipeline=? AND status='failed' AND object_id=?",
-                                   (pipeline, object_id)).rowcount
+        with self._writing():
+            return self._execute("UPDATE items SET attempts=0 WHERE pipeline=? AND status='failed' AND object_id=?",
+                                 (pipeline, object_id)).rowcount
 
     def counts(self, pipeline: str) -> dict[str, int]:
-        rows = self.db.execute("SELECT status, count(*) FROM items WHERE pipeline=? GROUP BY status", (pipeline,))
+        rows = self._execute("SELECT status, count(*) FROM items WHERE pipeline=? GROUP BY status", (pipeline,))
         return {name: 0 for name in COUNTED} | dict(rows.fetchall())
 
     def has_deposit(self, pipeline: str) -> bool:
         """Whether the pipeline ever deposited anything: one index probe (counts() reads all its items)."""
-        return self.db.execute("SELECT 1 FROM items WHERE pipeline=? AND status='deposited' LIMIT 1",
-                               (pipeline,)).fetchone() is not None
+        return self._execute("SELECT 1 FROM items WHERE pipeline=? AND status='deposited' LIMIT 1",
+                             (pipeline,)).fetchone() is not None
 
     def recipes(self, pipeline: str) -> list[str]:
         """The recipes the pipeline's items were last made with."""
-        return [row[0] for row in self.db.execute("SELECT DISTINCT recipe FROM items WHERE pipeline=? ORDER BY recipe",
-                                                  (pipeline,))]
+        return [row[0] for row in self._execute("SELECT DISTINCT recipe FROM items WHERE pipeline=? ORDER BY recipe",
+                                                (pipeline,))]
 
     def objects_with(self, pipeline: str, status: str) -> list[str]:
-        return [row[0] for row in self.db.execute(
+        return [row[0] for row in self._execute(
             "SELECT DISTINCT object_id FROM items WHERE pipeline=? AND status=? ORDER BY object_id",
             (pipeline, status))]
 
@@ -549,27 +589,27 @@ class Ledger:
         """The object's manifest is deposited (a rejection of an earlier one is over), with what building it warned
         of (none clears those of the one before); it still has to be added to the collection."""
         stamp, text = _ts(now()), _warnings_text(warnings)
-        with self.db:
-            self.db.execute("DELETE FROM manifest_problems WHERE pipeline=? AND object_id=?", (pipeline, object_id))
-            self.db.execute(
+        with self._writing():
+            self._execute("DELETE FROM manifest_problems WHERE pipeline=? AND object_id=?", (pipeline, object_id))
+            self._execute(
                 "INSERT INTO objects (pipeline, object_id, modified, label, manifest_fingerprint, published, "
                 "in_collection, warnings) VALUES (?,?,?,?,?,?,0,?) ON CONFLICT (pipeline, object_id) DO UPDATE SET "
                 "modified=excluded.modified, label=excluded.label, manifest_fingerprint=excluded.manifest_fingerprint, "
                 "published=excluded.published, in_collection=0, warnings=excluded.warnings",
                 (pipeline, object_id, _ts(modified), json.dumps(label), fingerprint, stamp, text))
             if text is not None:
-                self.db.execute("INSERT INTO manifest_warnings (run_id, object_id, warnings, at) VALUES (?,?,?,?) "
-                                "ON CONFLICT (run_id, object_id) DO UPDATE SET warnings=excluded.warnings, "
-                                "at=excluded.at", (run_id, object_id, text, stamp))
+                self._execute("INSERT INTO manifest_warnings (run_id, object_id, warnings, at) VALUES (?,?,?,?) "
+                              "ON CONFLICT (run_id, object_id) DO UPDATE SET warnings=excluded.warnings, "
+                              "at=excluded.at", (run_id, object_id, text, stamp))
 
     def reject_manifest(self, run_id: int, pipeline: str, object_id: str, reason: str) -> None:
         """The object's manifest was not published; kept beyond the run, for `status`, until one is."""
         stamp = _ts(now())
-        with self.db:
-            self.db.execute("INSERT INTO manifest_problems (pipeline, object_id, reason, run_id, at) "
-                            "VALUES (?,?,?,?,?) ON CONFLICT (pipeline, object_id) DO UPDATE SET "
-                            "reason=excluded.reason, run_id=excluded.run_id, at=excluded.at",
-                            (pipeline, object_id, reason, run_id, stamp))
+        with self._writing():
+            self._execute("INSERT INTO manifest_problems (pipeline, object_id, reason, run_id, at) "
+                          "VALUES (?,?,?,?,?) ON CONFLICT (pipeline, object_id) DO UPDATE SET "
+                          "reason=excluded.reason, run_id=excluded.run_id, at=excluded.at",
+                          (pipeline, object_id, reason, run_id, stamp))
             self._run_item(run_id, object_id, MANIFEST, Outcome.REJECTED.value, reason, 0.0, stamp)
 
     def manifest_problems(self, pipeline: str, limit: int = -1) -> list[ManifestProblem]:
@@ -580,7 +620,7 @@ class Ledger:
         """Ids of the pipeline's objects whose manifests are deposited, in order, a page at a time."""
         after = ""
         while True:
-            rows = [row[0] for row in self.db.execute(
+            rows = [row[0] for row in self._execute(
                 "SELECT object_id FROM objects WHERE pipeline=? AND published IS NOT NULL AND object_id > ? "
                 "ORDER BY object_id LIMIT ?", (pipeline, after, page))]
             yield from rows
@@ -593,23 +633,23 @@ class Ledger:
                                        "ORDER BY object_id", pipeline)
 
     def mark_in_collection(self, pipeline: str, object_ids: list[str]) -> None:
-        with self.db:
+        with self._writing():
             self.db.executemany("UPDATE objects SET in_collection=1 WHERE pipeline=? AND object_id=?",
                                 [(pipeline, object_id) for object_id in object_ids])
 
     # ------------------------------------------------------------------------------------- checkpoint
 
     def checkpoint(self, pipeline: str) -> datetime | None:
-        row = self.db.execute("SELECT checkpoint FROM checkpoints WHERE pipeline=?", (pipeline,)).fetchone()
+        row = self._execute("SELECT checkpoint FROM checkpoints WHERE pipeline=?", (pipeline,)).fetchone()
         return _dt(row[0]) if row else None
 
     def set_checkpoint(self, pipeline: str, checkpoint: datetime, run_id: int) -> None:
-        with self.db:
-            self.db.execute("INSERT INTO checkpoints (pipeline, checkpoint, run_id, updated) VALUES (?,?,?,?) "
-                            "ON CONFLICT (pipeline) DO UPDATE SET checkpoint=excluded.checkpoint, "
-                            "run_id=excluded.run_id, updated=excluded.updated",
-                            (pipeline, _ts(checkpoint), run_id, _ts(now())))
+        with self._writing():
+            self._execute("INSERT INTO checkpoints (pipeline, checkpoint, run_id, updated) VALUES (?,?,?,?) "
+                          "ON CONFLICT (pipeline) DO UPDATE SET checkpoint=excluded.checkpoint, "
+                          "run_id=excluded.run_id, updated=excluded.updated",
+                          (pipeline, _ts(checkpoint), run_id, _ts(now())))
 
     def pipelines(self) -> Iterator[str]:
-        for row in self.db.execute("SELECT DISTINCT pipeline FROM runs ORDER BY pipeline"):
+        for row in self._execute("SELECT DISTINCT pipeline FROM runs ORDER BY pipeline"):
             yield row[0]

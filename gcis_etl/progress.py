@@ -17,7 +17,7 @@ import click
 from connectors.base import SourceObject
 from gcis_etl.harvesting import Progress
 from gcis_etl.ledger import COUNTED
-from gcis_etl.reports import PROBLEMS
+from gcis_etl.reports import PROBLEMS, RunReport, elapsed
 
 log = logging.getLogger("gcis_etl.harvest")
 
@@ -29,9 +29,10 @@ class TerminalProgress(Progress):
     """Counts and throughput on one rewritten line (the total is unknown while the source is still listing)."""
 
     def __init__(self, pipeline: str, live: bool, quiet_seconds: float = QUIET_SECONDS,
-                 tick_seconds: float = TICK_SECONDS):
+                 tick_seconds: float = TICK_SECONDS, log_end: bool = True):
         self.pipeline = pipeline
         self.live = live
+        self.log_end = log_end
         self.quiet_seconds = quiet_seconds
         self.tick_seconds = tick_seconds if live else min(tick_seconds, quiet_seconds)
         self.counts = {name: 0 for name in COUNTED}
@@ -82,6 +83,20 @@ class TerminalProgress(Progress):
         with self._lock:
             self._take_down()
             log.info(message, extra={"pipeline": self.pipeline})
+
+    def ended(self, report: RunReport) -> None:
+        """One line at the end of every run, so that a night's log tells alone how it went: INFO when it exits
+        0, WARNING otherwise (shown without -v, so cron mails it even with --quiet). Not where the summary says
+        the same on a terminal (log_end)."""
+        if not self.log_end:
+            return
+        level = logging.INFO if report.exit_code == 0 else logging.WARNING
+        with self._lock:
+            self._take_down()
+            log.log(level, "%s", "; ".join(filter(None, (report.headline(), report.took(), report.note))),
+                    extra={"pipeline": report.pipeline, "run_id": report.run_id, "status": report.status,
+                           "counts": report.counts, "manifests": report.manifests, "seconds": report.seconds,
+                           "checkpoint": report.checkpoint_after, "note": report.note})
 
     def clear(self) -> None:
         """Before other output, and once the run is over: the live line goes and the timer stops, even with
@@ -140,15 +155,5 @@ class TerminalProgress(Progress):
             self._drawn = 0.0
 
 
-def elapsed(seconds: float) -> str:
-    """As people read an age: "45 s", "3 min 12 s", "2 h 5 min"."""
-    whole = int(seconds)
-    if whole < 60:
-        return f"{whole} s"
-    if whole < 3600:
-        return f"{whole // 60} min {whole % 60} s"
-    return f"{whole // 3600} h {whole % 3600 // 60} min"
-
-
-def progress_for(pipeline: str) -> TerminalProgress:
-    return TerminalProgress(pipeline, live=sys.stderr.isatty())
+def progress_for(pipeline: str, log_end: bool = False) -> TerminalProgress:
+    return TerminalProgress(pipeline, live=sys.stderr.isatty(), log_end=log_end)

@@ -1,20 +1,26 @@
-"""Run reports: a JSON summary and a CSV of the items that did not end well, written next to the ledger; and
-where a pipeline stands (`gcis-etl status`).
+"""Run reports: a JSON summary and, when some items did not end well, a CSV of them, written next to the ledger;
+and where a pipeline stands (`gcis-etl status`).
 
 Built from the ledger alone, so `gcis-etl report RUN` gives the same document for any past run, including one
-that crashed before it could write its own.
+that crashed before it could write its own, or whose files were pruned (prune_reports).
 """
 from __future__ import annotations
 
 import csv
+import glob
 import io
 import json
+import logging
+import re
 from dataclasses import asdict, dataclass, field
+from datetime import datetime
 from pathlib import Path
 
 from gcis_etl.durable import atomic_write
 from gcis_etl.ledger import COUNTED, MANIFEST, STOPPED_ON_REQUEST, Ledger, RunItem, RunRecord
 from gcis_etl.locks import RunLock
+
+log = logging.getLogger(__name__)
 
 PROBLEMS = ("rejected", "failed")
 SHOWN = 10  # of each list in a report's summary; its JSON has them all
@@ -55,6 +61,7 @@ class RunReport:
     counts: dict[str, int]
     manifests: int
     note: str | None = None
+    seconds: float | None = None  # from start to end (None: still running, or killed)
     process_gone: bool = False  # recorded as running, but nothing holds the pipeline's lock: killed
     problems: list[RunItem] = field(default_factory=list)
     planned: list[PlannedItem] = field(default_factory=list)
@@ -74,10 +81,16 @@ class RunReport:
     def to_dict(self) -> dict:
         return asdict(self)
 
-    def summary(self) -> str:
+    def headline(self) -> str:
         counts = ", ".join(f"{self.counts.get(name, 0)} {name}" for name in COUNTED)
         shown = ENDED_UNFINISHED if self.process_gone else self.status
-        lines = [f"{self.pipeline}: run {self.run_id} {shown}: {counts}; {self.manifests} manifests published"]
+        return f"{self.pipeline}: run {self.run_id} {shown}: {counts}; {self.manifests} manifests published"
+
+    def took(self) -> str | None:
+        return None if self.seconds is None else f"took {elapsed(self.seconds)}"
+
+    def summary(self) -> str:
+        lines = [self.headline()]
         if self.status == "completed" and not any(self.counts.values()):
             lines.append(f"  nothing changed in the source since {self.since or 'the beginning'}")
         if self.checkpoint_after:
@@ -98,6 +111,8 @@ class RunReport:
             lines.append(f"  ... and {len(self.warned) - SHOWN} more (see {self.json_path or 'the JSON report'})")
         if self.json_path:
             lines.append(f"  report: {self.json_path}")
+        if self.seconds is not None:
+            lines.append(f"  started {self.started}, {self.took()}")
         return "\n".join(lines)
 
 
@@ -105,12 +120,14 @@ def report_from_ledger(ledger: Ledger, run: RunRecord, lock: RunLock | None = No
     """`lock`: the pipeline's, when the run may be recorded as running (`gcis-etl report`), to tell one killed
     without a trace from a live one; a harvest reporting its own finished run has no need of it."""
     run, gone = _unless_gone(ledger, run, lock) if lock else (run, False)
+    took = datetime.fromisoformat(run.finished) - datetime.fromisoformat(run.started) if run.finished else None
     problems = [item for name in PROBLEMS for item in ledger.run_items(run.run_id, name)]
     warned = [Warned(i.object_id, i.item_id, i.warnings) for i in ledger.run_items(run.run_id, "deposited", True)]
     warned += [Warned(m.object_id, MANIFEST, m.warnings) for m in ledger.manifest_warnings(run.run_id)]
     return RunReport(pipeline=run.pipeline, run_id=run.run_id, status=run.status, started=run.started,
                      finished=run.finished, since=run.since, until=run.until, checkpoint_after=run.checkpoint_after,
-                     counts=ledger.counts_so_far(run), manifests=run.manifests, note=run.note, process_gone=gone,
+                     counts=ledger.counts_so_far(run), manifests=run.manifests, note=run.note,
+                     seconds=took.total_seconds() if took else None, process_gone=gone,
                      problems=problems, warned=warned)
 
 
@@ -140,18 +157,39 @@ def with_written_files(report: RunReport, directory: Path) -> RunReport:
 
 
 def write_report(report: RunReport, directory: Path) -> RunReport:
-    """Write the report's files (report_files) atomically."""
-    directory.mkdir(parents=True, exist_ok=True)
+    """Write the report's files (report_files) atomically: the CSV only when the run has problems. Files that
+    cannot be written (a full disk) are a warning, not an error: the run is recorded, and `gcis-etl report`
+    rebuilds them from the ledger."""
     json_path, csv_path = report_files(report, directory)
-    report.json_path, report.csv_path = str(json_path), str(csv_path)
-    text = io.StringIO()
-    writer = csv.writer(text)
-    writer.writerow(["object_id", "item_id", "outcome", "reason", "seconds", "at"])
-    for item in report.problems:
-        writer.writerow([item.object_id, item.item_id, item.outcome, item.reason, item.seconds, item.at])
-    atomic_write(Path(report.csv_path), text.getvalue())
-    atomic_write(Path(report.json_path), json.dumps(report.to_dict(), indent=2) + "\n")
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        if report.problems:
+            text = io.StringIO()
+            writer = csv.writer(text)
+            writer.writerow(["object_id", "item_id", "outcome", "reason", "seconds", "at"])
+            for item in report.problems:
+                writer.writerow([item.object_id, item.item_id, item.outcome, item.reason, item.seconds, item.at])
+            atomic_write(csv_path, text.getvalue())
+            report.csv_path = str(csv_path)
+        report.json_path = str(json_path)
+        atomic_write(json_path, json.dumps(report.to_dict(), indent=2) + "\n")
+    except OSError as exc:
+        report.json_path = None
+        log.warning("%s: the report of run %s was not written under %s: %s; `gcis-etl report %s` shows it",
+                    report.pipeline, report.run_id, directory, exc.strerror or exc, report.run_id,
+                    extra={"pipeline": report.pipeline, "run_id": report.run_id})
     return report
+
+
+def prune_reports(directory: Path, ledger: Ledger, pipeline: str) -> None:
+    """A report's files are kept as long as the ledger keeps its run's skipped items (skipped_history_runs): the
+    latest runs of the pipeline, its own among them; `gcis-etl report` rebuilds an older one from the ledger."""
+    oldest = ledger.runs(pipeline, limit=ledger.skipped_history_runs)[-1].run_id
+    named = re.compile(rf"{re.escape(pipeline)}-run(\d+)(\.json|-problems\.csv)")
+    for path in directory.glob(f"{glob.escape(pipeline)}-run*"):
+        match = named.fullmatch(path.name)
+        if match and int(match[1]) < oldest:
+            path.unlink(missing_ok=True)
 
 
 @dataclass(frozen=True)
@@ -215,3 +253,13 @@ def pipeline_status(ledger: Ledger, pipeline: str, lock: RunLock, shown: int = 1
                  for m in ledger.manifest_problems(pipeline, limit=shown)]
     return PipelineStatus(pipeline, checkpoint.isoformat() if checkpoint else None, ledger.counts(pipeline), run,
                           ledger.counts_so_far(run) if run else {}, problems, gone, ledger.superseded_count(pipeline))
+
+
+def elapsed(seconds: float) -> str:
+    """As people read an age or a run's length: "45 s", "3 min 12 s", "2 h 5 min"."""
+    whole = int(seconds)
+    if whole < 60:
+        return f"{whole} s"
+    if whole < 3600:
+        return f"{whole // 60} min {whole % 60} s"
+    return f"{whole // 3600} h {whole % 3600 // 60} min"

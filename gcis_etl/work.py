@@ -8,6 +8,7 @@ what makes a redelivered Celery task or a re-run after kill -9 cheap and free of
 """
 from __future__ import annotations
 
+import errno
 import logging
 import shutil
 import tempfile
@@ -89,6 +90,7 @@ class ItemResult:
     master_sha256: str | None = None
     seconds: float = 0.0
     transient: bool = False  # a failure that may well pass on its own (outage, timeout)
+    stops_run: bool = False  # not the item's failure: the worker cannot work at all (its scratch space full)
     warnings: tuple[str, ...] = field(default_factory=tuple)
 
     def to_dict(self) -> dict[str, Any]:
@@ -111,6 +113,9 @@ def fingerprint(item: SourceItem) -> str:
 
 
 _PERMANENT_SOURCE_ERRORS = (AuthenticationFailed, PermissionDenied)
+# A write the disk refuses, whatever the item: here only the scratch space is written (a local store's own
+# failures are StoreErrors), so every item would fail the same way and spend its attempts.
+_SCRATCH_UNWRITABLE = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
 
 
 class Worker:
@@ -161,11 +166,18 @@ class Worker:
         except GcisError as exc:
             result = replace(base, reason=str(exc))
         except OSError as exc:
+            if exc.errno in _SCRATCH_UNWRITABLE:
+                return replace(base, reason=self._scratch_unwritable(exc), stops_run=True)
             result = replace(base, reason=f"{type(exc).__name__}: {exc}", transient=True)
         except Exception as exc:  # a bug must cost one item, never the batch or the worker
             log.exception("internal error on %s/%s", task.object_id, task.item.id)
             result = replace(base, reason=f"internal error: {type(exc).__name__}: {exc}")
         return replace(result, seconds=time.monotonic() - started)
+
+    def _scratch_unwritable(self, exc: OSError) -> str:
+        free = shutil.disk_usage(self.scratch).free if self.scratch.exists() else 0
+        return (f"the scratch space {self.scratch} cannot be written: {exc.strerror} ({free / 1e6:.1f} MB free "
+                f"there): free space on its filesystem (state_dir), then run again; no item's attempt was counted")
 
     def _process(self, task: ItemTask, base: ItemResult) -> ItemResult:
         from gcis_etl.conversion import convert

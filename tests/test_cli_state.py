@@ -94,7 +94,8 @@ def test_report_names_the_files_its_run_wrote_under_state_dir_wherever_the_ledge
     assert cli(site, "harvest").returncode == 0
     shown = json.loads(cli(site, "report", "1", "--json").stdout)
     assert shown["json_path"] == str(site / "state/reports/p-run1.json")
-    assert shown["csv_path"] == str(site / "state/reports/p-run1-problems.csv")
+    assert shown["csv_path"] is None  # no problems: no CSV of them
+    assert sorted(p.name for p in (site / "state/reports").iterdir()) == ["p-run1.json"]
     assert json.loads(Path(shown["json_path"]).read_text())["counts"]["deposited"] == 2
     assert f"report: {site / 'state/reports/p-run1.json'}" in cli(site, "report", "1").stdout
     assert not (site / "elsewhere/reports").exists()

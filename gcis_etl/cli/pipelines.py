@@ -10,7 +10,8 @@ from datetime import datetime, timezone
 
 import click
 
-from gcis_etl.cli import EXIT_ITEM_FAILED, EXIT_LOCKED, EXIT_OK, EXIT_SIGNALLED, _config, _fail_config, main
+from gcis_etl.cli import (EXIT_ITEM_FAILED, EXIT_LOCKED, EXIT_OK, EXIT_SIGNALLED, EXIT_USAGE, _config, _fail_config,
+                          main)
 from gcis_etl.errors import ConfigError, GcisError
 from gcis_etl.spans import SPAN_FORMATS, parse_span
 
@@ -104,9 +105,10 @@ def _logging(log_json: bool, verbose: int) -> None:
 
 
 def _run(ctx: click.Context, names: tuple[str, ...], options, log_json: bool, verbose: int,
-         stop: StopRequest) -> None:
+         stop: StopRequest, quiet: bool = False) -> None:
+    """`quiet`: no summary on stdout; each run's end is logged instead (with --log-json, as well)."""
     from gcis_etl.harvesting import harvest
-    from gcis_etl.ledger import STOPPED_ON_REQUEST
+    from gcis_etl.ledger import STOPPED_ON_REQUEST, LedgerUnwritable
     from gcis_etl.locks import LockHeld
     from gcis_etl.logs import say
     from gcis_etl.progress import progress_for
@@ -119,7 +121,7 @@ def _run(ctx: click.Context, names: tuple[str, ...], options, log_json: bool, ve
         if stop.is_set():  # the pipelines left are not started: the command was cut short
             code = max(code, stop.exit_code)
             break
-        progress = progress_for(name)
+        progress = progress_for(name, log_end=quiet or log_json)
         try:
             report = harvest(cfg, name, options, progress, stop)
         except LockHeld as exc:
@@ -127,6 +129,11 @@ def _run(ctx: click.Context, names: tuple[str, ...], options, log_json: bool, ve
             say(str(exc), pipeline=name)
             code = max(code, EXIT_LOCKED)
             continue
+        except LedgerUnwritable as exc:  # the pipelines left share the ledger: none can run
+            progress.clear()
+            say(f"{name}: run stopped: {exc}", pipeline=name)
+            code = max(code, EXIT_USAGE)
+            break
         except ConfigError as exc:
             progress.clear()
             _fail_config(exc)
@@ -144,7 +151,8 @@ def _run(ctx: click.Context, names: tuple[str, ...], options, log_json: bool, ve
             click.echo(f"{name}: would process {report.counts['process']} items, skip {report.counts['skip']}"
                        f"{unreadable} (since {report.since or 'the beginning'})")
             continue
-        click.echo(report.summary())
+        if not quiet:
+            click.echo(report.summary())
         code = max(code, report.exit_code, stop.exit_code if report.note == STOPPED_ON_REQUEST else EXIT_OK)
     sys.exit(code)
 
@@ -175,30 +183,42 @@ def _common(command):
                                            "with --since / --object; the whole store: the reencode migration.")
 @click.option("--max-minutes", type=click.FloatRange(min=0, min_open=True),
               help="Take no new item after this many minutes (the pipeline's max_run_minutes otherwise).")
+@click.option("-q", "--quiet", is_flag=True, help="No summary on stdout (for cron, which mails any output): each "
+                                                  "run's end is logged instead, as a WARNING when it exits "
+                                                  "non-zero.")
 @_common
 @click.pass_context
 def harvest(ctx: click.Context, pipelines: tuple[str, ...], dry_run: bool, since, limit, object_ids, force: bool,
-            max_minutes, log_json: bool, verbose: int) -> None:
+            max_minutes, quiet: bool, log_json: bool, verbose: int) -> None:
     """Bring the store up to date with the sources: the cron job. All pipelines when none is named.
 
     For each pipeline: the source's changes since the last checkpoint are fetched, converted, verified and
     deposited; each object's manifest is published once all its items are settled; the collection and the
     checkpoint follow. Unchanged items are skipped, rejected ones wait for the source to change, failed ones
-    are retried up to max_attempts. A report (JSON, and CSV of the problems) is written under
-    <state_dir>/reports.
+    are retried up to max_attempts. A report (JSON, and a CSV of the problems when there are any) is written
+    under <state_dir>/reports, where those of a pipeline's latest ledger.skipped_history_runs runs are kept
+    (`gcis-etl report RUN` rebuilds any run's from the ledger). Each run ends with one log line (pipeline,
+    run_id, status, counts, seconds, checkpoint, note: JSON fields) with --log-json or --quiet: INFO when
+    it exits 0, WARNING otherwise; the summary, with the run's start and length, goes to stdout unless
+    --quiet.
 
-    Exit codes: 0 all deposited or skipped; 1 some items rejected or failed (or the source failed);
-    2 configuration or usage error; 3 another run holds the pipeline's lock (nothing was done);
-    130 (Ctrl-C) or 143 (SIGTERM) stopped by that signal before the end, after recording the items in
-    flight (a run the signal reached during its last items completes, and exits as completed). With several
-    pipelines, the highest code wins.
+    Exit codes: 0 all deposited or skipped; 1 some items rejected or failed (or the source, the store or
+    the scratch space failed as a whole: the run stopped, the items not reached keep their attempts);
+    2 configuration or usage error, or a ledger that cannot be opened or written (a full disk: nothing can
+    run until it is put right); 3 another run holds the pipeline's lock (nothing was done); 130 (Ctrl-C) or
+    143 (SIGTERM) stopped by that signal before the end, after recording the items in flight (a run the
+    signal reached during its last items completes, and exits as completed). With several pipelines, the
+    highest code wins.
 
     \b
     Examples:
       gcis-etl harvest                          every pipeline, from its checkpoint
       gcis-etl harvest museum --dry-run         what would be done
       gcis-etl harvest library --since 7d --limit 100
-      */15 * * * *  gcis-etl --config /etc/gcis/config.yaml harvest --log-json --max-minutes 14
+    In a crontab (cron mails what a run prints: with --quiet, only the WARNING lines of what went wrong):
+      */15 * * * *  gcis-etl --config /etc/gcis/config.yaml harvest --quiet --max-minutes 14
+    For a log shipper (one JSON line per item and per run on stderr):
+      */15 * * * *  gcis-etl --config /etc/gcis/config.yaml harvest --quiet --log-json --max-minutes 14
     """
     from gcis_etl.harvesting import HarvestOptions
     if force and since is None and not object_ids:
@@ -206,7 +226,7 @@ def harvest(ctx: click.Context, pipelines: tuple[str, ...], dry_run: bool, since
                    "older items (or use the reencode migration)", err=True)
     _run(ctx, pipelines, HarvestOptions(dry_run=dry_run, since=since, limit=limit, object_ids=tuple(object_ids),
                                         force=force, max_run_minutes=max_minutes), log_json, verbose,
-         stop_on_signals())
+         stop_on_signals(), quiet)
 
 
 @main.command()
