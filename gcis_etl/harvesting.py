@@ -419,8 +419,9 @@ class Harvest:
 
     def in_memory(self, status: str, note: str) -> RunReport:
         """The report of a run that ended on an error, from what the run holds (the ledger may not be writable)."""
-        return RunReport(self.pipeline.name, self.run_id, status, None, None, None, None, None, dict(self.counts),
-                         self.manifests_published, note, seconds=time.monotonic() - self.began)
+        return RunReport(pipeline=self.pipeline.name, run_id=self.run_id, status=status, started=None, finished=None,
+                         since=None, until=None, checkpoint_after=None, counts=dict(self.counts),
+                         manifests=self.manifests_published, note=note, seconds=time.monotonic() - self.began)
 
     def update_collection(self) -> None:
         manifests = self.pipeline.manifests
