@@ -13,7 +13,7 @@ from types import UnionType
 from pathlib import Path
 from typing import Annotated, Any, Iterator, Literal, Union, get_args, get_origin
 
-from pydantic import BaseModel, Field, PrivateAttr
+from pydantic import BaseModel, Field
 
 from connectors import settings_model
 from connectors.http import tls_switch
@@ -47,12 +47,11 @@ class Config(Settings):
     celery: CelerySettings = CelerySettings()
     cache: CacheSettings = CacheSettings()
     source_file: str = "<built-in defaults: no --config, no $GCIS_CONFIG, no config.yaml in the working folder>"
-    _from_environment: frozenset[str] = PrivateAttr(frozenset())
 
     def printable(self) -> dict[str, Any]:
         """The resolved settings as plain data, secrets masked: those under secret-looking keys and every
         value that came from the environment, whatever its key (an API key in `extra_headers`)."""
-        return masked(self.model_dump(mode="json", exclude={"source_file"}), self._from_environment)
+        return masked(self.model_dump(mode="json", exclude={"source_file"}), self.from_environment)
 
     @property
     def ledger_path(self) -> Path:
