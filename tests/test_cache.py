@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from gcis_etl.cache import CacheSettings, CacheSource, prune, purge, sync
@@ -429,6 +430,25 @@ def served(config: Path, port: int) -> str:
         proc.terminate()
         proc.communicate(timeout=60)
     return "".join(lines)
+
+
+def test_serve_stopped_while_lighttpd_starts_leaves_no_lighttpd_behind(configured):
+    """systemd stopping the service right after it started: lighttpd (and iipsrv) go with the command. The SIGTERM
+    handler used to be set only once the server listened, so a SIGTERM before killed the command and left
+    lighttpd serving, orphaned."""
+    config, _ = configured
+    proc = subprocess.Popen([GCIS, "--config", str(config), "cache", "serve", "--no-sync", "--port", "0"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while not (started := [c for c in psutil.Process(proc.pid).children() if c.name() == "lighttpd"]):
+        assert proc.poll() is None and time.monotonic() < deadline, "lighttpd never started"
+        time.sleep(0.005)
+    proc.terminate()
+    proc.wait(timeout=60)
+    _, alive = psutil.wait_procs(started, timeout=10)
+    for process in alive:
+        process.kill()
+    assert alive == []
 
 
 def test_serve_on_another_port_than_the_manifests_name_warns_which_keys_to_change(configured):

@@ -240,7 +240,26 @@ def serve(ctx: click.Context, port: int | None, no_sync: bool) -> None:
         click.echo(f"cache: copied {len(result.copied)}, unchanged {result.unchanged}, failed {len(result.failed)}")
     server = cfg.cache.server if port is None else cfg.cache.server.model_copy(update={"port": port})
     consumer = Consumer(server, cfg.cache.images_dir, demo=True)
-    _run(consumer.start)
+
+    def interrupted(signum, frame):
+        raise KeyboardInterrupt
+
+    # `kill`, systemd: stop lighttpd and iipsrv too, from the moment lighttpd may be running (a SIGTERM's
+    # default action would leave it serving, orphaned)
+    signal.signal(signal.SIGTERM, interrupted)
+    try:
+        _run(consumer.start)
+        _announce(cfg, consumer)
+        consumer.wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        consumer.stop()
+    sys.exit(EXIT_OK)
+
+
+def _announce(cfg, consumer) -> None:
+    """Where the demo serves what, and a warning when the manifests name another port of this host."""
     click.echo(f"IIIF Image API: {consumer.iiif_url}/{{store key}}/info.json")
     for name in sorted(cfg.pipelines):
         manifests = cfg.pipeline(name).manifests
@@ -255,15 +274,3 @@ def serve(ctx: click.Context, port: int | None, no_sync: bool) -> None:
                    f"cache.server.port), or change those keys and publish the manifests again (gcis-etl harvest "
                    f"--since <a date before the first harvest>)", err=True)
     click.echo("Ctrl-C stops")
-
-    def interrupted(signum, frame):
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, interrupted)  # `kill`, systemd: stop lighttpd and iipsrv too
-    try:
-        consumer.wait()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        consumer.stop()
-    sys.exit(EXIT_OK)
