@@ -1,6 +1,7 @@
 """Local files that survive a crash and are identified by content: directory fsync and SHA-256."""
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import tempfile
@@ -8,6 +9,9 @@ from pathlib import Path
 from typing import IO
 
 CHUNK = 4 * 1024 * 1024
+# A write the filesystem refuses whatever the file: every other write there fails the same way until someone
+# frees space or remounts it, so the work that needs it stops instead of failing item after item.
+DISK_REFUSES_WRITES = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
 
 
 def fsync_path(path: str | Path) -> None:

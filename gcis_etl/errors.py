@@ -25,6 +25,11 @@ class StoreError(GcisError):
     """A store operation failed (including integrity mismatches)."""
 
 
+class StoreFull(StoreError):
+    """The store takes no more data (its disk full, a quota reached, mounted read-only): every deposit would fail
+    alike, so a run stops rather than spend each item's attempts."""
+
+
 class IntegrityError(StoreError):
     """A checksum or size did not match: the data is not what was sent or announced."""
 

@@ -32,8 +32,8 @@ from s3transfer.manager import TransferConfig, TransferManager
 from s3transfer.subscribers import BaseSubscriber
 from s3transfer.utils import ChunksizeAdjuster
 
-from gcis_etl.durable import fsync_path, sha256_stream
-from gcis_etl.errors import IntegrityError, StoreError
+from gcis_etl.durable import DISK_REFUSES_WRITES, fsync_path, sha256_stream
+from gcis_etl.errors import IntegrityError, StoreError, StoreFull
 from gcis_etl.keys import KeyTemplates, UnsafeKey, check_key, check_prefix
 from gcis_etl.settings import Settings
 
@@ -225,7 +225,7 @@ class LocalStore:
             dest.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp_name = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
         except OSError as exc:
-            raise StoreError(f"{self.describe(key)}: cannot write: {exc.strerror}") from None
+            raise self._unwritable(key, exc) from None
         tmp = Path(tmp_name)
         try:
             digest = hashlib.sha256()
@@ -255,9 +255,15 @@ class LocalStore:
             fsync_path(dest.parent)
             return record
         except OSError as exc:
-            raise StoreError(f"{self.describe(key)}: cannot write: {exc.strerror}") from None
+            raise self._unwritable(key, exc) from None
         finally:
             tmp.unlink(missing_ok=True)
+
+    def _unwritable(self, key: str, exc: OSError) -> StoreError:
+        full = exc.errno in DISK_REFUSES_WRITES
+        return (StoreFull if full else StoreError)(
+            f"{self.describe(key)}: cannot write: {exc.strerror}"
+            + (f" ({shutil.disk_usage(self.root).free / 1e6:.1f} MB free in the store's filesystem)" if full else ""))
 
     def _sidecar(self, key: str) -> Path:
         return self.root / self.META / f"{key}.json"
@@ -431,6 +437,7 @@ class S3StoreSettings(Settings):
 _INTEGRITY_CODES = {"BadDigest", "InvalidDigest", "XAmzContentChecksumMismatch", "XAmzContentSHA256Mismatch"}
 _REFUSED = {"403", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken", "InvalidToken",
             "AllAccessDisabled"}  # the credentials (a HEAD's 403 carries no body: its code is "403")
+_FULL = {"XMinioStorageFull", "XMinioAdminBucketQuotaExceeded"}  # MinIO's drives past their free-space threshold
 
 
 def _b64(digest: bytes) -> str:
@@ -535,7 +542,8 @@ class S3Store:
     def _error(self, key: str, action: str, exc: Exception) -> StoreError:
         if isinstance(exc, ClientError):
             error = exc.response.get("Error", {})
-            cls = IntegrityError if error.get("Code") in _INTEGRITY_CODES else StoreError
+            cls = IntegrityError if error.get("Code") in _INTEGRITY_CODES else \
+                StoreFull if error.get("Code") in _FULL else StoreError
             if error.get("Code") in _REFUSED:
                 hint = " (check the store's credentials and its bucket policy)"
             elif error.get("Code") == "NoSuchBucket":

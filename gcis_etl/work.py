@@ -8,7 +8,6 @@ what makes a redelivered Celery task or a re-run after kill -9 cheap and free of
 """
 from __future__ import annotations
 
-import errno
 import logging
 import shutil
 import tempfile
@@ -22,7 +21,8 @@ from typing import Any
 from connectors.base import Fixity, SourceItem
 from connectors.errors import AuthenticationFailed, PermissionDenied
 from connectors.fetching import fetch_warnings
-from gcis_etl.errors import GcisError, SourceError, StoreError
+from gcis_etl.durable import DISK_REFUSES_WRITES
+from gcis_etl.errors import GcisError, SourceError, StoreError, StoreFull
 from gcis_etl.isolation import IsolatedProcess
 from gcis_etl.keys import UnsafeKey
 from gcis_etl.models import Status
@@ -113,9 +113,6 @@ def fingerprint(item: SourceItem) -> str:
 
 
 _PERMANENT_SOURCE_ERRORS = (AuthenticationFailed, PermissionDenied)
-# A write the disk refuses, whatever the item: here only the scratch space is written (a local store's own
-# failures are StoreErrors), so every item would fail the same way and spend its attempts.
-_SCRATCH_UNWRITABLE = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
 
 
 class Worker:
@@ -161,12 +158,15 @@ class Worker:
         except SourceError as exc:
             result = replace(base, reason=f"fetching: {exc}",
                              transient=not isinstance(exc, _PERMANENT_SOURCE_ERRORS))
+        except StoreFull as exc:
+            return replace(base, reason=f"depositing: {exc}: the store takes no more data; make room there, then "
+                                        f"run again (no item's attempt was counted)", stops_run=True)
         except StoreError as exc:
             result = replace(base, reason=f"depositing: {exc}", transient=True)
         except GcisError as exc:
             result = replace(base, reason=str(exc))
         except OSError as exc:
-            if exc.errno in _SCRATCH_UNWRITABLE:
+            if exc.errno in DISK_REFUSES_WRITES:  # only scratch is written here: a store's are StoreErrors
                 return replace(base, reason=self._scratch_unwritable(exc), stops_run=True)
             result = replace(base, reason=f"{type(exc).__name__}: {exc}", transient=True)
         except Exception as exc:  # a bug must cost one item, never the batch or the worker

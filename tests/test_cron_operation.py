@@ -130,9 +130,18 @@ def test_a_ledger_that_cannot_be_written_mid_run_stops_it_and_loses_nothing_conv
     assert "already in the store" in warned["b"] and "already in the store" in warned["c"], warned
 
 
-# ------------------------------------------------------------------------------- a full scratch space
-# Needs the change to gcis_etl/work.py that gives ItemResult `stops_run` (ENOSPC, EDQUOT or EROFS in the
-# scratch space): without it this test, and every harvest of this version, fails.
+# ------------------------------------------------------------------- a full scratch space or store
+
+
+def fill(folder: Path) -> None:
+    """Write into `folder` until its filesystem is full."""
+    filler = os.open(folder / "filler", os.O_WRONLY | os.O_CREAT)
+    try:
+        with pytest.raises(OSError):
+            while True:
+                os.write(filler, b"\0" * 4096)
+    finally:
+        os.close(filler)
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs for the scratch space needs root")
@@ -147,13 +156,7 @@ def test_a_full_scratch_space_stops_the_run_and_spends_no_attempt(tmp_path):
     scratch = tmp_path / "state" / "scratch"
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(scratch)], check=True)
     try:
-        filler = os.open(scratch / "filler", os.O_WRONLY | os.O_CREAT)
-        try:
-            with pytest.raises(OSError):
-                while True:
-                    os.write(filler, b"\0" * 4096)
-        finally:
-            os.close(filler)
+        fill(scratch)
         checkpoint = peek(night.ledger, "SELECT checkpoint FROM checkpoints")
 
         full = night.harvest()
@@ -172,6 +175,45 @@ def test_a_full_scratch_space_stops_the_run_and_spends_no_attempt(tmp_path):
     again = night.harvest()
     assert again.returncode == 0, again.stderr
     assert night.items() == {f"{o}/{o}/master.tif": ("deposited", 0) for o in "abc"}
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs for the store needs root")
+def test_a_full_local_store_stops_the_run_and_spends_no_attempt(tmp_path):
+    """As for a full scratch space: the first deposit the store's disk refuses stops the run (exit 1) with the
+    store's path and free space, no item is recorded and the checkpoint stays; with room again, the next run
+    deposits them all, and the store holds no temporary file."""
+    store = tmp_path / "store"
+    store.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(store)], check=True)
+    try:
+        night = Night(tmp_path)
+        night.add("a")
+        assert night.harvest().returncode == 0
+        night.add("b", "c")
+        fill(store)
+        checkpoint = peek(night.ledger, "SELECT checkpoint FROM checkpoints")
+
+        full = night.harvest()
+
+        assert full.returncode == 1, full.stderr
+        assert "Traceback" not in full.stderr
+        stopped = re.search(r"dam: run stopped: depositing: (\S+): cannot write: No space left on device "
+                            r"\(0\.0 MB free in the store's filesystem\): the store takes no more data; make room "
+                            r"there, then run again \(no item's attempt was counted\) \(everything settled so far "
+                            r"is recorded; run again\)", full.stderr)
+        assert stopped, full.stderr
+        assert Path(stopped[1]).parent.parent == store / "dam" and Path(stopped[1]).parent.name in "bc"
+        assert night.runs()[-1][:2] == (2, "failed") and night.runs()[-1][2].startswith("RunHalted: depositing: ")
+        assert night.items() == {"a/a/master.tif": ("deposited", 0)}
+        assert peek(night.ledger, "SELECT checkpoint FROM checkpoints") == checkpoint
+
+        (store / "filler").unlink()
+        again = night.harvest()
+        assert again.returncode == 0, again.stderr
+        assert night.items() == {f"{o}/{o}/master.tif": ("deposited", 0) for o in "abc"}
+        assert not [p for p in store.rglob(".*.tmp")]
+    finally:
+        subprocess.run(["umount", str(store)], check=True)
 
 
 # ------------------------------------------------------------------------------------ the night's log

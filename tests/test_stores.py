@@ -448,3 +448,38 @@ def test_bad_s3_settings_name_the_key(minio, override, key):
 def test_settings_round_trip_through_json_for_worker_processes(minio):
     settings = s3_settings(minio, "bucket", max_bandwidth=1000)
     assert S3StoreSettings.model_validate(json.loads(settings.model_dump_json())) == settings
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root")
+def test_a_full_store_is_told_from_other_failures(tmp_path, aws_env):
+    """A store that takes no more data (StoreFull) stops a harvest rather than failing every item: a local
+    store's disk full, and MinIO's drive past its free-space threshold (507 XMinioStorageFull). Each is found on
+    its real filesystem, a small tmpfs."""
+    from gcis_etl.errors import StoreFull
+    from tests.servers import MinioServer, free_port
+    master, _ = random_file(tmp_path / "master.bin", 4 * MiB)
+    disks = [tmp_path / "local", tmp_path / "minio"]
+    for disk in disks:
+        disk.mkdir()
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(disk)], check=True)
+    server = MinioServer(data_dir=disks[1], port=free_port())
+    try:
+        local = LocalStore(LocalStoreSettings(root=disks[0]))
+        with pytest.raises(StoreFull, match=r"local/p/o/\d\.tif: cannot write: No space left on device \(\d"):
+            for n in range(10):
+                local.put(f"p/o/{n}.tif", master)
+        assert not list(disks[0].rglob("*.tmp"))  # what the refused put began is gone
+
+        server.start()
+        server.client().create_bucket(Bucket="full")
+        store = S3Store(s3_settings(server, "full"))
+        with pytest.raises(StoreFull, match="XMinioStorageFull"):
+            for n in range(10):
+                store.put(f"p/o/{n}.tif", master)
+        with pytest.raises(StoreError) as other:
+            S3Store(s3_settings(server, "no-such-bucket")).put("p/o/x.tif", master)
+        assert not isinstance(other.value, StoreFull)
+    finally:
+        server.stop()
+        for disk in disks:
+            subprocess.run(["umount", str(disk)], check=True)
