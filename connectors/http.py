@@ -35,7 +35,7 @@ from connectors.errors import (AuthenticationFailed, PermissionDenied, SourceReq
 from connectors.fetching import CHUNK_SIZE, Body
 from connectors.redaction import register, scrub, scrub_url
 from connectors.retry import RetryBudget, RetryPolicy
-from gcis_etl.settings import Settings, checked_url, redacted
+from gcis_etl.settings import Settings, checked_url
 
 log = logging.getLogger(__name__)
 
@@ -150,7 +150,7 @@ class HttpSession:
         try:
             prepared.prepare_url(url, params)
         except requests.exceptions.InvalidURL:  # its message quotes the URL, password included
-            raise SourceRequestFailed(f"{method} {scrub(redacted(url))}: not a valid URL (percent-encode the "
+            raise SourceRequestFailed(f"{method} {scrub(url)}: not a valid URL (percent-encode the "
                                       f"reserved characters of a user name or password)") from None
         return f"{method} {scrub_url(prepared.url)}"
 

@@ -1,11 +1,11 @@
 """Keeping credentials out of log lines and exception text.
 
-Three defences: URLs lose their user-info and the values of query parameters that look secret;
-every string a connector registered as secret (password, Basic header, session token, whatever the
-environment filled into its settings) is replaced wherever it appears, encoded or not; and log lines go
-through the same scrubbing (ScrubbingFilter: on urllib3's request logger when this module is imported,
-on every handler gcis_etl.logs sets up). The registry is process-wide: a secret is a secret whichever
-connector met it.
+Three defences: URLs lose their passwords and the values of query parameters that look secret (by
+gcis_etl.settings.redacted, the rule printed settings follow too); every string a connector registered as
+secret (password, Basic header, session token, whatever the environment filled into its settings) is
+replaced wherever it appears, encoded or not; and log lines go through the same scrubbing (ScrubbingFilter:
+on urllib3's request logger when this module is imported, on every handler gcis_etl.logs sets up). The
+registry is process-wide: a secret is a secret whichever connector met it.
 
 Where a credential must not go at all: a SourceItem.locator, which travels in Celery task messages (the
 broker, `celery inspect`, task events, a worker's DEBUG log). A locator holds no user-info
@@ -21,15 +21,10 @@ from urllib.parse import quote, quote_plus, unquote, urlsplit, urlunsplit
 
 from pydantic import BaseModel, BeforeValidator, SecretStr
 
-from gcis_etl.settings import Deferred, Settings
+from gcis_etl.settings import Deferred, Settings, redacted
 
 MASK = "***"
 
-_SECRET_PARAM = re.compile(
-    r"pass|pwd|secret|token|auth|api_?key|signature|credential|session|pds_handle|ticket|digest|x-amz-",
-    re.IGNORECASE)
-_QUERY_PAIR = re.compile(r"(?<=[?&])([^=&\s\"'#]+)=([^&\s\"'#]*)")
-_USERINFO = re.compile(r"(?<=://)([^\s/@:\"']*):[^\s/@\"']+@")
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 _secrets: set[str] = set()
 _lock = threading.Lock()
@@ -70,13 +65,13 @@ def _texts(value: Any) -> Iterator[str]:
 
 
 def scrub(text: str) -> str:
-    """Text with registered secrets, URLs' user-info and the values of secret-looking query parameters masked."""
+    """Text with registered secrets, URLs' passwords and the values of secret-named query parameters masked
+    (gcis_etl.settings.redacted: the one rule of what looks secret)."""
     with _lock:
         secrets = sorted(_secrets, key=len, reverse=True)
     for secret in secrets:
         text = text.replace(secret, MASK)
-    text = _USERINFO.sub(rf"\1:{MASK}@", text)
-    return _QUERY_PAIR.sub(lambda m: f"{m.group(1)}={MASK}" if _SECRET_PARAM.search(m.group(1)) else m.group(0), text)
+    return redacted(text, MASK)
 
 
 def scrub_url(url: str) -> str:

@@ -15,7 +15,15 @@ from gcis_etl.errors import ConfigError
 M = TypeVar("M", bound=BaseModel)
 
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
-_SECRET_KEY = re.compile(r"password|secret|token|credential|(api|access)[_-]?key|authorization|cookie", re.IGNORECASE)
+# A name whose value is a credential: a settings key, an environment variable, a header or a query parameter
+# (OTMM's session_id, Rosetta's pds_handle, a presigned URL's X-Amz-*). Masks `auth: session` too: more than
+# needed, never less.
+_SECRET_NAME = re.compile(r"pass|pwd|secret|token|credential|(api|access)[_-]?key|auth|cookie|signature|session"
+                         r"|pds_handle|ticket|digest|x-amz-", re.IGNORECASE)
+_SCHEME = r"[A-Za-z][A-Za-z0-9+.-]*://"
+# A URL in a text ends at a blank, a quote or a ';' that starts the next URL of a list.
+_URL = re.compile(rf"{_SCHEME}(?:[^\s\"'<>;]|;(?!{_SCHEME}))*")
+_QUERY_PAIR = re.compile(rf"((?<=[?&])([^=&\s\"'#;]+)=)((?:[^&\s\"'#;]|;(?!{_SCHEME}))*)")
 _MIN_SECRET = 4  # shorter environment values ("0", "yes") are no secrets; masked everywhere, they hide settings
 _MASK = "********"
 
@@ -83,7 +91,7 @@ def interpolate_env(value: Any, where: str = "", deferred: re.Pattern | None = N
             name = match.group(1)
             if name not in os.environ:
                 raise ConfigError(f"{where}: environment variable {name} is not set")
-            if len(os.environ[name]) >= _MIN_SECRET and (_SECRET_KEY.search(name) or _SECRET_KEY.search(where)):
+            if len(os.environ[name]) >= _MIN_SECRET and (_SECRET_NAME.search(name) or _SECRET_NAME.search(where)):
                 secrets.add(os.environ[name])
             return os.environ[name]
         filled = FromEnvironment(_ENV_REF.sub(sub, value))
@@ -123,7 +131,7 @@ def _hidden_input(error: dict) -> bool:
     """An input an error must not show: under a secret-named key or a mapping of headers (a gateway's API key),
     or under a key the model does not have (a misspelt `passwd:` holds a password all the same)."""
     return error["type"] == "extra_forbidden" or any(
-        _SECRET_KEY.search(str(part)) or str(part).lower().endswith("headers") for part in error["loc"])
+        _SECRET_NAME.search(str(part)) or str(part).lower().endswith("headers") for part in error["loc"])
 
 
 def checked_url(url: str, schemes: tuple[str, ...], what: str) -> str:
@@ -193,7 +201,7 @@ def masked(value: Any, hidden: frozenset[str] = frozenset(), key: str = "") -> A
         return {k: masked(v, hidden, str(k)) for k, v in value.items()}
     if isinstance(value, list):
         return [masked(v, hidden, key) for v in value]
-    if value in hidden or (_SECRET_KEY.search(key) and value not in (None, "") and not isinstance(value, bool)):
+    if value in hidden or (_SECRET_NAME.search(key) and value not in (None, "") and not isinstance(value, bool)):
         return _MASK
     if isinstance(value, str):
         for secret in getattr(hidden, "secrets", ()):
@@ -202,22 +210,19 @@ def masked(value: Any, hidden: frozenset[str] = frozenset(), key: str = "") -> A
     return value
 
 
-def redacted(url: str, mask: str = "***") -> str:
-    """The URL, or the ';'-separated URLs (Sentinel, failover), with every password masked: the userinfo's
-    and those of secret-named query parameters (redis' ?password=). The userinfo ends at the last '@', so a
-    password with an unencoded '#', '?' or '/' is masked too; an '@' after the host masks more than needed,
-    never less."""
-    return ";".join(_redacted_one(one, mask) for one in url.split(";"))
+def redacted(text: str, mask: str = "***") -> str:
+    """`text` (a URL, ';'-separated URLs for Sentinel or failover, or a message quoting URLs) with every
+    password masked: a URL's userinfo's and the values of secret-named query parameters (redis' ?password=,
+    OTMM's ?session_id=). The userinfo ends at the URL's last '@', so a password with an unencoded '#', '?' or
+    '/' is masked too; an '@' after the host masks more than needed, never less."""
+    text = _URL.sub(lambda m: _without_password(m.group(0), mask), text)
+    return _QUERY_PAIR.sub(lambda m: m.group(1) + (mask if _SECRET_NAME.search(m.group(2)) else m.group(3)), text)
 
 
-def _redacted_one(url: str, mask: str) -> str:
-    scheme, separator, rest = url.partition("://")
-    if not separator:
-        return url
+def _without_password(url: str, mask: str) -> str:
+    scheme, _, rest = url.partition("://")
     userinfo, at, rest = rest.rpartition("@")
     if at:
         user, colon, _ = userinfo.partition(":")
         userinfo = f"{user}:{mask}@" if colon else f"{userinfo}@"
-    query = re.sub(r"([?&]([^=&#]*)=)([^&#]*)",
-                   lambda m: m.group(1) + (mask if _SECRET_KEY.search(m.group(2)) else m.group(3)), rest)
-    return f"{scheme}://{userinfo}{query}"
+    return f"{scheme}://{userinfo}{rest}"
