@@ -39,7 +39,6 @@ class SourceItem:
     fixity: Fixity | None = None
     label: str | None = None
     locator: str = ""  # connector-specific address of the bytes (URL, path, key)
-    mime_type: str | None = None
 
 
 @dataclass(frozen=True)

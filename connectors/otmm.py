@@ -467,7 +467,7 @@ class OtmmSource:
             id=asset_id, sequence=sequence, original_name=info.get("name") or asset.get("name") or asset_id,
             size=int(size) if isinstance(size, int) or str(size).isdigit() else None, modified=_updated(asset),
             fixity=fixity(s.content_checksum, checksum) if s.content_checksum != "none" and checksum else None,
-            label=None, locator=locator, mime_type=info.get("mime_type") or asset.get("mime_type"))
+            label=None, locator=locator)
 
     def _metadata(self, asset: dict) -> dict[str, list[LangValue]]:
         s = self.settings

@@ -456,8 +456,7 @@ class _IeDocument:
                                          or general.get("fileModificationDate"), self.zone),
                 fixity=self._fixity(dnx.get("fileFixity", [])),
                 label=div_label or general.get("label") or None,
-                locator=delivery_url(file_id),
-                mime_type=general.get("fileMIMEType") or element.get("MIMETYPE"))
+                locator=delivery_url(file_id))
 
     def _physical_order(self, rep_id: str, files: dict) -> list[tuple[str, str | None]]:
         """(file id, div LABEL) in the order of the representation's structMap of the configured TYPE."""

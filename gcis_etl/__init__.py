@@ -1,6 +1,7 @@
 """gcis-etl: masters from the DAMs in, verified IIIF access masters out.
 
-The library's front door; the CLI and Celery tasks only call these.
+The library's front door, for a script or a notebook: one master or access master at a time (inspect,
+convert, verify), recipes, and a configured harvest. The CLI and the Celery worker use the modules behind it.
 """
 # Pillow before pyvips, in every process that imports gcis_etl: libvips brings the system's OpenJPEG into the
 # global symbol scope, and a Pillow loaded after it binds to that one instead of its wheel's (seen with
@@ -14,16 +15,19 @@ from gcis_etl.conversion import check_decoding, convert
 from gcis_etl.errors import (ConfigError, ConversionFailed, GcisError, RejectedMaster, VerificationFailed)
 from gcis_etl.inspection import inspect
 from gcis_etl.models import ConversionResult, ImageInfo, Status, Verdict, VerifyReport
+from gcis_etl.policy import IsolationSettings
 from gcis_etl.recipes import Recipe, load_recipe
 
 
-def verify(path, expect=None) -> VerifyReport:
-    """Check the access-master contract in an isolated process (it decodes tiles through libtiff). `expect`: an
-    Expectation, a recipe's Jp2Parameters, or a Recipe (what it sets for the file's kind); a file that cannot be
-    read is a report with that error."""
+def verify(path, expect=None, isolation_settings: IsolationSettings | None = None) -> VerifyReport:
+    """Check the access-master contract in an isolated process (it decodes tiles through libtiff), under
+    `isolation_settings` (config.yaml's isolation:, as for convert). `expect`: an Expectation, a recipe's
+    Jp2Parameters, or a Recipe (what it sets for the file's kind); a file that cannot be read is a report with
+    that error. Raises ConversionFailed when the check cannot finish (a decoder crashed, or memory or time ran
+    out under the limits): the file is then neither valid nor invalid, only unverified."""
     from gcis_etl.conversion import verify_in_child
     from gcis_etl.isolation import IsolatedProcess
-    with IsolatedProcess() as worker:
+    with IsolatedProcess(isolation_settings) as worker:
         return worker.call(verify_in_child, str(path), expect)
 
 

@@ -41,7 +41,7 @@ import uuid
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import TYPE_CHECKING, Iterable, Sequence
 from urllib.parse import unquote, urlsplit
 
 from pydantic import ByteSize, field_validator
@@ -54,6 +54,9 @@ from gcis_etl.locks import RunLock
 from gcis_etl.settings import Settings
 from gcis_etl.spans import parse_span
 from gcis_etl.stores import ListedObject, Store
+
+if TYPE_CHECKING:
+    from gcis_etl.config import Config
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS images (
@@ -106,6 +109,14 @@ class CacheSource:
     name: str
     store: Store
     prefix: str = ""
+
+
+def cache_sources(config: Config, names: Sequence[str] = ()) -> list[CacheSource]:
+    """The sources of the pipelines named, by default those cache.pipelines names (all when it names none). A
+    pipeline config.yaml does not have is a ConfigError naming it."""
+    selected = list(names) or list(config.cache.pipelines or sorted(config.pipelines))
+    pipelines = [config.pipeline(name) for name in selected]
+    return [CacheSource(p.name, p.store, p.settings.store.keys.image_prefix(p.name)) for p in pipelines]
 
 
 @dataclass(frozen=True)

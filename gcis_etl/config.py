@@ -139,7 +139,7 @@ def _filled(data: dict, found: Path, anchored, deferred: re.Pattern | None = Non
     """`data` with its ${VAR} filled in (but where `deferred`), then its relative paths made relative to the
     file's folder by `anchored` (after interpolation: an absolute path from the environment stays absolute)."""
     try:
-        return anchored(interpolate_env(data, "", deferred), _anchor_in(config_folder(found)))
+        return anchored(interpolate_env(data, "", deferred), anchor_in(config_folder(found)))
     except ConfigError as exc:
         raise ConfigError(f"{found}: {exc}") from None
 
@@ -191,7 +191,7 @@ def _served(pipelines: dict[str, PipelineSettings], max_cvt: int, cached: tuple[
     return out
 
 
-def _anchor_in(base: Path):
+def anchor_in(base: Path):
     """A relative path made relative to `base`; an anchored value from the environment stays marked as such."""
     def anchor(value: Any) -> Any:
         if isinstance(value, str) and value and not Path(value).is_absolute():
@@ -244,9 +244,8 @@ def _anchored_pipeline(name: str, pipeline: Any, anchor) -> Any:
     if not isinstance(pipeline, dict):
         return pipeline
     pipeline = _anchored_recipe(_anchored_imaging(dict(pipeline), anchor), anchor)
-    store = pipeline.get("store")
-    if isinstance(store, dict) and store.get("kind") == "local" and "root" in store:
-        pipeline["store"] = {**store, "root": anchor(store["root"])}
+    if "store" in pipeline:
+        pipeline["store"] = anchored_store(pipeline["store"], anchor)
     source = pipeline.get("source")
     if isinstance(source, dict) and isinstance(source.get("kind"), str):
         try:
@@ -255,6 +254,14 @@ def _anchored_pipeline(name: str, pipeline: Any, anchor) -> Any:
             raise ConfigError(f"pipelines.{name}.source.kind: {exc}") from None
         pipeline["source"] = _anchored_source(source, model, anchor)
     return pipeline
+
+
+def anchored_store(store: Any, anchor) -> Any:
+    """A local store's root relative to the folder of the file that gives it: config.yaml's pipelines, or a
+    store file given to a migration script (inline on its command line: the working directory)."""
+    if isinstance(store, dict) and store.get("kind") == "local" and "root" in store:
+        return {**store, "root": anchor(store["root"])}
+    return store
 
 
 def _anchored_source(source: dict, model: type[BaseModel], anchor) -> dict:

@@ -18,10 +18,9 @@ from typing import TYPE_CHECKING, Callable
 from gcis_etl import isolation
 from gcis_etl.durable import fsync_path, sha256_file
 from gcis_etl.errors import ConversionFailed, RejectedMaster, VerificationFailed
-from gcis_etl.formats import names_of, sniff
+from gcis_etl.formats import names_a_sequence, names_of, sniff
 from gcis_etl.inspection import inspect
 from gcis_etl.isolation import IsolatedProcess, WorkerCrashed
-from gcis_etl.keys import names_a_sequence
 from gcis_etl.models import ConversionResult, ImageInfo, Status, Verdict, VerifyReport
 from gcis_etl.policy import ImagingPolicy, IsolationSettings
 from gcis_etl.recipes import JP2_ENCODERS, PTIFF_ENCODERS, Recipe, load_recipe

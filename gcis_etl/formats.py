@@ -1,4 +1,5 @@
-"""Format by content: masters arrive with wrong extensions, so the first bytes decide, never the name."""
+"""Format by content (masters arrive with wrong extensions, so the first bytes decide, never the name), and
+what a file name tells iipsrv."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -62,3 +63,8 @@ def extension_mismatch(path: str | Path, fmt: str) -> str | None:
     if not ext or not expected or ext in expected:
         return None
     return f"extension {ext} does not match the content ({fmt}); processed as {fmt}"
+
+
+def names_a_sequence(name: str) -> bool:
+    """iipsrv 1.1 reads '_pyr_' anywhere in a file name as a 3-D sequence marker (in any case, to be safe)."""
+    return "_pyr_" in name.lower()

@@ -55,11 +55,23 @@ class HarvestOptions:
     redo_rejected: bool = False            # process rejected items again (after a policy change)
     max_run_minutes: float | None = None   # overrides the pipeline's
     recipe: str | None = None              # overrides the pipeline's (migrations)
-    retry_failed: bool = True              # also revisit objects with failed items still within max_attempts
     full: bool = False                     # list the whole source whatever the checkpoint, like a first run
     reencode: str | None = None            # re-derive what was deposited with this recipe (by name)
     fresh_attempts: bool = False           # failed items of object_ids start their attempts again (retry)
     keep_superseded: bool = False          # access masters re-derived under another key stay in the store
+
+
+def retry_targets(ledger: Ledger, names: list[str], object_ids: tuple[str, ...], failed: bool,
+                  rejected: bool) -> dict[str, tuple[str, ...]]:
+    """What `gcis-etl retry` processes again, by pipeline: the objects named, or else those with failed items
+    (`failed`) and rejected ones (`rejected`). A pipeline with none is left out."""
+    statuses = (["failed"] if failed else []) + (["rejected"] if rejected else [])
+    targets = {}
+    for name in names:
+        ids = set(object_ids) or {o for status in statuses for o in ledger.objects_with(name, status)}
+        if ids:
+            targets[name] = tuple(sorted(ids))
+    return targets
 
 
 @dataclass(frozen=True)
@@ -167,7 +179,7 @@ class Harvest:
             self._reach(obj, until)
             yield obj
         self.reached = until  # the listing is exhausted (what comes next are revisits, asked for by id)
-        if self.options.object_ids or not self.options.retry_failed:
+        if self.options.object_ids:
             return
         retry = sorted({r.object_id for r in self._failed_items("attempts<?")} - seen)
         if retry:
@@ -279,7 +291,7 @@ class Harvest:
                 pending.complete = True
             self.progress.planned(obj, tasks)
             self._settle_when_done(obj.id)
-        if not self.should_stop() and not self.options.object_ids and self.options.retry_failed:
+        if not self.should_stop() and not self.options.object_ids:
             self.report_exhausted()
         for result in executor.drain():
             self.settle(result)

@@ -13,13 +13,17 @@ import socket
 import subprocess
 import time
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
+from urllib.parse import urlsplit
 
 import psutil
 from pydantic import Field, field_validator
 
 from gcis_etl.errors import GcisError
 from gcis_etl.settings import Settings
+
+if TYPE_CHECKING:
+    from gcis_etl.config import Config
 
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy" / "iipsrv"
 
@@ -123,6 +127,33 @@ class Consumer:
     @property
     def iiif_url(self) -> str:
         return f"{self.url}{self.server.prefix}"
+
+    def misaddressed(self, config: Config) -> dict[str, int]:
+        """The manifests' base URLs (their config keys: the port each names) that name this host but another port
+        for what this server serves: the manifests were made for a server elsewhere, where nothing may listen."""
+        hosts = {self.server.host, "127.0.0.1", "localhost", "::1"}
+        found = {}
+        for name in sorted(config.pipelines):
+            manifests = config.pipelines[name].manifests
+            if manifests is None:
+                continue
+            for key in self._served(config, name):
+                url = urlsplit(getattr(manifests, key))
+                port = url.port or {"https": 443}.get(url.scheme, 80)
+                if url.hostname in hosts and port != self.port:
+                    found[f"pipelines.{name}.manifests.{key}"] = port
+        return found
+
+    def _served(self, config: Config, name: str) -> list[str]:
+        """Which base URLs of the pipeline's manifests name what this server serves: the images of the pipelines
+        the cache mirrors, and the documents of the local store that is server.documents_root. Documents
+        published by something else (a bucket in MinIO, a CDN) are none of its business."""
+        store = config.pipelines[name].store
+        keys = ["image_service_base_url"] if name in (config.cache.pipelines or config.pipelines) else []
+        documents = self.server.documents_root
+        if documents is not None and store.kind == "local" and store.root.resolve() == documents.resolve():
+            keys.insert(0, "manifest_base_url")
+        return keys
 
     def start(self, timeout: float = 30.0) -> Consumer:
         if not self.server.iipsrv.is_file():

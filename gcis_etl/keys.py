@@ -23,6 +23,7 @@ from typing import Any, Sequence
 from pydantic import field_validator
 
 from gcis_etl.errors import StoreError
+from gcis_etl.formats import names_a_sequence
 from gcis_etl.settings import Settings
 
 MAX_KEY_BYTES = 1024      # S3's limit on a key
@@ -72,11 +73,6 @@ def check_key(key: str) -> str:
         if names_a_sequence(segment):
             raise UnsafeKey(f"key {key!r}: '_pyr_' would switch iipsrv to 3-D sequence mode")
     return key
-
-
-def names_a_sequence(name: str) -> bool:
-    """iipsrv 1.1 reads '_pyr_' anywhere in a file name as a 3-D sequence marker (in any case, to be safe)."""
-    return "_pyr_" in name.lower()
 
 
 def check_prefix(prefix: str) -> str:

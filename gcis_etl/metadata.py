@@ -180,7 +180,6 @@ class MetadataSummary:
     iptc: bool
     orientation: int | None          # 1..8, None when absent
     orientation_invalid: object = None  # the raw value when present but not 1..8
-    icc_description: str | None = None
 
 
 # Tags read as "family 0:family 1:name": the main image's orientation is IFD0's (or XMP-tiff's). By family 0
@@ -194,8 +193,7 @@ def summarise(path: str | Path) -> MetadataSummary:
     groups = {k.split(":", 1)[0] for k in tags}
     orientation, invalid = _orientation(tags)
     return MetadataSummary(exif="EXIF" in groups, xmp="XMP" in groups, iptc="IPTC" in groups,
-                           orientation=orientation, orientation_invalid=invalid,
-                           icc_description=tags.get("ICC_Profile:ProfileDescription"))
+                           orientation=orientation, orientation_invalid=invalid)
 
 
 def _orientation(tags: dict) -> tuple[int | None, object]:

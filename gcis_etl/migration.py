@@ -38,8 +38,9 @@ from urllib.parse import urlsplit
 import click
 import yaml
 
-from gcis_etl.cli import EXIT_ITEM_FAILED, EXIT_LOCKED, EXIT_OK, EXIT_USAGE
-from gcis_etl.config import Config, load_config
+from gcis_etl.commands import (CONFIG, EXIT_ITEM_FAILED, EXIT_LOCKED, EXIT_OK, EXIT_USAGE, LIMIT, LOG_JSON, MAX_MINUTES,
+                               VERBOSE, fail_config, stop_on_signals)
+from gcis_etl.config import Config, anchor_in, anchored_store, load_config
 from gcis_etl.durable import atomic_write
 from gcis_etl.errors import ConfigError, GcisError
 from gcis_etl.harvesting import HarvestOptions, harvest
@@ -272,7 +273,7 @@ class MigrationContext:
         self.budget.spend(run)
         if self.verbose:
             for planned in run.planned:
-                click.echo(f"{planned.action:8} {planned.object_id}/{planned.item_id}: {planned.reason}")
+                click.echo(planned.line())
         return run.status in ("completed", "dry-run") and not self.stop.is_set()
 
 
@@ -303,9 +304,7 @@ def store_settings(spec: str, option: str) -> LocalStoreSettings | S3StoreSettin
         data = data["store"]
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: expected a store mapping (kind: local or s3, ...)")
-    data = interpolate_env(data, "store")
-    if data.get("kind") == "local" and isinstance(data.get("root"), str) and not Path(data["root"]).is_absolute():
-        data = {**data, "root": str(base / data["root"])}
+    data = anchored_store(interpolate_env(data, "store"), anchor_in(base))
     return parse(_StoreSpec, {"store": data}, source).store
 
 
@@ -349,22 +348,8 @@ def shows_through(written: Store, read: Store) -> bool:
 
 
 def _common_options() -> list[click.Parameter]:
-    return [
-        click.Option(["--config", "config_file"], type=click.Path(dir_okay=False), envvar="GCIS_CONFIG",
-                     help="Configuration file (default: ./config.yaml). Env: GCIS_CONFIG."),
-        click.Option(["--dry-run"], is_flag=True, help="Say what would be done; change nothing."),
-        click.Option(["--log-json"], is_flag=True, help="Log one JSON object per line on stderr."),
-        click.Option(["-v", "--verbose"], count=True, help="-v: a line per item or key; -vv: debug."),
-    ]
-
-
-def _budget_options() -> list[click.Parameter]:
-    return [
-        click.Option(["--limit"], type=click.IntRange(min=1),
-                     help="Process at most this many items (deposited, rejected or failed; skips do not count)."),
-        click.Option(["--max-minutes"], type=click.FloatRange(min=0, min_open=True),
-                     help="Take no new item after this many minutes."),
-    ]
+    return [CONFIG.param(), click.Option(["--dry-run"], is_flag=True, help="Say what would be done; change nothing."),
+            LOG_JSON.param(), VERBOSE.param()]
 
 
 def migration(help_text: str, budget: bool = False) -> Callable[[Callable[..., None]], Callable[[list[str]], int]]:
@@ -375,7 +360,6 @@ def migration(help_text: str, budget: bool = False) -> Callable[[Callable[..., N
         script = Path(inspect.getfile(function)).stem
 
         def callback(config_file: str | None, dry_run: bool, log_json: bool, verbose: int, **options: Any) -> int:
-            from gcis_etl.cli.pipelines import stop_on_signals
             from gcis_etl.logs import configure
             configure(log_json, verbose)
             config = load_config(config_file)
@@ -402,7 +386,7 @@ def migration(help_text: str, budget: bool = False) -> Callable[[Callable[..., N
             return max(ctx.report.exit_code if code is None else code, stop.exit_code)
 
         params = _common_options() + list(reversed(getattr(function, "__click_params__", []))) + (
-            _budget_options() if budget else [])
+            [LIMIT.param(), MAX_MINUTES.param()] if budget else [])
         command = click.Command(script, callback=callback, params=params, help=help_text,
                                 context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
 
@@ -413,8 +397,7 @@ def migration(help_text: str, budget: bool = False) -> Callable[[Callable[..., N
                 exc.show()
                 return EXIT_USAGE
             except ConfigError as exc:
-                click.echo(f"configuration error:\n{exc}", err=True)
-                return EXIT_USAGE
+                fail_config(exc)
             except click.Abort:
                 click.echo("aborted", err=True)
                 return EXIT_ITEM_FAILED

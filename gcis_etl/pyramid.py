@@ -20,6 +20,8 @@ from gcis_etl.models import Level
 from gcis_etl.tiff import TiffFileWriter
 
 TileEncoder = Callable[[np.ndarray], bytes]
+# Tile-rows encoding at once, beyond which the oldest is written first: what bounds the encoded bytes held.
+_IN_FLIGHT = 4
 
 
 def levels_for(width: int, height: int, tile: int) -> list[Level]:
@@ -55,7 +57,7 @@ class PyramidEncoder:
     """Feeds rows through every level and appends encoded tiles to a TiffFileWriter."""
 
     def __init__(self, width: int, height: int, bands: int, tile: int, encode: TileEncoder,
-                 writer: TiffFileWriter, threads: int = 1, queue_depth: int = 4):
+                 writer: TiffFileWriter, threads: int = 1):
         self.tile, self.bands, self.encode, self.writer = tile, bands, encode, writer
         self.levels = [_LevelState(lv) for lv in levels_for(width, height, tile)]
         for st in self.levels:
@@ -63,13 +65,10 @@ class PyramidEncoder:
             st.offsets, st.counts = [0] * n, [0] * n
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="tile-encode") if threads else InCallerThread()
         self._queue: deque[tuple[_LevelState, int, Future]] = deque()
-        self._depth = queue_depth
-        self.rows_in = 0
 
     def add_rows(self, rows: np.ndarray) -> None:
         if rows.ndim == 2:
             rows = rows[:, :, None]
-        self.rows_in += rows.shape[0]
         self._feed(0, rows, final=False)
 
     def close(self) -> list[_LevelState]:
@@ -105,7 +104,7 @@ class PyramidEncoder:
         row = st.next_row
         st.next_row += 1
         self._queue.append((st, row, self._pool.submit(self._encode_row, chunk)))
-        while len(self._queue) > self._depth:
+        while len(self._queue) > _IN_FLIGHT:
             self._drain_one()
 
     def _drain_one(self) -> None:

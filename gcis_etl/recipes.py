@@ -9,7 +9,7 @@ import hashlib
 import json
 import os
 from pathlib import Path
-from typing import Iterable, Literal
+from typing import Literal
 
 from pydantic import Field, model_validator
 
@@ -198,9 +198,20 @@ def recipe_dirs(folder: Path | None = None) -> list[Path]:
     return dirs + [(folder or Path.cwd()) / "recipes", _REPO_RECIPES]
 
 
+def recipe_files(folder: Path | None = None) -> dict[str, Path]:
+    """Each recipe that can be named (a recipe's name is its file's), by the first file of that name in
+    recipe_dirs(folder) order: what load_recipe finds, recipe_names and `gcis-etl recipes` list."""
+    found: dict[str, Path] = {}
+    for directory in recipe_dirs(folder):
+        for path in sorted(directory.glob("*.yaml")) if directory.is_dir() else ():
+            if path.is_file():
+                found.setdefault(path.stem, path)
+    return found
+
+
 def recipe_names(folder: Path | None = None) -> list[str]:
-    """The recipes that can be named (a recipe's name is its file's)."""
-    return sorted({p.stem for d in recipe_dirs(folder) if d.is_dir() for p in d.glob("*.yaml")})
+    """The recipes that can be named."""
+    return sorted(recipe_files(folder))
 
 
 def is_recipe_file(name_or_path: str | Path) -> bool:
@@ -212,11 +223,10 @@ def load_recipe(name_or_path: str | Path = DEFAULT_RECIPE, folder: Path | None =
     """A recipe by name (searched in recipe_dirs(folder)) or by path to a YAML file."""
     path = Path(name_or_path)
     if not is_recipe_file(path):
-        candidates = [d / f"{name_or_path}.yaml" for d in recipe_dirs(folder)]
-        path = next((c for c in candidates if c.is_file()), None)
-        if path is None:
-            known = ", ".join(recipe_names(folder)) or "none"
-            raise ConfigError(f"recipe {name_or_path!r} not found (known: {known})")
+        files = recipe_files(folder)
+        if str(name_or_path) not in files:
+            raise ConfigError(f"recipe {name_or_path!r} not found (known: {', '.join(sorted(files)) or 'none'})")
+        path = files[str(name_or_path)]
     data = read_yaml(path)
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping of recipe parameters")
@@ -225,15 +235,3 @@ def load_recipe(name_or_path: str | Path = DEFAULT_RECIPE, folder: Path | None =
         raise ConfigError(f"{path}: name: must equal the file name {path.stem!r} (got {recipe.name!r})")
     return recipe
 
-
-class RecipeCache:
-    """Recipes by name, each file read once: a long-lived worker or orchestrator meets the same few recipes in
-    every task. `known` are taken as they are (e.g. the pipelines' own)."""
-
-    def __init__(self, known: Iterable[Recipe] = ()):
-        self._by_name = {recipe.name: recipe for recipe in known}
-
-    def get(self, name: str) -> Recipe:
-        if name not in self._by_name:
-            self._by_name[name] = load_recipe(name)
-        return self._by_name[name]

@@ -37,6 +37,10 @@ class PlannedItem:
     action: str  # one of PLANNED
     reason: str
 
+    def line(self) -> str:
+        """As a dry run lists it: `gcis-etl harvest --dry-run`, and a migration script's with -v."""
+        return f"{self.action:8} {self.object_id}/{self.item_id}: {self.reason}"
+
 
 @dataclass(frozen=True)
 class Warned:

@@ -80,8 +80,6 @@ class StoredObject:
     sha256: str | None            # hex SHA-256 of the whole object; None if not written by gcis-etl
     content_type: str | None
     provenance: Provenance
-    etag: str | None = None
-    version_id: str | None = None
     unchanged: bool = False       # the put found this content already there and wrote nothing
 
 
@@ -93,7 +91,7 @@ class ListedObject:
 
 
 class Store(Protocol):
-    """What the pipeline, the ledger, migrations and the iipsrv cache sync need from a store."""
+    """What the pipeline (its items and manifests), migrations and the iipsrv cache sync need from a store."""
 
     keys: KeyTemplates
 
@@ -595,8 +593,7 @@ class S3Store:
             return None
         metadata = r.get("Metadata", {})
         return StoredObject(key=key, size=r["ContentLength"], sha256=metadata.get("sha256"),
-                            content_type=r.get("ContentType"), provenance=Provenance.from_metadata(metadata),
-                            etag=r.get("ETag"), version_id=r.get("VersionId"))
+                            content_type=r.get("ContentType"), provenance=Provenance.from_metadata(metadata))
 
     def exists(self, key: str) -> bool:
         return self._head(key) is not None
@@ -642,8 +639,7 @@ class S3Store:
         if r.get("ChecksumSHA256") != announced:
             raise IntegrityError(f"{self.describe(key)}: the server reports SHA-256 {r.get('ChecksumSHA256')}, "
                                  f"not the {announced} sent")
-        return StoredObject(key=key, size=size, sha256=sha256, content_type=content_type, provenance=provenance,
-                            etag=r.get("ETag"), version_id=r.get("VersionId"))
+        return StoredObject(key=key, size=size, sha256=sha256, content_type=content_type, provenance=provenance)
 
     def _put_multipart(self, key: str, f: IO[bytes], size: int, sha256: str, provenance: Provenance,
                        content_type: str) -> StoredObject:
@@ -667,8 +663,7 @@ class S3Store:
             raise IntegrityError(f"{self.describe(key)}: the server reports {reported[0]} bytes with checksum "
                                  f"{reported[1]}, not the {size} bytes with {reader.composite()} sent; "
                                  f"the object was deleted")
-        return StoredObject(key=key, size=size, sha256=sha256, content_type=content_type, provenance=provenance,
-                            etag=r.get("ETag"), version_id=r.get("VersionId"))
+        return StoredObject(key=key, size=size, sha256=sha256, content_type=content_type, provenance=provenance)
 
     def get_bytes(self, key: str) -> bytes:
         return self._call(key, "get", "get_object")["Body"].read()

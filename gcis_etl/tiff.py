@@ -7,7 +7,7 @@ choice is made at the end from the real size, so BigTIFF is used only when the f
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import BinaryIO, Sequence
 
 BYTE, ASCII, SHORT, LONG, RATIONAL, SBYTE, UNDEFINED, SSHORT, SLONG, SRATIONAL, FLOAT, DOUBLE = range(1, 13)
@@ -74,12 +74,10 @@ class TiffFileWriter:
 
     f: BinaryIO
     size: int = 0
-    _started: bool = field(default=False, repr=False)
 
     def start(self) -> None:
         self.f.write(b"\0" * HEADER_RESERVED)
         self.size = HEADER_RESERVED
-        self._started = True
 
     def append(self, data: bytes) -> int:
         offset = self.size

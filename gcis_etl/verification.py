@@ -11,10 +11,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from gcis_etl.codestream import packet_sequence_errors
-from gcis_etl.formats import sniff
+from gcis_etl.formats import names_a_sequence, sniff
 from gcis_etl.inspection import plain_complaint, tifffile_complaints
 from gcis_etl.isolation import out_of_memory, refused_allocation
-from gcis_etl.keys import names_a_sequence
 from gcis_etl.models import Level, VerifyReport
 from gcis_etl.pyramid import levels_for
 
@@ -30,7 +29,7 @@ class Expectation:
     metadata: dict = field(default_factory=dict)  # kept tag -> value, as exiftool reads the carried tags
 
 
-def verify(path: str | Path, expect: Expectation | None = None, decode: bool = True) -> VerifyReport:
+def verify(path: str | Path, expect: Expectation | None = None) -> VerifyReport:
     """Check the access-master contract; returns errors and warnings rather than raising."""
     import tifffile
     expect = expect or Expectation()
@@ -70,7 +69,7 @@ def verify(path: str | Path, expect: Expectation | None = None, decode: bool = T
     if expect.width is not None and (w0, h0) != (expect.width, expect.height):
         errors.append(f"full resolution is {w0}x{h0}, expected {expect.width}x{expect.height}")
     errors.extend(_icc_errors(icc))
-    if decode and not errors:
+    if not errors:
         errors.extend(_decode_errors(path, found, tile))
     if expect.metadata:
         errors.extend(metadata_differences(expect.metadata, path))

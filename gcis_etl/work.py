@@ -26,8 +26,8 @@ from gcis_etl.errors import GcisError, SourceError, StoreError, StoreFull
 from gcis_etl.isolation import IsolatedProcess
 from gcis_etl.keys import UnsafeKey
 from gcis_etl.models import Status
-from gcis_etl.pipelines import Pipeline
-from gcis_etl.recipes import RecipeCache
+from gcis_etl.pipelines import Pipeline, config_folder
+from gcis_etl.recipes import Recipe, load_recipe
 from gcis_etl.stores import Provenance, StoredObject
 
 log = logging.getLogger(__name__)
@@ -103,6 +103,12 @@ class ItemResult:
     def from_dict(cls, data: dict[str, Any]) -> ItemResult:
         return cls(**{**data, "outcome": Outcome(data["outcome"]), "warnings": tuple(data.get("warnings", ()))})
 
+    @classmethod
+    def failed(cls, task: ItemTask, reason: str | None = None) -> ItemResult:
+        """What a task that failed for `reason` gives; Worker.process starts from it and fills in what happened."""
+        return cls(task.pipeline, task.object_id, task.item.id, task.item.sequence, Outcome.FAILED,
+                   task.fingerprint, task.recipe, task.recipe_digest, task.attempt, reason=reason)
+
 
 def fingerprint(item: SourceItem) -> str:
     """The source's version of an item: its fixity when the source has one, else its size and modification time."""
@@ -113,6 +119,23 @@ def fingerprint(item: SourceItem) -> str:
 
 
 _PERMANENT_SOURCE_ERRORS = (AuthenticationFailed, PermissionDenied)
+
+
+class RecipeCache:
+    """The recipe a task names, looked up as its pipeline's config file looks names up (recipe_dirs of the
+    file's folder, whatever the working directory: a Celery pool process's is not the config's), each file
+    read once: a long-lived worker or orchestrator meets the same few recipes in every task. A pipeline's own
+    recipe is taken as it is (it may be given by path)."""
+
+    def __init__(self, pipelines: dict[str, Pipeline]):
+        self._folders = {name: config_folder(p.config_file) for name, p in pipelines.items()}
+        self._found = {(self._folders[name], p.recipe.name): p.recipe for name, p in pipelines.items()}
+
+    def of(self, task: ItemTask) -> Recipe:
+        key = (self._folders[task.pipeline], task.recipe)
+        if key not in self._found:
+            self._found[key] = load_recipe(task.recipe, key[0])
+        return self._found[key]
 
 
 class Worker:
@@ -126,7 +149,7 @@ class Worker:
         self.pipelines = pipelines
         self.scratch = scratch
         self._conversion: IsolatedProcess | None = None
-        self._recipes = RecipeCache(p.recipe for p in pipelines.values())  # a migration's are read once too
+        self._recipes = RecipeCache(pipelines)
 
     def close(self) -> None:
         if self._conversion is not None:
@@ -151,8 +174,7 @@ class Worker:
     def process(self, task: ItemTask) -> ItemResult:
         """Never raises for a bad item or an outage: the result says what happened and why."""
         started = time.monotonic()
-        base = ItemResult(task.pipeline, task.object_id, task.item.id, task.item.sequence, Outcome.FAILED,
-                          task.fingerprint, task.recipe, task.recipe_digest, task.attempt)
+        base = ItemResult.failed(task)
         try:
             result = self._process(task, base)
         except SourceError as exc:
@@ -184,7 +206,7 @@ class Worker:
         pipeline = self.pipelines[task.pipeline] if task.pipeline in self.pipelines else None
         if pipeline is None:
             return replace(base, reason=f"pipeline {task.pipeline!r} is not in this worker's configuration")
-        recipe = self._recipes.get(task.recipe)
+        recipe = self._recipes.of(task)
         if recipe.digest != task.recipe_digest:
             return replace(base, reason=f"recipe {task.recipe!r} here has digest {recipe.digest}, the task was "
                                         f"planned with {task.recipe_digest}: deploy the same recipes everywhere")

@@ -37,12 +37,12 @@ from typing import Any, Iterator
 
 from connectors.redaction import scrub
 from gcis_etl import logs
+from gcis_etl.commands import fail_config
 from gcis_etl.config import Config, load_config
 from gcis_etl.distributed import OUTAGE_RETRY_CEILING_SECONDS, TASK_NAME, CelerySettings, TaskRetry, redacted
 from gcis_etl.errors import ConfigError, GcisError
 from gcis_etl.pipelines import Pipeline
-from gcis_etl.recipes import RecipeCache
-from gcis_etl.work import ItemResult, ItemTask, Outcome, Worker
+from gcis_etl.work import ItemResult, ItemTask, Outcome, RecipeCache, Worker
 
 log = logging.getLogger(__name__)
 
@@ -204,8 +204,7 @@ def _worker_app():
     try:
         settings = _config().celery
     except ConfigError as exc:  # a worker that cannot read its configuration says so, without a traceback
-        print(f"configuration error:\n{exc}", file=sys.stderr)
-        sys.exit(2)
+        fail_config(exc)
     _connect_signals()
     return celery_app(settings)
 
@@ -258,7 +257,7 @@ class CeleryExecutor:
         self.app = celery_app(self.settings)
         self._flights: dict[str, _InFlight] = {}
         self._handed: list[str] = []
-        self._recipes = RecipeCache(p.recipe for p in pipelines.values())
+        self._recipes = RecipeCache(pipelines)
         self._last_poll = 0.0
         self._unreachable = False
 
@@ -318,7 +317,7 @@ class CeleryExecutor:
         self.app.close()
 
     def _send(self, task_id: str, flight: _InFlight) -> None:
-        recipe = self._recipes.get(flight.task.recipe)
+        recipe = self._recipes.of(flight.task)
         limits = self.settings.limits_for(recipe)
         app = self.app
         app.backend.store_result(task_id, None, SENT)
@@ -364,7 +363,7 @@ class CeleryExecutor:
     def _resend(self, task_id: str, flight: _InFlight, why: str) -> ItemResult | None:
         task = flight.task
         if flight.sends > self.settings.max_resends:
-            return _failed(task, f"task {why}, after {flight.sends} sends")
+            return ItemResult.failed(task, f"task {why}, after {flight.sends} sends")
         log.warning("%s/%s: task %s; sending it again", task.object_id, task.item.id, why)
         self._send(task_id, flight)
         return None
@@ -375,11 +374,12 @@ class CeleryExecutor:
         error = meta["result"]
         name = type(error).__name__
         if name == "TimeLimitExceeded":
-            limit = self.settings.limits_for(self._recipes.get(task.recipe)).hard_seconds
-            return _failed(task, f"took longer than the hard time limit of {limit} s for recipe {task.recipe}")
+            limit = self.settings.limits_for(self._recipes.of(task)).hard_seconds
+            return ItemResult.failed(task, f"took longer than the hard time limit of {limit} s for recipe "
+                                           f"{task.recipe}")
         if name == "WorkerLostError":
-            return _failed(task, f"the worker process died during every try ({error})")
-        return _failed(task, f"task {meta['status'].lower()}: {name}: {error}")
+            return ItemResult.failed(task, f"the worker process died during every try ({error})")
+        return ItemResult.failed(task, f"task {meta['status'].lower()}: {name}: {error}")
 
     @contextmanager
     def _reachable(self, meanwhile: str) -> Iterator[None]:
@@ -407,11 +407,6 @@ class CeleryExecutor:
 
 def _progress(meta: dict[str, Any]) -> tuple[str, str]:
     return meta["status"], str(meta.get("result"))
-
-
-def _failed(task: ItemTask, reason: str) -> ItemResult:
-    return ItemResult(task.pipeline, task.object_id, task.item.id, task.item.sequence, Outcome.FAILED,
-                      task.fingerprint, task.recipe, task.recipe_digest, task.attempt, reason=reason)
 
 
 def _settings_of(pipelines: dict[str, Pipeline]) -> CelerySettings:

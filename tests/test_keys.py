@@ -1,6 +1,8 @@
 """Identifiers from a source become store keys that cannot escape or corrupt the key space."""
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 from urllib.parse import quote
 
@@ -130,3 +132,12 @@ def test_hostile_identifiers_in_every_placeholder_stay_below_the_root(tmp_path):
         key = keys.image_key("demo", hostile, hostile, 1, "tif")
         assert Path(root, key).resolve().is_relative_to(root / "demo")
         assert len(key.split("/")) == 3
+
+
+def test_converting_and_verifying_load_no_store_module():
+    """The '_pyr_' rule is a file name's (gcis_etl.formats), which keys and imaging both follow: an access master
+    made or checked on a workstation needs nothing of the store."""
+    loaded = subprocess.run([sys.executable, "-c", "import sys, gcis_etl.conversion, gcis_etl.verification; "
+                             "print(' '.join(sys.modules))"], capture_output=True, text=True, check=True,
+                            cwd=Path(__file__).resolve().parent.parent).stdout.split()
+    assert "gcis_etl.formats" in loaded and not {"gcis_etl.keys", "gcis_etl.stores"} & set(loaded)

@@ -1,5 +1,6 @@
 """gcis_etl used as a library: interrupted calls, a reused worker after os.chdir, what reaches the caller's
-stderr, tifffile's log under threads, and the answers for a missing master or an output nowhere to go."""
+stderr, tifffile's log under threads, verify under the limits given, and the answers for a missing master or an
+output nowhere to go."""
 from __future__ import annotations
 
 import json
@@ -13,9 +14,12 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import pytest
+
 import gcis_etl
 from gcis_etl.isolation import IsolatedProcess
 from gcis_etl.models import Status, Verdict
+from gcis_etl.policy import IsolationSettings
 
 CORPUS = Path(__file__).parent / "corpus"
 ROTATED = CORPUS / "exif-orientation/Landscape_6.jpg"  # stored 450x600, EXIF orientation 6: upright 600x450
@@ -156,6 +160,16 @@ def test_verify_reports_a_missing_file_or_a_folder_and_takes_a_recipe(tmp_path):
     assert not chroma.ok and all("expected YCbCr (2, 2)" in e for e in chroma.errors)
     kind = gcis_etl.verify(out, gcis_etl.load_recipe("jp2-openjpeg-lossy"))
     assert kind.errors == (f"{out} is not a JP2, and recipe jp2-openjpeg-lossy makes JP2 files",)
+
+
+def test_verify_runs_under_the_isolation_settings_given_and_says_when_it_could_not_finish(tmp_path):
+    """The configured limits apply (here less time than loading libvips takes): the file is then unverified,
+    neither valid nor invalid, which a report could not say."""
+    out = tmp_path / "out.tif"
+    assert gcis_etl.convert(OTHER, out).ok
+    assert gcis_etl.verify(out, isolation_settings=IsolationSettings(timeout_seconds=60)).ok
+    with pytest.raises(gcis_etl.ConversionFailed, match="timed out"):
+        gcis_etl.verify(out, isolation_settings=IsolationSettings(timeout_seconds=0.01))
 
 
 def test_convert_fails_a_missing_master_and_an_output_nowhere_to_go(tmp_path, monkeypatch):

@@ -18,7 +18,7 @@ import yaml
 
 from gcis_etl.ledger import Ledger
 from gcis_etl.locks import RunLock
-from gcis_etl.migration import run_script
+from gcis_etl.migration import run_script, store_settings
 from tests.conftest import CORPUS
 
 BIN = Path(sys.executable).parent
@@ -376,6 +376,19 @@ def bucket_objects(minio, bucket: str) -> dict[str, bytes]:
     listed = client.list_objects_v2(Bucket=bucket).get("Contents", [])
     return {o["Key"].removeprefix("iiif/"): client.get_object(Bucket=bucket, Key=o["Key"])["Body"].read()
             for o in listed}
+
+
+def test_a_relative_local_root_is_read_as_config_yaml_reads_it(tmp_path, monkeypatch):
+    """In a store file: relative to the file's folder (as config.yaml's pipelines); inline: to the working
+    directory; from the environment: the same."""
+    (tmp_path / "sites").mkdir()
+    given = tmp_path / "sites" / "new-store.yaml"
+    given.write_text("store:\n  kind: local\n  root: ${NEW_ROOT}\n")
+    monkeypatch.setenv("NEW_ROOT", "other")
+    monkeypatch.chdir(tmp_path)
+    assert store_settings(str(given), "--to-store").root == tmp_path / "sites" / "other"
+    assert store_settings("{kind: local, root: other}", "--to-store").root == tmp_path / "other"
+    assert store_settings("{kind: local, root: /abs/other}", "--to-store").root == Path("/abs/other")
 
 
 def test_move_store_copies_verified_resumes_and_deletes_the_source_only_after_the_switch(site, minio, s3_bucket,

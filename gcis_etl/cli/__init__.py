@@ -1,7 +1,8 @@
-"""Command line: a thin click layer over the library (every command calls one library function).
+"""Command line: a click layer over the library.
 
 One module per command family registers its commands on `main`: imaging (inspect, convert, verify,
-recipes), pipelines (harvest, status, retry, report, config), cache (the iipsrv access-master cache).
+recipes), pipelines (harvest, demo, status, retry, report, config), cache (the iipsrv access-master cache).
+Exit codes, the stop on a signal and the options gcis-migrate shares are the library's (gcis_etl.commands).
 """
 from __future__ import annotations
 
@@ -11,20 +12,9 @@ from datetime import timedelta
 
 import click
 
+from gcis_etl.commands import CONFIG, fail_config
 from gcis_etl.errors import ConfigError
 from gcis_etl.spans import parse_span
-
-EXIT_OK, EXIT_ITEM_FAILED, EXIT_USAGE, EXIT_LOCKED = 0, 1, 2, 3  # every command and migration script
-EXIT_SIGNALLED = 128  # + the signal's number: a run SIGINT (130) or SIGTERM (143) stopped before its end
-
-
-def _fail_config(exc: ConfigError) -> None:
-    """Exit 2 naming what is wrong: a JSON log line once a command's --log-json has configured the log (harvest
-    does before it loads the configuration), plain text otherwise."""
-    from gcis_etl.logs import say
-    say(f"configuration error:\n{exc}")
-    sys.exit(EXIT_USAGE)
-
 
 class Span(click.ParamType):
     """A span of time in the syntax every option shares (gcis_etl.spans)."""
@@ -46,13 +36,12 @@ def _config(ctx: click.Context, single_file: bool = False):
     try:
         return (load_single_file_config if single_file else load_config)(ctx.obj)
     except ConfigError as exc:
-        _fail_config(exc)
+        fail_config(exc)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(package_name="gcis-etl")
-@click.option("--config", "config_file", type=click.Path(dir_okay=False), envvar="GCIS_CONFIG",
-              help="Configuration file (default: ./config.yaml, else built-in defaults). Env: GCIS_CONFIG.")
+@CONFIG
 @click.pass_context
 def main(ctx: click.Context, config_file: str | None) -> None:
     """gcis-etl: masters from the DAMs in, verified IIIF access masters out.

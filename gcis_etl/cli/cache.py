@@ -10,7 +10,8 @@ from datetime import timedelta
 import click
 from pydantic import ByteSize, TypeAdapter, ValidationError
 
-from gcis_etl.cli import EXIT_ITEM_FAILED, EXIT_LOCKED, EXIT_OK, Span, _config, main
+from gcis_etl.cli import Span, _config, main
+from gcis_etl.commands import EXIT_ITEM_FAILED, EXIT_LOCKED, EXIT_OK
 from gcis_etl.errors import ConfigError, GcisError
 from gcis_etl.spans import SPAN_FORMATS
 
@@ -42,46 +43,13 @@ def _human(n: int) -> str:
 
 
 def _setup(ctx: click.Context, names: tuple[str, ...]):
-    """The cache settings and the sources (stores and key prefixes) of the selected pipelines."""
-    from gcis_etl.cache import CacheSource
+    """The configuration and the cache sources of the pipelines named (gcis_etl.cache.cache_sources)."""
+    from gcis_etl.cache import cache_sources
     cfg = _config(ctx)
-    selected = list(names) or list(cfg.cache.pipelines or sorted(cfg.pipelines))
     try:
-        pipelines = [cfg.pipeline(name) for name in selected]
+        return cfg, cache_sources(cfg, names)
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from None
-    return cfg, [CacheSource(p.name, p.store, p.settings.store.keys.image_prefix(p.name)) for p in pipelines]
-
-
-def _served_here(cfg, consumer, name: str) -> list[str]:
-    """Which base URLs of the pipeline's manifests name what this server serves: the images of the pipelines
-    the cache mirrors, and the documents of the local store that is cache.server.documents_root. Documents
-    published by something else (a bucket in MinIO, a CDN) are none of its business."""
-    pipeline = cfg.pipelines[name]
-    keys = ["image_service_base_url"] if name in (cfg.cache.pipelines or cfg.pipelines) else []
-    documents = consumer.server.documents_root
-    if documents is not None and pipeline.store.kind == "local" and \
-            pipeline.store.root.resolve() == documents.resolve():
-        keys.insert(0, "manifest_base_url")
-    return keys
-
-
-def _on_other_ports(cfg, consumer) -> dict[str, int]:
-    """The base URLs (key: port) of what this server serves that name its host but another port: the manifests
-    were made for a server elsewhere, where nothing may listen."""
-    from urllib.parse import urlsplit
-    hosts = {consumer.server.host, "127.0.0.1", "localhost", "::1"}
-    found = {}
-    for name in sorted(cfg.pipelines):
-        manifests = cfg.pipelines[name].manifests
-        if manifests is None:
-            continue
-        for key in _served_here(cfg, consumer, name):
-            url = urlsplit(getattr(manifests, key))
-            port = url.port or {"https": 443}.get(url.scheme, 80)
-            if url.hostname in hosts and port != consumer.port:
-                found[f"pipelines.{name}.manifests.{key}"] = port
-    return found
 
 
 def _run(action, *args, **kwargs):
@@ -266,7 +234,7 @@ def _announce(cfg, consumer) -> None:
         if manifests is not None:
             key = manifests.collection_key(manifests.settings.versions[0])
             click.echo(f"{name}: {consumer.url}/viewer/?manifest={manifests.settings.manifest_base_url}/{key}")
-    elsewhere = _on_other_ports(cfg, consumer)
+    elsewhere = consumer.misaddressed(cfg)
     if elsewhere:
         ports = ", ".join(sorted({str(port) for port in elsewhere.values()}))
         click.echo(f"warning: {', '.join(elsewhere)} name port {ports} of this host, but this server listens on "

@@ -7,7 +7,8 @@ import sys
 
 import click
 
-from gcis_etl.cli import EXIT_ITEM_FAILED, EXIT_OK, _config, _fail_config, main
+from gcis_etl.cli import _config, main
+from gcis_etl.commands import EXIT_ITEM_FAILED, EXIT_OK, fail_config
 from gcis_etl.errors import ConfigError
 
 
@@ -122,20 +123,19 @@ def verify(ctx: click.Context, file: str, recipe: str | None, as_json: bool) -> 
       gcis-etl verify --recipe ptiff-jpeg-q90 access/master.tif
       gcis-etl verify --recipe jp2-grok-htj2k access/master.jp2
     """
-    from gcis_etl.conversion import recipe_mismatch, verify_in_child
+    from gcis_etl import verify as verify_file
+    from gcis_etl.conversion import recipe_mismatch
     from gcis_etl.errors import ConversionFailed
-    from gcis_etl.isolation import IsolatedProcess
     from gcis_etl.formats import sniff
     rec = _recipe(ctx, recipe) if recipe else None
     mismatch = recipe_mismatch(file, rec) if rec else None
     if mismatch:
         raise click.UsageError(mismatch)
-    with IsolatedProcess(_config(ctx, single_file=True).isolation) as worker:
-        try:
-            report = worker.call(verify_in_child, file, rec)
-        except ConversionFailed as exc:  # a decoder crashed, or memory or time ran out under the limits
-            click.echo(f"{file}: not verified: {exc}", err=True)
-            sys.exit(EXIT_ITEM_FAILED)
+    try:
+        report = verify_file(file, rec, _config(ctx, single_file=True).isolation)
+    except ConversionFailed as exc:  # a decoder crashed, or memory or time ran out under the limits
+        click.echo(f"{file}: not verified: {exc}", err=True)
+        sys.exit(EXIT_ITEM_FAILED)
     if as_json:
         click.echo(json.dumps(report.to_dict()))
     else:
@@ -150,18 +150,13 @@ def verify(ctx: click.Context, file: str, recipe: str | None, as_json: bool) -> 
 def recipes(ctx: click.Context) -> None:
     """List the recipes found (GCIS_RECIPES, the recipes folder beside the config file or ./recipes without
     one, the shipped ones) with their digests."""
-    from gcis_etl.recipes import load_recipe, recipe_dirs
-    seen = set()
-    for directory in recipe_dirs(_recipe_folder(ctx)):
-        for path in sorted(directory.glob("*.yaml")) if directory.is_dir() else ():
-            if path.stem in seen:
-                continue
-            seen.add(path.stem)
-            try:
-                recipe = load_recipe(path)
-                click.echo(f"{recipe.name:24} {recipe.digest}  {recipe.description[:70]}")
-            except ConfigError as exc:
-                click.echo(f"{path.stem:24} INVALID: {exc}")
+    from gcis_etl.recipes import load_recipe, recipe_files
+    for name, path in recipe_files(_recipe_folder(ctx)).items():
+        try:
+            recipe = load_recipe(path)
+            click.echo(f"{recipe.name:24} {recipe.digest}  {recipe.description[:70]}")
+        except ConfigError as exc:
+            click.echo(f"{name:24} INVALID: {exc}")
 
 
 def _recipe_folder(ctx: click.Context):
@@ -177,4 +172,4 @@ def _recipe(ctx: click.Context, name_or_path: str):
     try:
         return load_recipe(name_or_path, _recipe_folder(ctx))
     except ConfigError as exc:
-        _fail_config(exc)
+        fail_config(exc)

@@ -1,17 +1,15 @@
-"""Commands on configured pipelines: harvest (the cron job), status, retry, report, config check."""
+"""Commands on configured pipelines: harvest (the cron job), demo, status, retry, report, config check."""
 from __future__ import annotations
 
 import json
-import logging
-import signal
 import sys
-import threading
 from datetime import datetime, timezone
 
 import click
 
-from gcis_etl.cli import (EXIT_ITEM_FAILED, EXIT_LOCKED, EXIT_OK, EXIT_SIGNALLED, EXIT_USAGE, _config, _fail_config,
-                          main)
+from gcis_etl.cli import _config, main
+from gcis_etl.commands import (EXIT_ITEM_FAILED, EXIT_LOCKED, EXIT_OK, EXIT_USAGE, LIMIT, LOG_JSON, MAX_MINUTES,
+                               VERBOSE, StopRequest, fail_config, stop_on_signals)
 from gcis_etl.errors import ConfigError, GcisError
 from gcis_etl.spans import SPAN_FORMATS, parse_span
 
@@ -65,38 +63,7 @@ def _open_sources(cfg, names: list[str]) -> None:
         for name in names:
             cfg.pipeline(name).source
     except ConfigError as exc:
-        _fail_config(exc)
-
-
-class StopRequest(threading.Event):
-    """Set by the first SIGINT or SIGTERM, which it remembers: a command it stopped exits 128 + the signal's
-    number, as a shell reports a process the signal killed, so that cron or systemd never takes a run cut
-    short for a success. A run that got to its end all the same (the signal came while its last items were in
-    flight) exits as it would have without it: its report says it completed."""
-
-    signum: int | None = None
-
-    @property
-    def exit_code(self) -> int:
-        return EXIT_OK if self.signum is None else EXIT_SIGNALLED + self.signum
-
-
-def stop_on_signals() -> StopRequest:
-    """First SIGINT/SIGTERM: finish the items in flight, record everything, exit. A second Ctrl-C: stop now."""
-    from gcis_etl.logs import say
-    stop = StopRequest()
-
-    def handler(signum, frame):
-        if stop.is_set() and signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        if not stop.is_set():
-            stop.signum = signum
-        stop.set()
-        say("\nstopping after the items in flight (Ctrl-C again to abandon them)", logging.WARNING)
-
-    signal.signal(signal.SIGINT, handler)
-    signal.signal(signal.SIGTERM, handler)
-    return stop
+        fail_config(exc)
 
 
 def _logging(log_json: bool, verbose: int) -> None:
@@ -136,7 +103,7 @@ def _run(ctx: click.Context, names: tuple[str, ...], options, log_json: bool, ve
             break
         except ConfigError as exc:
             progress.clear()
-            _fail_config(exc)
+            fail_config(exc)
         except GcisError as exc:
             progress.clear()
             say(f"{name}: run stopped: {exc} (everything settled so far is recorded; run again)", pipeline=name)
@@ -145,7 +112,7 @@ def _run(ctx: click.Context, names: tuple[str, ...], options, log_json: bool, ve
         progress.clear()
         if options.dry_run:
             for planned in report.planned:
-                click.echo(f"{planned.action:8} {planned.object_id}/{planned.item_id}: {planned.reason}")
+                click.echo(planned.line())
             unreadable = f", fail {report.counts['fail']} objects the source cannot describe" \
                 if report.counts["fail"] else ""
             click.echo(f"{name}: would process {report.counts['process']} items, skip {report.counts['skip']}"
@@ -157,36 +124,24 @@ def _run(ctx: click.Context, names: tuple[str, ...], options, log_json: bool, ve
     sys.exit(code)
 
 
-_COMMON = [
-    click.option("--log-json", is_flag=True, help="Log one JSON object per line on stderr (for log shippers)."),
-    click.option("-v", "--verbose", count=True, help="-v: a log line per item; -vv: debug."),
-]
-
-
-def _common(command):
-    for option in reversed(_COMMON):
-        command = option(command)
-    return command
-
-
 @main.command()
 @click.argument("pipelines", nargs=-1)
 @click.option("--dry-run", is_flag=True, help="List what would be processed or skipped, and why; change nothing.")
 @click.option("--since", type=When(), help="Look at changes since this time instead of the checkpoint "
                                            f"(the checkpoint is then left where it is): {When.FORMATS}.")
-@click.option("--limit", type=click.IntRange(min=1), help="Process at most this many items (skips do not count).")
+@LIMIT
 @click.option("--object", "object_ids", multiple=True, metavar="ID",
               help="Only this object (repeatable); the checkpoint is left where it is.")
 @click.option("--force", is_flag=True, help="Process the listed items even when unchanged (e.g. after a recipe "
                                            "change) and publish their manifests again (e.g. one lost from the "
                                            "store). Only what is listed: the changes since the checkpoint, or "
                                            "with --since / --object; the whole store: the reencode migration.")
-@click.option("--max-minutes", type=click.FloatRange(min=0, min_open=True),
-              help="Take no new item after this many minutes (the pipeline's max_run_minutes otherwise).")
+@MAX_MINUTES
 @click.option("-q", "--quiet", is_flag=True, help="No summary on stdout (for cron, which mails any output): each "
                                                   "run's end is logged instead, as a WARNING when it exits "
                                                   "non-zero.")
-@_common
+@LOG_JSON
+@VERBOSE
 @click.pass_context
 def harvest(ctx: click.Context, pipelines: tuple[str, ...], dry_run: bool, since, limit, object_ids, force: bool,
             max_minutes, quiet: bool, log_json: bool, verbose: int) -> None:
@@ -260,7 +215,7 @@ def _ledger_to_read(cfg):
     try:
         return Ledger.open(cfg, read_only=True)
     except ConfigError as exc:
-        _fail_config(exc)
+        fail_config(exc)
 
 
 @main.command()
@@ -269,7 +224,8 @@ def _ledger_to_read(cfg):
               help="Retry failed items (their attempts start again).")
 @click.option("--rejected", is_flag=True, help="Also convert rejected items again (after a policy change).")
 @click.option("--object", "object_ids", multiple=True, metavar="ID", help="Only this object (repeatable).")
-@_common
+@LOG_JSON
+@VERBOSE
 @click.pass_context
 def retry(ctx: click.Context, pipelines: tuple[str, ...], failed: bool, rejected: bool, object_ids, log_json: bool,
           verbose: int) -> None:
@@ -281,18 +237,11 @@ def retry(ctx: click.Context, pipelines: tuple[str, ...], failed: bool, rejected
       gcis-etl retry museum --object IE12345    one object
       gcis-etl retry museum --rejected          after relaxing the imaging policy
     """
-    from gcis_etl.harvesting import HarvestOptions
+    from gcis_etl.harvesting import HarvestOptions, retry_targets
     cfg = _config(ctx)
-    targets = {}
     names = _pipelines(cfg, pipelines)
     with _ledger_to_read(cfg) as ledger:
-        for name in names:
-            ids = set(object_ids)
-            if not ids:
-                statuses = (["failed"] if failed else []) + (["rejected"] if rejected else [])
-                ids = {o for status in statuses for o in ledger.objects_with(name, status)}
-            if ids:
-                targets[name] = tuple(sorted(ids))
+        targets = retry_targets(ledger, names, tuple(object_ids), failed, rejected)
     if not targets:
         click.echo("nothing to retry")
         sys.exit(EXIT_OK)

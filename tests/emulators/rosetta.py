@@ -421,12 +421,7 @@ class RosettaEmulator:
         record = _sub(parent, "oai:record")
         self._header(record, entity)
         if not entity.deleted:
-            dc = _sub(_sub(record, "oai:metadata"), "oai_dc:dc")
-            for qname, value, language in entity.dc:
-                element = _sub(dc, qname)
-                element.text = value
-                if language:
-                    element.set(XML_LANG, language)
+            dc = _dc(_sub(_sub(record, "oai:metadata"), "oai_dc:dc"), entity)
             _sub(dc, "dc:identifier").text = entity.pid
 
     # --- SRU ------------------------------------------------------------------------------------------
@@ -470,12 +465,7 @@ class RosettaEmulator:
             record = _sub(records, "srw:record")
             _sub(record, "srw:recordSchema").text = "dc"
             _sub(record, "srw:recordPacking").text = "xml"
-            dc = _sub(_sub(record, "srw:recordData"), "dc:record")
-            for qname, value, language in entity.dc:
-                element = _sub(dc, qname)
-                element.text = value
-                if language:
-                    element.set(XML_LANG, language)
+            dc = _dc(_sub(_sub(record, "srw:recordData"), "dc:record"), entity)
             _sub(dc, "dc:identifier", **{q("xsi", "type"): "PID"}).text = entity.pid
             _sub(dc, "dc:identifier", **{q("xsi", "type"): "dcterms:URI"}).text = \
                 f"http://{host}/delivery/DeliveryManagerServlet?dps_pid={entity.pid}"
@@ -559,6 +549,16 @@ def _oai_date(value: str | None, end: bool) -> datetime | None:
 def _sub(parent: ET.Element, qname: str, **attributes: str) -> ET.Element:
     prefix, _, name = qname.partition(":")
     return ET.SubElement(parent, q(prefix, name), attributes)
+
+
+def _dc(parent: ET.Element, entity: Entity) -> ET.Element:
+    """`parent` with the entity's Dublin Core elements, as OAI-PMH and SRU both give them (then identifiers)."""
+    for qname, value, language in entity.dc:
+        element = _sub(parent, qname)
+        element.text = value
+        if language:
+            element.set(XML_LANG, language)
+    return parent
 
 
 def _amd(root: ET.Element, amd_id: str, tech: dict[str, list[dict[str, str]]],

@@ -1,0 +1,88 @@
+"""What every command of ours shares (gcis-etl's, gcis-migrate's scripts, the Celery worker's start): its exit
+codes, the clean stop a signal asks for, its one way of failing on a configuration error, and the options both
+command lines take, defined once so that both say the same of them.
+
+A library module, not part of gcis_etl.cli: the migration framework and the worker use it without loading
+the command line.
+"""
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import threading
+from typing import Any, Callable, NoReturn
+
+import click
+
+from gcis_etl.errors import ConfigError
+
+EXIT_OK, EXIT_ITEM_FAILED, EXIT_USAGE, EXIT_LOCKED = 0, 1, 2, 3
+EXIT_SIGNALLED = 128  # + the signal's number: a run SIGINT (130) or SIGTERM (143) stopped before its end
+
+
+def fail_config(exc: ConfigError) -> NoReturn:
+    """Exit 2 naming what is wrong: a JSON log line once a command's --log-json has configured the log (harvest
+    and the migration scripts do before they load the configuration), plain text otherwise."""
+    from gcis_etl.logs import say
+    say(f"configuration error:\n{exc}")
+    sys.exit(EXIT_USAGE)
+
+
+class StopRequest(threading.Event):
+    """Set by the first SIGINT or SIGTERM, which it remembers: a command it stopped exits 128 + the signal's
+    number, as a shell reports a process the signal killed, so that cron or systemd never takes a run cut
+    short for a success. A run that got to its end all the same (the signal came while its last items were in
+    flight) exits as it would have without it: its report says it completed."""
+
+    signum: int | None = None
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_OK if self.signum is None else EXIT_SIGNALLED + self.signum
+
+
+def stop_on_signals() -> StopRequest:
+    """First SIGINT/SIGTERM: finish the items in flight, record everything, exit. A second Ctrl-C: stop now."""
+    from gcis_etl.logs import say
+    stop = StopRequest()
+
+    def handler(signum, frame):
+        if stop.is_set() and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        if not stop.is_set():
+            stop.signum = signum
+        stop.set()
+        say("\nstopping after the items in flight (Ctrl-C again to abandon them)", logging.WARNING)
+
+    signal.signal(signal.SIGINT, handler)
+    signal.signal(signal.SIGTERM, handler)
+    return stop
+
+
+class SharedOption:
+    """An option of both command lines: a decorator on gcis-etl's commands, a parameter (`param()`) of the
+    click.Command a migration script is made into."""
+
+    def __init__(self, *decls: str, **attrs: Any):
+        self.decls = decls
+        self.attrs = attrs
+
+    def __call__(self, function: Callable) -> Callable:
+        return click.option(*self.decls, **self.attrs)(function)
+
+    def param(self) -> click.Option:
+        return click.Option(list(self.decls), **self.attrs)
+
+
+CONFIG = SharedOption("--config", "config_file", type=click.Path(dir_okay=False), envvar="GCIS_CONFIG",
+                      help="Configuration file (default: ./config.yaml, else built-in defaults). Env: GCIS_CONFIG.")
+LOG_JSON = SharedOption("--log-json", is_flag=True,
+                        help="Log one JSON object per line on stderr (for log shippers).")
+VERBOSE = SharedOption("-v", "--verbose", count=True,
+                       help="-v: a log line per item (or store key, for a migration that copies keys); -vv: debug.")
+LIMIT = SharedOption("--limit", type=click.IntRange(min=1),
+                     help="Process at most this many items (deposited, rejected or failed; skips do not count).")
+MAX_MINUTES = SharedOption("--max-minutes", type=click.FloatRange(min=0, min_open=True),
+                           help="Take no new item after this many minutes (a harvest: the pipeline's "
+                                "max_run_minutes otherwise; a migration: no time limit otherwise).")
