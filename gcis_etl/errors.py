@@ -25,9 +25,13 @@ class StoreError(GcisError):
     """A store operation failed (including integrity mismatches)."""
 
 
-class StoreFull(StoreError):
-    """The store takes no more data (its disk full, a quota reached, mounted read-only): every deposit would fail
+class StoreUnavailable(StoreError):
+    """The store takes no deposit now (unreachable past its retries, its disk full): every item would fail
     alike, so a run stops rather than spend each item's attempts."""
+
+
+class StoreFull(StoreUnavailable):
+    """The store takes no more data: its disk full, a quota reached, mounted read-only."""
 
 
 class IntegrityError(StoreError):

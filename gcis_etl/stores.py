@@ -33,7 +33,7 @@ from s3transfer.subscribers import BaseSubscriber
 from s3transfer.utils import ChunksizeAdjuster
 
 from gcis_etl.durable import DISK_REFUSES_WRITES, fsync_path, sha256_stream
-from gcis_etl.errors import IntegrityError, StoreError, StoreFull
+from gcis_etl.errors import IntegrityError, StoreError, StoreFull, StoreUnavailable
 from gcis_etl.keys import KeyTemplates, UnsafeKey, check_key, check_prefix
 from gcis_etl.settings import Settings
 
@@ -436,6 +436,7 @@ _INTEGRITY_CODES = {"BadDigest", "InvalidDigest", "XAmzContentChecksumMismatch",
 _REFUSED = {"403", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken", "InvalidToken",
             "AllAccessDisabled"}  # the credentials (a HEAD's 403 carries no body: its code is "403")
 _FULL = {"XMinioStorageFull", "XMinioAdminBucketQuotaExceeded"}  # MinIO's drives past their free-space threshold
+_UNAVAILABLE = {"503", "ServiceUnavailable", "SlowDown", "XMinioServerNotInitialized"}  # still so after the retries
 
 
 def _b64(digest: bytes) -> str:
@@ -540,8 +541,8 @@ class S3Store:
     def _error(self, key: str, action: str, exc: Exception) -> StoreError:
         if isinstance(exc, ClientError):
             error = exc.response.get("Error", {})
-            cls = IntegrityError if error.get("Code") in _INTEGRITY_CODES else \
-                StoreFull if error.get("Code") in _FULL else StoreError
+            cls = IntegrityError if error.get("Code") in _INTEGRITY_CODES else StoreFull if error.get("Code") in _FULL \
+                else StoreUnavailable if error.get("Code") in _UNAVAILABLE else StoreError
             if error.get("Code") in _REFUSED:
                 hint = " (check the store's credentials and its bucket policy)"
             elif error.get("Code") == "NoSuchBucket":
@@ -554,7 +555,7 @@ class S3Store:
             return StoreError(f"{self.describe(key)}: {action} failed: {exc} (set AWS_ACCESS_KEY_ID and "
                               f"AWS_SECRET_ACCESS_KEY, store.profile, or give the host a role)")
         if isinstance(exc, (EndpointConnectionError, ConnectionClosedError)):
-            return StoreError(f"{self.describe(key)}: {action} failed after {self.settings.retry.max_attempts} "
+            return StoreUnavailable(f"{self.describe(key)}: {action} failed after {self.settings.retry.max_attempts} "
                               f"attempts: {exc} (is the server up, and store.endpoint_url right?)")
         return StoreError(f"{self.describe(key)}: {action} failed: {exc}")
 

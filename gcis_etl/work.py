@@ -22,7 +22,7 @@ from connectors.base import Fixity, SourceItem
 from connectors.errors import AuthenticationFailed, PermissionDenied
 from connectors.fetching import fetch_warnings
 from gcis_etl.durable import DISK_REFUSES_WRITES
-from gcis_etl.errors import GcisError, SourceError, StoreError, StoreFull
+from gcis_etl.errors import GcisError, SourceError, StoreError, StoreFull, StoreUnavailable
 from gcis_etl.isolation import IsolatedProcess
 from gcis_etl.keys import UnsafeKey
 from gcis_etl.models import Status
@@ -180,9 +180,10 @@ class Worker:
         except SourceError as exc:
             result = replace(base, reason=f"fetching: {exc}",
                              transient=not isinstance(exc, _PERMANENT_SOURCE_ERRORS))
-        except StoreFull as exc:
-            return replace(base, reason=f"depositing: {exc}: the store takes no more data; make room there, then "
-                                        f"run again (no item's attempt was counted)", stops_run=True)
+        except StoreUnavailable as exc:
+            then = ("the store takes no more data; make room there, then run again" if isinstance(exc, StoreFull)
+                    else "run again once it is back")
+            return replace(base, reason=f"depositing: {exc}: {then} (no item's attempt was counted)", stops_run=True)
         except StoreError as exc:
             result = replace(base, reason=f"depositing: {exc}", transient=True)
         except GcisError as exc:
@@ -256,4 +257,5 @@ class Worker:
 def _already(base: ItemResult, key: str, done: StoredObject, why: str) -> ItemResult:
     """The item's access master is in the store already: deposited, without converting it again."""
     return replace(base, outcome=Outcome.DEPOSITED, key=key, sha256=done.sha256, bytes=done.size,
-                   width=done.provenance.width, height=done.provenance.height, warnings=(why,))
+                   width=done.provenance.width, height=done.provenance.height,
+                   master_sha256=done.provenance.master_sha256, warnings=(why,))
