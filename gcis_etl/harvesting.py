@@ -371,7 +371,9 @@ class Harvest:
 
     def object_settled(self, object_id: str) -> None:
         """All items have an outcome: publish the manifest when every item is deposited or rejected, then retire
-        the access masters the object's items no longer use (gcis_etl/supersession.py)."""
+        the access masters the object's items no longer use (gcis_etl/supersession.py). An item whose new version
+        was rejected keeps its last deposit on show, as the ledger keeps it: a broken upload never takes a page
+        out of a manifest or a manifest off line (status and report list the rejection)."""
         pending = self.pending.pop(object_id)
         obj = pending.obj
         records = {r.item_id: r for r in self.ledger.items(self.pipeline.name, obj.id)}
@@ -383,7 +385,7 @@ class Harvest:
             return
         manifests = self.pipeline.manifests
         images = [DepositedImage(item.sequence, record.output_key, record.width, record.height, item.label)
-                  for item, record in items if record.status == "deposited"]
+                  for item, record in items if record.output_key]
         if manifests is not None and images:
             label = [[v.value, v.language] for v in manifests.label_of(obj)]
             digest = _manifest_fingerprint(obj, images, manifests.settings.model_dump_json())

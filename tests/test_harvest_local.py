@@ -155,6 +155,31 @@ def test_second_run_skips_everything_and_a_changed_master_is_the_only_work(site)
     assert all(r["last_run"] == 1 for k, r in rows.items() if k[0] != "photo-3")
 
 
+def test_a_rejected_new_version_keeps_the_last_deposit_on_show(site):
+    """A good master replaced by a broken upload is rejected with its reason, and the access master of the last
+    good version stays what the manifest shows: one page of two (photo-3) or the only one (print-2), the
+    manifests unchanged rather than a page dropped from one and the other left as it was."""
+    assert cli(site, "harvest").returncode == 1
+    manifests = {p: p.read_bytes() for p in (site / "store").rglob("manifest*.json")}
+    images = {p: p.read_bytes() for p in (site / "store").rglob("*.tif")}
+    for broken in ("photo-3/p1-sample.jpg", "print-2/p1-pil_sample_cmyk.jpg"):
+        shutil.copy(CORPUS / "truncated/truncated.jpg", site / "masters" / broken)
+        os.utime(site / "masters" / broken, (time.time() + 5, time.time() + 5))
+
+    again = cli(site, "harvest")
+
+    assert again.returncode == 1, again.stderr
+    assert "0 deposited, 1 skipped, 2 rejected, 0 failed" in again.stdout
+    rows = ledger_rows(site)
+    for object_id, item_id in (("photo-3", "photo-3/p1-sample.jpg"), ("print-2", "print-2/p1-pil_sample_cmyk.jpg")):
+        row = rows[(object_id, item_id)]
+        assert row["status"] == "rejected" and row["last_run"] == 2 and row["reason"], row
+        assert (site / "store" / row["output_key"]).read_bytes() == images[site / "store" / row["output_key"]]
+    assert {p: p.read_bytes() for p in (site / "store").rglob("manifest*.json")} == manifests
+    canvases = json.loads((site / "store" / "museum" / "photo-3" / "manifest-v3.json").read_text())["items"]
+    assert len(canvases) == 2
+
+
 def test_a_master_touched_without_changing_is_recognised_by_its_bytes_not_converted_again(site):
     """A new modification time (the same file uploaded again) is a new source version, but the master's bytes
     are those the stored access master was made from: fetched and hashed, not converted. The store keeps the
