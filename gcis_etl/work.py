@@ -180,10 +180,12 @@ class Worker:
         except SourceError as exc:
             result = replace(base, reason=f"fetching: {exc}",
                              transient=not isinstance(exc, _PERMANENT_SOURCE_ERRORS))
-        except StoreUnavailable as exc:
-            then = ("the store takes no more data; make room there, then run again" if isinstance(exc, StoreFull)
+        except StoreUnavailable as exc:  # a Celery worker still retries an outage (transient) before it stops
+            full = isinstance(exc, StoreFull)
+            then = ("the store takes no more data; make room there, then run again" if full
                     else "run again once it is back")
-            return replace(base, reason=f"depositing: {exc}: {then} (no item's attempt was counted)", stops_run=True)
+            return replace(base, reason=f"depositing: {exc}: {then} (no item's attempt was counted)",
+                           transient=not full, stops_run=True)
         except StoreError as exc:
             result = replace(base, reason=f"depositing: {exc}", transient=True)
         except GcisError as exc:

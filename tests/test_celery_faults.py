@@ -201,7 +201,9 @@ def test_transient_failures_are_retried_with_backoff_and_nothing_else_is(pool, m
         gave_up = {r.item_id: r for r in run_all(executor, [misplanned, second])}
         executor = CeleryExecutor({"demo": pipeline}, 4, Path("unused"), settings.celery)
         assert executor.submit(third) == []
+        deadline = time.monotonic() + 120
         while f"{third.object_id}/{third.item.id}: depositing" not in worker.log_text():
+            assert time.monotonic() < deadline, worker.log_text()[-2000:]
             time.sleep(0.05)
     finally:
         minio.start()
