@@ -41,8 +41,8 @@ OBJECT = "(object)"  # stands for the item id where the run reports that the sou
 
 
 class RunHalted(GcisError):
-    """A worker cannot work at all (its scratch space full or read-only): every item would fail the same way and
-    spend its attempts, so the run stops, as it does when the store check fails."""
+    """No item can be done now (a worker's scratch space full or read-only, the store full or unavailable):
+    every item would fail the same way and spend its attempts, so the run stops, as when the store check fails."""
 
 
 @dataclass(frozen=True)

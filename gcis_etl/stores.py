@@ -555,8 +555,9 @@ class S3Store:
             return StoreError(f"{self.describe(key)}: {action} failed: {exc} (set AWS_ACCESS_KEY_ID and "
                               f"AWS_SECRET_ACCESS_KEY, store.profile, or give the host a role)")
         if isinstance(exc, (EndpointConnectionError, ConnectionClosedError)):
-            return StoreUnavailable(f"{self.describe(key)}: {action} failed after {self.settings.retry.max_attempts} "
-                              f"attempts: {exc} (is the server up, and store.endpoint_url right?)")
+            return StoreUnavailable(f"{self.describe(key)}: {action} failed after "
+                                    f"{self.settings.retry.max_attempts} attempts: {exc} (is the server up, and "
+                                    f"store.endpoint_url right?)")
         return StoreError(f"{self.describe(key)}: {action} failed: {exc}")
 
     def check(self, *, create: bool = False) -> None:

@@ -90,7 +90,7 @@ class ItemResult:
     master_sha256: str | None = None
     seconds: float = 0.0
     transient: bool = False  # a failure that may well pass on its own (outage, timeout)
-    stops_run: bool = False  # not the item's failure: the worker cannot work at all (its scratch space full)
+    stops_run: bool = False  # not the item's failure: no item can be done now (scratch full, store unavailable)
     warnings: tuple[str, ...] = field(default_factory=tuple)
 
     def to_dict(self) -> dict[str, Any]:
