@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from connectors.base import Fixity, SourceItem
-from connectors.errors import AuthenticationFailed, PermissionDenied
+from connectors.errors import AuthenticationFailed, PermissionDenied, SourceUnavailable
 from connectors.fetching import fetch_warnings
 from gcis_etl.durable import DISK_REFUSES_WRITES
 from gcis_etl.errors import GcisError, SourceError, StoreError, StoreFull, StoreUnavailable
@@ -90,7 +90,7 @@ class ItemResult:
     master_sha256: str | None = None
     seconds: float = 0.0
     transient: bool = False  # a failure that may well pass on its own (outage, timeout)
-    stops_run: bool = False  # not the item's failure: no item can be done now (scratch full, store unavailable)
+    stops_run: bool = False  # not the item's failure: no item can be done now (scratch full, store or source down)
     warnings: tuple[str, ...] = field(default_factory=tuple)
 
     def to_dict(self) -> dict[str, Any]:
@@ -178,7 +178,14 @@ class Worker:
         try:
             result = self._process(task, base)
         except SourceError as exc:
-            result = replace(base, reason=f"fetching: {exc}",
+            if isinstance(exc, AuthenticationFailed) or self._source_down(task, exc):
+                refused = isinstance(exc, AuthenticationFailed)
+                then = ("fix the source's credentials, then run again" if refused
+                        else "the source is unavailable: run again once it is back")
+                return replace(base, reason=f"fetching: {exc}: {then} (no item's attempt was counted)",
+                               transient=not refused, stops_run=True)
+            answered = " (the source answers otherwise)" if isinstance(exc, SourceUnavailable) else ""
+            result = replace(base, reason=f"fetching: {exc}{answered}",
                              transient=not isinstance(exc, _PERMANENT_SOURCE_ERRORS))
         except StoreUnavailable as exc:  # a Celery worker still retries an outage (transient) before it stops
             full = isinstance(exc, StoreFull)
@@ -198,6 +205,22 @@ class Worker:
             log.exception("internal error on %s/%s", task.object_id, task.item.id)
             result = replace(base, reason=f"internal error: {type(exc).__name__}: {exc}")
         return replace(result, seconds=time.monotonic() - started)
+
+    def _source_down(self, task: ItemTask, exc: SourceError) -> bool:
+        """Whether a download that outlasted its retries is the whole source's outage, which stops the run, or
+        this item's alone (one file that always fails, on a source that otherwise answers), which spends its
+        attempt: describing the item's object again tells them apart."""
+        if not isinstance(exc, SourceUnavailable):
+            return False
+        try:
+            for _ in self.pipelines[task.pipeline].source.get([task.object_id]):
+                pass
+        except (SourceUnavailable, AuthenticationFailed):
+            return True
+        except Exception:  # anything else says nothing of an outage: the download's failure is the item's
+            log.warning("%s/%s: describing the object again after its download failed", task.object_id,
+                        task.item.id, exc_info=True)
+        return False
 
     def _scratch_unwritable(self, exc: OSError) -> str:
         free = shutil.disk_usage(self.scratch).free if self.scratch.exists() else 0
@@ -245,11 +268,12 @@ class Worker:
                 return replace(base, outcome=Outcome.REJECTED, reason=reason, **common)
             if converted.status is Status.FAILED:
                 return replace(base, reason=reason, **common)
+            # put HEADs the key to leave identical bytes alone: worth it only when `done` holds these bytes
             stored = store.put(key, output, sha256=converted.sha256, provenance=Provenance(
                 source_id=f"{task.object_id}/{task.item.id}", source_checksum=task.fingerprint,
                 master_sha256=fetched.sha256,
                 recipe=recipe.name, recipe_digest=recipe.digest, width=converted.width, height=converted.height),
-                overwrite=task.force)
+                overwrite=done is None or done.sha256 != converted.sha256)
             return replace(base, outcome=Outcome.DEPOSITED, key=key, sha256=stored.sha256, bytes=stored.size,
                            width=converted.width, height=converted.height, **common)
         finally:
