@@ -32,7 +32,8 @@ def verify(path, expect=None, isolation_settings: IsolationSettings | None = Non
 
 
 _PIPELINE = {"load_config": "gcis_etl.config", "Config": "gcis_etl.config", "harvest": "gcis_etl.harvesting",
-             "HarvestOptions": "gcis_etl.harvesting"}
+             "HarvestOptions": "gcis_etl.harvesting", "harvest_pipelines": "gcis_etl.harvesting",
+             "PipelineOutcome": "gcis_etl.harvesting"}
 
 
 def __getattr__(name: str):
@@ -43,6 +44,6 @@ def __getattr__(name: str):
 
 
 __all__ = ["inspect", "convert", "verify", "check_decoding", "load_recipe", "Recipe", "ImageInfo",
-           "load_config", "Config", "harvest", "HarvestOptions",
+           "load_config", "Config", "harvest", "HarvestOptions", "harvest_pipelines", "PipelineOutcome",
            "ConversionResult", "VerifyReport", "Status", "Verdict", "GcisError", "ConfigError",
            "RejectedMaster", "ConversionFailed", "VerificationFailed"]

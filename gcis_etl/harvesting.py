@@ -19,15 +19,16 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
-from typing import Iterator
+from typing import Callable, Iterator, Sequence
 
 from connectors.base import LangValue, ListingMoved, SourceItem, SourceObject, UnreadableObject
 from connectors.errors import OBJECT_ERRORS, ObjectNotFound
+from gcis_etl.commands import EXIT_ITEM_FAILED, EXIT_LOCKED, EXIT_OK, EXIT_USAGE, StopRequest
 from gcis_etl.config import Config
-from gcis_etl.errors import GcisError, ManifestError
+from gcis_etl.errors import ConfigError, GcisError, ManifestError
 from gcis_etl.executors import Executor, open_executor
 from gcis_etl.ledger import COUNTED, MANIFEST, STOPPED_ON_REQUEST, ItemRecord, Ledger, LedgerUnwritable, now
-from gcis_etl.locks import pipeline_lock
+from gcis_etl.locks import LockHeld, pipeline_lock
 from gcis_etl.manifests import CollectionEntry, DepositedImage
 from gcis_etl.pipelines import Pipeline, config_folder
 from gcis_etl.recipes import load_recipe
@@ -123,6 +124,7 @@ class Progress:
              warnings: tuple[str, ...] = ()) -> None: ...
     def note(self, message: str) -> None: ...
     def ended(self, report: RunReport) -> None: ...  # the run is over (failed ones too), recorded or not
+    def clear(self) -> None: ...  # the run is over, or ended without starting: what was drawn goes
 
 
 class Harvest:
@@ -538,6 +540,66 @@ def harvest(config: Config, name: str, options: HarvestOptions = HarvestOptions(
             prune_reports(config.reports_dir, ledger, name)
             progress.ended(report)
             return report
+
+
+def open_sources(config: Config, names: Sequence[str]) -> None:
+    """The commands that list or fetch need their sources' secrets (config.yaml leaves a source's unset ${VAR}
+    to the opening, so that status, report and cache need none): all are opened before any run starts, and
+    one missing raises ConfigError naming the key."""
+    for name in names:
+        config.pipeline(name).source
+
+
+@dataclass(frozen=True)
+class PipelineOutcome:
+    """A pipeline's part in harvest_pipelines. exit_code: as `gcis-etl harvest` would exit for it alone
+    (gcis_etl.commands). No report: the run stopped on an error, which `message` words for whoever ran it, or
+    (no message either) it was not started, as a stop asked for, or a ledger that cannot be written, came first."""
+
+    name: str
+    exit_code: int
+    report: RunReport | None = None
+    message: str | None = None
+
+
+def harvest_pipelines(config: Config, names: Sequence[str] = (), options: HarvestOptions = HarvestOptions(),
+                      stop: StopRequest | None = None, progress_for: Callable[[str], Progress] | None = None
+                      ) -> Iterator[PipelineOutcome]:
+    """What `gcis-etl harvest` does: each pipeline named (all when none is) harvested in turn, its outcome given
+    as it ends; the command exits with the highest exit code among them. Every source is opened first. Another
+    run holding a pipeline's lock, or its source, store or scratch space failing as a whole, ends that pipeline's
+    run alone; a ledger that cannot be written leaves the pipelines after it unstarted (they share it), as does
+    a stop asked for (stop_on_signals sets it); a ConfigError is raised. `progress_for(name)`: what shows a
+    pipeline's run (gcis_etl.progress.progress_for on a terminal; none by default)."""
+    names = list(names) or sorted(config.pipelines)
+    stop = stop or StopRequest()
+    open_sources(config, names)
+    not_started = None  # the exit code of the pipelines left, once none can start
+    for name in names:
+        if not_started is None and stop.is_set():  # the command was cut short
+            not_started = stop.exit_code
+        if not_started is not None:
+            yield PipelineOutcome(name, not_started)
+            continue
+        progress = progress_for(name) if progress_for else Progress()
+        try:
+            report = harvest(config, name, options, progress, stop)
+        except LockHeld as exc:
+            outcome = PipelineOutcome(name, EXIT_LOCKED, message=str(exc))
+        except LedgerUnwritable as exc:
+            not_started = EXIT_USAGE
+            outcome = PipelineOutcome(name, EXIT_USAGE, message=f"{name}: run stopped: {exc}")
+        except ConfigError:
+            raise
+        except GcisError as exc:
+            outcome = PipelineOutcome(name, EXIT_ITEM_FAILED, message=f"{name}: run stopped: {exc} (everything "
+                                                                      f"settled so far is recorded; run again)")
+        else:
+            stopped = stop.exit_code if report.note == STOPPED_ON_REQUEST else EXIT_OK
+            outcome = PipelineOutcome(name, max(report.exit_code, stopped), report)
+        finally:
+            progress.clear()
+        yield outcome
 
 
 def _abort_uploads(config: Config, pipeline: Pipeline, run_id: int, progress: Progress) -> None:

@@ -1,6 +1,6 @@
 """gcis_etl used as a library: interrupted calls, a reused worker after os.chdir, what reaches the caller's
-stderr, tifffile's log under threads, verify under the limits given, and the answers for a missing master or an
-output nowhere to go."""
+stderr, tifffile's log under threads, verify under the limits given, the answers for a missing master or an
+output nowhere to go, and a harvest of several pipelines."""
 from __future__ import annotations
 
 import json
@@ -15,9 +15,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+import yaml
 
 import gcis_etl
 from gcis_etl.isolation import IsolatedProcess
+from gcis_etl.locks import pipeline_lock
 from gcis_etl.models import Status, Verdict
 from gcis_etl.policy import IsolationSettings
 
@@ -188,3 +190,26 @@ def test_convert_fails_a_missing_master_and_an_output_nowhere_to_go(tmp_path, mo
         assert (result.status, result.reason) == (Status.FAILED, reason)
         assert result.info.verdict is Verdict.ACCEPT
     assert sorted(p.name for p in tmp_path.iterdir()) == ["adir.tif", "afile"]
+
+
+def test_harvest_pipelines_passes_over_a_locked_pipeline_and_runs_the_next(tmp_path):
+    """What `gcis-etl harvest` does, from a script: a pipeline whose lock another run holds is not run (exit 3,
+    saying why), and the one after it still is; the command would exit with the higher code."""
+    names = ("archive", "museum")
+    for name in names:
+        (tmp_path / "masters" / name / "object-1").mkdir(parents=True)
+        shutil.copy(OTHER, tmp_path / "masters" / name / "object-1" / "p1.jpg")
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump({"pipelines": {
+        name: {"source": {"kind": "filesystem", "root": f"masters/{name}"},
+               "store": {"kind": "local", "root": f"store/{name}"}} for name in names}}))
+    config = gcis_etl.load_config(tmp_path / "config.yaml")
+    with pipeline_lock(config.state_dir, "archive"):  # another run of archive
+        outcomes = list(gcis_etl.harvest_pipelines(config))
+    archive, museum = outcomes
+    assert (archive.name, archive.exit_code, archive.report) == ("archive", 3, None)
+    assert archive.message == (f"pipeline 'archive' is already running (pid {os.getpid()}; lock "
+                               f"{config.state_dir / 'locks' / 'archive.lock'}): nothing was done")
+    assert (museum.name, museum.exit_code, museum.message) == ("museum", 0, None)
+    assert (museum.report.status, museum.report.counts["deposited"]) == ("completed", 1)
+    assert max(outcome.exit_code for outcome in outcomes) == 3
+    assert not (tmp_path / "store" / "archive").exists()

@@ -8,9 +8,9 @@ from datetime import datetime, timezone
 import click
 
 from gcis_etl.cli import _config, main
-from gcis_etl.commands import (EXIT_ITEM_FAILED, EXIT_LOCKED, EXIT_OK, EXIT_USAGE, LIMIT, LOG_JSON, MAX_MINUTES,
-                               VERBOSE, StopRequest, fail_config, stop_on_signals)
-from gcis_etl.errors import ConfigError, GcisError
+from gcis_etl.commands import (EXIT_OK, LIMIT, LOG_JSON, MAX_MINUTES, VERBOSE, StopRequest, fail_config,
+                               stop_on_signals)
+from gcis_etl.errors import ConfigError
 from gcis_etl.spans import SPAN_FORMATS, parse_span
 
 
@@ -55,17 +55,6 @@ def _pipelines(cfg, names: tuple[str, ...]) -> list[str]:
     return list(names) or sorted(cfg.pipelines)
 
 
-def _open_sources(cfg, names: list[str]) -> None:
-    """The commands that list or fetch need their sources' secrets (config.yaml leaves a source's unset ${VAR}
-    to the opening, so that status, report and cache need none): all are opened before any run starts, and
-    one missing is a configuration error (exit 2) naming the key."""
-    try:
-        for name in names:
-            cfg.pipeline(name).source
-    except ConfigError as exc:
-        fail_config(exc)
-
-
 def _logging(log_json: bool, verbose: int) -> None:
     from gcis_etl.logs import configure
     configure(log_json, verbose)
@@ -74,53 +63,32 @@ def _logging(log_json: bool, verbose: int) -> None:
 def _run(ctx: click.Context, names: tuple[str, ...], options, log_json: bool, verbose: int,
          stop: StopRequest, quiet: bool = False) -> None:
     """`quiet`: no summary on stdout; each run's end is logged instead (with --log-json, as well)."""
-    from gcis_etl.harvesting import harvest
-    from gcis_etl.ledger import STOPPED_ON_REQUEST, LedgerUnwritable
-    from gcis_etl.locks import LockHeld
+    from gcis_etl.harvesting import harvest_pipelines
     from gcis_etl.logs import say
     from gcis_etl.progress import progress_for
     _logging(log_json, verbose)
     cfg = _config(ctx)
-    selected = _pipelines(cfg, names)
-    _open_sources(cfg, selected)
     code = EXIT_OK
-    for name in selected:
-        if stop.is_set():  # the pipelines left are not started: the command was cut short
-            code = max(code, stop.exit_code)
-            break
-        progress = progress_for(name, log_end=quiet or log_json)
-        try:
-            report = harvest(cfg, name, options, progress, stop)
-        except LockHeld as exc:
-            progress.clear()
-            say(str(exc), pipeline=name)
-            code = max(code, EXIT_LOCKED)
-            continue
-        except LedgerUnwritable as exc:  # the pipelines left share the ledger: none can run
-            progress.clear()
-            say(f"{name}: run stopped: {exc}", pipeline=name)
-            code = max(code, EXIT_USAGE)
-            break
-        except ConfigError as exc:
-            progress.clear()
-            fail_config(exc)
-        except GcisError as exc:
-            progress.clear()
-            say(f"{name}: run stopped: {exc} (everything settled so far is recorded; run again)", pipeline=name)
-            code = max(code, EXIT_ITEM_FAILED)
-            continue
-        progress.clear()
-        if options.dry_run:
-            for planned in report.planned:
-                click.echo(planned.line())
-            unreadable = f", fail {report.counts['fail']} objects the source cannot describe" \
-                if report.counts["fail"] else ""
-            click.echo(f"{name}: would process {report.counts['process']} items, skip {report.counts['skip']}"
-                       f"{unreadable} (since {report.since or 'the beginning'})")
-            continue
-        if not quiet:
-            click.echo(report.summary())
-        code = max(code, report.exit_code, stop.exit_code if report.note == STOPPED_ON_REQUEST else EXIT_OK)
+    try:
+        for outcome in harvest_pipelines(cfg, _pipelines(cfg, names), options, stop,
+                                         lambda name: progress_for(name, log_end=quiet or log_json)):
+            code = max(code, outcome.exit_code)
+            report = outcome.report
+            if outcome.message:
+                say(outcome.message, pipeline=outcome.name)
+            elif report is None:  # not started
+                continue
+            elif options.dry_run:
+                for planned in report.planned:
+                    click.echo(planned.line())
+                unreadable = f", fail {report.counts['fail']} objects the source cannot describe" \
+                    if report.counts["fail"] else ""
+                click.echo(f"{outcome.name}: would process {report.counts['process']} items, skip "
+                           f"{report.counts['skip']}{unreadable} (since {report.since or 'the beginning'})")
+            elif not quiet:
+                click.echo(report.summary())
+    except ConfigError as exc:
+        fail_config(exc)
     sys.exit(code)
 
 
@@ -336,6 +304,10 @@ def config_check(ctx: click.Context) -> None:
     """
     import yaml
 
+    from gcis_etl.harvesting import open_sources
     cfg = _config(ctx)
-    _open_sources(cfg, sorted(cfg.pipelines))
+    try:
+        open_sources(cfg, sorted(cfg.pipelines))
+    except ConfigError as exc:
+        fail_config(exc)
     click.echo(f"# {cfg.source_file}: valid\n" + yaml.safe_dump(cfg.printable(), sort_keys=False, allow_unicode=True))
