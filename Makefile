@@ -38,6 +38,7 @@ bench: system-deps python-deps
 	$(PY) bench/convert.py
 	$(PY) bench/jp2.py
 	$(PY) bench/celery.py
+	$(PY) bench/overlap.py
 
 # One worker of the Celery pool on this machine (reads ./config.yaml or $GCIS_CONFIG; needs the broker).
 worker: system-deps python-deps

@@ -1,8 +1,9 @@
 """Executors run ItemTasks and hand back ItemResults; `executor:` in config.yaml picks one.
 
-- `local` (default, no broker): `concurrency` worker threads in this process, each driving its own conversion
-  child process (isolation.py). Decoding and encoding happen only in those children, so this is a process
-  pool where it matters, and fetching and uploading overlap with conversion in the threads.
+- `local` (default, no broker): worker threads in this process sharing `concurrency` conversion child processes
+  (isolation.py), each leased only while an item converts. Decoding and encoding happen only in those children,
+  so this is a process pool where it matters; `transfer_slots` more threads fetch and deposit other items
+  meanwhile, so that no child waits for a download or an upload.
 - `celery`: tasks go to a broker and run on any number of machines (gcis_etl.worker).
 
 The caller plans in its own thread (listing, ledger decisions) and submits one task at a time; submit waits
@@ -12,9 +13,11 @@ from __future__ import annotations
 
 import queue
 import threading
+from dataclasses import replace
 from pathlib import Path
 from typing import Iterator, Protocol
 
+from gcis_etl.isolation import ChildPool
 from gcis_etl.pipelines import Pipeline
 from gcis_etl.work import ItemResult, ItemTask, Worker
 
@@ -34,15 +37,17 @@ class Executor(Protocol):
 
 
 class LocalExecutor:
-    def __init__(self, pipelines: dict[str, Pipeline], concurrency: int, scratch: Path):
+    def __init__(self, pipelines: dict[str, Pipeline], concurrency: int, scratch: Path, transfer_slots: int = 0):
         self.pipelines = pipelines
         self.scratch = scratch
+        self._children = ChildPool(concurrency)
         self._todo: queue.Queue = queue.Queue()
         self._done: queue.Queue = queue.Queue()
-        self._slots = threading.Semaphore(concurrency)
+        self._slots = threading.Semaphore(concurrency + transfer_slots)
         self._running = 0
+        self._stopped: str | None = None  # set by a result that stops the run (see _work)
         self._threads = [threading.Thread(target=self._work, name=f"gcis-worker-{n}", daemon=True)
-                         for n in range(concurrency)]
+                         for n in range(concurrency + transfer_slots)]
         for thread in self._threads:
             thread.start()
 
@@ -58,8 +63,11 @@ class LocalExecutor:
     def drain(self) -> Iterator[ItemResult]:
         while self._running:
             yield from self._finished(block=True)
+        self._stopped = None  # every task is answered: the next ones start afresh
 
     def close(self) -> None:
+        self._todo.join()  # no child is leased now; each dies with the thread that started it: close them first
+        self._children.close()
         for _ in self._threads:
             self._todo.put(None)
         for thread in self._threads:
@@ -77,16 +85,26 @@ class LocalExecutor:
         return results
 
     def _work(self) -> None:
-        with Worker(self.pipelines, self.scratch) as worker:
-            while (task := self._todo.get()) is not None:
-                try:
-                    self._done.put(worker.process(task))
-                finally:
-                    self._slots.release()
+        """Once a result stops the run (its source or store down, scratch full), the tasks handed over but not
+        begun are answered with its reason, untried: they would only meet the same cause."""
+        worker = Worker(self.pipelines, self.scratch, self._children)
+        while (task := self._todo.get()) is not None:
+            try:
+                if self._stopped is not None:
+                    self._done.put(replace(ItemResult.failed(task, self._stopped), stops_run=True))
+                    continue
+                result = worker.process(task)
+                if result.stops_run:
+                    self._stopped = result.reason
+                self._done.put(result)
+            finally:
+                self._slots.release()
+                self._todo.task_done()
 
 
-def open_executor(kind: str, pipelines: dict[str, Pipeline], concurrency: int, scratch: Path) -> Executor:
+def open_executor(kind: str, pipelines: dict[str, Pipeline], concurrency: int, scratch: Path,
+                  transfer_slots: int) -> Executor:
     if kind == "celery":
         from gcis_etl.worker import CeleryExecutor
         return CeleryExecutor(pipelines, concurrency, scratch)
-    return LocalExecutor(pipelines, concurrency, scratch)
+    return LocalExecutor(pipelines, concurrency, scratch, transfer_slots)

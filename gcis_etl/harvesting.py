@@ -519,7 +519,7 @@ def harvest(config: Config, name: str, options: HarvestOptions = HarvestOptions(
             shutil.rmtree(scratch, ignore_errors=True)  # left by a killed run; we hold the lock
             own = executor is None
             executor = executor or open_executor(pipeline.settings.executor, {name: pipeline},
-                                                 pipeline.settings.concurrency, scratch)
+                                                 pipeline.settings.concurrency, scratch, pipeline.settings.transfers)
             try:
                 run.execute(executor, since, until)
                 run.update_collection()

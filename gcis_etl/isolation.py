@@ -406,3 +406,53 @@ class IsolatedProcess:
         if self._jobs >= self.settings.max_jobs_per_process or rss > self.settings.max_rss_mb * 1024 * 1024:
             self.close()
 
+
+class ChildPool:
+    """At most `size` conversion children, shared by the threads that lease them, each only around a conversion
+    (the cores and the memory budget: each child may grow to isolation.max_rss_mb), so that these threads can
+    fetch and deposit other items meanwhile. A lease with other isolation settings than the idle children's
+    replaces one of them. A child is started in the thread that first calls it, and dies with that thread (see
+    _die_with_parent): lease from threads that outlive the pool."""
+
+    def __init__(self, size: int):
+        self._free = threading.Semaphore(size)
+        self._lock = threading.Lock()
+        self._idle: list[IsolatedProcess] = []  # oldest first
+        self._room = size  # children that may still be made
+        self._closed = False
+
+    @contextmanager
+    def lease(self, settings: IsolationSettings) -> Iterator[IsolatedProcess]:
+        with self._free:
+            child = self._take(settings)
+            try:
+                yield child
+            finally:
+                with self._lock:
+                    closed = self._closed
+                    if not closed:
+                        self._idle.append(child)
+                if closed:
+                    child.close()
+
+    def _take(self, settings: IsolationSettings) -> IsolatedProcess:
+        stale = None
+        with self._lock:
+            same = [child for child in self._idle if child.settings == settings]
+            if same:
+                self._idle.remove(same[-1])
+                return same[-1]
+            if self._room:
+                self._room -= 1
+            else:  # every child not leased is idle, with other settings: the oldest makes room
+                stale = self._idle.pop(0)
+        if stale is not None:
+            stale.close()
+        return IsolatedProcess(settings)
+
+    def close(self) -> None:
+        """Close the idle children now, and the leased ones when they come back."""
+        with self._lock:
+            self._closed, idle, self._idle = True, self._idle, []
+        for child in idle:
+            child.close()

@@ -43,9 +43,18 @@ class RunSettings(Settings):
     recipe: str = DEFAULT_RECIPE
     executor: Literal["local", "celery"] = "local"
     concurrency: int = Field(2, ge=1, le=256, description="items converted at once (local executor: processes)")
+    transfer_slots: int | None = Field(
+        None, ge=0, le=256, description="local executor: items fetched or deposited beside those converting, so "
+        "that no conversion process waits for a download or an upload; null: as many as concurrency, 0: none. "
+        "Each item in flight holds its master and its output in state_dir/scratch. The celery executor ignores it")
     max_attempts: int = Field(3, ge=1, le=100, description="tries of a failing item before it waits for `retry`")
     overlap_seconds: float = Field(300, ge=0, description="re-list this far before the checkpoint (clock skew)")
     max_run_minutes: float | None = Field(None, gt=0, description="stop taking new items after this long")
+
+    @property
+    def transfers(self) -> int:
+        """transfer_slots, null resolved."""
+        return self.concurrency if self.transfer_slots is None else self.transfer_slots
 
 
 class PipelineSettings(RunSettings):

@@ -23,7 +23,7 @@ from connectors.errors import AuthenticationFailed, PermissionDenied, SourceUnav
 from connectors.fetching import fetch_warnings
 from gcis_etl.durable import DISK_REFUSES_WRITES
 from gcis_etl.errors import GcisError, SourceError, StoreError, StoreFull, StoreUnavailable
-from gcis_etl.isolation import IsolatedProcess
+from gcis_etl.isolation import ChildPool
 from gcis_etl.keys import UnsafeKey
 from gcis_etl.models import Status
 from gcis_etl.pipelines import Pipeline, config_folder
@@ -139,37 +139,29 @@ class RecipeCache:
 
 
 class Worker:
-    """Processes tasks for the pipelines of one config, in one thread or process, with its own conversion child.
+    """Processes tasks for the pipelines of one config, in one thread or process, with a conversion child leased
+    from `children` (the local executor's threads share one pool) or, without it, one of its own.
 
     The child process (isolation.py) does all decoding and encoding: this process never loads libvips, so it
     can be forked, threaded or run as a Celery worker without libvips' thread pool in the way.
     """
 
-    def __init__(self, pipelines: dict[str, Pipeline], scratch: Path):
+    def __init__(self, pipelines: dict[str, Pipeline], scratch: Path, children: ChildPool | None = None):
         self.pipelines = pipelines
         self.scratch = scratch
-        self._conversion: IsolatedProcess | None = None
+        self._own = children is None
+        self._children = ChildPool(1) if children is None else children
         self._recipes = RecipeCache(pipelines)
 
     def close(self) -> None:
-        if self._conversion is not None:
-            self._conversion.close()
-            self._conversion = None
+        if self._own:
+            self._children.close()
 
     def __enter__(self) -> Worker:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    def _child(self, pipeline: Pipeline) -> IsolatedProcess:
-        """One conversion child at a time, whatever the number of pipelines (each child may grow to its
-        isolation.max_rss_mb): a task of a pipeline with other isolation settings gets a new one."""
-        if self._conversion is not None and self._conversion.settings != pipeline.settings.isolation:
-            self.close()
-        if self._conversion is None:
-            self._conversion = IsolatedProcess(pipeline.settings.isolation)
-        return self._conversion
 
     def process(self, task: ItemTask) -> ItemResult:
         """Never raises for a bad item or an outage: the result says what happened and why."""
@@ -259,8 +251,9 @@ class Worker:
                                                          "recipe; only the source's version of the master changed"),
                                master_sha256=fetched.sha256)
             output = scratch / f"access{recipe.extension}"
-            converted = convert(fetched.path, output, recipe, pipeline.settings.imaging, worker=self._child(pipeline),
-                                durable=False)  # scratch: the store makes durable what it holds
+            with self._children.lease(pipeline.settings.isolation) as child:  # only while converting
+                converted = convert(fetched.path, output, recipe, pipeline.settings.imaging, worker=child,
+                                    durable=False)  # scratch: the store makes durable what it holds
             common = dict(master_sha256=fetched.sha256, warnings=fetch_warnings(fetched) + converted.warnings)
             # the scratch path changes every run: name the master as the source does
             reason = (converted.reason or "").replace(str(fetched.path), task.item.original_name) or None

@@ -39,7 +39,7 @@ class FolderHarvest:
             f"    close($f); select(undef, undef, undef, 0.05) until -e '{self.released}' }} 1 }} }} }});\n1;\n")
         self.env = {**os.environ, "EXIFTOOL_HOME": str(home)}
         (self.root / "config.yaml").write_text(yaml.safe_dump({
-            "state_dir": "state", "defaults": {"concurrency": 1},
+            "state_dir": "state", "defaults": {"concurrency": 1, "transfer_slots": 0},
             "pipelines": {"dam": {"source": {"kind": "filesystem", "root": str(self.root / "src")},
                                   "store": {"kind": "local", "root": str(self.root / "store")},
                                   "manifests": {"manifest_base_url": "http://127.0.0.1:8182/store",

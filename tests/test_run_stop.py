@@ -42,7 +42,7 @@ def test_a_run_stopped_by_a_signal_records_what_was_in_flight_and_exits_128_plus
     gate = Gate(RosettaEmulator(catalogue()), "dps_pid=FL700[23]&")
     with serving(gate) as emulator:
         config.write_text(yaml.safe_dump({
-            "state_dir": "state", "defaults": {"concurrency": 2},
+            "state_dir": "state", "defaults": {"concurrency": 2, "transfer_slots": 0},
             "pipelines": {"dam": {"source": rosetta_source(emulator.url, retry=PATIENT_RETRY),
                                   "store": {"kind": "local", "root": str(tmp_path / "store")}}}}))
         args = [str(BIN / command[0])] + [a.format(config=config) for a in command[1:]]

@@ -18,8 +18,9 @@ ITEMS = ("FL4102", "FL4103", "FL4104")  # ie() numbers the files of IE4100 from 
 
 
 def one_object() -> RosettaCatalogue:
-    """One object whose three items are fetched one after the other (concurrency 1): the listing is over by
-    the time an outage begins at the second item's download, so nothing but the downloads meets it."""
+    """One object whose three items are fetched one after the other (concurrency 1, with no transfer slot, in
+    the outage test): the listing is over by the time an outage begins at the second item's download, so
+    nothing but the downloads meets it."""
     return RosettaCatalogue([ie(4100, "2024-01-01 10:00:00", *MASTERS)])
 
 
@@ -29,7 +30,7 @@ def test_a_source_outage_mid_run_stops_the_run_and_spends_no_attempt(rig):
     with no attempt counted for the items not deposited; with Rosetta back, the next run deposits them."""
     with serving(RosettaEmulator(one_object())) as emulator:
         emulator.before(f"dps_pid={ITEMS[1]}", lambda: emulator.inject("", Fault.http(503), times=None))
-        rig.write(rosetta_source(emulator.url), concurrency=1)
+        rig.write(rosetta_source(emulator.url), concurrency=1, transfer_slots=0)  # the items one after the other
 
         run = rig.cli("harvest")
 
