@@ -8,6 +8,7 @@ convert, verify), recipes, and a configured harvest. The CLI and the Celery work
 # LD_DEBUG=bindings); with Debian's OpenJPEG 2.5.0 it then decodes an sYCC JPEG 2000 as RGB
 # (tests/test_decoder_order.py).
 import importlib
+from pathlib import Path
 
 importlib.import_module("PIL.Image")
 
@@ -23,12 +24,13 @@ def verify(path, expect=None, isolation_settings: IsolationSettings | None = Non
     """Check the access-master contract in an isolated process (it decodes tiles through libtiff), under
     `isolation_settings` (config.yaml's isolation:, as for convert). `expect`: an Expectation, a recipe's
     Jp2Parameters, or a Recipe (what it sets for the file's kind); a file that cannot be read is a report with
-    that error. Raises ConversionFailed when the check cannot finish (a decoder crashed, or memory or time ran
-    out under the limits): the file is then neither valid nor invalid, only unverified."""
+    that error. The path is made absolute, as the report names it (as inspect and convert do). Raises
+    ConversionFailed when the check cannot finish (a decoder crashed, or memory or time ran out under the
+    limits): the file is then neither valid nor invalid, only unverified."""
     from gcis_etl.conversion import verify_in_child
     from gcis_etl.isolation import IsolatedProcess
     with IsolatedProcess(isolation_settings) as worker:
-        return worker.call(verify_in_child, str(path), expect)
+        return worker.call(verify_in_child, str(Path(path).absolute()), expect)
 
 
 _PIPELINE = {"load_config": "gcis_etl.config", "Config": "gcis_etl.config", "harvest": "gcis_etl.harvesting",

@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import os
 import re
-from types import UnionType
 from pathlib import Path
-from typing import Annotated, Any, Iterator, Literal, Union, get_args, get_origin
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -24,7 +23,8 @@ from gcis_etl.pipelines import (Pipeline, PipelineSettings, RunSettings, checked
                                 pipeline_settings)
 from gcis_etl.policy import ImagingPolicy, IsolationSettings
 from gcis_etl.recipes import is_recipe_file, recipe_names
-from gcis_etl.settings import Settings, environment_values, interpolate_env, masked, parse, read_yaml
+from gcis_etl.settings import (Settings, annotation_types, environment_values, interpolate_env, masked, parse,
+                               read_yaml)
 
 
 class LedgerSettings(Settings):
@@ -46,12 +46,13 @@ class Config(Settings):
     pipelines: dict[str, PipelineSettings] = {}
     celery: CelerySettings = CelerySettings()
     cache: CacheSettings = CacheSettings()
-    source_file: str = "<built-in defaults: no --config, no $GCIS_CONFIG, no config.yaml in the working folder>"
+    source_file: str = Field("<built-in defaults: no --config, no $GCIS_CONFIG, no config.yaml in the working folder>",
+                             exclude=True)  # where the settings were read: not a key of the file
 
     def printable(self) -> dict[str, Any]:
         """The resolved settings as plain data, secrets masked: those under secret-looking keys and every
         value that came from the environment, whatever its key (an API key in `extra_headers`)."""
-        return masked(self.model_dump(mode="json", exclude={"source_file"}), self.from_environment)
+        return masked(self.model_dump(mode="json"), self.from_environment)
 
     @property
     def ledger_path(self) -> Path:
@@ -277,7 +278,7 @@ def _anchored_fields(values: dict, model: type[BaseModel], anchor) -> dict:
     values = dict(values)
     for key, field in model.model_fields.items():
         value = values.get(key)
-        types = list(_types(field.annotation))
+        types = list(annotation_types(field.annotation))
         if isinstance(value, str) and Path in types:
             values[key] = anchor(value)
         elif isinstance(value, dict):
@@ -285,12 +286,3 @@ def _anchored_fields(values: dict, model: type[BaseModel], anchor) -> dict:
             values[key] = _anchored_fields(value, nested[0], anchor) if nested else value
     return values
 
-
-def _types(annotation: Any) -> Iterator[Any]:
-    """The types an annotation admits: those of a union (Path | None), the base of Annotated (FilePath)."""
-    if get_origin(annotation) in (Union, UnionType, Annotated):
-        arguments = get_args(annotation)
-        for argument in arguments[:1] if get_origin(annotation) is Annotated else arguments:
-            yield from _types(argument)
-    else:
-        yield annotation

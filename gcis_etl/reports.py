@@ -24,7 +24,7 @@ from gcis_etl.locks import RunLock
 log = logging.getLogger(__name__)
 
 PROBLEMS = ("rejected", "failed")
-SHOWN = 10  # of each list in a report's summary; its JSON has them all
+SHOWN = 10  # of each list in a report's summary (its JSON has them all), of each kind of problem in `status`
 PLANNED = ("process", "skip", "fail")  # a dry run's actions; fail: an object the source cannot describe
 ENDED_UNFINISHED = "ended without finishing (killed?)"  # a run shown as running whose process is gone
 
@@ -89,7 +89,7 @@ class RunReport:
     def headline(self) -> str:
         counts = ", ".join(f"{self.counts.get(name, 0)} {name}" for name in COUNTED)
         shown = ENDED_UNFINISHED if self.process_gone else self.status
-        return f"{self.pipeline}: run {self.run_id} {shown}: {counts}; {self.manifests} manifests published"
+        return f"{self.pipeline}: run {self.run_id} {shown}: {counts}; {counted(self.manifests, 'manifest')} published"
 
     def took(self) -> str | None:
         return None if self.seconds is None else f"took {elapsed(self.seconds)}"
@@ -105,20 +105,25 @@ class RunReport:
         for problem in self.problems[:SHOWN]:
             lines.append(f"  {problem.outcome}: {problem.object_id}/{problem.item_id}: {problem.reason}")
         if len(self.problems) > SHOWN:
-            lines.append(f"  ... and {len(self.problems) - SHOWN} more (see {self.csv_path or 'the CSV report'})")
+            lines.append(f"  ... and {len(self.problems) - SHOWN} more ({self._listed_in(self.csv_path)})")
         if self.warned:
             manifests = sum(w.item_id == MANIFEST for w in self.warned)
-            lines.append(f"  {len(self.warned) - manifests} items deposited with warnings, {manifests} manifests "
-                         f"published with warnings")
+            lines.append(f"  {counted(len(self.warned) - manifests, 'item')} deposited with warnings, "
+                         f"{counted(manifests, 'manifest')} published with warnings")
         for warned in self.warned[:SHOWN]:
             lines.append(f"  warning: {warned.object_id}/{warned.item_id}: {'; '.join(warned.warnings)}")
         if len(self.warned) > SHOWN:
-            lines.append(f"  ... and {len(self.warned) - SHOWN} more (see {self.json_path or 'the JSON report'})")
+            lines.append(f"  ... and {len(self.warned) - SHOWN} more ({self._listed_in(self.json_path)})")
         if self.json_path:
             lines.append(f"  report: {self.json_path}")
         if self.seconds is not None:
             lines.append(f"  started {self.started}, {self.took()}")
         return "\n".join(lines)
+
+    def _listed_in(self, written: str | None) -> str:
+        """Where the whole list is: the file the run wrote, or, when it wrote none (still running, killed) or
+        it was pruned, the report rebuilt from the ledger."""
+        return f"see {written}" if written else f"gcis-etl report {self.run_id} --json lists them all"
 
 
 def report_from_ledger(ledger: Ledger, run: RunRecord, lock: RunLock | None = None) -> RunReport:
@@ -218,6 +223,7 @@ class PipelineStatus:
     problems: list[Problem]
     process_gone: bool  # the last run is recorded as running, but nothing holds the pipeline's lock
     superseded: int = 0  # old access masters waiting until no manifest shows them (gcis_etl/supersession.py)
+    problems_total: dict[str, int] = field(default_factory=dict)  # of each problem_kind: `problems` may be cut
 
     def to_dict(self) -> dict:
         run = self.last_run
@@ -226,7 +232,7 @@ class PipelineStatus:
                 "last_run": {"run_id": run.run_id, "status": run.status, "process_gone": self.process_gone,
                              "started": run.started, "finished": run.finished, "note": run.note,
                              **self.last_run_counts} if run else None,
-                "problems": [asdict(p) for p in self.problems]}
+                "problems": [asdict(p) for p in self.problems], "problems_total": self.problems_total}
 
     def summary(self) -> str:
         counts = ", ".join(f"{n} {status}" for status, n in self.items.items())
@@ -241,23 +247,43 @@ class PipelineStatus:
                          + ", ".join(f"{n} {k}" for k, n in self.last_run_counts.items()))
             if self.last_run.note:  # why it failed, stopped, or left the checkpoint where it was
                 lines.append(f"    {self.last_run.note}")
-        lines += [f"  {p.status}: {p.object_id}/{p.item_id} (attempts {p.attempts}): {p.reason}" for p in self.problems]
+        for kind, total in self.problems_total.items():
+            listed = [p for p in self.problems if problem_kind(p) == kind]
+            lines += [f"  {p.status}: {p.object_id}/{p.item_id} (attempts {p.attempts}): {p.reason}" for p in listed]
+            if total > len(listed):
+                lines.append(f"  ... and {total - len(listed)} more {kind.replace('_', ' ')} "
+                             f"(gcis-etl status {self.pipeline} --all lists them all)")
         return "\n".join(lines)
 
 
-def pipeline_status(ledger: Ledger, pipeline: str, lock: RunLock, shown: int = 10) -> PipelineStatus:
-    """Its problems: the first `shown` failed items, rejected items and rejected manifests, each kept in the
-    ledger until a later run settles them (a rejected manifest, until one is published). `lock`: as for
-    report_from_ledger."""
+def problem_kind(problem: Problem) -> str:
+    """failed, rejected (items) or rejected_manifests."""
+    return "rejected_manifests" if problem.item_id == MANIFEST else problem.status
+
+
+def pipeline_status(ledger: Ledger, pipeline: str, lock: RunLock, shown: int | None = SHOWN) -> PipelineStatus:
+    """Its problems: the first `shown` (None: all) failed items, rejected items and rejected manifests, each
+    kept in the ledger until a later run settles them (a rejected manifest, until one is published), and how
+    many there are of each. `lock`: as for report_from_ledger."""
     checkpoint = ledger.checkpoint(pipeline)
     run = next(iter(ledger.runs(pipeline, limit=1)), None)
     run, gone = _unless_gone(ledger, run, lock) if run else (None, False)
+    limit = -1 if shown is None else shown
     problems = [Problem(r.object_id, r.item_id, r.status, r.attempts, r.reason)
-                for status in ("failed", "rejected") for r in ledger.items(pipeline, status=status, limit=shown)]
-    problems += [Problem(m.object_id, MANIFEST, "rejected", 0, m.reason)
-                 for m in ledger.manifest_problems(pipeline, limit=shown)]
-    return PipelineStatus(pipeline, checkpoint.isoformat() if checkpoint else None, ledger.counts(pipeline), run,
-                          ledger.counts_so_far(run) if run else {}, problems, gone, ledger.superseded_count(pipeline))
+                for status in ("failed", "rejected") for r in ledger.items(pipeline, status=status, limit=limit)]
+    manifests = ledger.manifest_problems(pipeline)  # one at most per object: all read, to count them
+    problems += [Problem(m.object_id, MANIFEST, "rejected", 0, m.reason) for m in manifests[:shown]]
+    items = ledger.counts(pipeline)
+    totals = {"failed": items.get("failed", 0), "rejected": items.get("rejected", 0),
+              "rejected_manifests": len(manifests)}
+    return PipelineStatus(pipeline, checkpoint.isoformat() if checkpoint else None, items, run,
+                          ledger.counts_so_far(run) if run else {}, problems, gone, ledger.superseded_count(pipeline),
+                          totals)
+
+
+def counted(n: int, noun: str, plural: str | None = None) -> str:
+    """"1 item", "2 items": `plural` when it is not the noun and an s."""
+    return f"{n} {noun if n == 1 else plural or noun + 's'}"
 
 
 def elapsed(seconds: float) -> str:

@@ -1,10 +1,13 @@
 """Validation of YAML-backed settings: every error names the file, the key path and what was expected."""
 from __future__ import annotations
 
+import difflib
+import json
 import os
 import re
 from pathlib import Path
-from typing import Any, TypeVar
+from types import UnionType
+from typing import Annotated, Any, Iterator, Literal, TypeVar, Union, get_args, get_origin
 from urllib.parse import urlsplit
 
 import yaml
@@ -26,6 +29,7 @@ _URL = re.compile(rf"{_SCHEME}(?:[^\s\"'<>;]|;(?!{_SCHEME}))*")
 _QUERY_PAIR = re.compile(rf"((?<=[?&])([^=&\s\"'#;]+)=)((?:[^&\s\"'#;]|;(?!{_SCHEME}))*)")
 _MIN_SECRET = 4  # shorter environment values ("0", "yes") are no secrets; masked everywhere, they hide settings
 _MASK = "********"
+_LISTED_KEYS = 16  # an unknown key's message lists the keys allowed beside it when there are at most so many
 
 
 class Settings(BaseModel):
@@ -120,11 +124,77 @@ def parse(model: type[M], data: Any, source: str, prefix: str = "") -> M:
                 shown = ""
             else:
                 shown = f" (got {redacted(got) if isinstance(got, str) else got!r})"
-            lines.append(f"{source}: {key or '<top>'}: {err['msg']}{shown}")
+            lines.append(f"{source}: {key or '<top>'}: {_expected(model, err)}{shown}")
         raise ConfigError("\n".join(lines)) from None
     if isinstance(settings, Settings):
         settings._from_environment = environment_values(data)
     return settings
+
+
+def _expected(model: type[BaseModel], error: dict) -> str:
+    """What an error says was expected: for a key the model does not have, the one meant or those allowed
+    there; for a list-like field given something else, its length and default; pydantic's words otherwise."""
+    if not error["loc"]:  # the model's own check
+        return error["msg"]
+    holders = _holders(model, error["loc"])
+    if error["type"] == "extra_forbidden":
+        known = sorted({field.alias or name for holder in holders for name, field in holder.model_fields.items()
+                        if not field.exclude})
+        meant = difflib.get_close_matches(str(error["loc"][-1]), known, n=1)
+        if meant:
+            return f"unknown key (did you mean {meant[0]!r}?)"
+        return f"unknown key (keys here: {', '.join(known)})" if 0 < len(known) <= _LISTED_KEYS else "unknown key"
+    fields = [holder.model_fields[error["loc"][-1]] for holder in holders if error["loc"][-1] in holder.model_fields]
+    if error["type"] in ("tuple_type", "list_type", "set_type", "frozen_set_type") and len(fields) == 1:
+        arguments = get_args(fields[0].annotation)
+        sized = get_origin(fields[0].annotation) is tuple and arguments and Ellipsis not in arguments
+        default = fields[0].default
+        listed = isinstance(default, (tuple, list)) and default
+        example = f", e.g. {json.dumps(list(default), default=str)}" if listed else ""
+        return f"expected a list{f' of {len(arguments)} values' if sized else ''}{example}"
+    return error["msg"]
+
+
+def _holders(model: type[BaseModel], loc: tuple) -> list[type[BaseModel]]:
+    """The models that may hold the last key of an error's `loc`, found by following the others through the
+    annotations from `model`; a part no annotation takes is the tag pydantic adds for a union's arm, which
+    keeps the arms with a Literal field that admits it (store: `s3`)."""
+    found: list[Any] = [model]
+    for part in loc[:-1]:
+        arms = [arm for annotation in found for arm in annotation_types(annotation)]
+        found = [step for step in (_inside(arm, part) for arm in arms) if step is not None] or [
+            arm for arm in arms if _tagged(arm, part)]
+    return [arm for annotation in found for arm in annotation_types(annotation)
+            if isinstance(arm, type) and issubclass(arm, BaseModel)]
+
+
+def _inside(annotation: Any, part: Any) -> Any:
+    """The annotation of what `part` names inside a value of `annotation` (None: nothing)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        field = annotation.model_fields.get(part)
+        return field.annotation if field else None
+    arguments = get_args(annotation)
+    if get_origin(annotation) is dict and len(arguments) == 2:
+        return arguments[1]
+    if get_origin(annotation) in (list, tuple, set, frozenset) and isinstance(part, int) and arguments:
+        return arguments[min(part, len(arguments) - 1) if Ellipsis not in arguments else 0]
+    return None
+
+
+def _tagged(annotation: Any, tag: Any) -> bool:
+    return isinstance(annotation, type) and issubclass(annotation, BaseModel) and any(
+        get_origin(field.annotation) is Literal and tag in get_args(field.annotation)
+        for field in annotation.model_fields.values())
+
+
+def annotation_types(annotation: Any) -> Iterator[Any]:
+    """The types an annotation admits: those of a union (Path | None), the base of Annotated (FilePath)."""
+    if get_origin(annotation) in (Union, UnionType, Annotated):
+        arguments = get_args(annotation)
+        for argument in arguments[:1] if get_origin(annotation) is Annotated else arguments:
+            yield from annotation_types(argument)
+    else:
+        yield annotation
 
 
 def _hidden_input(error: dict) -> bool:

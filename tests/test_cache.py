@@ -493,3 +493,13 @@ def test_serve_does_not_warn_about_manifests_another_local_server_publishes(conf
 def test_cli_help_teaches_with_an_example(command):
     done = subprocess.run([GCIS, "cache", command, "--help"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and "Example:" in done.stdout and "gcis-etl cache" in done.stdout
+
+
+def test_the_cron_line_for_prune_in_cache_help_runs_on_the_shipped_configuration(tmp_path):
+    """As copied into a crontab: the shipped config.yaml sets no prune limits, so the line must give them."""
+    (tmp_path / "config.yaml").write_text((Path(__file__).resolve().parent.parent / "config.yaml").read_text())
+    shown = subprocess.run([GCIS, "cache", "--help"], capture_output=True, text=True, timeout=60).stdout
+    [line] = [line for line in shown.splitlines() if " cache prune" in line]
+    args = line.split("gcis-etl ", 1)[1].replace("/etc/gcis/config.yaml", str(tmp_path / "config.yaml")).split()
+    done = subprocess.run([GCIS, *args], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert done.returncode == 0 and "evicted 0" in done.stdout, done.stdout + done.stderr

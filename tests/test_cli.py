@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+import gcis_etl
 from tests.conftest import CORPUS
 
 GCIS = [str(Path(sys.executable).with_name("gcis-etl"))]
@@ -114,6 +115,31 @@ def test_verify_checks_a_jp2_on_its_own(tmp_path):
     assert broken.returncode == 1 and any("jpylyzer: not a valid JP2" in e for e in json.loads(broken.stdout)["errors"])
     mismatch = run("verify", "-r", "ptiff-jpeg-q90", str(jp2))
     assert mismatch.returncode == 2 and "is a JP2, and recipe ptiff-jpeg-q90 makes pyramidal TIFF" in mismatch.stderr
+
+
+def test_verify_names_the_file_by_its_absolute_path_as_inspect_and_convert_do(tmp_path, monkeypatch):
+    assert run("convert", str(CORPUS / "png/exif.png"), str(tmp_path / "ok.tif")).returncode == 0
+    good = run("verify", "--json", "ok.tif", cwd=tmp_path)
+    assert good.returncode == 0 and json.loads(good.stdout)["path"] == str(tmp_path / "ok.tif"), good.stdout
+    monkeypatch.chdir(tmp_path)
+    missing = gcis_etl.verify("nosuch.tif")
+    assert missing.path == str(tmp_path / "nosuch.tif") and str(tmp_path / "nosuch.tif") in missing.errors[0]
+
+
+def test_gcis_migrate_takes_config_before_the_scripts_name_and_says_where_other_options_go(tmp_path):
+    (tmp_path / "masters" / "a").mkdir(parents=True)
+    (tmp_path / "masters" / "a" / "p1.png").write_bytes((CORPUS / "png/exif.png").read_bytes())
+    (tmp_path / "etc").mkdir()
+    (tmp_path / "etc" / "config.yaml").write_text(
+        "state_dir: state\npipelines:\n  p:\n    source: {kind: filesystem, root: ../masters}\n"
+        "    store: {kind: local, root: ../store}\n")
+    migrate = [str(Path(sys.executable).with_name("gcis-migrate"))]
+    before = subprocess.run(migrate + ["--config", "etc/config.yaml", "initial_load", "--pipeline", "p", "--dry-run"],
+                            capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert before.returncode == 0 and "1 would process" in before.stdout, before.stdout + before.stderr
+    misplaced = subprocess.run(migrate + ["--dry-run", "initial_load", "--pipeline", "p"], capture_output=True,
+                               text=True, cwd=tmp_path, timeout=120)
+    assert misplaced.returncode == 2 and "the script's options go after its name" in misplaced.stderr
 
 
 def test_unknown_recipe_is_a_usage_error(tmp_path):

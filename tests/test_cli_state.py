@@ -130,6 +130,42 @@ def test_status_shows_the_first_problems_of_each_kind_in_object_order(site):
     assert state.items["failed"] == state.items["rejected"] == 15  # the counts are of every item
 
 
+def record_problems(ledger: Ledger, rejected: int, failed: int, finish: bool = True) -> int:
+    """A run of pipeline p that rejected and failed so many items (left running unless `finish`)."""
+    run_id = ledger.begin_run("p", None, None, {})
+    for i in range(rejected + failed):
+        outcome = Outcome.REJECTED if i < rejected else Outcome.FAILED
+        ledger.record(run_id, ItemResult("p", f"o{i:02d}", "m", 1, outcome, f"sha256:{i}", "r", "d", 1,
+                                         f"reason {i}"), None)
+    if finish:
+        ledger.finish_run(run_id, "completed", {"rejected": rejected, "failed": failed}, 0, None)
+    return run_id
+
+
+def test_status_says_how_many_problems_it_leaves_out_and_lists_them_all_with_all(site):
+    with Ledger.open(load_config(site / "config.yaml")) as ledger:
+        record_problems(ledger, rejected=12, failed=11)
+    text = cli(site, "status").stdout
+    assert text.count("  rejected: ") == text.count("  failed: ") == 10, text
+    assert "  ... and 2 more rejected (gcis-etl status p --all lists them all)" in text
+    assert "  ... and 1 more failed (gcis-etl status p --all lists them all)" in text
+    shown = json.loads(cli(site, "status", "--json").stdout)
+    assert len(shown["problems"]) == 20
+    assert shown["problems_total"] == {"failed": 11, "rejected": 12, "rejected_manifests": 0}
+    every = cli(site, "status", "--all")
+    assert every.stdout.count("  rejected: ") == 12 and " more " not in every.stdout, every.stdout + every.stderr
+    assert len(json.loads(cli(site, "status", "--all", "--json").stdout)["problems"]) == 23
+    assert "the first 10 of each kind" in cli(site, "status", "--help").stdout
+
+
+def test_the_report_of_a_run_that_wrote_no_csv_says_where_all_its_problems_are(site):
+    with Ledger.open(load_config(site / "config.yaml")) as ledger:
+        run_id = record_problems(ledger, rejected=12, failed=0, finish=False)  # killed: no report files
+    shown = cli(site, "report", str(run_id))
+    assert f"  ... and 2 more (gcis-etl report {run_id} --json lists them all)" in shown.stdout, shown.stdout
+    assert len(json.loads(cli(site, "report", str(run_id), "--json").stdout)["problems"]) == 12
+
+
 # -------------------------------------------------------------------------- F1: a ledger that cannot open
 
 @pytest.mark.parametrize("command", [("harvest",), ("harvest", "--dry-run"), ("status",), ("report",),

@@ -439,7 +439,7 @@ def test_settings_are_validated_with_the_key_named():
     with pytest.raises(ConfigError, match=r"sources.main.sru.modified_index: Field required"):
         open_source("rosetta", {"base_url": "http://x", "username": "u", "password": "p", "discovery": "sru",
                                 "sru": {}}, "main", prefix="sources.main")
-    with pytest.raises(ConfigError, match="passwd: Extra inputs are not permitted"):
+    with pytest.raises(ConfigError, match=r"passwd: unknown key \(did you mean 'password'\?\)"):
         open_source("rosetta", {"base_url": "http://x", "username": "u", "password": "p", "passwd": "p",
                                 "oai": {"set": "s"}}, "main")
     with pytest.raises(ConfigError, match="timezone: Value error, unknown time zone 'Mars/Olympus'"):

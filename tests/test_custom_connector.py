@@ -178,5 +178,6 @@ def test_its_settings_are_validated_with_the_key_named(declare, tmp_path):
     declare("museum-connectors", flat=HERE)
     with pytest.raises(ConfigError, match="pipelines.photos.source.folder: Field required"):
         load_config(write_config(tmp_path, {"kind": "flat"}))
-    with pytest.raises(ConfigError, match="pipelines.photos.source.titel_prefix: Extra inputs are not permitted"):
+    with pytest.raises(ConfigError,
+                       match=r"pipelines.photos.source.titel_prefix: unknown key \(did you mean 'title_prefix'\?\)"):
         load_config(write_config(tmp_path, {"kind": "flat", "folder": "m", "titel_prefix": "x"}))

@@ -148,7 +148,7 @@ def test_second_run_skips_everything_and_a_changed_master_is_the_only_work(site)
     os.utime(changed, (time.time() + 5, time.time() + 5))
     third = cli(site, "harvest", "-v")
     assert third.returncode == 0, third.stderr
-    assert "1 deposited, 1 skipped, 0 rejected, 0 failed; 1 manifests published" in third.stdout
+    assert "1 deposited, 1 skipped, 0 rejected, 0 failed; 1 manifest published" in third.stdout
     assert "deposited photo-3/photo-3/p1-sample.jpg" in third.stderr  # -v: one log line per item
     rows = ledger_rows(site)
     assert rows[("photo-3", "photo-3/p1-sample.jpg")]["last_run"] == 3
@@ -295,7 +295,7 @@ def test_limit_stops_early_and_moves_the_checkpoint_no_further_than_the_object_c
 
 def test_object_option_harvests_only_that_object_and_keeps_the_checkpoint(site):
     done = cli(site, "harvest", "--object", "print-2")
-    assert "1 deposited, 0 skipped, 0 rejected, 0 failed; 1 manifests published" in done.stdout, done.stderr
+    assert "1 deposited, 0 skipped, 0 rejected, 0 failed; 1 manifest published" in done.stdout, done.stderr
     with Ledger.open(load_config(site / "config.yaml")) as ledger:
         assert ledger.checkpoint("museum") is None
         assert {r.object_id for r in ledger.items("museum")} == {"print-2"}
@@ -308,7 +308,7 @@ def test_force_publishes_the_manifest_again(site):
     manifest.unlink()  # lost from the store: only --force can know to write it again
     assert "0 manifests published" in cli(site, "harvest", "--object", "print-2").stdout
     forced = cli(site, "harvest", "--object", "print-2", "--force")
-    assert "1 deposited, 0 skipped, 0 rejected, 0 failed; 1 manifests published" in forced.stdout, forced.stderr
+    assert "1 deposited, 0 skipped, 0 rejected, 0 failed; 1 manifest published" in forced.stdout, forced.stderr
     assert manifest.read_text() == published
 
 

@@ -43,7 +43,7 @@ BROKEN = [
     ("connector option missing", with_pipeline(source={"kind": "filesystem"}),
      "pipelines.museum.source.root: Field required"),
     ("connector option misspelt", with_pipeline(source={"kind": "filesystem", "root": "m", "grupping": {}}),
-     "pipelines.museum.source.grupping: Extra inputs are not permitted"),
+     "pipelines.museum.source.grupping: unknown key (did you mean 'grouping'?)"),
     ("unknown store kind", with_pipeline(store={"kind": "ftp"}),
      "pipelines.museum.store: Input tag 'ftp' found using 'kind' does not match any of the expected tags"),
     ("bad bucket name", with_pipeline(store={"kind": "s3", "bucket": "Not_A_Bucket"}),
@@ -76,7 +76,17 @@ BROKEN = [
     ("default inherited, then wrong", {"defaults": {"overlap_seconds": "soon"}, **with_pipeline()},
      "defaults.overlap_seconds: Input should be a valid number"),
     ("bad journal mode", {"ledger": {"journal_mode": "memory"}}, "ledger.journal_mode: Input should be 'wal'"),
-    ("unknown top-level key", {"pipeline": {}}, "pipeline: Extra inputs are not permitted"),
+    ("unknown top-level key", {"pipeline": {}}, "pipeline: unknown key (did you mean 'pipelines'?)"),
+    ("unknown key, nothing close", {"vips": {}}, "vips: unknown key (keys here: cache, celery, defaults, imaging, "
+                                                 "isolation, ledger, pipelines, state_dir)"),
+    ("pipeline key misspelt", with_pipeline(concurency=3),
+     "pipelines.museum.concurency: unknown key (did you mean 'concurrency'?)"),
+    ("isolation key misspelt", {"isolation": {"vips_concurency": 2}},
+     "isolation.vips_concurency: unknown key (did you mean 'vips_concurrency'?)"),
+    ("S3 store key misspelt", with_pipeline(store={"kind": "s3", "bucket": "iiif", "endpointurl": "http://s3"}),
+     "pipelines.museum.store.endpointurl: unknown key (did you mean 'endpoint_url'?)"),
+    ("background by name", {"imaging": {"background": "white"}},
+     "imaging.background: expected a list of 3 values, e.g. [255, 255, 255] (got 'white')"),
     ("source setting that fails its check for want of its variable",
      with_pipeline(source={"kind": "otmm", "base_url": "${GCIS_TEST_UNSET_URL}", "username": "etl",
                            "password": "${GCIS_TEST_UNSET_PASSWORD}"}),
@@ -342,8 +352,8 @@ def test_credentials_written_into_the_config_are_never_shown_in_an_error(tmp_pat
     with pytest.raises(ConfigError) as caught:
         load_config(write(tmp_path, data))
     message = str(caught.value)
-    assert "pipelines.museum.store.aws_access_key_id: Extra inputs are not permitted" in message
-    assert "pipelines.museum.store.aws_secret_access_key: Extra inputs are not permitted" in message
+    assert "pipelines.museum.store.aws_access_key_id: unknown key (keys here: " in message
+    assert "pipelines.museum.store.aws_secret_access_key: unknown key (keys here: " in message
     assert "AKIAEXAMPLE" not in message and "EXAMPLESECRET" not in message
 
 
@@ -406,7 +416,7 @@ def test_source_files_are_relative_to_the_config_file(tmp_path, monkeypatch):
 @pytest.mark.parametrize("broken, shown", [
     ("name: broken\nencoder: ptiff\nquality: 90\n chroma: '4:2:0'\n", ["line 4, column 8"]),
     ("name: broken\nencoder: ptiff\nqualty: 90\ntile: 100\n", ["tile: Input should be a multiple of 16",
-                                                                   "qualty: Extra inputs are not permitted"]),
+                                                                   "qualty: unknown key (did you mean 'quality'?)"]),
 ], ids=["not YAML", "two errors"])
 def test_a_broken_recipe_named_by_a_pipeline_is_shown_whole(tmp_path, broken, shown):
     (tmp_path / "recipes").mkdir()

@@ -46,7 +46,7 @@ def test_a_misnamed_master_and_a_source_url_that_is_no_url_are_recorded_reported
 
         text = rig.cli("report", str(first.run_id))
         assert text.returncode == 0, text.stderr  # warnings do not make a run fail
-        assert "1 items deposited with warnings, 1 manifests published with warnings" in text.stdout
+        assert "1 item deposited with warnings, 1 manifest published with warnings" in text.stdout
         assert f"warning: IE6000/FL6003: {MISNAMED_WARNING}" in text.stdout
         assert f"warning: IE6000/{MANIFEST}: {url_warning}\n" in text.stdout
         assert "FL6002" not in text.stdout
@@ -195,7 +195,7 @@ def test_the_summary_shows_ten_warned_items_and_counts_the_rest():
     report = RunReport("p", 1, "completed", None, None, None, None, None, {"deposited": 11}, 1, warned=warned,
                        json_path="/r/p-run1.json")
     lines = report.summary().splitlines()
-    assert "  11 items deposited with warnings, 1 manifests published with warnings" in lines
+    assert "  11 items deposited with warnings, 1 manifest published with warnings" in lines
     assert [line for line in lines if line.startswith("  warning: ")] == [f"  warning: o/i{n}: w" for n in range(10)]
     assert "  ... and 2 more (see /r/p-run1.json)" in lines
     assert report.exit_code == 0

@@ -188,7 +188,7 @@ def write_config(tmp_path: Path, source: str) -> Path:
 
 
 @pytest.mark.parametrize("source, key", [
-    ("      password: x-y-z-1\n      passwd: LiteralPw-77\n", "library.source.passwd: Extra inputs"),
+    ("      password: x-y-z-1\n      passwd: LiteralPw-77\n", "library.source.passwd: unknown key"),
     ("      password: x-y-z-1\n      extra_headers: {Ocp-Apim-Subscription-Key: 982734982374982374}\n",
      "library.source.extra_headers.Ocp-Apim-Subscription-Key: Input should be a valid string"),
 ])

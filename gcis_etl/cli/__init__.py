@@ -60,21 +60,26 @@ def main(ctx: click.Context, config_file: str | None) -> None:
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "ignore_unknown_options": True,
                                 "allow_interspersed_args": False})
+@CONFIG
 @click.argument("script")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def migrate_main(script: str, args: tuple[str, ...]) -> None:
-    """Run a migration script from migrations/ (by name or path) with its own arguments.
+def migrate_main(config_file: str | None, script: str, args: tuple[str, ...]) -> None:
+    """Run a migration script from migrations/ (by name or path) with its own arguments. --config may come
+    before the script's name too, as with gcis-etl; the script's other options come after it.
 
     Exit codes: 0 done; 1 some items or keys failed or were rejected, or the migration stopped on an error;
     2 configuration or usage error; 3 another run holds the pipeline's lock; 130 (Ctrl-C) or 143 (SIGTERM)
     stopped by that signal before the end (what was settled is recorded: run it again to continue).
 
     \b
-    Example:
+    Examples:
       gcis-migrate initial_load --help
+      gcis-migrate --config /etc/gcis/config.yaml initial_load --pipeline museum
     """
     from gcis_etl.migration import run_script
-    sys.exit(run_script(script, list(args)))
+    if script.startswith("-"):
+        raise click.UsageError(f"{script}: the script's options go after its name: gcis-migrate SCRIPT {script} ...")
+    sys.exit(run_script(script, [*(("--config", config_file) if config_file else ()), *args]))
 
 
 def _register() -> None:

@@ -73,9 +73,9 @@ def cache() -> None:
     lighttpd/iipsrv settings). The web server configuration is deploy/iipsrv/lighttpd.conf.
 
     \b
-    Example (cron, after harvest):
+    Example (cron, after harvest; with cache.max_bytes and max_age set, `cache prune` alone):
       */10 * * * *  gcis-etl --config /etc/gcis/config.yaml cache sync --purge
-      30 3 * * *    gcis-etl --config /etc/gcis/config.yaml cache prune
+      30 3 * * *    gcis-etl --config /etc/gcis/config.yaml cache prune --max-bytes 500G --max-age 90d
     """
 
 

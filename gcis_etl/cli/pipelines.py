@@ -206,6 +206,7 @@ def retry(ctx: click.Context, pipelines: tuple[str, ...], failed: bool, rejected
       gcis-etl retry museum --rejected          after relaxing the imaging policy
     """
     from gcis_etl.harvesting import HarvestOptions, retry_targets
+    from gcis_etl.reports import counted
     cfg = _config(ctx)
     names = _pipelines(cfg, pipelines)
     with _ledger_to_read(cfg) as ledger:
@@ -214,7 +215,7 @@ def retry(ctx: click.Context, pipelines: tuple[str, ...], failed: bool, rejected
         click.echo("nothing to retry")
         sys.exit(EXIT_OK)
     for name, ids in targets.items():
-        click.echo(f"{name}: retrying {len(ids)} objects")
+        click.echo(f"{name}: retrying {counted(len(ids), 'object')}")
     codes = []
     stop = stop_on_signals()  # one for every pipeline: once stopped, the next is not started
     for name, ids in targets.items():
@@ -229,22 +230,24 @@ def retry(ctx: click.Context, pipelines: tuple[str, ...], failed: bool, rejected
 @main.command()
 @click.argument("pipelines", nargs=-1)
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per pipeline.")
+@click.option("--all", "every", is_flag=True, help="Every problem, not the first 10 of each kind.")
 @click.pass_context
-def status(ctx: click.Context, pipelines: tuple[str, ...], as_json: bool) -> None:
+def status(ctx: click.Context, pipelines: tuple[str, ...], as_json: bool, every: bool) -> None:
     """Checkpoint, item counts, last run and problems of each pipeline: failed and rejected items, and objects
-    whose manifest was rejected (until a later run publishes it).
+    whose manifest was rejected (until a later run publishes it); the first 10 of each kind, and how many
+    there are (--json: problems_total).
 
     \b
     Example:
       gcis-etl status museum
     """
     from gcis_etl.locks import pipeline_lock
-    from gcis_etl.reports import pipeline_status
+    from gcis_etl.reports import SHOWN, pipeline_status
     cfg = _config(ctx)
     names = _pipelines(cfg, pipelines)
     with _ledger_to_read(cfg) as ledger:
         for name in names:
-            state = pipeline_status(ledger, name, pipeline_lock(cfg.state_dir, name))
+            state = pipeline_status(ledger, name, pipeline_lock(cfg.state_dir, name), None if every else SHOWN)
             click.echo(json.dumps(state.to_dict()) if as_json else state.summary())
 
 
