@@ -11,7 +11,9 @@ import logging
 import signal
 import sys
 import threading
-from typing import Any, Callable, NoReturn
+import time
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, NoReturn
 
 import click
 
@@ -29,35 +31,88 @@ def fail_config(exc: ConfigError) -> NoReturn:
     sys.exit(EXIT_USAGE)
 
 
+DOUBLED_SIGNAL_SECONDS = 0.5  # coreutils `timeout` and some supervisors signal the process, then its whole group:
+# one request arriving twice a few ms apart, which must not read as a second Ctrl-C; no one presses twice that fast
+
+
+class Interrupted(KeyboardInterrupt):
+    """A signal that stops the command now rather than after the work in flight: a second Ctrl-C during a run
+    (what was in flight is abandoned, recorded nowhere, so the next run redoes it), or any SIGINT/SIGTERM under
+    raise_on_signals. A KeyboardInterrupt, so that what cleans up after a Ctrl-C (finally blocks, a transfer
+    cancelled) does so. The command exits 128 + the signal's number."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_SIGNALLED + self.signum
+
+
 class StopRequest(threading.Event):
     """Set by the first SIGINT or SIGTERM, which it remembers: a command it stopped exits 128 + the signal's
     number, as a shell reports a process the signal killed, so that cron or systemd never takes a run cut
     short for a success. A run that got to its end all the same (the signal came while its last items were in
-    flight) exits as it would have without it: its report says it completed."""
+    flight) exits as it would have without it: its report says it completed.
+
+    A second Ctrl-C raises Interrupted, only inside `in_flight()`: the wait for the items in flight is what it
+    cuts short, and only there is it caught and the run recorded (anywhere else it could leave a run unrecorded,
+    and there is nothing left to abandon)."""
 
     signum: int | None = None
+    taken_at = 0.0  # time.monotonic() of the first signal
+    abandoned = False
+    _waiting = 0  # in_flight() sections open
 
     @property
     def exit_code(self) -> int:
         return EXIT_OK if self.signum is None else EXIT_SIGNALLED + self.signum
 
+    @contextmanager
+    def in_flight(self) -> Iterator[None]:
+        """Where a second Ctrl-C abandons the work in flight, raising Interrupted (the caller records it)."""
+        self._waiting += 1
+        try:
+            yield
+        finally:
+            self._waiting -= 1
+
+    def take(self, signum: int) -> None:
+        """What the signal handler does (stop_on_signals)."""
+        from gcis_etl.logs import say
+        if not self.is_set():
+            self.signum, self.taken_at = signum, time.monotonic()
+            self.set()
+            say("\nstopping after the items in flight (Ctrl-C again to abandon them)", logging.WARNING)
+        elif (signum != signal.SIGINT or self.abandoned
+              or time.monotonic() - self.taken_at < DOUBLED_SIGNAL_SECONDS):
+            return
+        elif not self._waiting:
+            say("\ncannot abandon now: finishing and recording the run", logging.WARNING)
+        else:
+            self.abandoned = True
+            say("\nabandoning the items in flight: the next run redoes them", logging.WARNING)
+            raise Interrupted(self.signum)
+
 
 def stop_on_signals() -> StopRequest:
     """First SIGINT/SIGTERM: finish the items in flight, record everything, exit. A second Ctrl-C: stop now."""
-    from gcis_etl.logs import say
     stop = StopRequest()
-
-    def handler(signum, frame):
-        if stop.is_set() and signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        if not stop.is_set():
-            stop.signum = signum
-        stop.set()
-        say("\nstopping after the items in flight (Ctrl-C again to abandon them)", logging.WARNING)
-
-    signal.signal(signal.SIGINT, handler)
-    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, lambda signum, frame: stop.take(signum))
+    signal.signal(signal.SIGTERM, lambda signum, frame: stop.take(signum))
     return stop
+
+
+def raise_on_signals() -> None:
+    """SIGTERM (`kill`, systemd, `timeout`) as well as SIGINT raise Interrupted, for a command whose cleanup must
+    run (a partial output, a server's children): SIGTERM's default action ends the process on the spot,
+    skipping every finally block."""
+    def interrupted(signum, frame):
+        raise Interrupted(signum)
+
+    signal.signal(signal.SIGINT, interrupted)
+    signal.signal(signal.SIGTERM, interrupted)
 
 
 class SharedOption:

@@ -17,17 +17,19 @@ import logging
 import shutil
 import threading
 import time
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
 from typing import Callable, Iterator, Sequence
 
 from connectors.base import LangValue, ListingMoved, SourceItem, SourceObject, UnreadableObject
 from connectors.errors import OBJECT_ERRORS, ObjectNotFound
-from gcis_etl.commands import EXIT_ITEM_FAILED, EXIT_LOCKED, EXIT_OK, EXIT_USAGE, StopRequest
+from gcis_etl.commands import EXIT_ITEM_FAILED, EXIT_LOCKED, EXIT_OK, EXIT_USAGE, Interrupted, StopRequest
 from gcis_etl.config import Config
 from gcis_etl.errors import ConfigError, GcisError, ManifestError
 from gcis_etl.executors import Executor, open_executor
-from gcis_etl.ledger import COUNTED, MANIFEST, STOPPED_ON_REQUEST, ItemRecord, Ledger, LedgerUnwritable, now
+from gcis_etl.ledger import (ABANDONED, COUNTED, MANIFEST, STOPPED_BY_SIGNAL, STOPPED_ON_REQUEST, ItemRecord, Ledger,
+                             LedgerUnwritable, now)
 from gcis_etl.locks import LockHeld, pipeline_lock
 from gcis_etl.manifests import CollectionEntry, DepositedImage
 from gcis_etl.pipelines import Pipeline, config_folder
@@ -412,11 +414,11 @@ class Harvest:
 
     def abandon(self, executor: Executor, exc: BaseException) -> None:
         """The run ends on `exc`: the items in flight are recorded, then the run as failed (its source, store,
-        ledger or workers failed as a whole, and said why) or crashed (a second Ctrl-C, a bug). A ledger that
-        cannot be written is what the command reports, whatever else went wrong (it must be put right before
-        anything can run), and the run's note: when even that cannot be recorded (its disk full), the run stays
-        'running', which `status` shows as ended without finishing once the lock is free. What the items in
-        flight deposited, the next run finds in the store."""
+        ledger or workers failed as a whole, and said why) or crashed (a bug). A ledger that cannot be written
+        is what the command reports, whatever else went wrong (it must be put right before anything can run),
+        and the run's note: when even that cannot be recorded (its disk full), the run stays 'running', which
+        `status` shows as ended without finishing once the lock is free. What the items in flight deposited,
+        the next run finds in the store."""
         unwritable = exc if isinstance(exc, LedgerUnwritable) else None
         try:
             for result in executor.drain():
@@ -468,7 +470,7 @@ class Harvest:
         is now. A stop on request keeps its note alone: reports.py reads it for the exit code."""
         if not self.cut_short:
             return self.checkpoint_held
-        if self.cut_short == STOPPED_ON_REQUEST:
+        if self.cut_short in STOPPED_BY_SIGNAL:
             return self.cut_short
         if checkpoint is not None:
             return f"{self.cut_short}; the checkpoint moved to {checkpoint.isoformat()}, where the listing stopped"
@@ -494,10 +496,13 @@ def harvest(config: Config, name: str, options: HarvestOptions = HarvestOptions(
             progress: Progress | None = None, stop: threading.Event | None = None,
             executor: Executor | None = None) -> RunReport:
     """Run one pipeline once. Raises LockHeld when another run holds the pipeline; ConfigError, SourceError for
-    problems that stop the whole run (the ledger then keeps everything settled so far)."""
+    problems that stop the whole run (the ledger then keeps everything settled so far). `stop` set: no new item
+    is taken, and the run ends once those in flight are recorded. When it is a StopRequest (stop_on_signals), a
+    second Ctrl-C ends the run at once, recorded as stopped (ABANDONED): the items in flight are not waited for,
+    and the checkpoint stays where it was, so that the next run does them again."""
     pipeline = config.pipeline(name)
     progress = progress or Progress()
-    stop = stop or threading.Event()
+    stop = stop or StopRequest()
     with Ledger.open(config, read_only=options.dry_run) as ledger:  # a dry run does not even create it
         run = Harvest(config, pipeline, options, ledger, progress, stop)
         if options.dry_run:
@@ -509,7 +514,9 @@ def harvest(config: Config, name: str, options: HarvestOptions = HarvestOptions(
         with pipeline_lock(config.state_dir, name):
             last = next(iter(ledger.runs(name, limit=1)), None)
             if last is not None and last.status == "running":  # killed: we hold the lock, it is gone
-                _abort_uploads(config, pipeline, last.run_id, progress)
+                _abort_uploads(config, pipeline, last.run_id, "which was killed", progress)
+            elif last is not None and last.note == ABANDONED:
+                _abort_uploads(config, pipeline, last.run_id, "which abandoned its items in flight", progress)
             if options.fresh_attempts:  # under the lock: a running harvest counts attempts too
                 for object_id in options.object_ids:
                     ledger.reset_attempts(name, object_id)
@@ -520,14 +527,18 @@ def harvest(config: Config, name: str, options: HarvestOptions = HarvestOptions(
             own = executor is None
             executor = executor or open_executor(pipeline.settings.executor, {name: pipeline},
                                                  pipeline.settings.concurrency, scratch, pipeline.settings.transfers)
+            checkpoint = None
             try:
-                run.execute(executor, since, until)
+                with stop.in_flight() if isinstance(stop, StopRequest) else nullcontext():
+                    run.execute(executor, since, until)
                 run.update_collection()
                 checkpoint = run.next_checkpoint(since, until)
                 if checkpoint is not None:
                     ledger.set_checkpoint(name, checkpoint, run.run_id)
                 elif relisting := run.relisting():
                     log.warning("%s: %s", name, relisting)
+            except Interrupted:  # what is in flight finishes unseen, or dies with the process: not waited for
+                run.cut_short, own = ABANDONED, False
             except BaseException as exc:
                 run.abandon(executor, exc)
                 raise
@@ -595,19 +606,19 @@ def harvest_pipelines(config: Config, names: Sequence[str] = (), options: Harves
             outcome = PipelineOutcome(name, EXIT_ITEM_FAILED, message=f"{name}: run stopped: {exc} (everything "
                                                                       f"settled so far is recorded; run again)")
         else:
-            stopped = stop.exit_code if report.note == STOPPED_ON_REQUEST else EXIT_OK
+            stopped = stop.exit_code if report.note in STOPPED_BY_SIGNAL else EXIT_OK
             outcome = PipelineOutcome(name, max(report.exit_code, stopped), report)
         finally:
             progress.clear()
         yield outcome
 
 
-def _abort_uploads(config: Config, pipeline: Pipeline, run_id: int, progress: Progress) -> None:
-    """A run killed mid-upload leaves its multipart parts in S3 (never completed, invisible, but billed) or its
-    temporary files in a local store. Celery workers outlive the run that sent them work: their uploads may
-    still be going for a task's hard time limit, so only older ones are aborted. Only the pipeline's own keys,
-    not another pipeline's in a shared store: its images (and, with the default key templates, its manifests)
-    and its collections, which live outside its folder."""
+def _abort_uploads(config: Config, pipeline: Pipeline, run_id: int, which: str, progress: Progress) -> None:
+    """A run killed, or that abandoned its items in flight, mid-upload leaves its multipart parts in S3 (never
+    completed, invisible, but billed) or its temporary files in a local store. Celery workers outlive the run
+    that sent them work: their uploads may still be going for a task's hard time limit, so only older ones are
+    aborted. Only the pipeline's own keys, not another pipeline's in a shared store: its images (and, with the
+    default key templates, its manifests) and its collections, which live outside its folder."""
     keys = [pipeline.store.keys.image_prefix(pipeline.name)]
     if pipeline.manifests is not None:
         keys += [pipeline.manifests.collection_key(version) for version in pipeline.manifests.settings.versions]
@@ -616,7 +627,7 @@ def _abort_uploads(config: Config, pipeline: Pipeline, run_id: int, progress: Pr
     aborted = [key for prefix in keys
                for key in pipeline.store.abort_incomplete_uploads(older_than=older_than, keys=prefix)]
     if aborted:
-        progress.note(f"aborted {len(aborted)} incomplete uploads left by run {run_id}, which was killed: "
+        progress.note(f"aborted {len(aborted)} incomplete uploads left by run {run_id}, {which}: "
                       f"{', '.join(aborted)}")
 
 

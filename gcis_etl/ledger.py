@@ -88,6 +88,8 @@ COUNTED = ("deposited", "skipped", "rejected", "failed")
 MANIFEST = "(manifest)"  # stands for the item id where a run records an object's manifest problem
 _KILLED = "the process ended without finishing the run (killed?): the counts are the items it had recorded"
 STOPPED_ON_REQUEST = "stopped on request"  # the note of a run SIGINT or SIGTERM stopped (which one is not kept)
+ABANDONED = "stopped on request; a second Ctrl-C abandoned the items in flight: the next run redoes them"
+STOPPED_BY_SIGNAL = (STOPPED_ON_REQUEST, ABANDONED)  # the notes a command exits 128 + the signal for
 
 
 class LedgerError(ConfigError):

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from gcis_etl.commands import EXIT_ITEM_FAILED, EXIT_OK
 from gcis_etl.durable import atomic_write
-from gcis_etl.ledger import COUNTED, MANIFEST, STOPPED_ON_REQUEST, Ledger, RunItem, RunRecord
+from gcis_etl.ledger import COUNTED, MANIFEST, STOPPED_BY_SIGNAL, Ledger, RunItem, RunRecord
 from gcis_etl.locks import RunLock
 
 log = logging.getLogger(__name__)
@@ -80,7 +80,7 @@ class RunReport:
         complete (failed, crashed, killed, still running, or stopped by a signal: the ledger does not keep which
         signal, so 1 rather than the harvest's 130 or 143). A run stopped at its --limit or time limit exits as
         the harvest did: by its items."""
-        unfinished = self.status not in ("completed", "stopped", "dry-run") or self.note == STOPPED_ON_REQUEST
+        unfinished = self.status not in ("completed", "stopped", "dry-run") or self.note in STOPPED_BY_SIGNAL
         return EXIT_ITEM_FAILED if unfinished or any(self.counts.get(name) for name in PROBLEMS) else EXIT_OK
 
     def to_dict(self) -> dict:

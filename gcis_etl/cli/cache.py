@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import signal
 import sys
 from dataclasses import asdict
 from datetime import timedelta
@@ -11,7 +10,7 @@ import click
 from pydantic import ByteSize, TypeAdapter, ValidationError
 
 from gcis_etl.cli import Span, _config, main
-from gcis_etl.commands import EXIT_ITEM_FAILED, EXIT_LOCKED, EXIT_OK
+from gcis_etl.commands import EXIT_ITEM_FAILED, EXIT_LOCKED, EXIT_OK, raise_on_signals
 from gcis_etl.errors import ConfigError, GcisError
 from gcis_etl.spans import SPAN_FORMATS
 
@@ -209,12 +208,9 @@ def serve(ctx: click.Context, port: int | None, no_sync: bool) -> None:
     server = cfg.cache.server if port is None else cfg.cache.server.model_copy(update={"port": port})
     consumer = Consumer(server, cfg.cache.images_dir, demo=True)
 
-    def interrupted(signum, frame):
-        raise KeyboardInterrupt
-
     # `kill`, systemd: stop lighttpd and iipsrv too, from the moment lighttpd may be running (a SIGTERM's
     # default action would leave it serving, orphaned)
-    signal.signal(signal.SIGTERM, interrupted)
+    raise_on_signals()
     try:
         _run(consumer.start)
         _announce(cfg, consumer)

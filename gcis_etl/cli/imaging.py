@@ -8,7 +8,7 @@ import sys
 import click
 
 from gcis_etl.cli import _config, main
-from gcis_etl.commands import EXIT_ITEM_FAILED, EXIT_OK, fail_config
+from gcis_etl.commands import EXIT_ITEM_FAILED, EXIT_OK, Interrupted, fail_config, raise_on_signals
 from gcis_etl.errors import ConfigError
 
 
@@ -73,8 +73,11 @@ def inspect(ctx: click.Context, files: tuple[str, ...], as_json: bool, header_on
 def convert(ctx: click.Context, src: str, dst: str, recipe: str, as_json: bool) -> None:
     """Convert one master SRC into a verified access master DST.
 
-    DST appears only once the output has been verified (it is written under a temporary name first).
-    Exit code 0 when converted, 1 when rejected or failed.
+    DST appears only once the output has been verified (it is written under a temporary name first, removed
+    if the conversion fails or is stopped).
+
+    Exit code 0 when converted, 1 when rejected or failed, 2 on a usage or configuration error (SRC missing,
+    an unknown recipe), 130 (Ctrl-C) or 143 (SIGTERM) when stopped by that signal.
 
     \b
     Example:
@@ -88,7 +91,12 @@ def convert(ctx: click.Context, src: str, dst: str, recipe: str, as_json: bool) 
     unservable = output_name_problem(dst)
     if unservable:
         raise click.BadParameter(unservable, param_hint="DST")
-    result = convert_master(src, dst, rec, cfg.imaging, isolation_settings=cfg.isolation)
+    raise_on_signals()  # `timeout`, systemd: the temporary output is removed as on Ctrl-C
+    try:
+        result = convert_master(src, dst, rec, cfg.imaging, isolation_settings=cfg.isolation)
+    except Interrupted as exc:
+        click.echo(f"{src}: stopped by {exc}: {dst} not written", err=True)
+        sys.exit(exc.exit_code)
     if as_json:
         click.echo(json.dumps(result.to_dict()))
     elif result.ok:
