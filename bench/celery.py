@@ -33,7 +33,7 @@ import psutil
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[0] = str(ROOT)  # not bench/: this file would shadow the celery package
 
-from bench.masters import OUT, WARM_UP, build_master, megapixels  # noqa: E402
+from bench.masters import OUT, batch, build_master, megapixels  # noqa: E402
 from tests.broker import CeleryWorker, RedisServer, pool_config, tasks_of  # noqa: E402
 from tests.servers import free_port  # noqa: E402
 
@@ -64,20 +64,6 @@ class Measure:
     @property
     def per_minute(self) -> float:
         return self.images * 60 / self.seconds
-
-
-def batch(master: Path, images: int) -> tuple[Path, Path]:
-    """`images` objects of one master each (hard links), and a few tiny warm-up masters."""
-    masters, warm = WORK / "masters", WORK / "warm-up"
-    shutil.rmtree(masters, ignore_errors=True)
-    shutil.rmtree(warm, ignore_errors=True)
-    for n in range(images):
-        (masters / f"obj{n:03d}").mkdir(parents=True)
-        os.link(master, masters / f"obj{n:03d}" / "master.tif")
-    for n in range(4):
-        (warm / f"warm{n}").mkdir(parents=True)
-        shutil.copyfile(WARM_UP, warm / f"warm{n}" / WARM_UP.name)
-    return masters, warm
 
 
 def configure(name: str, masters: Path, warm: Path, broker_url: str, processes: int) -> Path:
@@ -197,7 +183,7 @@ def main() -> None:
     args = parser.parse_args()
     master = build_master(args.size)
     mp = megapixels(master)
-    masters, warm = batch(master, args.images)
+    masters, warm = batch(master, args.images, WORK)
     redis = RedisServer(WORK, free_port())
     redis.start()
     try:

@@ -2,6 +2,8 @@
 (libvips never runs in the benchmark's own process, as in production)."""
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -65,3 +67,18 @@ def dimensions(path: Path) -> tuple[int, int]:
 def megapixels(path: Path) -> float:
     width, height = dimensions(path)
     return width * height / 1e6
+
+
+def batch(master: Path, images: int, work: Path, warm_ups: int = 4) -> tuple[Path, Path]:
+    """Under `work`: `images` objects of one master each (hard links: no disk, and every item the same work),
+    and `warm_ups` objects of a tiny master that start every process before the timed part."""
+    masters, warm = work / "masters", work / "warm-up"
+    shutil.rmtree(masters, ignore_errors=True)
+    shutil.rmtree(warm, ignore_errors=True)
+    for n in range(images):
+        (masters / f"obj{n:03d}").mkdir(parents=True)
+        os.link(master, masters / f"obj{n:03d}" / "master.tif")
+    for n in range(warm_ups):
+        (warm / f"warm{n}").mkdir(parents=True)
+        shutil.copyfile(WARM_UP, warm / f"warm{n}" / WARM_UP.name)
+    return masters, warm

@@ -25,26 +25,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[0] = str(ROOT)
 
-from bench.masters import OUT, WARM_UP, build_master, megapixels  # noqa: E402
+from bench.masters import OUT, batch, build_master, megapixels  # noqa: E402
 from tests.broker import minio_env, s3_store, tasks_of  # noqa: E402
 from tests.servers import MinioServer, free_port  # noqa: E402
 
 WORK = OUT / "overlap"
 CONCURRENCY = 2
-
-
-def batch(master: Path, images: int) -> tuple[Path, Path]:
-    """`images` objects of one master each (hard links), and a few tiny warm-up masters."""
-    masters, warm = WORK / "masters", WORK / "warm-up"
-    shutil.rmtree(masters, ignore_errors=True)
-    shutil.rmtree(warm, ignore_errors=True)
-    for n in range(images):
-        (masters / f"obj{n:03d}").mkdir(parents=True)
-        os.link(master, masters / f"obj{n:03d}" / "master.tif")
-    for n in range(CONCURRENCY * 2):
-        (warm / f"warm{n}").mkdir(parents=True)
-        shutil.copyfile(WARM_UP, warm / f"warm{n}" / WARM_UP.name)
-    return masters, warm
 
 
 def timed_run(minio: MinioServer, masters: Path, warm: Path, transfer_slots: int) -> float:
@@ -93,7 +79,7 @@ def main() -> None:
     args = parser.parse_args()
     master = build_master(args.size)
     mp = megapixels(master)
-    masters, warm = batch(master, args.images)
+    masters, warm = batch(master, args.images, WORK)
     minio = MinioServer(data_dir=WORK / "minio", port=free_port())
     shutil.rmtree(minio.data_dir, ignore_errors=True)
     os.environ.update(minio_env(minio, WORK))
