@@ -91,8 +91,13 @@ class StopRequest(threading.Event):
         elif not self._waiting:
             say("\ncannot abandon now: finishing and recording the run", logging.WARNING)
         else:
+            # The process may still wait at its exit for uploads in flight (s3transfer's threads): a further
+            # signal ends it on the spot.
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
             self.abandoned = True
-            say("\nabandoning the items in flight: the next run redoes them", logging.WARNING)
+            say("\nabandoning the items in flight: the next run redoes them (Ctrl-C again to end the process "
+                "now)", logging.WARNING)
             raise Interrupted(self.signum)
 
 
@@ -107,8 +112,14 @@ def stop_on_signals() -> StopRequest:
 def raise_on_signals() -> None:
     """SIGTERM (`kill`, systemd, `timeout`) as well as SIGINT raise Interrupted, for a command whose cleanup must
     run (a partial output, a server's children): SIGTERM's default action ends the process on the spot,
-    skipping every finally block."""
+    skipping every finally block. A signal sent twice at once (DOUBLED_SIGNAL_SECONDS) raises once, so as not
+    to cut that cleanup short."""
+    raised_at: list[float] = []
+
     def interrupted(signum, frame):
+        if raised_at and time.monotonic() - raised_at[0] < DOUBLED_SIGNAL_SECONDS:
+            return
+        raised_at[:] = [time.monotonic()]
         raise Interrupted(signum)
 
     signal.signal(signal.SIGINT, interrupted)

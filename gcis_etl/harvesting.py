@@ -538,7 +538,10 @@ def harvest(config: Config, name: str, options: HarvestOptions = HarvestOptions(
                 elif relisting := run.relisting():
                     log.warning("%s: %s", name, relisting)
             except Interrupted:  # what is in flight finishes unseen, or dies with the process: not waited for
-                run.cut_short, own = ABANDONED, False
+                run.cut_short = ABANDONED
+                if own:  # a library caller's process lives on: its workers go once their items are done
+                    threading.Thread(target=executor.close, name="gcis-abandoned", daemon=True).start()
+                    own = False
             except BaseException as exc:
                 run.abandon(executor, exc)
                 raise

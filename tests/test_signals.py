@@ -13,6 +13,7 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
 import yaml
 
 from gcis_etl.ledger import ABANDONED
@@ -101,13 +102,16 @@ def test_a_signal_sent_twice_at_once_is_one_request_to_stop(tmp_path):
     assert {key: run.settled().get(key) for key in HELD} == {key: "deposited" for key in HELD}
 
 
-def test_convert_stopped_by_sigterm_removes_its_partial_output_and_exits_143(tmp_path):
+@pytest.mark.parametrize("signals", [1, 2], ids=["once", "twice at once, as timeout sends it"])
+def test_convert_stopped_by_sigterm_removes_its_partial_output_and_exits_143(tmp_path, signals):
     master = write_noise_tiff(tmp_path / "master.tif", 6000)
     out = tmp_path / "out"
     proc = subprocess.Popen([GCIS, "convert", str(master), str(out / "access.tif")], cwd=tmp_path,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     wait_for(lambda: out.is_dir() and list(out.glob(".access.tif.*.partial")), "the output is being written", proc)
-    proc.send_signal(signal.SIGTERM)
+    for n in range(signals):
+        time.sleep(0.01 * n)  # the second lands during the cleanup the first started
+        proc.send_signal(signal.SIGTERM)
     stdout, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 143, (stdout, stderr)
     assert "stopped by SIGTERM" in stderr
