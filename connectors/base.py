@@ -162,3 +162,7 @@ class Source(Protocol):
 
     def fetch(self, item: SourceItem, dest_dir: Path) -> FetchedFile:
         """Stream the item's bytes into dest_dir, verify size and fixity, and return the local file."""
+
+    # Optional: `reachable() -> None`, raising SourceUnavailable (or AuthenticationFailed) when the source cannot
+    # be reached now, cheaply. After a download outlasts its retries, the worker asks it (without it: `get` of the
+    # item's object) to tell the source's outage, which stops the run, from that one file's failure.

@@ -292,6 +292,10 @@ class GroupedSource(ABC):
     def _open(self, item: SourceItem, budget: RetryBudget) -> AbstractContextManager[Body]:
         """The item's bytes as a Body, for fetching.fetch_verified."""
 
+    def reachable(self) -> None:
+        """Raise as listing would when the store cannot be listed now: its first page alone (Source.reachable)."""
+        next(iter(self._files()), None)
+
     def objects(self) -> list[SourceObject]:
         files = [f for f in self._files() if not is_hidden(f.path)]
         sidecar = next((f for n in self.grouping.sidecar_names for f in files if f.path == n), None)

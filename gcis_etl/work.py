@@ -201,16 +201,21 @@ class Worker:
     def _source_down(self, task: ItemTask, exc: SourceError) -> bool:
         """Whether a download that outlasted its retries is the whole source's outage, which stops the run, or
         this item's alone (one file that always fails, on a source that otherwise answers), which spends its
-        attempt: describing the item's object again tells them apart."""
+        attempt: the source's cheap `reachable()` where it has one (a bucket's first listing page: its `get` lists
+        the whole bucket), else describing the item's object again, tells them apart."""
         if not isinstance(exc, SourceUnavailable):
             return False
+        source = self.pipelines[task.pipeline].source
         try:
-            for _ in self.pipelines[task.pipeline].source.get([task.object_id]):
-                pass
+            if hasattr(source, "reachable"):
+                source.reachable()
+            else:
+                for _ in source.get([task.object_id]):
+                    pass
         except (SourceUnavailable, AuthenticationFailed):
             return True
         except Exception:  # anything else says nothing of an outage: the download's failure is the item's
-            log.warning("%s/%s: describing the object again after its download failed", task.object_id,
+            log.warning("%s/%s: asking the source again after the item's download failed", task.object_id,
                         task.item.id, exc_info=True)
         return False
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import hashlib
 import time
 import traceback
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
 import pytest
@@ -133,6 +134,30 @@ def test_an_unreachable_endpoint_is_a_bounded_outage():
                                 "retry": {**FAST_RETRY, "max_attempts": 2}}, name="down")
     with pytest.raises(SourceUnavailable, match="EndpointConnectionError after 2 attempt"):
         list(source.changes(None))
+
+
+def test_reachable_asks_for_one_listing_page_where_get_lists_the_whole_bucket(minio, s3_bucket):
+    """What a worker asks after a download outlasted its retries: on a big bucket, one page, not the listing."""
+    client = minio.client()
+    with ThreadPoolExecutor(8) as pool:  # just over one page of 1,000 keys
+        list(pool.map(lambda n: client.put_object(Bucket=s3_bucket, Key=f"masters/obj{n:04d}/p.tif", Body=b""),
+                      range(1001)))
+    source = s3(minio, s3_bucket)
+    pages: list[str] = []
+    source.client.meta.events.register("before-call.s3.ListObjectsV2", lambda **_: pages.append("page"))
+
+    source.reachable()
+    assert len(pages) == 1
+    list(source.get(["obj0000"]))
+    assert len(pages) == 3  # get lists it all: the 2 pages after reachable's one
+
+
+def test_reachable_raises_source_unavailable_when_the_endpoint_is_down():
+    source = open_source("s3", {"bucket": "masters", "endpoint_url": f"http://127.0.0.1:{free_port()}",
+                                "access_key_id": "k", "secret_access_key": "s",
+                                "retry": {**FAST_RETRY, "max_attempts": 2}}, name="down")
+    with pytest.raises(SourceUnavailable, match="EndpointConnectionError after 2 attempt"):
+        source.reachable()
 
 
 @pytest.mark.parametrize("written, validated", [("false", False), ("YES", True), ("certs/ca.pem", "certs/ca.pem")])

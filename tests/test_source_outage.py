@@ -4,12 +4,17 @@ always fails to download, on a source that otherwise answers, is that item's fai
 Also: depositing a new item asks the store about its key once."""
 from __future__ import annotations
 
+import yaml
+
 from gcis_etl.config import load_config
 from gcis_etl.work import Outcome, Worker
 from tests.broker import tasks_of
+from tests.emulators import FAST_RETRY
+from tests.emulators.catalogue import CORPUS
 from tests.emulators.faults import Fault
 from tests.emulators.rosetta import RosettaCatalogue, RosettaEmulator
 from tests.harvests import ie, rosetta_source, serving
+from tests.servers import MinioServer, free_port
 
 pytest_plugins = ("tests.harvests",)  # the `rig` fixture
 
@@ -108,3 +113,34 @@ def test_depositing_a_new_item_heads_its_key_once(rig, tmp_path):
     assert result.outcome is Outcome.DEPOSITED, result.reason
     assert heads == [f"iiif/{rig.image_key('IE4200', 'FL4202')}"]
     assert rig.keys() == [rig.image_key("IE4200", "FL4202")]
+
+
+def test_an_s3_source_gone_mid_run_stops_the_run_after_asking_for_one_listing_page(tmp_path):
+    """An S3 source (its own MinIO) stops after the items were listed: the download outlasts its retries, the
+    source's reachable() fails too, and the result stops the run, spending no attempt. That check asks for one
+    listing page (tests/test_connector_s3.py), not the whole bucket that describing the object would list."""
+    source_server = MinioServer(data_dir=tmp_path / "minio", port=free_port())
+    source_server.start()
+    try:
+        source_server.client().create_bucket(Bucket="masters")
+        source_server.client().put_object(Bucket="masters", Key="IE1/page1.tif",
+                                          Body=(CORPUS / MASTERS[0]).read_bytes())
+        (tmp_path / "config.yaml").write_text(yaml.safe_dump({"pipelines": {"dam": {
+            "source": {"kind": "s3", "bucket": "masters", "endpoint_url": source_server.endpoint,
+                       "access_key_id": source_server.access_key, "secret_access_key": source_server.secret_key,
+                       "addressing_style": "path", "retry": FAST_RETRY},
+            "store": {"kind": "local", "root": str(tmp_path / "store")}}}}))
+        pipeline = load_config(tmp_path / "config.yaml").pipeline("dam")
+        task, = tasks_of(pipeline)
+    finally:
+        source_server.stop()
+    asked: list[str] = []
+    pipeline.source.client.meta.events.register("before-call.s3.ListObjectsV2", lambda **_: asked.append("list"))
+
+    with Worker({pipeline.name: pipeline}, tmp_path / "scratch") as worker:
+        result = worker.process(task)
+
+    assert result.stops_run and result.transient, result
+    assert "the source is unavailable: run again once it is back (no item's attempt was counted)" in result.reason
+    assert asked, "the source was not asked whether it is reachable"
+    assert not list((tmp_path / "store").rglob("*.tif"))
