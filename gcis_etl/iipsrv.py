@@ -8,6 +8,7 @@ spawns and supervises the iipsrv processes. Production runs the same lighttpd.co
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -20,6 +21,7 @@ import psutil
 from pydantic import Field, field_validator
 
 from gcis_etl.errors import GcisError
+from gcis_etl.isolation import dying_with_thread
 from gcis_etl.settings import Settings
 
 if TYPE_CHECKING:
@@ -163,7 +165,12 @@ class Consumer:
         for folder in (self.server.run_dir / "empty", self.server.access_log.parent, self.images_dir):
             folder.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, **environment(self.server, self.images_dir, self.port)}
-        command = [self.server.lighttpd, "-D", "-f", str(self.config)]
+        lighttpd = shutil.which(self.server.lighttpd)
+        if lighttpd is None:
+            raise ConsumerError(f"cannot run {self.server.lighttpd}: not found (Debian package lighttpd)")
+        # SIGTERM to lighttpd (which stops its iipsrv processes) when the thread starting it ends: a signal that
+        # interrupts this start before self.proc is set (cache serve stopped at once) must not leave it serving
+        command = dying_with_thread([lighttpd, "-D", "-f", str(self.config)], "TERM")
         errors = self.server.run_dir / "lighttpd.stderr"
         try:
             with open(errors, "wb") as stderr:

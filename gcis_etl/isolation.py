@@ -210,12 +210,12 @@ _lifted = 0     # encoders running with the soft limit lifted
 _kept_soft = 0  # the soft limit to restore when the last of them ends
 
 
-def dying_with_thread(argv) -> list[str]:
+def dying_with_thread(argv, signal_name: str = "KILL") -> list[str]:
     """`argv` made to die with the thread that starts it (util-linux setpriv sets PR_SET_PDEATHSIG, then execs
     it), even when Python is killed: a tool must not outlive its user, burning a core or writing into scratch.
-    Without setpriv, `argv` as it is."""
+    `signal_name`: TERM for a server that must stop what it spawned. Without setpriv, `argv` as it is."""
     setpriv = shutil.which("setpriv")
-    return [setpriv, "--pdeathsig", "KILL", "--", *argv] if setpriv else list(argv)
+    return [setpriv, "--pdeathsig", signal_name, "--", *argv] if setpriv else list(argv)
 
 
 @contextmanager
