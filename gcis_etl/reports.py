@@ -281,9 +281,9 @@ def pipeline_status(ledger: Ledger, pipeline: str, lock: RunLock, shown: int | N
                           totals)
 
 
-def counted(n: int, noun: str, plural: str | None = None) -> str:
-    """"1 item", "2 items": `plural` when it is not the noun and an s."""
-    return f"{n} {noun if n == 1 else plural or noun + 's'}"
+def counted(n: int, noun: str) -> str:
+    """"1 item", "2 items"."""
+    return f"{n} {noun if n == 1 else noun + 's'}"
 
 
 def elapsed(seconds: float) -> str:

@@ -170,12 +170,11 @@ class Worker:
         try:
             result = self._process(task, base)
         except SourceError as exc:
-            if isinstance(exc, AuthenticationFailed) or self._source_down(task, exc):
-                refused = isinstance(exc, AuthenticationFailed)
+            refused = isinstance(exc, AuthenticationFailed)
+            if refused or self._source_down(task, exc):
                 then = ("fix the source's credentials, then run again" if refused
                         else "the source is unavailable: run again once it is back")
-                return replace(base, reason=f"fetching: {exc}: {then} (no item's attempt was counted)",
-                               transient=not refused, stops_run=True)
+                return _stops_run(base, f"fetching: {exc}", then, transient=not refused)
             answered = " (the source answers otherwise)" if isinstance(exc, SourceUnavailable) else ""
             result = replace(base, reason=f"fetching: {exc}{answered}",
                              transient=not isinstance(exc, _PERMANENT_SOURCE_ERRORS))
@@ -183,8 +182,7 @@ class Worker:
             full = isinstance(exc, StoreFull)
             then = ("the store takes no more data; make room there, then run again" if full
                     else "run again once it is back")
-            return replace(base, reason=f"depositing: {exc}: {then} (no item's attempt was counted)",
-                           transient=not full, stops_run=True)
+            return _stops_run(base, f"depositing: {exc}", then, transient=not full)
         except StoreError as exc:
             result = replace(base, reason=f"depositing: {exc}", transient=True)
         except GcisError as exc:
@@ -276,6 +274,13 @@ class Worker:
                            width=converted.width, height=converted.height, **common)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _stops_run(base: ItemResult, failure: str, then: str, transient: bool) -> ItemResult:
+    """Not the item's failure: no item can be done now (harvesting stops the run, and counts no attempt).
+    `transient`: a Celery worker retries it first."""
+    return replace(base, reason=f"{failure}: {then} (no item's attempt was counted)", transient=transient,
+                   stops_run=True)
 
 
 def _already(base: ItemResult, key: str, done: StoredObject, why: str) -> ItemResult:
