@@ -130,8 +130,8 @@ def harvest(ctx: click.Context, pipelines: tuple[str, ...], dry_run: bool, since
     2 configuration or usage error, or a ledger that cannot be opened or written (a full disk: nothing can
     run until it is put right); 3 another run holds the pipeline's lock (nothing was done); 130 (Ctrl-C) or
     143 (SIGTERM) stopped by that signal before the end, after recording the items in flight (a run the
-    signal reached during its last items completes, and exits as completed). With several pipelines, the
-    highest code wins.
+    signal reached during its last items completes, and exits as completed), or at once on a second Ctrl-C,
+    which abandons them: the next run redoes them. With several pipelines, the highest code wins.
 
     \b
     Examples:
