@@ -577,21 +577,23 @@ class PipelineOutcome:
 
 
 def harvest_pipelines(config: Config, names: Sequence[str] = (), options: HarvestOptions = HarvestOptions(),
-                      stop: StopRequest | None = None, progress_for: Callable[[str], Progress] | None = None
+                      stop: threading.Event | None = None, progress_for: Callable[[str], Progress] | None = None
                       ) -> Iterator[PipelineOutcome]:
     """What `gcis-etl harvest` does: each pipeline named (all when none is) harvested in turn, its outcome given
     as it ends; the command exits with the highest exit code among them. Every source is opened first. Another
     run holding a pipeline's lock, or its source, store or scratch space failing as a whole, ends that pipeline's
     run alone; a ledger that cannot be written leaves the pipelines after it unstarted (they share it), as does
     a stop asked for (stop_on_signals sets it); a ConfigError is raised. `progress_for(name)`: what shows a
-    pipeline's run (gcis_etl.progress.progress_for on a terminal; none by default)."""
+    pipeline's run (gcis_etl.progress.progress_for on a terminal; none by default). `stop` may be the caller's
+    own Event, as for harvest(): set, it stops the runs as a signal would, and they exit 1 as a report of a run that
+    did not complete does (there is no signal to report)."""
     names = list(names) or sorted(config.pipelines)
     stop = stop or StopRequest()
     open_sources(config, names)
     not_started = None  # the exit code of the pipelines left, once none can start
     for name in names:
         if not_started is None and stop.is_set():  # the command was cut short
-            not_started = stop.exit_code
+            not_started = _exit_code(stop)
         if not_started is not None:
             yield PipelineOutcome(name, not_started)
             continue
@@ -609,11 +611,15 @@ def harvest_pipelines(config: Config, names: Sequence[str] = (), options: Harves
             outcome = PipelineOutcome(name, EXIT_ITEM_FAILED, message=f"{name}: run stopped: {exc} (everything "
                                                                       f"settled so far is recorded; run again)")
         else:
-            stopped = stop.exit_code if report.note in STOPPED_BY_SIGNAL else EXIT_OK
+            stopped = _exit_code(stop) if report.note in STOPPED_BY_SIGNAL else EXIT_OK
             outcome = PipelineOutcome(name, max(report.exit_code, stopped), report)
         finally:
             progress.clear()
         yield outcome
+
+
+def _exit_code(stop: threading.Event) -> int:
+    return stop.exit_code if isinstance(stop, StopRequest) else EXIT_ITEM_FAILED
 
 
 def _abort_uploads(config: Config, pipeline: Pipeline, run_id: int, which: str, progress: Progress) -> None:

@@ -22,6 +22,7 @@ from gcis_etl.isolation import IsolatedProcess
 from gcis_etl.locks import pipeline_lock
 from gcis_etl.models import Status, Verdict
 from gcis_etl.policy import IsolationSettings
+from gcis_etl.progress import Progress
 
 CORPUS = Path(__file__).parent / "corpus"
 ROTATED = CORPUS / "exif-orientation/Landscape_6.jpg"  # stored 450x600, EXIF orientation 6: upright 600x450
@@ -192,9 +193,8 @@ def test_convert_fails_a_missing_master_and_an_output_nowhere_to_go(tmp_path, mo
     assert sorted(p.name for p in tmp_path.iterdir()) == ["adir.tif", "afile"]
 
 
-def test_harvest_pipelines_passes_over_a_locked_pipeline_and_runs_the_next(tmp_path):
-    """What `gcis-etl harvest` does, from a script: a pipeline whose lock another run holds is not run (exit 3,
-    saying why), and the one after it still is; the command would exit with the higher code."""
+def _two_pipelines(tmp_path: Path):
+    """archive and museum, one object of one master each, from folders into local stores."""
     names = ("archive", "museum")
     for name in names:
         (tmp_path / "masters" / name / "object-1").mkdir(parents=True)
@@ -202,7 +202,13 @@ def test_harvest_pipelines_passes_over_a_locked_pipeline_and_runs_the_next(tmp_p
     (tmp_path / "config.yaml").write_text(yaml.safe_dump({"pipelines": {
         name: {"source": {"kind": "filesystem", "root": f"masters/{name}"},
                "store": {"kind": "local", "root": f"store/{name}"}} for name in names}}))
-    config = gcis_etl.load_config(tmp_path / "config.yaml")
+    return gcis_etl.load_config(tmp_path / "config.yaml")
+
+
+def test_harvest_pipelines_passes_over_a_locked_pipeline_and_runs_the_next(tmp_path):
+    """What `gcis-etl harvest` does, from a script: a pipeline whose lock another run holds is not run (exit 3,
+    saying why), and the one after it still is; the command would exit with the higher code."""
+    config = _two_pipelines(tmp_path)
     with pipeline_lock(config.state_dir, "archive"):  # another run of archive
         outcomes = list(gcis_etl.harvest_pipelines(config))
     archive, museum = outcomes
@@ -213,3 +219,21 @@ def test_harvest_pipelines_passes_over_a_locked_pipeline_and_runs_the_next(tmp_p
     assert (museum.report.status, museum.report.counts["deposited"]) == ("completed", 1)
     assert max(outcome.exit_code for outcome in outcomes) == 3
     assert not (tmp_path / "store" / "archive").exists()
+
+
+def test_harvest_pipelines_takes_the_callers_own_event_as_its_stop(tmp_path):
+    """A plain threading.Event, as harvest() takes: set while the first pipeline starts, that run takes no
+    item and is recorded stopped, the next is not started, and both exit 1, as a run that did not complete (no
+    signal to report: not 130). It used to fail at the end of the first run: an Event has no exit code."""
+    config = _two_pipelines(tmp_path)
+    stop = threading.Event()
+
+    def progress_for(name: str) -> Progress:
+        stop.set()
+        return Progress()
+
+    archive, museum = gcis_etl.harvest_pipelines(config, stop=stop, progress_for=progress_for)
+    assert (archive.name, archive.exit_code, archive.message) == ("archive", 1, None)
+    assert (archive.report.status, archive.report.counts["deposited"]) == ("stopped", 0)
+    assert (museum.name, museum.exit_code, museum.report, museum.message) == ("museum", 1, None, None)
+    assert not [path for path in (tmp_path / "store").rglob("*") if path.is_file()]
