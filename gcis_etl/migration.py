@@ -155,7 +155,7 @@ class MigrationReport:
                 "csv_path": str(self.csv_path) if self._csv else None}
 
     def summary(self) -> str:
-        counts = ", ".join(f"{n} {outcome}" for outcome, n in self.counts.items() if n) or (
+        counts = ", ".join(_phrase(n, outcome) for outcome, n in self.counts.items() if n) or (
             "nothing done" if self.status.startswith("stopped") else "nothing to do")
         lines = [f"{self.script}: {self.status}: {counts}"]
         if self.runs:
@@ -183,6 +183,14 @@ class MigrationReport:
             self._csv = open(self.csv_path, "w", newline="", buffering=1)
             csv.writer(self._csv).writerow(["subject", "outcome", "reason", "at"])
         csv.writer(self._csv).writerow(row)
+
+
+_COUNTED_NOUNS = frozenset({"objects", "manifests", "masters"})  # those the scripts' outcomes name in the plural
+
+
+def _phrase(n: int, outcome: str) -> str:
+    """"1 object already loaded", not "1 objects ...": the report's counts keep the outcome as it is."""
+    return f"{n} {' '.join(word[:-1] if n == 1 and word in _COUNTED_NOUNS else word for word in outcome.split())}"
 
 
 # ------------------------------------------------------------------------------------------------ context

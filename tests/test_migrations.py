@@ -18,7 +18,7 @@ import yaml
 
 from gcis_etl.ledger import Ledger
 from gcis_etl.locks import RunLock
-from gcis_etl.migration import run_script, store_settings
+from gcis_etl.migration import MigrationReport, run_script, store_settings
 from tests.conftest import CORPUS
 
 BIN = Path(sys.executable).parent
@@ -121,6 +121,18 @@ def test_each_script_shows_its_usage(script, says, capsys):
     shown = capsys.readouterr().out
     assert f"Usage: gcis-migrate {script}" in shown and says in shown and "--dry-run" in shown
     assert "Exit codes" in shown
+
+
+def test_a_migration_summary_counts_one_object_in_the_singular_and_keeps_its_report_keys(tmp_path):
+    report = MigrationReport("initial_load", dry_run=True, directory=tmp_path)
+    report.add("objects already loaded", 1)
+    report.add("manifests published", 1)
+    report.add("old access masters to delete", 2)
+    report.add("deposited", 1)
+    assert report.summary().splitlines()[0] == ("initial_load: dry-run: 1 object already loaded, 1 manifest "
+                                                "published, 2 old access masters to delete, 1 deposited")
+    assert set(report.to_dict()["counts"]) == {"objects already loaded", "manifests published",
+                                               "old access masters to delete", "deposited"}
 
 
 def test_an_unknown_script_is_a_usage_error_listing_the_scripts(site):
