@@ -244,7 +244,9 @@ class CeleryExecutor:
     deliberate re-run gets a fresh task. A task the broker lost is sent again under the same id: at once when
     our SENT marker is gone too (a Redis restart without persistence empties queue and results alike), after
     twice visibility_timeout_seconds without progress otherwise (a task whose worker vanished is redelivered by
-    the broker before that). At worst a task runs twice, and the second run finds the first's output in the store.
+    the broker before that). A send that raised takes its marker back, so the next run sends the task at once,
+    also when the message went out all the same. At worst a task runs twice, and the second run finds the
+    first's output in the store.
     """
 
     _RUNNING = frozenset({SENT, "RECEIVED", "STARTED", "RETRY"})
@@ -329,13 +331,28 @@ class CeleryExecutor:
         message = app.amqp.create_task_message(
             task_id, TASK_NAME, args, {}, time_limit=limits.hard_seconds, soft_time_limit=limits.soft_seconds,
             create_sent_event=app.conf.task_send_sent_event, argsrepr=scrub(repr(args)), kwargsrepr="{}")
-        with app.producer_or_acquire() as producer:
-            app.amqp.send_task_message(producer, TASK_NAME, message, queue=self.settings.queue_for(recipe),
-                                       retry=True, retry_policy={
-                                           "max_retries": self.settings.outage_retries, "interval_start": 0,
-                                           "interval_step": 1, "interval_max": OUTAGE_RETRY_CEILING_SECONDS})
+        try:
+            with app.producer_or_acquire() as producer:
+                app.amqp.send_task_message(producer, TASK_NAME, message, queue=self.settings.queue_for(recipe),
+                                           retry=True, retry_policy={
+                                               "max_retries": self.settings.outage_retries, "interval_start": 0,
+                                               "interval_step": 1, "interval_max": OUTAGE_RETRY_CEILING_SECONDS})
+        except BaseException:  # the broker is down, or a second Ctrl-C while it stalls
+            self._unmark(task_id)
+            raise
         flight.progress, flight.since, flight.sends = (SENT, "None"), time.monotonic(), flight.sends + 1
         self._flights[task_id] = flight
+
+    def _unmark(self, task_id: str) -> None:
+        """A marker with no message behind it would hold the task back for twice visibility_timeout_seconds on
+        the next run; without it, the next run sends the task at once. The error that stopped the send is what
+        the caller must see, not this one."""
+        try:
+            self.app.backend.forget(task_id)
+        except Exception as exc:
+            log.warning("task %s: its %s marker could not be removed (%s: %s); the next run sends it again only "
+                        "after %g s", task_id, SENT, type(exc).__name__, scrub(str(exc)),
+                        2 * self.settings.visibility_timeout_seconds)
 
     def _poll(self) -> list[tuple[str, ItemResult]]:
         """The tasks that finished since the last look, with their outcomes; lost ones are sent again."""

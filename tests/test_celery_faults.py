@@ -6,19 +6,24 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
+from typing import Iterator
 
 import psutil
 import pytest
 import redis as redis_client
 
+from gcis_etl.commands import Interrupted
 from gcis_etl.config import load_config
+from gcis_etl.errors import GcisError
 from gcis_etl.ledger import Ledger
 from gcis_etl.verification import verify
 from gcis_etl.work import Outcome
@@ -285,3 +290,69 @@ def test_a_broker_lost_mid_run_stops_the_run_with_one_line_per_retry_and_no_trac
     assert "; tasks already sent keep running on the workers (everything settled so far" in err
     run, _ = _last_run(config)
     assert run.status == "failed" and "cannot be reached" in run.note
+
+
+def _executor_on(tmp_path, redis_server, broker_url: str):
+    """An executor whose result backend is a real Redis and whose broker is `broker_url`, and one task for it."""
+    masters = make_masters(tmp_path / "masters", objects=1, per_object=1)
+    config = load_config(pool_config(tmp_path / "config.yaml", masters=masters, broker_url=broker_url,
+                                     store={"kind": "local", "root": str(tmp_path / "store")},
+                                     celery={"result_backend": redis_server.url(), "outage_retries": 1}))
+    pipeline = config.pipeline("demo")
+    return CeleryExecutor({"demo": pipeline}, 2, tmp_path / "scratch", config.celery), tasks_of(pipeline)[0]
+
+
+def _sent_at_once_by_the_next_run(executor, task, redis_server) -> None:
+    """The marker is gone, and a next run on a broker that answers publishes the task at its first submit."""
+    settings = executor.settings.model_copy(update={"broker_url": redis_server.url()})
+    executor.close()
+    following = CeleryExecutor(executor.pipelines, 2, Path("unused"), settings)
+    assert following.app.backend.get_task_meta(celery_task_id(task))["status"] == "PENDING"
+    assert following.submit(task) == []
+    assert redis_client.Redis.from_url(redis_server.url()).llen("gcis") == 1
+    following.app.close()
+
+
+def test_a_send_the_broker_refused_leaves_no_sent_marker_behind(tmp_path, redis_server):
+    """The marker used to stay without a message: the next run took the task for in flight and waited twice
+    visibility_timeout_seconds (4 h by default) before sending it."""
+    executor, task = _executor_on(tmp_path, redis_server, f"redis://127.0.0.1:{free_port()}/0")
+    with pytest.raises(GcisError, match="cannot be reached"):
+        executor.submit(task)
+    _sent_at_once_by_the_next_run(executor, task, redis_server)
+
+
+@contextmanager
+def _second_ctrl_c_in(seconds: float, before=lambda: None) -> Iterator[None]:
+    """Interrupted raised in the main thread after `seconds` (SIGALRM breaks a blocking read), after `before()`."""
+    def second_ctrl_c(signum, frame):
+        before()
+        raise Interrupted(signal.SIGINT)
+
+    previous = signal.signal(signal.SIGALRM, second_ctrl_c)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def test_a_send_interrupted_while_the_broker_stalls_leaves_no_sent_marker_behind(tmp_path, redis_server):
+    """A second Ctrl-C while the broker accepts the connection but never answers."""
+    with socket.create_server(("127.0.0.1", 0)) as silent:  # the kernel completes the handshake; nothing replies
+        executor, task = _executor_on(tmp_path, redis_server, f"redis://127.0.0.1:{silent.getsockname()[1]}/0")
+        with pytest.raises(Interrupted), _second_ctrl_c_in(1.0):
+            executor.submit(task)
+    _sent_at_once_by_the_next_run(executor, task, redis_server)
+
+
+def test_a_marker_the_result_backend_cannot_remove_is_logged_and_the_interrupt_still_stops_the_run(
+        tmp_path, redis_server, caplog):
+    """The result backend goes down with the broker: the Ctrl-C, not the backend's error, stops the run."""
+    with socket.create_server(("127.0.0.1", 0)) as silent:
+        executor, task = _executor_on(tmp_path, redis_server, f"redis://127.0.0.1:{silent.getsockname()[1]}/0")
+        with pytest.raises(Interrupted), _second_ctrl_c_in(1.0, before=redis_server.stop):
+            executor.submit(task)
+    executor.close()
+    assert f"task {celery_task_id(task)}: its SENT marker could not be removed (ConnectionError: " in caplog.text
