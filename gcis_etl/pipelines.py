@@ -121,7 +121,7 @@ class Pipeline:
 
     @cached_property
     def store(self) -> Store:
-        return open_store(self.settings.store)
+        return open_store(self.settings.store, threads=self.settings.concurrency + self.settings.transfers)
 
     @cached_property
     def recipe(self) -> Recipe:

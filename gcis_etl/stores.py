@@ -38,6 +38,7 @@ from gcis_etl.keys import KeyTemplates, UnsafeKey, check_key, check_prefix
 from gcis_etl.settings import Settings
 
 MiB = 1024 * 1024
+_BOTOCORE_POOL = 10  # botocore's own default max_pool_connections: an S3 client never gets fewer
 CHUNK = 1 * MiB
 # S3 metadata travels in HTTP headers: printable ASCII only, '%' escapes the rest.
 _HEADER_SAFE = string.punctuation.replace("%", "")
@@ -509,10 +510,15 @@ class S3Store:
     metadata (`sha256`) for head(), the ledger and no-op detection.
     """
 
-    def __init__(self, settings: S3StoreSettings):
+    def __init__(self, settings: S3StoreSettings, threads: int = 1):
+        """`threads`: how many threads put and get at once through this store (a harvest's items in flight,
+        move_store's --concurrency): each may hold max_concurrency connections for a multipart transfer and one
+        more for its HEAD. A smaller pool drops connections as they come back (urllib3 warns "Connection pool is
+        full" for each) and reconnects for the next part."""
         self.settings = settings
         self.keys = settings.keys
         self._base = f"{settings.prefix}/" if settings.prefix else ""
+        self._pool = threads * (settings.max_concurrency + 1)
         self._client_lock = threading.Lock()
         self._client_pid: int | None = None
         self._client = None
@@ -528,7 +534,7 @@ class S3Store:
                     config=Config(retries={"mode": s.retry.mode, "total_max_attempts": s.retry.max_attempts},
                                   connect_timeout=s.retry.connect_timeout, read_timeout=s.retry.read_timeout,
                                   s3={"addressing_style": s.addressing_style},
-                                  max_pool_connections=s.max_concurrency + 4))
+                                  max_pool_connections=max(self._pool, _BOTOCORE_POOL)))
                 self._client_pid = os.getpid()
             return self._client
 
@@ -739,7 +745,8 @@ def _check_list_prefix(prefix: str) -> None:
 StoreSettings = Annotated[Union[LocalStoreSettings, S3StoreSettings], Field(discriminator="kind")]
 
 
-def open_store(settings: LocalStoreSettings | S3StoreSettings) -> Store:
+def open_store(settings: LocalStoreSettings | S3StoreSettings, threads: int = 1) -> Store:
+    """`threads`: how many threads use the store at once (S3Store sizes its connection pool for them)."""
     if isinstance(settings, S3StoreSettings):
-        return S3Store(settings)
+        return S3Store(settings, threads)
     return LocalStore(settings)

@@ -93,7 +93,8 @@ def main(ctx: MigrationContext, name: str, to_spec: str | None, from_spec: str |
         raise click.UsageError(f"--delete-source would delete from the store pipeline {name!r} uses: point its "
                                f"store: at the new store first, then give the old one as --from-store")
     authoritative = same_store(target, configured)
-    move = Move(ctx, open_store(source), open_store(target), authoritative, delete_source, ctx.scratch(name))
+    move = Move(ctx, open_store(source, concurrency), open_store(target, concurrency), authoritative, delete_source,
+                ctx.scratch(name))
     with ctx.ledger() as ledger, nullcontext() if ctx.dry_run else ctx.lock(name):
         if not ctx.dry_run:
             move.source.check()

@@ -4,17 +4,21 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import logging
 import os
 import signal
 import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
+import yaml
 
+from gcis_etl.config import load_config
 from gcis_etl.errors import ConfigError, IntegrityError, StoreError
 from gcis_etl.keys import UnsafeKey
 from gcis_etl.settings import parse
@@ -268,6 +272,24 @@ def test_multipart_upload_of_100_mb_is_verified_end_to_end(s3_store, minio, s3_b
         downloaded.update(block)
     assert downloaded.hexdigest() == sha
     assert s3_store.put("demo/IE1/big.tif", path, sha256=sha).unchanged
+
+
+def test_a_pipelines_items_in_flight_upload_at_once_without_dropping_connections(minio, s3_bucket, aws_env,
+                                                                                 tmp_path, caplog):
+    """A harvest's default 4 items in flight (concurrency 2, as many transfer slots), each uploading its parts
+    4 at a time: the client's pool of 8 dropped connections as they came back ("Connection pool is full") and
+    reconnected for the next part."""
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump({"pipelines": {"demo": {
+        "source": {"kind": "filesystem", "root": "masters"},
+        "store": {"kind": "s3", "bucket": s3_bucket, "endpoint_url": minio.endpoint, "region": "us-east-1",
+                  "addressing_style": "path", "multipart_threshold": 5 * MiB, "multipart_chunksize": 5 * MiB}}}}))
+    pipeline = load_config(tmp_path / "config.yaml").pipeline("demo")
+    files = [random_file(tmp_path / f"output-{n}", 21 * MiB) for n in range(4)]
+    caplog.set_level(logging.WARNING)
+    with ThreadPoolExecutor(4) as pool:
+        stored = list(pool.map(lambda n: pipeline.store.put(f"k{n}", files[n][0], sha256=files[n][1]), range(4)))
+    assert [s.sha256 for s in stored] == [sha256 for _, sha256 in files]
+    assert [r.getMessage() for r in caplog.records if "pool is full" in r.getMessage()] == []
 
 
 def test_multipart_mismatch_aborts_the_upload_and_keeps_the_old_object(s3_store, minio, s3_bucket, tmp_path):
