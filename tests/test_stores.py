@@ -283,11 +283,11 @@ def test_a_pipelines_items_in_flight_upload_at_once_without_dropping_connections
         "source": {"kind": "filesystem", "root": "masters"},
         "store": {"kind": "s3", "bucket": s3_bucket, "endpoint_url": minio.endpoint, "region": "us-east-1",
                   "addressing_style": "path", "multipart_threshold": 5 * MiB, "multipart_chunksize": 5 * MiB}}}}))
-    pipeline = load_config(tmp_path / "config.yaml").pipeline("demo")
+    store = load_config(tmp_path / "config.yaml").pipeline("demo").store
     files = [random_file(tmp_path / f"output-{n}", 21 * MiB) for n in range(4)]
     caplog.set_level(logging.WARNING)
     with ThreadPoolExecutor(4) as pool:
-        stored = list(pool.map(lambda n: pipeline.store.put(f"k{n}", files[n][0], sha256=files[n][1]), range(4)))
+        stored = list(pool.map(lambda n: store.put(f"k{n}", files[n][0], sha256=files[n][1]), range(4)))
     assert [s.sha256 for s in stored] == [sha256 for _, sha256 in files]
     assert [r.getMessage() for r in caplog.records if "pool is full" in r.getMessage()] == []
 
