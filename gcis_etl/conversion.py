@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Callable
 
 from gcis_etl import isolation
 from gcis_etl.durable import fsync_path, sha256_file
-from gcis_etl.errors import ConversionFailed, RejectedMaster, VerificationFailed
+from gcis_etl.errors import ConversionFailed, DiskFull, RejectedMaster, VerificationFailed
 from gcis_etl.formats import names_a_sequence, names_of, sniff
 from gcis_etl.inspection import inspect
 from gcis_etl.isolation import IsolatedProcess, WorkerCrashed
@@ -103,10 +103,12 @@ def convert(src: str | Path, dst: str | Path, recipe: Recipe | str | None = None
     except RejectedMaster as exc:
         return ConversionResult(Status.REJECTED, reason=str(exc), seconds=time.monotonic() - started, **base)
     except ConversionFailed as exc:
-        return ConversionResult(Status.FAILED, reason=str(exc), seconds=time.monotonic() - started, **base)
-    except OSError as exc:  # where the output goes: not writable, a file where a folder should be, disk full
-        return ConversionResult(Status.FAILED, reason=f"cannot write {dst}: {exc.strerror or exc}",
+        return ConversionResult(Status.FAILED, reason=str(exc), disk_full=isinstance(exc, DiskFull),
                                 seconds=time.monotonic() - started, **base)
+    except OSError as exc:  # where the output goes: not writable, a file where a folder should be, disk full
+        full = isolation.disk_refusal(exc, dst.parent)
+        return ConversionResult(Status.FAILED, reason=str(full or f"cannot write {dst}: {exc.strerror or exc}"),
+                                disk_full=full is not None, seconds=time.monotonic() - started, **base)
     finally:
         if tmp.exists():  # not unlink(missing_ok=True): under a plain file it raises NotADirectoryError
             tmp.unlink()
@@ -247,10 +249,13 @@ def encode_in_child(job: EncodeJob) -> EncodeOutcome:
     out = Path(job.output)
     recipe = job.recipe
     ptiff = recipe.encoder in PTIFF_ENCODERS
-    with isolation.scratch() as scratch:
-        # exiftool reads the master beside the decoding and encoding; the encoders ask for it at the end
-        metadata = isolation.beside(carried_tags if ptiff else metadata_carrier,
-                                    job.info.path, recipe.metadata.keep, recipe.metadata.exclude, Path(scratch))
+    with isolation.scratch() as scratch, isolation.disk_checked(Path(scratch), out.parent):
+        # exiftool reads the master beside the decoding and encoding; the encoders ask for it at the end. It
+        # removes a carrier it could not write and says only "Error writing image data".
+        carrier = isolation.disk_checked(Path(scratch), needs=isolation.DISK_MARGIN)(
+            carried_tags if ptiff else metadata_carrier)
+        metadata = isolation.beside(carrier, job.info.path, recipe.metadata.keep, recipe.metadata.exclude,
+                                    Path(scratch))
         try:
             decoded = open_master(job.info, job.decoders, job.policy.strict, job.policy.vips_decodes_jpeg2000_origin)
             isolation.stage(_PIXELS + decoded.decoder)  # pixels are read lazily, while encoding

@@ -17,6 +17,11 @@ class ConversionFailed(GcisError):
     """The conversion could not complete (decoder crash, timeout, encoder error); a retry may help."""
 
 
+class DiskFull(ConversionFailed):
+    """A filesystem the conversion writes (its scratch, the output's folder) is full, over its quota or read-only:
+    not the master's fault, and every conversion there would fail alike until someone makes room."""
+
+
 class VerificationFailed(ConversionFailed):
     """The output was produced but does not meet the access-master contract."""
 

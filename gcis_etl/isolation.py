@@ -13,6 +13,7 @@ before starting a child it removes those of this host's conversion processes tha
 """
 from __future__ import annotations
 
+import errno
 import importlib
 import json
 import logging
@@ -33,7 +34,8 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from gcis_etl.errors import ConversionFailed, GcisError, RejectedMaster
+from gcis_etl.durable import DISK_REFUSES_WRITES
+from gcis_etl.errors import ConversionFailed, DiskFull, GcisError, RejectedMaster
 from gcis_etl.policy import IsolationSettings
 
 _log = logging.getLogger(__name__)
@@ -156,8 +158,65 @@ def in_scratch() -> Iterator[None]:
     try:
         yield
     except OSError as exc:
-        raise ConversionFailed(f"cannot write scratch files in {tempfile.gettempdir()}: {exc.strerror or exc} "
-                               "(the system temp dir: TMPDIR sets where it is)") from None
+        temp = tempfile.gettempdir()
+        # as for a conversion's scratch folder in `temp` (any: the message names `temp`)
+        raise disk_refusal(exc, Path(temp, SCRATCH_PREFIX)) or ConversionFailed(
+            f"cannot write scratch files in {temp}: {exc.strerror or exc}{_TMPDIR_SETS}") from None
+
+
+_TMPDIR_SETS = " (the system temp dir: TMPDIR sets where it is)"
+# What libraries say of a disk that refuses a write, in their own messages (libvips: "unix error: No space left
+# on device"), where no errno reaches Python.
+_DISK_SAYS = tuple(os.strerror(code) for code in DISK_REFUSES_WRITES)
+# Free space under which a failed write is taken for the disk's when the tool that failed says nothing of why
+# (exiftool: "Error writing image data") and removed what it wrote: a metadata carrier, a tool's buffers.
+DISK_MARGIN = 1 << 20
+
+
+def disk_refusal(exc: BaseException, *folders: Path, needs: int = 0) -> DiskFull | None:
+    """`exc`, raised by a step writing into `folders`, as a DiskFull when a disk refused the write rather than the
+    master or the tool failing (else None): an OSError of a disk refusing writes (ENOSPC, EDQUOT, EROFS), a
+    library's message saying so, a folder on a read-only filesystem, or one with less free space than the step
+    `needs` (opj_compress and grk_compress remove their output and say only 'Failed to seek in the stream',
+    'failed to compress image'). Ask right after the failure, before the step's scratch is removed. The message
+    names the folder, its free space, and what sets where it is."""
+    if isinstance(exc, DiskFull):
+        return exc
+    said = exc.strerror if isinstance(exc, OSError) and exc.errno in DISK_REFUSES_WRITES else \
+        next((words for words in _DISK_SAYS if words in str(exc)), None)
+    room = {folder: _room(folder) for folder in folders}
+    short = [folder for folder, (free, read_only) in room.items() if read_only or free < needs]
+    if said is None and not short:
+        return None
+    named = [folder for folder in folders if str(folder) in f"{getattr(exc, 'filename', None)} {exc}"]
+    folder = min(short if said is None else named or folders, key=lambda f: room[f][0])
+    free, read_only = room[folder]
+    why = said or (os.strerror(errno.EROFS) if read_only else str(exc))
+    needed = f", up to {needs / 1e6:.1f} MB needed" if said is None and not read_only else ""
+    scratch = folder.name.startswith(SCRATCH_PREFIX)  # a conversion's: named by the temp dir it is made in
+    return DiskFull(f"cannot write {folder.parent if scratch else folder}: {why} ({free / 1e6:.1f} MB free there"
+                    f"{needed}): free space on its filesystem{_TMPDIR_SETS if scratch else ''}")
+
+
+def _room(folder: Path) -> tuple[int, bool]:
+    """The free bytes (for an unprivileged user) of the filesystem `folder` is on, or would be on once made, and
+    whether it is read-only."""
+    folder = next(path for path in (folder, *folder.parents) if path.exists())
+    stat = os.statvfs(folder)
+    return stat.f_bavail * stat.f_frsize, bool(stat.f_flag & os.ST_RDONLY)
+
+
+@contextmanager
+def disk_checked(*folders: Path, needs: int = 0) -> Iterator[None]:
+    """Around a step writing into `folders`: its failure raised as disk_refusal's DiskFull when a disk refused
+    (also a decorator, for a function run beside)."""
+    try:
+        yield
+    except Exception as exc:
+        refusal = disk_refusal(exc, *folders, needs=needs)
+        if refusal is None:
+            raise
+        raise refusal from None
 
 
 def _remove_scratch(pid: int | None = None) -> None:

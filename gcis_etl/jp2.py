@@ -237,7 +237,12 @@ def run_encoder(argv: tuple[str, ...], timeout: float) -> None:
     output = Path(argv[argv.index("-o") + 1])
     if proc.returncode or not output.is_file() or output.stat().st_size == 0:
         lines = [ln for ln in (proc.stderr + proc.stdout).splitlines() if ln.strip()]
-        raise ConversionFailed(f"{tool} failed (exit {proc.returncode}): {lines[-1].strip() if lines else 'no output'}")
+        failed = ConversionFailed(f"{tool} failed (exit {proc.returncode}): "
+                                  f"{lines[-1].strip() if lines else 'no output'}")
+        # the encoders remove an output they could not finish, and say nothing of the disk: theirs is at most
+        # about the size of their uncompressed input
+        raise isolation.disk_refusal(failed, output.parent, needs=Path(argv[argv.index("-i") + 1]).stat().st_size) \
+            or failed
 
 
 @dataclass(frozen=True)

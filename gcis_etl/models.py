@@ -64,7 +64,8 @@ class Level:
 
 @dataclass(frozen=True)
 class ConversionResult:
-    """Outcome of one master: converted (output verified and in place), rejected (policy) or failed."""
+    """Outcome of one master: converted (output verified and in place), rejected (policy) or failed; `disk_full`:
+    failed because a filesystem it writes refused (errors.DiskFull), which is not the master's failure."""
 
     status: Status
     source: str
@@ -82,6 +83,7 @@ class ConversionResult:
     peak_rss_mb: float | None = None  # of the (reused) conversion process so far
     warnings: tuple[str, ...] = ()
     info: ImageInfo | None = None
+    disk_full: bool = False
 
     @property
     def ok(self) -> bool:

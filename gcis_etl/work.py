@@ -262,6 +262,10 @@ class Worker:
             reason = (converted.reason or "").replace(str(fetched.path), task.item.original_name) or None
             if converted.status is Status.REJECTED:
                 return replace(base, outcome=Outcome.REJECTED, reason=reason, **common)
+            if converted.disk_full:  # its scratch or output folder's disk: every item would fail alike
+                where = f"{self.scratch} (the scratch space: state_dir sets where it is)"
+                return _stops_run(base, f"converting: {reason.replace(str(scratch), where)}", "then run again",
+                                  transient=False)
             if converted.status is Status.FAILED:
                 return replace(base, reason=reason, **common)
             # put HEADs the key to leave identical bytes alone: worth it only when `done` holds these bytes

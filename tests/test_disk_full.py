@@ -1,0 +1,127 @@
+"""A disk the conversion writes that refuses (full here; over quota or read-only alike) is the disk's failure, never
+the master's: convert() says so (ConversionResult.disk_full, a reason naming the folder and its free space), never
+rejects the master as corrupt, and a harvest stops the run as for its own scratch space, counting no attempt.
+
+Real parts: a small tmpfs mounted (root only) where the output goes, or as TMPDIR for the conversion process's
+scratch, where a JP2 recipe writes its uncompressed reference TIFF.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+
+import numpy as np
+import pytest
+import tifffile
+
+from gcis_etl.conversion import convert
+from gcis_etl.isolation import IsolatedProcess
+from gcis_etl.models import Status
+from tests.conftest import CORPUS
+from tests.harvests import peek
+from tests.test_cron_operation import Night, fill
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root")
+
+MASTER = CORPUS / "rgb8-tiff-lzw" / "kodim02-lzw.tif"  # 768x512: a reference TIFF of 1.2 MB
+
+
+@pytest.fixture
+def tiny(tmp_path):
+    """A 64 KB tmpfs."""
+    folder = tmp_path / "tiny"
+    folder.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(folder)], check=True)
+    yield folder
+    subprocess.run(["umount", str(folder)], check=True)
+
+
+def test_an_output_folder_that_fills_is_the_disks_failure(tiny):
+    result = convert(MASTER, tiny / "out" / "access.tif", "ptiff-jpeg-q90")
+
+    assert (result.status, result.disk_full) == (Status.FAILED, True), result.reason
+    assert result.reason == (f"cannot write {tiny / 'out'}: No space left on device (0.0 MB free there): free "
+                             f"space on its filesystem")
+    assert list(tiny.rglob("*")) == [tiny / "out"]  # no .partial left
+
+
+def test_a_conversion_scratch_that_fills_is_the_disks_failure_not_a_corrupt_master(tiny, tmp_path, monkeypatch):
+    """The reference TIFF libvips writes for the encoder fills TMPDIR: libvips' 'unix error: No space left on
+    device' was a RejectedMaster ('corrupt or truncated image data')."""
+    monkeypatch.setenv("TMPDIR", str(tiny))  # the conversion process inherits it
+    with IsolatedProcess() as child:
+        result = convert(MASTER, tmp_path / "access.jp2", "jp2-openjpeg-lossy", worker=child)
+
+    assert (result.status, result.disk_full) == (Status.FAILED, True), result.reason
+    assert result.reason == (f"cannot write {tiny}: No space left on device (0.0 MB free there): free space on "
+                             f"its filesystem (the system temp dir: TMPDIR sets where it is)")
+    assert list(tiny.iterdir()) == [] and list(tmp_path.glob(".*.partial")) == []
+
+
+def test_an_encoder_that_runs_out_of_scratch_is_the_disks_failure(tmp_path, monkeypatch):
+    """The reference fits, the encoder's output does not: grk_compress removes it and says only 'failed to
+    compress image'; the free space left tells."""
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1200k", "tmpfs", str(scratch)], check=True)
+    try:
+        monkeypatch.setenv("TMPDIR", str(scratch))
+        with IsolatedProcess() as child:
+            result = convert(MASTER, tmp_path / "access.jp2", "jp2-grok-lossy", worker=child)
+    finally:
+        subprocess.run(["umount", str(scratch)], check=True)
+
+    assert (result.status, result.disk_full) == (Status.FAILED, True), result.reason
+    assert result.reason.startswith(f"cannot write {scratch}: grk_compress failed (exit 1): "), result.reason
+    assert result.reason.endswith("failed to compress image (0.0 MB free there, up to 1.2 MB needed): free space "
+                                  "on its filesystem (the system temp dir: TMPDIR sets where it is)"), result.reason
+
+
+def test_exiftool_that_cannot_write_its_metadata_carrier_in_scratch_is_the_disks_failure(tiny, tmp_path,
+                                                                                        monkeypatch):
+    """8 KB left: the master's metadata does not fit in the carrier exiftool writes, which it removes, saying
+    only 'Error writing output file'."""
+    fill(tiny)
+    os.truncate(tiny / "filler", (tiny / "filler").stat().st_size - 8192)
+    monkeypatch.setenv("TMPDIR", str(tiny))
+    with IsolatedProcess() as child:
+        result = convert(CORPUS / "metadata-rich" / "ExifTool.jpg", tmp_path / "access.tif", "ptiff-jpeg-q90",
+                         worker=child)
+
+    assert (result.status, result.disk_full) == (Status.FAILED, True), result.reason
+    assert result.reason.startswith(f"cannot write {tiny}: exiftool: Error: Error writing output file - "), \
+        result.reason
+    assert result.reason.endswith("metadata-carrier.tif (0.0 MB free there, up to 1.0 MB needed): free space on its "
+                                  "filesystem (the system temp dir: TMPDIR sets where it is)"), result.reason
+
+
+def test_a_conversion_that_fills_the_scratch_space_stops_the_harvest_and_spends_no_attempt(tmp_path):
+    """The masters fit in the scratch space, their access masters do not (periodic noise: a few KB deflated,
+    JPEG's worst case): the run stops (exit 1), no item is recorded, and with room again the next run deposits
+    them."""
+    night = Night(tmp_path)
+    tile = np.random.default_rng(0).integers(0, 256, (8, 8, 3), dtype=np.uint8)
+    for object_id in "ab":
+        (tmp_path / "src" / object_id).mkdir(parents=True)
+        tifffile.imwrite(tmp_path / "src" / object_id / "master.tif", np.tile(tile, (128, 128, 1)),
+                         photometric="rgb", compression="zlib")
+    scratch = tmp_path / "state" / "scratch"
+    scratch.mkdir(parents=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(scratch)], check=True)
+    try:
+        full = night.harvest()
+
+        assert full.returncode == 1, full.stderr
+        assert "Traceback" not in full.stderr
+        reason = (f"converting: cannot write {scratch / 'dam'} (the scratch space: state_dir sets where it is): No "
+                  f"space left on device (0.0 MB free there): free space on its filesystem: then run again (no "
+                  f"item's attempt was counted)")
+        assert f"dam: run stopped: {reason}" in full.stderr, full.stderr
+        assert night.runs() == [(1, "failed", f"RunHalted: {reason}")]
+        assert night.items() == {} and peek(night.ledger, "SELECT * FROM run_items") == []
+    finally:
+        subprocess.run(["umount", str(scratch)], check=True)
+
+    again = night.harvest()
+    assert again.returncode == 0, again.stderr
+    assert night.items() == {f"{o}/{o}/master.tif": ("deposited", 0) for o in "ab"}
