@@ -503,8 +503,10 @@ class ChildPool:
                 return same[-1]
             if self._room:
                 self._room -= 1
-            else:  # every child not leased is idle, with other settings: the oldest makes room
+            elif self._idle:  # every child not leased is idle, with other settings: the oldest makes room
                 stale = self._idle.pop(0)
+            # else the room of a child lost to an exception between its making and its lease (Celery's
+            # SoftTimeLimit is raised from a signal handler) is taken again: _free still bounds the leases
         if stale is not None:
             stale.close()
         return IsolatedProcess(settings)

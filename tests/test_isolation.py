@@ -160,3 +160,36 @@ def test_an_encoder_dies_with_the_process_running_it_when_that_is_killed(tmp_pat
         if pid_file.exists() and pid_file.read_text():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(int(pid_file.read_text()), signal.SIGKILL)
+
+
+def test_a_child_pool_whose_child_was_lost_to_an_exception_still_leases(tmp_path):
+    """Celery's SoftTimeLimit is raised from a signal handler in the pool process's only thread: landing while a
+    lease makes its child, it used to leave a pool of one with no room and nothing idle, and every later task
+    failed with 'IndexError: pop from empty list' until the process was recycled. The exception is raised here
+    at that point by a trace function (deterministic, where a timer would land anywhere)."""
+    from gcis_etl import isolation
+    from gcis_etl.isolation import ChildPool
+
+    class SoftTimeLimit(Exception):
+        pass
+
+    def raise_once_in_its_making(frame, event, arg):
+        if event == "line" and frame.f_code.co_name == "__init__" and frame.f_code.co_filename == isolation.__file__:
+            sys.settrace(None)
+            raise SoftTimeLimit("soft time limit exceeded")
+        return raise_once_in_its_making
+
+    pool = ChildPool(1)
+    sys.settrace(raise_once_in_its_making)
+    try:
+        with pytest.raises(SoftTimeLimit), pool.lease(IsolationSettings()):
+            pass
+    finally:
+        sys.settrace(None)
+    try:
+        with pool.lease(IsolationSettings()) as child:
+            result = convert(CORPUS / "jpeg-baseline/jpg-rgb-594x522x8-baseline.jpg", tmp_path / "out.tif",
+                             worker=child)
+        assert result.ok, result.reason
+    finally:
+        pool.close()
