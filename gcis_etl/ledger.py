@@ -288,16 +288,55 @@ def _record(cls, row: tuple):
     return cls(**values)
 
 
+def _opened(uri: str, busy_timeout_seconds: float) -> sqlite3.Connection:
+    """A connection that has read the file (not at its first query): a hot journal or a file that is no ledger
+    fails here."""
+    db = sqlite3.connect(uri, uri=True, timeout=busy_timeout_seconds)
+    try:
+        db.execute("SELECT count(*) FROM sqlite_master").fetchone()
+    except BaseException:
+        db.close()
+        raise
+    return db
+
+
+def _read_only(path: Path, busy_timeout_seconds: float, recover: bool) -> sqlite3.Connection:
+    """A write cut short (a process killed, power lost) with journal_mode delete or truncate leaves a hot journal,
+    which a read-only connection may not roll back, so it cannot read. With `recover` a connection that may write
+    rolls it back first, as the next harvest's would (it holds the pages as they were committed: nothing committed
+    is lost); without (a dry run writes nothing), or when this user may not write the ledger, it says what to do.
+    In WAL mode readers skip what was not committed: no journal to roll back."""
+    uri = path.resolve().as_uri()
+    try:
+        return _opened(uri + "?mode=ro", busy_timeout_seconds)
+    except sqlite3.OperationalError as exc:
+        if exc.sqlite_errorname != "SQLITE_READONLY_ROLLBACK":
+            raise
+    if recover:
+        try:
+            _opened(uri + "?mode=rw", busy_timeout_seconds).close()
+            return _opened(uri + "?mode=ro", busy_timeout_seconds)
+        except sqlite3.OperationalError as exc:
+            if not exc.sqlite_errorname.startswith("SQLITE_READONLY"):  # the file is not ours to write
+                raise
+    todo = "this user may not write it to roll that back: run `gcis-etl status` once as one who may" if recover \
+        else "a dry run changes nothing, so cannot roll that back: run `gcis-etl status` once"
+    raise LedgerError(f"ledger {path}: a write to it was cut short (a process killed?) and left "
+                      f"{path.name}-journal beside it; {todo} (or let the next harvest do it), then run this again "
+                      f"(what was committed is kept)")
+
+
 class Ledger:
     """read_only: for commands that only look (status, report, dry runs), which must change nothing; a ledger
-    that does not exist yet reads as an empty one (no runs, no items) and is not created."""
+    that does not exist yet reads as an empty one (no runs, no items) and is not created. recover: a read-only
+    ledger whose last write was cut short is rolled back (_read_only): for status and report, not dry runs."""
 
     def __init__(self, path: Path, journal_mode: str = "wal", busy_timeout_seconds: float = 30,
-                 read_only: bool = False, skipped_history_runs: int = 30):
+                 read_only: bool = False, skipped_history_runs: int = 30, recover: bool = False):
         self.path = path
         self.skipped_history_runs = skipped_history_runs
         try:
-            self.db = self._connect(path, journal_mode, busy_timeout_seconds, read_only)
+            self.db = self._connect(path, journal_mode, busy_timeout_seconds, read_only, recover)
         except (OSError, sqlite3.Error) as exc:
             cause = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
             raise LedgerError(f"ledger {path} (under state_dir) cannot be opened: {cause}; is state_dir there "
@@ -305,14 +344,14 @@ class Ledger:
                 from None
 
     @staticmethod
-    def _connect(path: Path, journal_mode: str, busy_timeout_seconds: float, read_only: bool) -> sqlite3.Connection:
+    def _connect(path: Path, journal_mode: str, busy_timeout_seconds: float, read_only: bool,
+                 recover: bool) -> sqlite3.Connection:
         if read_only and not path.exists():
             db = sqlite3.connect(":memory:")
             db.executescript(SCHEMA)
             return db
         if read_only:
-            db = sqlite3.connect(path.resolve().as_uri() + "?mode=ro", uri=True, timeout=busy_timeout_seconds)
-            db.execute("SELECT count(*) FROM sqlite_master").fetchone()  # opens the file now, not at a query
+            db = _read_only(path, busy_timeout_seconds, recover)
             for table, create in (("superseded", SUPERSEDED), ("manifest_warnings", MANIFEST_WARNINGS)):
                 if not db.execute("SELECT 1 FROM sqlite_master WHERE name=?", (table,)).fetchone():
                     db.execute(create.replace("CREATE TABLE", "CREATE TEMP TABLE"))  # made by an older version
@@ -333,9 +372,9 @@ class Ledger:
         return db
 
     @classmethod
-    def open(cls, config, read_only: bool = False) -> Ledger:
+    def open(cls, config, read_only: bool = False, recover: bool = False) -> Ledger:
         return cls(config.ledger_path, config.ledger.journal_mode, config.ledger.busy_timeout_seconds, read_only,
-                   config.ledger.skipped_history_runs)
+                   config.ledger.skipped_history_runs, recover)
 
     def close(self) -> None:
         self.db.close()
@@ -389,7 +428,7 @@ class Ledger:
                                                 (pipeline,))]
         with self._writing():
             for run_id in dead:
-                counts = self._recorded_counts(run_id)
+                counts = self.recorded_counts(run_id)
                 self._execute(f"UPDATE runs SET status='crashed', {', '.join(f'{n}=?' for n in COUNTED)}, "
                               "note=coalesce(note, ?) WHERE run_id=?",
                               (*(counts[n] for n in COUNTED), _KILLED, run_id))
@@ -416,9 +455,10 @@ class Ledger:
 
     def counts_so_far(self, run: RunRecord) -> dict[str, int]:
         """A run's counts; while it is still running, those of the items it has recorded so far."""
-        return run.counts if run.status != "running" else self._recorded_counts(run.run_id)
+        return run.counts if run.status != "running" else self.recorded_counts(run.run_id)
 
-    def _recorded_counts(self, run_id: int) -> dict[str, int]:
+    def recorded_counts(self, run_id: int) -> dict[str, int]:
+        """The run's items by outcome, counted from what it recorded of each (a manifest rejection among them)."""
         rows = self._execute("SELECT outcome, count(*) FROM run_items WHERE run_id=? GROUP BY outcome", (run_id,))
         return {name: 0 for name in COUNTED} | {k: v for k, v in rows.fetchall() if k in COUNTED}
 
@@ -427,14 +467,15 @@ class Ledger:
             return self._all(RunRecord, "runs ORDER BY run_id DESC LIMIT ?", limit)
         return self._all(RunRecord, "runs WHERE pipeline=? ORDER BY run_id DESC LIMIT ?", pipeline, limit)
 
-    def run_items(self, run_id: int, outcome: str | None = None, warned: bool = False) -> list[RunItem]:
-        """`warned`: only the items with warnings."""
+    def run_items(self, run_id: int, outcome: str | None = None, warned: bool = False,
+                  limit: int = -1) -> list[RunItem]:
+        """`warned`: only the items with warnings; `limit`: the first so many (-1: all), in the order recorded."""
         sql, args = "run_items WHERE run_id=?", [run_id]
         if outcome is not None:
             sql, args = sql + " AND outcome=?", args + [outcome]
         if warned:
             sql += " AND warnings IS NOT NULL"
-        return self._all(RunItem, sql + " ORDER BY at", *args)
+        return self._all(RunItem, sql + " ORDER BY at, object_id, item_id LIMIT ?", *args, limit)
 
     def manifest_warnings(self, run_id: int) -> list[ManifestWarnings]:
         return self._all(ManifestWarnings, "manifest_warnings WHERE run_id=? ORDER BY at", run_id)
@@ -617,6 +658,9 @@ class Ledger:
     def manifest_problems(self, pipeline: str, limit: int = -1) -> list[ManifestProblem]:
         return self._all(ManifestProblem, "manifest_problems WHERE pipeline=? ORDER BY object_id LIMIT ?", pipeline,
                          limit)
+
+    def manifest_problems_count(self, pipeline: str) -> int:
+        return self._execute("SELECT count(*) FROM manifest_problems WHERE pipeline=?", (pipeline,)).fetchone()[0]
 
     def published(self, pipeline: str, page: int = 1000) -> Iterator[str]:
         """Ids of the pipeline's objects whose manifests are deposited, in order, a page at a time."""

@@ -69,6 +69,7 @@ class RunReport:
     seconds: float | None = None  # from start to end (None: still running, or killed)
     process_gone: bool = False  # recorded as running, but nothing holds the pipeline's lock: killed
     problems: list[RunItem] = field(default_factory=list)
+    problems_total: int | None = None  # when `problems` holds only the first (report_from_ledger: shown); not in JSON
     planned: list[PlannedItem] = field(default_factory=list)
     warned: list[Warned] = field(default_factory=list)  # items first, then manifests
     json_path: str | None = None
@@ -84,7 +85,7 @@ class RunReport:
         return EXIT_ITEM_FAILED if unfinished or any(self.counts.get(name) for name in PROBLEMS) else EXIT_OK
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return {name: value for name, value in asdict(self).items() if name != "problems_total"}
 
     def headline(self) -> str:
         counts = ", ".join(f"{self.counts.get(name, 0)} {name}" for name in COUNTED)
@@ -104,8 +105,9 @@ class RunReport:
             lines.append(f"  note: {self.note}")
         for problem in self.problems[:SHOWN]:
             lines.append(f"  {problem.outcome}: {problem.object_id}/{problem.item_id}: {problem.reason}")
-        if len(self.problems) > SHOWN:
-            lines.append(f"  ... and {len(self.problems) - SHOWN} more ({self._listed_in(self.csv_path)})")
+        problems = len(self.problems) if self.problems_total is None else self.problems_total
+        if problems > SHOWN:
+            lines.append(f"  ... and {problems - SHOWN} more ({self._listed_in(self.csv_path)})")
         if self.warned:
             manifests = sum(w.item_id == MANIFEST for w in self.warned)
             lines.append(f"  {counted(len(self.warned) - manifests, 'item')} deposited with warnings, "
@@ -126,19 +128,25 @@ class RunReport:
         return f"see {written}" if written else f"gcis-etl report {self.run_id} --json lists them all"
 
 
-def report_from_ledger(ledger: Ledger, run: RunRecord, lock: RunLock | None = None) -> RunReport:
+def report_from_ledger(ledger: Ledger, run: RunRecord, lock: RunLock | None = None,
+                       shown: int | None = None) -> RunReport:
     """`lock`: the pipeline's, when the run may be recorded as running (`gcis-etl report`), to tell one killed
-    without a trace from a live one; a harvest reporting its own finished run has no need of it."""
+    without a trace from a live one; a harvest reporting its own finished run has no need of it. `shown`: only
+    the first so many problems are read (a migration's run may have failed 100,000 items), and how many there
+    are; None: all of them, for the report's files and its JSON."""
     run, gone = _unless_gone(ledger, run, lock) if lock else (run, False)
     took = datetime.fromisoformat(run.finished) - datetime.fromisoformat(run.started) if run.finished else None
-    problems = [item for name in PROBLEMS for item in ledger.run_items(run.run_id, name)]
+    problems: list[RunItem] = []
+    for name in PROBLEMS:
+        problems += ledger.run_items(run.run_id, name, limit=-1 if shown is None else shown - len(problems))
+    total = None if shown is None else sum(ledger.recorded_counts(run.run_id)[name] for name in PROBLEMS)
     warned = [Warned(i.object_id, i.item_id, i.warnings) for i in ledger.run_items(run.run_id, "deposited", True)]
     warned += [Warned(m.object_id, MANIFEST, m.warnings) for m in ledger.manifest_warnings(run.run_id)]
     return RunReport(pipeline=run.pipeline, run_id=run.run_id, status=run.status, started=run.started,
                      finished=run.finished, since=run.since, until=run.until, checkpoint_after=run.checkpoint_after,
                      counts=ledger.counts_so_far(run), manifests=run.manifests, note=run.note,
                      seconds=took.total_seconds() if took else None, process_gone=gone,
-                     problems=problems, warned=warned)
+                     problems=problems, problems_total=total, warned=warned)
 
 
 def _unless_gone(ledger: Ledger, run: RunRecord, lock: RunLock) -> tuple[RunRecord, bool]:
@@ -271,11 +279,11 @@ def pipeline_status(ledger: Ledger, pipeline: str, lock: RunLock, shown: int | N
     limit = -1 if shown is None else shown
     problems = [Problem(r.object_id, r.item_id, r.status, r.attempts, r.reason)
                 for status in ("failed", "rejected") for r in ledger.items(pipeline, status=status, limit=limit)]
-    manifests = ledger.manifest_problems(pipeline)  # one at most per object: all read, to count them
-    problems += [Problem(m.object_id, MANIFEST, "rejected", 0, m.reason) for m in manifests[:shown]]
+    problems += [Problem(m.object_id, MANIFEST, "rejected", 0, m.reason)
+                 for m in ledger.manifest_problems(pipeline, limit)]
     items = ledger.counts(pipeline)
     totals = {"failed": items.get("failed", 0), "rejected": items.get("rejected", 0),
-              "rejected_manifests": len(manifests)}
+              "rejected_manifests": ledger.manifest_problems_count(pipeline)}
     return PipelineStatus(pipeline, checkpoint.isoformat() if checkpoint else None, items, run,
                           ledger.counts_so_far(run) if run else {}, problems, gone, ledger.superseded_count(pipeline),
                           totals)

@@ -17,7 +17,7 @@ from gcis_etl.config import load_config
 from gcis_etl.harvesting import harvest
 from gcis_etl.ledger import Ledger
 from gcis_etl.locks import pipeline_lock
-from gcis_etl.reports import pipeline_status
+from gcis_etl.reports import SHOWN, pipeline_status, report_from_ledger
 from gcis_etl.work import ItemResult, Outcome
 from tests.conftest import CORPUS
 
@@ -158,6 +158,54 @@ def test_status_says_how_many_problems_it_leaves_out_and_lists_them_all_with_all
     assert "the first 10 of each kind" in cli(site, "status", "--help").stdout
 
 
+def rows_read(ledger: Ledger) -> list:
+    """Grows by one for each row the ledger's queries hand over from now on (sqlite3 passes each to the
+    connection's row factory)."""
+    rows: list = []
+    ledger.db.row_factory = lambda cursor, row: rows.append(row) or row
+    return rows
+
+
+def test_status_counts_thousands_of_rejected_manifests_without_reading_them(site):
+    cfg = load_config(site / "config.yaml")
+    with Ledger.open(cfg) as ledger:
+        run_id = ledger.begin_run("p", None, None, {})
+        for i in range(5000):
+            ledger.reject_manifest(run_id, "p", f"o{i:04d}", f"reason {i}")
+        ledger.finish_run(run_id, "completed", {}, 0, None)
+    text = cli(site, "status").stdout
+    assert [line for line in text.splitlines() if "/(manifest)" in line] == [
+        f"  rejected: o{i:04d}/(manifest) (attempts 0): reason {i}" for i in range(10)], text
+    assert text.endswith("\n  ... and 4990 more rejected manifests (gcis-etl status p --all lists them all)\n")
+    shown = json.loads(cli(site, "status", "--json").stdout)
+    assert len(shown["problems"]) == 10
+    assert shown["problems_total"] == {"failed": 0, "rejected": 0, "rejected_manifests": 5000}
+    assert len(json.loads(cli(site, "status", "--all", "--json").stdout)["problems"]) == 5000
+    with Ledger.open(cfg, read_only=True) as ledger:
+        read = rows_read(ledger)
+        state = pipeline_status(ledger, "p", pipeline_lock(cfg.state_dir, "p"))
+    assert state.problems_total["rejected_manifests"] == 5000 and len(state.problems) == 10
+    assert len(read) < 50  # the first 10 and a count, not 5,000 rows
+
+
+def test_the_report_of_a_run_with_thousands_of_problems_reads_only_those_it_shows(site):
+    cfg = load_config(site / "config.yaml")
+    with Ledger.open(cfg) as ledger:
+        run_id = record_problems(ledger, rejected=3, failed=4997)
+    with Ledger.open(cfg, read_only=True) as ledger:
+        run = ledger.run(run_id)
+        whole = report_from_ledger(ledger, run)
+        read = rows_read(ledger)
+        first = report_from_ledger(ledger, run, shown=SHOWN)
+    assert len(read) < 50 and len(first.problems) == SHOWN and len(whole.problems) == 5000
+    assert first.summary() == whole.summary()
+    assert f"  ... and 4990 more (gcis-etl report {run_id} --json lists them all)" in whole.summary()
+    shown = cli(site, "report", str(run_id))
+    assert shown.returncode == 1 and shown.stdout == whole.summary() + "\n", shown.stdout + shown.stderr
+    as_json = json.loads(cli(site, "report", str(run_id), "--json").stdout)
+    assert as_json == json.loads(json.dumps(whole.to_dict())) and len(as_json["problems"]) == 5000
+
+
 def test_the_report_of_a_run_that_wrote_no_csv_says_where_all_its_problems_are(site):
     with Ledger.open(load_config(site / "config.yaml")) as ledger:
         run_id = record_problems(ledger, rejected=12, failed=0, finish=False)  # killed: no report files
@@ -167,6 +215,52 @@ def test_the_report_of_a_run_that_wrote_no_csv_says_where_all_its_problems_are(s
 
 
 # -------------------------------------------------------------------------- F1: a ledger that cannot open
+
+CUT_SHORT = """
+import sys, time
+from gcis_etl.config import load_config
+from gcis_etl.ledger import Ledger
+ledger = Ledger.open(load_config(sys.argv[1]))
+ledger.db.execute("PRAGMA cache_size=10")  # its pages spill into the file; the journal keeps the committed ones
+ledger.db.execute("BEGIN IMMEDIATE")
+ledger.db.execute("UPDATE runs SET note='never committed'")
+ledger.db.executemany("INSERT INTO run_items (run_id, object_id, item_id, outcome, at) VALUES (1, ?, 'm', 'failed', 't')",
+                      [(f"x{i:05d}" + "-" * 200,) for i in range(5000)])
+print("writing", flush=True)
+time.sleep(300)
+"""
+
+
+@pytest.mark.parametrize("journal_mode", ["delete", "truncate"])
+def test_a_write_cut_short_is_rolled_back_by_status_and_report_and_a_dry_run_says_what_to_do(site, journal_mode):
+    """A harvest killed in the middle of a write leaves a hot journal a read-only connection may not roll back
+    (WAL mode has none: its readers skip what was not committed)."""
+    write_config(site, "masters", ledger={"journal_mode": journal_mode})
+    assert cli(site, "harvest").returncode == 0
+    writer = subprocess.Popen([sys.executable, "-c", CUT_SHORT, str(site / "config.yaml")], stdout=subprocess.PIPE,
+                              text=True, cwd=site)
+    assert writer.stdout.readline() == "writing\n"
+    writer.kill()  # SIGKILL
+    writer.wait()
+    ledger, journal = site / "state/ledger.sqlite", site / "state/ledger.sqlite-journal"
+    assert journal.stat().st_size > 0
+    before = files_under(site), ledger.read_bytes(), journal.read_bytes()
+    planned = cli(site, "harvest", "--dry-run")
+    assert planned.returncode == 2 and "Traceback" not in planned.stderr, planned.stdout + planned.stderr
+    assert (f"ledger {ledger}: a write to it was cut short (a process killed?) and left ledger.sqlite-journal beside "
+            "it; a dry run changes nothing, so cannot roll that back: run `gcis-etl status` once (or let the next "
+            "harvest do it), then run this again (what was committed is kept)") in planned.stderr
+    assert (files_under(site), ledger.read_bytes(), journal.read_bytes()) == before
+    status = cli(site, "status")
+    assert status.returncode == 0 and "last run: 1 completed" in status.stdout, status.stdout + status.stderr
+    assert not journal.exists()
+    assert cli(site, "report", "1").stdout.startswith("p: run 1 completed: 2 deposited, 0 skipped, 0 rejected")
+    assert cli(site, "harvest", "--dry-run").returncode == 0
+    with Ledger.open(load_config(site / "config.yaml"), read_only=True) as kept:
+        assert kept.db.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+        assert kept.run(1).note is None and kept.counts("p")["deposited"] == 2
+        assert sorted(i.object_id for i in kept.run_items(1)) == ["a", "b"]
+
 
 @pytest.mark.parametrize("command", [("harvest",), ("harvest", "--dry-run"), ("status",), ("report",),
                                      ("retry", "p")])

@@ -178,10 +178,11 @@ def demo(ctx: click.Context) -> None:
 
 def _ledger_to_read(cfg):
     """The ledger opened read-only: looking changes nothing, not even by creating it (a missing ledger reads as
-    empty); one that cannot be read is a configuration error (exit 2), in one line rather than a traceback."""
+    empty), but a write cut short is rolled back, as the next harvest would (Ledger: recover); one that cannot be
+    read is a configuration error (exit 2), in one line rather than a traceback."""
     from gcis_etl.ledger import Ledger
     try:
-        return Ledger.open(cfg, read_only=True)
+        return Ledger.open(cfg, read_only=True, recover=True)
     except ConfigError as exc:
         fail_config(exc)
 
@@ -272,7 +273,7 @@ def report(ctx: click.Context, run_id: int | None, pipeline: str | None, as_json
       gcis-etl report 42 --json | jq '.warned[] | .warnings[]'
     """
     from gcis_etl.locks import pipeline_lock
-    from gcis_etl.reports import report_from_ledger, with_written_files
+    from gcis_etl.reports import SHOWN, report_from_ledger, with_written_files
     cfg = _config(ctx)
     if pipeline is not None:
         _pipelines(cfg, (pipeline,))
@@ -283,8 +284,8 @@ def report(ctx: click.Context, run_id: int | None, pipeline: str | None, as_json
                                    f"no run of {pipeline} recorded yet" if pipeline else "no run recorded yet")
         if pipeline is not None and run.pipeline != pipeline:
             raise click.UsageError(f"run {run_id} is a run of {run.pipeline}, not of {pipeline}")
-        result = with_written_files(report_from_ledger(ledger, run, pipeline_lock(cfg.state_dir, run.pipeline)),
-                                    cfg.reports_dir)
+        read = report_from_ledger(ledger, run, pipeline_lock(cfg.state_dir, run.pipeline), None if as_json else SHOWN)
+        result = with_written_files(read, cfg.reports_dir)
     click.echo(json.dumps(result.to_dict(), indent=2) if as_json else result.summary())
     sys.exit(result.exit_code)
 
