@@ -273,7 +273,7 @@ class MigrationContext:
             with self.ledger() as ledger:  # what the run settled before it crashed counts too
                 for crashed in ledger.runs(name, limit=1):
                     if crashed.run_id > last:
-                        self.report.add_run(report_from_ledger(ledger, crashed))
+                        self.report.add_run(report_from_ledger(ledger, crashed, shown=self.report.SHOWN))
             raise
         finally:
             progress.clear()
