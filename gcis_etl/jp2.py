@@ -29,6 +29,7 @@ GROK_PLT_WITH_RATES = ("grk_compress 10.0.5 segfaults when PLT markers (-L) are 
 GROK_SOP_WITH_TILE_PARTS = ("grk_compress 10.0.5 numbers the packets' SOP markers wrongly when tile-parts are split "
                             "(-u), and Grok's own decoder then reads the file as garbage: SOP markers dropped")
 _SECONDS_BASE, _SECONDS_PER_MEGAPIXEL = 120.0, 4.0  # opj_compress runs at ~4 MP/s: a wide margin
+ENCODED_SHARE = 20  # a lossy JP2 is about a tenth of its uncompressed input or more: a twentieth is a floor
 # Bytes a codestream spends besides coded data (main header; per tile-part; per packet: SOP 6 + EPH 2 + a
 # packet header). A layer whose byte budget is near this total cannot be met: grk_compress 10.0.5 gives up
 # ("failed to compress image") and opj_compress spends it on markers (14.9 dB on 64x56). So every layer gets
@@ -239,10 +240,11 @@ def run_encoder(argv: tuple[str, ...], timeout: float) -> None:
         lines = [ln for ln in (proc.stderr + proc.stdout).splitlines() if ln.strip()]
         failed = ConversionFailed(f"{tool} failed (exit {proc.returncode}): "
                                   f"{lines[-1].strip() if lines else 'no output'}")
-        # the encoders remove an output they could not finish, and say nothing of the disk: theirs is at most
-        # about the size of their uncompressed input
-        raise isolation.disk_refusal(failed, output.parent, needs=Path(argv[argv.index("-i") + 1]).stat().st_size) \
-            or failed
+        # The encoders remove an output they could not finish, and say nothing of the disk. Its room is judged by
+        # what even a lossy output would take (ENCODED_SHARE of the input): an encoder that fails for its own
+        # reasons (memory) on a big master must not pass for a full disk, which stops every run.
+        needs = max(isolation.DISK_MARGIN, Path(argv[argv.index("-i") + 1]).stat().st_size // ENCODED_SHARE)
+        raise isolation.disk_refusal(failed, output.parent, needs=needs) or failed
 
 
 @dataclass(frozen=True)

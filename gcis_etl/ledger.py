@@ -312,15 +312,17 @@ def _read_only(path: Path, busy_timeout_seconds: float, recover: bool) -> sqlite
     except sqlite3.OperationalError as exc:
         if exc.sqlite_errorname != "SQLITE_READONLY_ROLLBACK":
             raise
+    todo = "a dry run changes nothing, so cannot roll that back: run `gcis-etl status` once"
     if recover:
         try:
             _opened(uri + "?mode=rw", busy_timeout_seconds).close()
             return _opened(uri + "?mode=ro", busy_timeout_seconds)
         except sqlite3.OperationalError as exc:
-            if not exc.sqlite_errorname.startswith("SQLITE_READONLY"):  # the file is not ours to write
+            if exc.sqlite_errorname.startswith("SQLITE_BUSY"):  # a harvest writes it now: busy_timeout's message
                 raise
-    todo = "this user may not write it to roll that back: run `gcis-etl status` once as one who may" if recover \
-        else "a dry run changes nothing, so cannot roll that back: run `gcis-etl status` once"
+            # read-only file, or a folder where the journal cannot be deleted (SQLITE_IOERR_DELETE, CANTOPEN)
+            todo = (f"this user may not write it and its folder to roll that back ({exc}): run `gcis-etl status` "
+                    f"once as one who may")
     raise LedgerError(f"ledger {path}: a write to it was cut short (a process killed?) and left "
                       f"{path.name}-journal beside it; {todo} (or let the next harvest do it), then run this again "
                       f"(what was committed is kept)")

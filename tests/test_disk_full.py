@@ -15,7 +15,9 @@ import pytest
 import tifffile
 
 from gcis_etl.conversion import convert
+from gcis_etl.errors import ConversionFailed, DiskFull
 from gcis_etl.isolation import IsolatedProcess
+from gcis_etl.jp2 import run_encoder
 from gcis_etl.models import Status
 from tests.conftest import CORPUS
 from tests.harvests import peek
@@ -73,8 +75,31 @@ def test_an_encoder_that_runs_out_of_scratch_is_the_disks_failure(tmp_path, monk
 
     assert (result.status, result.disk_full) == (Status.FAILED, True), result.reason
     assert result.reason.startswith(f"cannot write {scratch}: grk_compress failed (exit 1): "), result.reason
-    assert result.reason.endswith("failed to compress image (0.0 MB free there, up to 1.2 MB needed): free space "
+    assert result.reason.endswith("failed to compress image (0.0 MB free there, up to 1.0 MB needed): free space "
                                   "on its filesystem (the system temp dir: TMPDIR sets where it is)"), result.reason
+
+
+def test_an_encoder_failing_for_its_own_reasons_on_a_big_master_is_not_taken_for_a_full_disk(tmp_path):
+    """A disk with room for any output but not for a second copy of the uncompressed input: the encoder's failure
+    (memory, a bug) is the item's, counted, not a full disk that would stop every run on the same item. The
+    encoder is a stand-in that fails as grk_compress does; its input a sparse 1 GB file (its output: at most a
+    twentieth of that, 51 MB, against 64 MB free)."""
+    big = tmp_path / "tiny-64m"
+    big.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(big)], check=True)
+    try:
+        reference = tmp_path / "normalised-srgb.tif"
+        with open(reference, "wb") as f:
+            f.truncate(1 << 30)
+        encoder = tmp_path / "grk_compress"
+        encoder.write_text("#!/bin/sh\necho '[error] failed to compress image' >&2\nexit 1\n")
+        encoder.chmod(0o755)
+        with pytest.raises(ConversionFailed) as failed:
+            run_encoder((str(encoder), "-i", str(reference), "-o", str(big / "encoded.jp2")), timeout=30)
+    finally:
+        subprocess.run(["umount", str(big)], check=True)
+    assert not isinstance(failed.value, DiskFull)
+    assert str(failed.value) == "grk_compress failed (exit 1): [error] failed to compress image"
 
 
 def test_exiftool_that_cannot_write_its_metadata_carrier_in_scratch_is_the_disks_failure(tiny, tmp_path,
