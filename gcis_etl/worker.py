@@ -29,6 +29,7 @@ import shutil
 import signal
 import socket
 import sys
+import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -46,6 +47,7 @@ from gcis_etl.work import ItemResult, ItemTask, Outcome, RecipeCache, Worker
 
 log = logging.getLogger(__name__)
 
+UNMARK_SECONDS = 5.0  # for taking a SENT marker back after a failed send (CeleryExecutor._unmark)
 SENT = "SENT"  # our own state: written before a task is published, so that its disappearance shows a loss
 _CHECK_RETRIES = 2  # the broker's connection before a run: a restart of a few seconds is ridden out
 
@@ -346,13 +348,24 @@ class CeleryExecutor:
     def _unmark(self, task_id: str) -> None:
         """A marker with no message behind it would hold the task back for twice visibility_timeout_seconds on
         the next run; without it, the next run sends the task at once. The error that stopped the send is what
-        the caller must see, not this one."""
-        try:
-            self.app.backend.forget(task_id)
-        except Exception as exc:
-            log.warning("task %s: its %s marker could not be removed (%s: %s); the next run sends it again only "
-                        "after %g s", task_id, SENT, type(exc).__name__, scrub(str(exc)),
-                        2 * self.settings.visibility_timeout_seconds)
+        the caller must see, not this one, and at once (a second Ctrl-C): a result backend that stalls with the
+        broker is given UNMARK_SECONDS, in a thread of its own, rather than its socket timeout (2 min)."""
+        failures: list[str] = []
+
+        def forget() -> None:
+            try:
+                self.app.backend.forget(task_id)
+            except Exception as exc:
+                failures.append(f"{type(exc).__name__}: {scrub(str(exc))}")
+
+        remover = threading.Thread(target=forget, name="gcis-unmark", daemon=True)
+        remover.start()
+        remover.join(UNMARK_SECONDS)
+        if remover.is_alive():
+            failures.append(f"no answer within {UNMARK_SECONDS:g} s")
+        if failures:
+            log.warning("task %s: its %s marker could not be removed (%s); the next run sends it again only after "
+                        "%g s", task_id, SENT, failures[0], 2 * self.settings.visibility_timeout_seconds)
 
     def _poll(self) -> list[tuple[str, ItemResult]]:
         """The tasks that finished since the last look, with their outcomes; lost ones are sent again."""

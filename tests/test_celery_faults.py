@@ -27,7 +27,7 @@ from gcis_etl.errors import GcisError
 from gcis_etl.ledger import Ledger
 from gcis_etl.verification import verify
 from gcis_etl.work import Outcome
-from gcis_etl.worker import CeleryExecutor, celery_app, celery_task_id
+from gcis_etl.worker import UNMARK_SECONDS, CeleryExecutor, celery_app, celery_task_id
 from tests.broker import (Pool, RedisServer, assert_no_stray_conversion_children, expected_outcome, make_masters,
                           minio_env, pool_config, run_all, s3_store, slow_master, tasks_of)
 from tests.harvests import GCIS
@@ -356,3 +356,21 @@ def test_a_marker_the_result_backend_cannot_remove_is_logged_and_the_interrupt_s
             executor.submit(task)
     executor.close()
     assert f"task {celery_task_id(task)}: its SENT marker could not be removed (ConnectionError: " in caplog.text
+
+
+def test_a_marker_the_stalled_result_backend_does_not_take_back_does_not_hold_the_interrupt(
+        tmp_path, redis_server, caplog):
+    """The broker and the result backend (one Redis host) both stall: the second Ctrl-C reaches the caller once
+    the removal has waited UNMARK_SECONDS, not after the backend's socket timeout (2 min), and says so."""
+    pid = redis_server.proc.pid
+    with socket.create_server(("127.0.0.1", 0)) as silent:
+        executor, task = _executor_on(tmp_path, redis_server, f"redis://127.0.0.1:{silent.getsockname()[1]}/0")
+        try:
+            with pytest.raises(Interrupted), _second_ctrl_c_in(1.0, before=lambda: os.kill(pid, signal.SIGSTOP)):
+                executor.submit(task)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+    executor.close()
+    assert (f"task {celery_task_id(task)}: its SENT marker could not be removed (no answer within "
+            f"{UNMARK_SECONDS:g} s)") in caplog.text
+
