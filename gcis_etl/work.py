@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import shutil
+import socket
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field, replace
@@ -225,12 +226,17 @@ class Worker:
     def _process(self, task: ItemTask, base: ItemResult) -> ItemResult:
         from gcis_etl.conversion import convert
         pipeline = self.pipelines[task.pipeline] if task.pipeline in self.pipelines else None
+        # A worker deployed apart from the harvest's configuration fails every item alike: the run stops
+        redeploy = "restart the workers with the config.yaml and recipes the harvest uses (a worker reads them when " \
+                   "it starts), then run again"
         if pipeline is None:
-            return replace(base, reason=f"pipeline {task.pipeline!r} is not in this worker's configuration")
+            return _stops_run(base, f"pipeline {task.pipeline!r} is not in the configuration of the worker on "
+                                    f"{socket.gethostname()}", redeploy, transient=False)
         recipe = self._recipes.of(task)
         if recipe.digest != task.recipe_digest:
-            return replace(base, reason=f"recipe {task.recipe!r} here has digest {recipe.digest}, the task was "
-                                        f"planned with {task.recipe_digest}: deploy the same recipes everywhere")
+            return _stops_run(base, f"recipe {task.recipe!r} on the worker on {socket.gethostname()} has digest "
+                                    f"{recipe.digest}, the task was planned with {task.recipe_digest}", redeploy,
+                              transient=False)
         store = pipeline.store
         try:
             key = store.keys.image_key(task.pipeline, task.object_id, task.item.id, task.item.sequence,

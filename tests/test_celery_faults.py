@@ -26,7 +26,7 @@ from gcis_etl.config import load_config
 from gcis_etl.errors import GcisError
 from gcis_etl.ledger import Ledger
 from gcis_etl.verification import verify
-from gcis_etl.work import Outcome
+from gcis_etl.work import Outcome, Worker
 from gcis_etl.worker import UNMARK_SECONDS, CeleryExecutor, celery_app, celery_task_id
 from tests.broker import (Pool, RedisServer, assert_no_stray_conversion_children, expected_outcome, make_masters,
                           minio_env, pool_config, run_all, s3_store, slow_master, tasks_of)
@@ -216,7 +216,8 @@ def test_transient_failures_are_retried_with_backoff_and_nothing_else_is(pool, m
     executor.close()
 
     assert gave_up[first.item.id].outcome is Outcome.FAILED and not gave_up[first.item.id].transient
-    assert "deploy the same recipes everywhere" in gave_up[first.item.id].reason
+    assert gave_up[first.item.id].stops_run
+    assert f"the task was planned with {'0' * 16}: restart the workers" in gave_up[first.item.id].reason
     assert gave_up[second.item.id].outcome is Outcome.FAILED and gave_up[second.item.id].transient
     assert gave_up[second.item.id].reason.startswith("depositing: ")
     second_retries = re.escape(f"{second.object_id}/{second.item.id}: depositing: ") + r".*; retry (\d) of 2 in 1 s"
@@ -373,4 +374,22 @@ def test_a_marker_the_stalled_result_backend_does_not_take_back_does_not_hold_th
     executor.close()
     assert (f"task {celery_task_id(task)}: its SENT marker could not be removed (no answer within "
             f"{UNMARK_SECONDS:g} s)") in caplog.text
+
+
+def test_a_worker_started_before_its_pipeline_was_added_stops_the_run_and_counts_no_attempt(tmp_path):
+    """Workers read config.yaml when they start: a pipeline added since is unknown to them. Every item would
+    fail alike, each spending an attempt (after max_attempts runs, a whole backlog waiting for `retry`)."""
+    masters = make_masters(tmp_path / "masters", objects=1, per_object=1)
+    config = load_config(pool_config(tmp_path / "config.yaml", masters=masters, broker_url="redis://127.0.0.1:1/0",
+                                     store={"kind": "local", "root": str(tmp_path / "store")}))
+    started_before = Worker({}, tmp_path / "scratch")
+    try:
+        result = started_before.process(tasks_of(config.pipeline("demo"))[0])
+    finally:
+        started_before.close()
+    assert (result.outcome, result.stops_run, result.transient) == (Outcome.FAILED, True, False)
+    assert result.reason == (f"pipeline 'demo' is not in the configuration of the worker on {socket.gethostname()}: "
+                             "restart the workers with the config.yaml and recipes the harvest uses (a worker reads "
+                             "them when it starts), then run again (no item's attempt was counted)")
+    assert not (tmp_path / "store").exists()
 
