@@ -49,6 +49,7 @@ log = logging.getLogger(__name__)
 
 UNMARK_SECONDS = 5.0  # for taking a SENT marker back after a failed send (CeleryExecutor._unmark)
 SENT = "SENT"  # our own state: written before a task is published, so that its disappearance shows a loss
+WORKER_PING_SECONDS = 2.0  # for a worker to answer before a run (CeleryExecutor.check)
 _CHECK_RETRIES = 2  # the broker's connection before a run: a restart of a few seconds is ridden out
 
 
@@ -267,11 +268,16 @@ class CeleryExecutor:
 
     def check(self) -> None:
         """The broker and the result backend answer (within a few tries): otherwise the run stops before its
-        first item rather than after outage_retries on it."""
+        first item rather than after outage_retries on it. No worker answering is only said (workers may be
+        started on demand, by the queue's length): otherwise the run would wait, in silence, for ever."""
         with self._reachable("no task was sent"):
             with self.app.connection_for_write() as connection:
                 connection.ensure_connection(max_retries=_CHECK_RETRIES)
             self.app.backend.client.ping()
+            answered = self.app.control.ping(timeout=WORKER_PING_SECONDS, limit=1)
+        if not answered:
+            log.warning("no Celery worker answered within %g s: the tasks wait in their queue until one starts "
+                        "(celery -A gcis_etl.worker worker, with this config.yaml)", WORKER_PING_SECONDS)
 
     def submit(self, task: ItemTask) -> list[ItemResult]:
         with self._reachable("tasks already sent keep running on the workers"):

@@ -4,6 +4,7 @@ exactly once, with nothing half-written in the store."""
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import re
 import signal
@@ -27,7 +28,7 @@ from gcis_etl.errors import GcisError
 from gcis_etl.ledger import Ledger
 from gcis_etl.verification import verify
 from gcis_etl.work import Outcome, Worker
-from gcis_etl.worker import UNMARK_SECONDS, CeleryExecutor, celery_app, celery_task_id
+from gcis_etl.worker import UNMARK_SECONDS, WORKER_PING_SECONDS, CeleryExecutor, celery_app, celery_task_id
 from tests.broker import (Pool, RedisServer, assert_no_stray_conversion_children, expected_outcome, make_masters,
                           minio_env, pool_config, run_all, s3_store, slow_master, tasks_of)
 from tests.harvests import GCIS
@@ -392,4 +393,21 @@ def test_a_worker_started_before_its_pipeline_was_added_stops_the_run_and_counts
                              "restart the workers with the config.yaml and recipes the harvest uses (a worker reads "
                              "them when it starts), then run again (no item's attempt was counted)")
     assert not (tmp_path / "store").exists()
+
+
+def test_a_run_with_no_worker_answering_says_so_before_its_first_task(pool, caplog):
+    """Without a worker the tasks wait in the queue for ever: the run used to say nothing for a minute, then only
+    "4 items in flight", every minute. With one started, nothing is said."""
+    config = pool.config("ping")
+    settings = load_config(config)
+    caplog.set_level(logging.WARNING)
+    executor = CeleryExecutor({"demo": settings.pipeline("demo")}, 4, Path("unused"), settings.celery)
+    executor.check()
+    nobody = f"no Celery worker answered within {WORKER_PING_SECONDS:g} s: the tasks wait in their queue"
+    assert nobody in caplog.text
+    caplog.clear()
+    pool.start("w1", config)
+    executor.check()
+    executor.close()
+    assert nobody not in caplog.text
 
