@@ -43,6 +43,7 @@ from gcis_etl.config import Config, load_config
 from gcis_etl.distributed import OUTAGE_RETRY_CEILING_SECONDS, TASK_NAME, CelerySettings, TaskRetry, redacted
 from gcis_etl.errors import ConfigError, GcisError
 from gcis_etl.pipelines import Pipeline
+from gcis_etl.reports import counted
 from gcis_etl.work import ItemResult, ItemTask, Outcome, RecipeCache, Worker
 
 log = logging.getLogger(__name__)
@@ -322,8 +323,8 @@ class CeleryExecutor:
         if not self._unreachable:
             self._forget_handed()
         if self._flights:
-            log.warning("%d tasks still in flight: their outcomes stay in the result backend for %g hours",
-                        len(self._flights), self.settings.result_expires_hours)
+            log.warning("%s still in flight: their outcomes stay in the result backend for %g hours",
+                        counted(len(self._flights), "task"), self.settings.result_expires_hours)
         self.app.close()
 
     def _send(self, task_id: str, flight: _InFlight) -> None:
