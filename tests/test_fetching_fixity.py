@@ -36,7 +36,8 @@ def test_a_fixity_in_a_source_spelling_is_verified_and_says_nothing(tmp_path):
     fetched = fetch(tmp_path, fixity("SHA-256", hashlib.sha256(DATA).hexdigest().upper()))
     assert fetched.fixity_verified and fetch_warnings(fetched) == ()
     with pytest.raises(FetchIntegrityError, match="sha256 .* does not match the source's fixity"):
-        fetch(tmp_path / "again", fixity("SHA-256", hashlib.sha256(DATA).hexdigest()), DATA[:-1] + b"\0")
+        fetch(tmp_path / "again", fixity("SHA-256", hashlib.sha256(DATA).hexdigest()),
+              DATA[:-1] + bytes([DATA[-1] ^ 0xFF]))
 
 
 def test_a_fixity_that_cannot_be_checked_is_reported_not_passed_as_verified(tmp_path):
