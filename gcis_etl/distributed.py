@@ -89,6 +89,9 @@ class CelerySettings(Settings):
     restore_check_seconds: int = Field(
         60, gt=0, description="Redis: how often workers look for tasks of vanished workers")
     poll_seconds: float = Field(0.25, gt=0, description="how often the orchestrator checks outcomes")
+    worker_check_seconds: float = Field(
+        60, gt=0, description="a task running this long without news has its worker asked whether it still runs "
+                              "it; not answering or not running it twice in a row, the task is sent again")
     max_resends: int = Field(5, ge=0, description="times a task the broker lost is sent again before it fails")
     sentinel_master_name: str | None = Field(
         None, min_length=1, description="with sentinel:// URLs: the master the Sentinels monitor "

@@ -50,7 +50,7 @@ log = logging.getLogger(__name__)
 
 UNMARK_SECONDS = 5.0  # for taking a SENT marker back after a failed send (CeleryExecutor._unmark)
 SENT = "SENT"  # our own state: written before a task is published, so that its disappearance shows a loss
-WORKER_PING_SECONDS = 2.0  # for a worker to answer before a run (CeleryExecutor.check)
+WORKER_PING_SECONDS = 2.0  # for a worker to answer, before a run or when asked about a quiet task
 _CHECK_RETRIES = 2  # the broker's connection before a run: a restart of a few seconds is ridden out
 
 
@@ -237,6 +237,8 @@ class _InFlight:
     progress: tuple[str, str]  # state and its details (a redelivered task is STARTED by another process)
     since: float               # last send or progress (monotonic)
     sends: int = 0
+    asked: float = 0.0         # when its worker was last asked whether it runs the task (monotonic)
+    unheld: int = 0            # answers in a row that it does not (no answer counts as one)
 
 
 class CeleryExecutor:
@@ -247,10 +249,11 @@ class CeleryExecutor:
     running is waited for; an outcome is forgotten once handed over (the caller has recorded it), so that a
     deliberate re-run gets a fresh task. A task the broker lost is sent again under the same id: at once when
     our SENT marker is gone too (a Redis restart without persistence empties queue and results alike), after
-    twice visibility_timeout_seconds without progress otherwise (a task whose worker vanished is redelivered by
-    the broker before that). A send that raised takes its marker back, so the next run sends the task at once,
-    also when the message went out all the same. At worst a task runs twice, and the second run finds the
-    first's output in the store.
+    twice visibility_timeout_seconds without progress otherwise. A task STARTED by a worker that no longer runs
+    it is sent again once its worker, asked twice worker_check_seconds apart, did not answer or did not hold
+    it: Redis redelivers the task of a vanished worker only after visibility_timeout_seconds (2 h). A send that
+    raised takes its marker back, so the next run sends the task at once, also when the message went out all
+    the same. At worst a task runs twice, and the second run finds the first's output in the store.
     """
 
     _RUNNING = frozenset({SENT, "RECEIVED", "STARTED", "RETRY"})
@@ -350,6 +353,7 @@ class CeleryExecutor:
             self._unmark(task_id)
             raise
         flight.progress, flight.since, flight.sends = (SENT, "None"), time.monotonic(), flight.sends + 1
+        flight.asked, flight.unheld = flight.since, 0
         self._flights[task_id] = flight
 
     def _unmark(self, task_id: str) -> None:
@@ -378,13 +382,16 @@ class CeleryExecutor:
         """The tasks that finished since the last look, with their outcomes; lost ones are sent again."""
         self._last_poll = now = time.monotonic()
         patience = 2 * self.settings.visibility_timeout_seconds
-        done = []
+        done, quiet = [], {}
         for task_id, flight in list(self._flights.items()):
             meta = self.app.backend.get_task_meta(task_id)
             status = meta["status"]
             if status in self._RUNNING:
                 if _progress(meta) != flight.progress:
-                    flight.progress, flight.since = _progress(meta), now
+                    flight.progress, flight.since, flight.unheld = _progress(meta), now, 0
+                holder = status == "STARTED" and isinstance(meta["result"], dict) and meta["result"].get("hostname")
+                if holder and now - flight.asked >= self.settings.worker_check_seconds:
+                    quiet.setdefault(holder, []).append(task_id)
                 if now - flight.since < patience:
                     continue
             if status in self._RUNNING or status == "PENDING":
@@ -395,7 +402,32 @@ class CeleryExecutor:
             if result is not None:
                 del self._flights[task_id]
                 done.append((task_id, result))
+        for task_id, why in self._unheld(quiet, now).items():
+            result = self._resend(task_id, self._flights[task_id], why)
+            if result is not None:
+                del self._flights[task_id]
+                done.append((task_id, result))
         return done
+
+    def _unheld(self, quiet: dict[str, list[str]], now: float) -> dict[str, str]:
+        """Of the STARTED tasks by worker, those whose worker twice in a row did not answer or did not hold them,
+        and why. Twice: a task that ends between our read of its state and its worker's answer is not held
+        either, and the next poll finds its outcome; a worker that misses one answer is not taken for gone.
+        A worker holds a task from its delivery until its outcome is recorded."""
+        lost = {}
+        for hostname, task_ids in quiet.items():
+            held = self.app.control.inspect(destination=[hostname], timeout=WORKER_PING_SECONDS,
+                                            limit=1).query_task(*task_ids) or {}
+            for task_id in task_ids:
+                flight = self._flights.get(task_id)
+                if flight is None or flight.progress[0] != "STARTED":  # it was sent again above
+                    continue
+                flight.asked = now
+                flight.unheld = 0 if task_id in held.get(hostname, {}) else flight.unheld + 1
+                if flight.unheld >= 2:
+                    lost[task_id] = (f"started by {hostname}, which does not answer" if hostname not in held else
+                                     f"started by {hostname}, which no longer runs it")
+        return lost
 
     def _resend(self, task_id: str, flight: _InFlight, why: str) -> ItemResult | None:
         task = flight.task

@@ -146,6 +146,8 @@ class CeleryWorker:
     proc: subprocess.Popen | None = None
 
     def start(self, timeout: float = 60.0) -> None:
+        """Also a restart under the same name: only what this start logs tells it is ready."""
+        logged = self.log.stat().st_size if self.log.exists() else 0
         celery = str(Path(sys.executable).parent / "celery")
         cmd = [celery, "-A", "gcis_etl.worker", "worker", "-n", f"{self.name}@%h", "--loglevel", "INFO",
                "--logfile", str(self.log), "--without-mingle", "--without-gossip", *self.options]
@@ -154,7 +156,7 @@ class CeleryWorker:
             self.proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT,
                                          start_new_session=True, cwd=Path(__file__).parent.parent)
         deadline = time.monotonic() + timeout
-        while not (self.log.exists() and " ready." in self.log.read_text(errors="replace")):
+        while not (self.log.exists() and b" ready." in self.log.read_bytes()[logged:]):
             if self.proc.poll() is not None:
                 raise RuntimeError(f"worker {self.name} exited with {self.proc.returncode}:\n{self.log_text()}")
             if time.monotonic() > deadline:
