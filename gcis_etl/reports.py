@@ -257,7 +257,8 @@ class PipelineStatus:
                 lines.append(f"    {self.last_run.note}")
         for kind, total in self.problems_total.items():
             listed = [p for p in self.problems if problem_kind(p) == kind]
-            lines += [f"  {p.status}: {p.object_id}/{p.item_id} (attempts {p.attempts}): {p.reason}" for p in listed]
+            lines += [f"  {p.status}: {p.object_id}/{p.item_id}"
+                      f"{f' (attempts {p.attempts})' if p.status == 'failed' else ''}: {p.reason}" for p in listed]
             if total > len(listed):
                 lines.append(f"  ... and {total - len(listed)} more {kind.replace('_', ' ')} "
                              f"(gcis-etl status {self.pipeline} --all lists them all)")

@@ -147,6 +147,8 @@ def test_status_says_how_many_problems_it_leaves_out_and_lists_them_all_with_all
         record_problems(ledger, rejected=12, failed=11)
     text = cli(site, "status").stdout
     assert text.count("  rejected: ") == text.count("  failed: ") == 10, text
+    # attempts count toward max_attempts for failed items only: a rejected one is not tried again
+    assert "  rejected: o00/m: reason 0\n" in text and "  failed: o12/m (attempts 1): reason 12\n" in text
     assert "  ... and 2 more rejected (gcis-etl status p --all lists them all)" in text
     assert "  ... and 1 more failed (gcis-etl status p --all lists them all)" in text
     shown = json.loads(cli(site, "status", "--json").stdout)
@@ -175,7 +177,7 @@ def test_status_counts_thousands_of_rejected_manifests_without_reading_them(site
         ledger.finish_run(run_id, "completed", {}, 0, None)
     text = cli(site, "status").stdout
     assert [line for line in text.splitlines() if "/(manifest)" in line] == [
-        f"  rejected: o{i:04d}/(manifest) (attempts 0): reason {i}" for i in range(10)], text
+        f"  rejected: o{i:04d}/(manifest): reason {i}" for i in range(10)], text
     assert text.endswith("\n  ... and 4990 more rejected manifests (gcis-etl status p --all lists them all)\n")
     shown = json.loads(cli(site, "status", "--json").stdout)
     assert len(shown["problems"]) == 10

@@ -380,7 +380,7 @@ def test_status_shows_a_rejected_manifest_until_a_later_run_publishes_it(site):
     assert len(problems) == 1, status.stdout
     problem = problems[0]
     assert (problem["object_id"], problem["item_id"], problem["status"]) == ("print-2", "(manifest)", "rejected")
-    assert f"rejected: print-2/(manifest) (attempts 0): {problem['reason']}" in cli(site, "status").stdout
+    assert f"rejected: print-2/(manifest): {problem['reason']}" in cli(site, "status").stdout
     with Ledger.open(cfg) as ledger:
         assert pipeline_status(ledger, "museum", pipeline_lock(cfg.state_dir, "museum")).to_dict() \
             == json.loads(status.stdout)
