@@ -56,8 +56,9 @@ class SearchSettings(Settings):
     page_size: int = Field(100, ge=1, le=10000)
     load_type: str = "system"
     level_of_detail: str = "slim"
-    shift_check: bool = Field(True, description="total_hit_count changing between pages holds the run's checkpoint "
-                                                "(turn off only if the server's count is an estimate)")
+    shift_check: bool = Field(True, description="total_hit_count changing between pages, or an empty page short of "
+                                                "it, holds the run's checkpoint (turn off only if the server's count "
+                                                "is an estimate)")
 
     @model_validator(mode="after")
     def _pair(self) -> "SearchSettings":
@@ -224,10 +225,12 @@ class OtmmSource:
                     self._login()
 
     def _relogin(self, response: requests.Response) -> None:
-        """Called on 401: log in again unless another thread already did since this request was sent."""
-        if self._token is None or self._token in (response.request.headers.get("otmmauthtoken"),
-                                                  response.request.headers.get("Authorization", "").rpartition(" ")[2]):
-            with self._login_lock:
+        """Called on 401: log in again unless another thread already did since this request was sent (asked under
+        the lock, where a login under way has finished: parallel downloads on one expired session log in once)."""
+        sent = (response.request.headers.get("otmmauthtoken"),
+                response.request.headers.get("Authorization", "").rpartition(" ")[2])
+        with self._login_lock:
+            if self._token is None or self._token in sent:
                 self._login()
 
     def _login(self) -> None:
@@ -241,10 +244,11 @@ class OtmmSource:
             register(token)
             self.http.headers["Authorization"] = f"Bearer {token}"
         else:
-            session = _path(self._json(self.http.request("POST", f"{self._api}/sessions", relogin=False,
-                                                         data=credentials), "session"), "session_resource", "session")
+            response = self.http.request("POST", f"{self._api}/sessions", relogin=False, data=credentials)
+            session = _path(self._json(response, "session"), "session_resource", "session")
             token = str(_path(session, "message_digest"))
-            register(token)
+            # the cookie authenticates as the digest does; the session id goes with it (X-Requested-By)
+            register(token, response.cookies.get("JSESSIONID"), str(_path(session, "id")))
             self.http.headers.update({"X-Requested-By": str(_path(session, "id")), "otmmauthtoken": token})
             if s.bearer_otmm_token:
                 self.http.headers["Authorization"] = f"Bearer otmmToken {token}"
@@ -286,7 +290,8 @@ class OtmmSource:
         """Paged by offset: a total_hit_count that changes between pages says the result moved under the listing.
         The count alone does not end it (a capped or estimated count would pass over the rest): a full page is
         followed by another; a short one ends it once the count is reached (less means the server caps its
-        pages); without a count, only an empty page does."""
+        pages); without a count, only an empty page does. An empty page short of the count says the rest went
+        unserved (a deep-paging cap), which holds the checkpoint as a moved listing does."""
         s = self.settings.search
         base = {"keyword_query": s.keyword_query, "load_type": s.load_type, "level_of_detail": s.level_of_detail,
                 "limit": str(s.page_size)}
@@ -297,6 +302,7 @@ class OtmmSource:
         if conditions:
             base["search_condition_list"] = json.dumps({"search_condition_list": {"search_condition": conditions}})
         after, total = 0, None
+        previous: set[str] = set()
         while True:
             self._ensure_login()
             params = {**base, "after": str(after)}
@@ -312,12 +318,27 @@ class OtmmSource:
                                    f"between two pages (at after={after}): assets left or joined it while it was "
                                    "paged, and one may have been passed over")
             total = count
+            previous = self._advancing(assets, previous, f"the search's page at after={after}")
             yield from assets
             hits = self._count(result, "hit_count", "counting the assets the page holds")
             hits = len(assets) if hits is None else hits
+            if hits == 0 and s.shift_check and total is not None and after < total:
+                yield ListingMoved(f"the server gave an empty search page at after={after} of total_hit_count "
+                                   f"{total}: the assets past it were not served (as by a server that caps how deep "
+                                   "it pages)")
             after += hits
             if hits == 0 or (hits < s.page_size and total is not None and after >= total):
                 return
+
+    def _advancing(self, page: list[dict], previous: set[str], where: str) -> set[str]:
+        """The page's asset ids. A page holding only assets of the page before is the server not paging (it
+        ignores `after`): paging on would ask for the same page for ever. Only the page before is kept: a
+        listing of millions holds no set of them all."""
+        ids = {asset.get("asset_id") for asset in page}
+        if page and ids <= previous:
+            raise SourceDataError(f"{self.name}: {where} holds only assets of the page before, where the next ones "
+                                  "were expected: the server does not page by `after`")
+        return ids
 
     def _count(self, result: dict, key: str, instead: str) -> int | None:
         """One of the search result's counts; None when it is absent or no whole number ("many", "1,234"), which
@@ -334,19 +355,19 @@ class OtmmSource:
     def _walk(self, folder_id: str) -> Iterator[dict | ListingMoved]:
         folder = self.settings.folder
         after, last = 0, None  # last: the child ending the page before, asked for again at the start of the next
+        previous: set[str] = set()
         while True:
             start, limit = after - (last is not None), folder.page_size + (last is not None)
             page = _path(self._get(f"folders/{folder_id}/children", {
                 "after": str(start), "limit": str(limit), "load_type": "system",
                 "level_of_detail": "slim"}), "folder_children").get("asset_list", [])
-            new = page
-            if last is not None:
-                if page and page[0].get("asset_id") == last:
-                    new = page[1:]
-                else:  # all of the page is taken: the child that moved back onto the page before is in it
-                    yield ListingMoved(f"folder {folder_id} changed while its children were paged "
-                                       f"(child {last} is no longer at position {start}): one may have been "
-                                       "passed over")
+            new = page[1:] if last is not None and page and page[0].get("asset_id") == last else page
+            previous = self._advancing(new, previous, f"folder {folder_id}'s page of children at after={start}")
+            # a page not starting with `last` is taken whole: the child that moved back onto the page before is in it
+            if last is not None and new is page:
+                yield ListingMoved(f"folder {folder_id} changed while its children were paged "
+                                   f"(child {last} is no longer at position {start}): one may have been "
+                                   "passed over")
             for child in new:
                 if child.get("data_type") == "CONTAINER":
                     if folder.recursive:

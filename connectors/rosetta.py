@@ -74,8 +74,9 @@ class SruSettings(Settings):
     max_records: int = Field(10000, ge=1, description="Rosetta caps a result set at 10,000")
     auth_local: bool = True
     pid_type: str = "PID"
-    shift_check: bool = Field(True, description="numberOfRecords changing between pages holds the run's checkpoint "
-                                                "(an IE deleted or leaving the query moves the later ones back)")
+    shift_check: bool = Field(True, description="numberOfRecords changing between pages, or an empty page short of "
+                                                "it, holds the run's checkpoint (an IE deleted or leaving the query "
+                                                "moves the later ones back)")
 
     @model_validator(mode="after")
     def _ascending(self) -> "SruSettings":
@@ -292,7 +293,8 @@ class RosettaSource:
 
     def _sru(self, since: datetime | None,
              until: datetime | None) -> Iterator[tuple[str, datetime | None] | ListingMoved]:
-        """Paged by startRecord: a numberOfRecords that changes between pages says the result moved under it."""
+        """Paged by startRecord: a numberOfRecords that changes between pages says the result moved under it, and
+        an empty page short of it that the rest went unserved; both hold the checkpoint."""
         sru = self.settings.sru
         clauses = [f"({sru.query})"] if sru.query else []
         if since:
@@ -326,9 +328,19 @@ class RosettaSource:
             records = root.findall("srw:records/srw:record", NS)
             for record in records:
                 yield self._sru_pid(record), None
+            if not records:
+                if sru.shift_check and start <= total:
+                    yield ListingMoved(f"the server gave an empty SRU page at startRecord={start} of numberOfRecords "
+                                       f"{total}: the IEs past it were not served")
+                return
             following = root.findtext("srw:nextRecordPosition", None, NS)
-            start = _int(following, "SRU nextRecordPosition") if following else start + len(records)
-            if not records or start > total:
+            position = _int(following, "SRU nextRecordPosition") if following else start + len(records)
+            if position <= start:
+                raise SourceDataError(f"{self.name}: SRU nextRecordPosition {position} does not advance past "
+                                      f"startRecord={start} (expected {start + len(records)}): the server would "
+                                      "serve the same page again")
+            start = position
+            if start > total:
                 return
 
     def _sru_pid(self, record: ET.Element) -> str:

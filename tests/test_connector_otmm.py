@@ -1,11 +1,13 @@
 """The OTMM connector over real HTTP against the OTMM emulator (tests/emulators/otmm.py)."""
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import re
 import subprocess
 import sys
+import threading
 import traceback
 from datetime import datetime, timedelta, timezone
 
@@ -16,7 +18,7 @@ import yaml
 from connectors import open_source
 from connectors.base import ListingMoved, UnreadableObject
 from connectors.errors import (AuthenticationFailed, FetchIntegrityError, ObjectNotFound, PermissionDenied,
-                               SourceDataError, SourceUnavailable)
+                               SourceDataError, SourceRequestFailed, SourceUnavailable)
 from connectors.otmm import OtmmSource
 from gcis_etl.config import load_config
 from gcis_etl.errors import ConfigError
@@ -25,7 +27,7 @@ from gcis_etl.ledger import Ledger
 from tests.emulators import FAST_RETRY
 from tests.emulators.catalogue import CORPUS, CorpusFile
 from tests.emulators.faults import Fault
-from tests.emulators.otmm import API, ARCHIVE, MODIFIED_FIELD, ROOT, Asset, OtmmEmulator, seed
+from tests.emulators.otmm import API, ARCHIVE, MODIFIED_FIELD, ROOT, SCULPTURE, Asset, OtmmEmulator, seed
 from tests.emulators.server import EmulatorServer
 from tests.servers import free_port, wait_for_port
 
@@ -99,6 +101,35 @@ def test_a_session_refused_again_after_relogin_is_an_authentication_error(emulat
     with pytest.raises(AuthenticationFailed):
         list(otmm(emulator.url).changes(None))
     assert len(emulator.requests(f"POST {API}/sessions")) == 2
+
+
+def test_parallel_downloads_on_an_expired_session_log_in_once(emulator, tmp_path):
+    source = otmm(emulator.url, search={"page_size": 10})
+    objects = list(source.changes(None))[:4]
+    emulator.app.expire_sessions()
+    emulator.inject("/contents", Fault.slow(0.3), times=4)  # the four refused requests are in flight together
+    emulator.inject(f"POST {API}/sessions", Fault.slow(0.5))  # and all refused while the first login is under way
+    threads = [threading.Thread(target=source.fetch, args=(o.items[0], tmp_path / str(n)))
+               for n, o in enumerate(objects)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(emulator.requests(f"POST {API}/sessions")) == 2  # the first login and one more
+    assert sorted(f.stat().st_size for f in tmp_path.rglob("*.*")) == sorted(o.items[0].size for o in objects)
+
+
+def test_the_session_cookie_and_id_stay_out_of_an_error_that_quotes_the_request(emulator):
+    """JSESSIONID authenticates as the token does (dam-apis.md 2.2); X-Requested-By carries the session id."""
+    emulator.app.echoed_headers = ("Cookie", "X-Requested-By")
+    unknown = {"type": "com.artesia.search.SearchScalarCondition", "metadata_field_id": "NO.SUCH.FIELD",
+               "relational_operator_id": "ARTESIA.OPERATOR.CHAR.IS", "value": "x"}
+    with pytest.raises(SourceRequestFailed, match="HTTP 400") as raised:
+        list(otmm(emulator.url, search={"conditions": [unknown]}).changes(None))
+    (session,) = emulator.app.sessions.values()
+    message = str(raised.value)
+    assert "Cookie: JSESSIONID=***; X-Requested-By: ***" in message
+    assert session.cookie not in message and str(session.id) not in message
 
 
 def test_a_user_without_download_rights_gets_a_permission_error(emulator, tmp_path):
@@ -255,6 +286,50 @@ def test_a_folder_whose_children_move_back_between_two_pages_says_so_and_serves_
                             "longer at position 1): one may have been passed over")
     assert sorted(names(emulator, [o.id for o in listed if not isinstance(o, ListingMoved)])) == \
         sorted(NAMES[:5])  # the detail was read before it left
+
+
+def test_a_search_server_that_ignores_after_ends_the_listing_with_an_error_instead_of_paging_for_ever(emulator):
+    emulator.app.honours_after = False  # every page is the first one
+    with pytest.raises(SourceDataError, match=r"^otmm-test: the search's page at after=2 holds only assets of the "
+                                              "page before, where the next ones were expected: the server does not page "
+                                              "by `after`$"):
+        list(itertools.islice(otmm(emulator.url).changes(None), 50))  # islice: the old loop never ended
+    assert [p.arg("after") for p in emulator.requests("search/text")] == ["0", "2"]
+
+
+def test_a_folder_that_ignores_after_ends_the_walk_with_an_error_instead_of_paging_for_ever(emulator):
+    emulator.app.honours_after = False
+    walk = otmm(emulator.url, discovery="folder", folder={"folder_id": ROOT, "page_size": 2})
+    with pytest.raises(SourceDataError, match=rf"^otmm-test: folder {SCULPTURE}'s page of children at after=1 holds "
+                                              "only assets of the page before, where the next ones were expected"):
+        list(itertools.islice(walk.changes(None), 50))
+    assert [r.arg("after") for r in emulator.requests(f"/folders/{SCULPTURE}/children")] == ["0", "1"]
+
+
+def test_an_empty_search_page_short_of_the_total_holds_the_checkpoint(emulator, tmp_path, monkeypatch):
+    """A server that stops serving past some depth while its total_hit_count still counts every match: the
+    listing says so (a ListingMoved), so the run holds its checkpoint and the next one takes the rest."""
+    emulator.app.deepest = 4
+    listed = list(otmm(emulator.url).changes(None))
+    (shift,) = [o for o in listed if isinstance(o, ListingMoved)]
+    assert shift.reason == ("the server gave an empty search page at after=4 of total_hit_count 6: the assets past "
+                            "it were not served (as by a server that caps how deep it pages)")
+    assert len([o for o in listed if not isinstance(o, ListingMoved)]) == 4
+    # shift_check off (the count an estimate): the empty page ends the listing as before
+    assert not any(isinstance(o, ListingMoved) for o in otmm(emulator.url, search={"page_size": 2,
+                                                                                    "shift_check": False}).changes())
+
+    monkeypatch.setenv("OTMM_PASSWORD", PASSWORD)
+    config = {"state_dir": str(tmp_path / "state"), "pipelines": {"p": {
+        "source": {"kind": "otmm", "base_url": emulator.url, "username": "tsuper", "password": "${OTMM_PASSWORD}",
+                   "retry": FAST_RETRY, "search": {"page_size": 2}},
+        "store": {"kind": "local", "root": str(tmp_path / "store")}}}}
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    cfg = load_config(tmp_path / "config.yaml")
+    first = harvest(cfg, "p")
+    assert first.counts["deposited"] == 4 and first.checkpoint_after is None
+    emulator.app.deepest = None
+    assert harvest(cfg, "p").counts == {"deposited": 2, "skipped": 4, "rejected": 0, "failed": 0}
 
 
 def test_explicit_asset_ids(emulator, tmp_path):

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import itertools
 import logging
 import subprocess
 import sys
@@ -17,7 +18,7 @@ from connectors import open_source
 from connectors.base import Fixity, ListingMoved, UnreadableObject
 from connectors.fetching import fetch_warnings
 from connectors.errors import (AuthenticationFailed, FetchIntegrityError, ObjectNotFound, PermissionDenied,
-                               SourceRequestFailed)
+                               SourceDataError, SourceRequestFailed)
 from connectors.rosetta import RosettaSettings, RosettaSource
 from gcis_etl.errors import ConfigError
 from gcis_etl.settings import parse
@@ -117,6 +118,27 @@ def test_an_sru_result_that_shrinks_between_two_pages_says_so_in_the_listing(emu
     assert shift.reason.startswith(f"SRU numberOfRecords went from {len(LIVE_IN_SET)} to {len(LIVE_IN_SET) - 1} "
                                    "between two pages (at startRecord=3)")
     assert [o.id for o in listed if not isinstance(o, ListingMoved)] == LIVE_IN_SET[:2] + LIVE_IN_SET[3:]
+
+
+def test_an_sru_next_record_position_that_does_not_advance_ends_the_listing_with_an_error(emulator):
+    """Following it would ask for the same page for ever, as a repeated OAI-PMH resumptionToken would."""
+    emulator.app.sru_next_position = lambda start, maximum: start if start > 1 else start + maximum
+    with pytest.raises(SourceDataError, match=r"^rosetta-test: SRU nextRecordPosition 3 does not advance past "
+                                              r"startRecord=3 \(expected 5\): the server would serve the same page "
+                                              "again$"):
+        list(itertools.islice(sru(emulator.url).changes(None), 30))  # islice: the old loop never ended
+    assert [r.arg("startRecord") for r in emulator.requests("operation=searchRetrieve")] == ["1", "3"]
+
+
+def test_an_empty_sru_page_short_of_the_total_says_so_in_the_listing(emulator):
+    """A server that stops serving past some depth while numberOfRecords counts every match: the run holds its
+    checkpoint rather than pass over the IEs it was never given."""
+    emulator.app.sru_deepest = 3
+    listed = list(sru(emulator.url).changes(None))
+    (shift,) = [o for o in listed if isinstance(o, ListingMoved)]
+    assert shift.reason == (f"the server gave an empty SRU page at startRecord=3 of numberOfRecords "
+                            f"{len(LIVE_IN_SET)}: the IEs past it were not served")
+    assert [o.id for o in listed if not isinstance(o, ListingMoved)] == LIVE_IN_SET[:2]
 
 
 def test_sru_result_beyond_rosettas_cap_is_refused_before_harvesting(emulator):

@@ -164,6 +164,9 @@ class OtmmEmulator:
         self.reported_total: Callable[[int], int | str | None] = lambda matches: matches
         self.reported_hits: Callable[[int], int | str | None] = lambda served: served
         self.max_limit: int | None = None  # a server's own cap on a search page, below the limit asked
+        self.deepest: int | None = None  # a deep-paging cap: search pages from this offset on come back empty
+        self.honours_after = True  # False: search and folder pages start at the first match whatever `after` asks
+        self.echoed_headers: tuple[str, ...] = ()  # request headers an error body quotes (as a debug page does)
 
     def expire_sessions(self) -> None:
         """Invalidate every session and OAuth token, as a server-side timeout or restart would."""
@@ -183,6 +186,15 @@ class OtmmEmulator:
         return Response.text("unknown control or asset", 404)
 
     def handle(self, request: Request) -> Response:
+        response = self._route(request)
+        if response.status >= 400 and self.echoed_headers:
+            data = json.loads(response.body)
+            data["exception_body"]["debug_message"] = "; ".join(
+                f"{name}: {request.headers.get(name)}" for name in self.echoed_headers)
+            response.body = json.dumps(data).encode()
+        return response
+
+    def _route(self, request: Request) -> Response:
         if not request.path.startswith(API + "/"):
             return _error(404, "Not Found")
         path = request.path[len(API):]
@@ -313,7 +325,9 @@ class OtmmEmulator:
         matches.sort(key=key, reverse=direction == "desc")
         if self.max_limit is not None:
             limit = min(limit, self.max_limit) if limit > 0 else self.max_limit
+        after = after if self.honours_after else 0
         page = matches[after:after + limit] if limit > 0 else matches[after:]
+        page = [] if self.deepest is not None and after >= self.deepest else page
         load = request.arg("load_type") not in (None, "system")
         result = {"asset_group_count": {"entry": []}, "asset_id_list": [a.asset_id for a in page],
                   "contains_invalid_conditions": False, "facet_field_response_list": [], "offset": after}
@@ -373,7 +387,7 @@ class OtmmEmulator:
             return Response.json({"folders_resource": {"folder_list": folders}})
         assets = [self._asset(a, request.arg("load_type") not in (None, "system"))
                   for a in sorted(self.catalogue.assets.values(), key=lambda a: a.name) if a.folder == folder_id]
-        after, limit = int(request.arg("after", "0")), int(request.arg("limit", "25"))
+        after, limit = int(request.arg("after", "0")) if self.honours_after else 0, int(request.arg("limit", "25"))
         children = folders + assets
         return Response.json({"folder_children": {"asset_list": children[after:after + limit]}})
 

@@ -24,6 +24,7 @@ import threading
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone, tzinfo
+from typing import Callable
 
 from tests.emulators.catalogue import CorpusFile, utc
 from tests.emulators.server import Request, Response, run_cli
@@ -185,6 +186,10 @@ class RosettaEmulator:
         self.oai_page_size = oai_page_size
         self.repository = repository
         self.zone = zone
+        # a misbehaving SRU server: the nextRecordPosition it gives after a page (from startRecord and
+        # maximumRecords), and a deep-paging cap (records from this position on are not served, yet counted)
+        self.sru_next_position: Callable[[int, int], int] = lambda start, maximum: start + maximum
+        self.sru_deepest: int | None = None
 
     def handle(self, request: Request) -> Response:
         if request.path == "/dpsws/repository/IEWebServices" and request.method == "POST":
@@ -461,7 +466,9 @@ class RosettaEmulator:
         _sub(root, "srw:numberOfRecords").text = str(len(matches))
         records = _sub(root, "srw:records")
         host = request.headers.get("Host")
-        for position, entity in enumerate(matches[start - 1:start - 1 + maximum], start):
+        capped = self.sru_deepest is not None and start >= self.sru_deepest
+        served = [] if capped else matches[start - 1:start - 1 + maximum]
+        for position, entity in enumerate(served, start):
             record = _sub(records, "srw:record")
             _sub(record, "srw:recordSchema").text = "dc"
             _sub(record, "srw:recordPacking").text = "xml"
@@ -471,7 +478,7 @@ class RosettaEmulator:
                 f"http://{host}/delivery/DeliveryManagerServlet?dps_pid={entity.pid}"
             _sub(record, "srw:recordPosition").text = str(position)
         if start - 1 + maximum < len(matches):
-            _sub(root, "srw:nextRecordPosition").text = str(start + maximum)
+            _sub(root, "srw:nextRecordPosition").text = str(self.sru_next_position(start, maximum))
         return Response.xml(ET.tostring(root, xml_declaration=True, encoding="UTF-8"))
 
     @staticmethod
