@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import io
 import json
 import os
 import shutil
@@ -28,9 +29,11 @@ from botocore.config import Config
 from botocore.exceptions import (BotoCoreError, ClientError, ConnectionClosedError, EndpointConnectionError,
                                  NoCredentialsError)
 from pydantic import Field, field_validator
+from s3transfer.bandwidth import BandwidthLimitedStream, LeakyBucket
+from s3transfer.futures import TransferCoordinator
 from s3transfer.manager import TransferConfig, TransferManager
 from s3transfer.subscribers import BaseSubscriber
-from s3transfer.utils import ChunksizeAdjuster
+from s3transfer.utils import ChunksizeAdjuster, signal_not_transferring, signal_transferring
 
 from gcis_etl.durable import DISK_REFUSES_WRITES, fsync_path, sha256_stream
 from gcis_etl.errors import IntegrityError, StoreError, StoreFull, StoreUnavailable
@@ -408,7 +411,7 @@ class S3StoreSettings(Settings):
     multipart_threshold: int = Field(64 * MiB, ge=5 * MiB)
     multipart_chunksize: int = Field(16 * MiB, ge=5 * MiB, le=5 * 1024 * MiB)
     max_concurrency: int = Field(4, ge=1, le=64)
-    max_bandwidth: int | None = Field(None, gt=0, description="bytes per second for multipart uploads")
+    max_bandwidth: int | None = Field(None, gt=0, description="bytes per second, each upload")
     keys: KeyTemplates = KeyTemplates()
 
     @field_validator("prefix")
@@ -535,6 +538,11 @@ class S3Store:
                                   connect_timeout=s.retry.connect_timeout, read_timeout=s.retry.read_timeout,
                                   s3={"addressing_style": s.addressing_style},
                                   max_pool_connections=max(self._pool, _BOTOCORE_POOL)))
+                # as a TransferManager does: a throttled body is read at full speed for the request's signature
+                events = self._client.meta.events
+                events.register_first("request-created.s3", signal_not_transferring,
+                                      unique_id="s3upload-not-transferring")
+                events.register_last("request-created.s3", signal_transferring, unique_id="s3upload-transferring")
                 self._client_pid = os.getpid()
             return self._client
 
@@ -642,6 +650,9 @@ class S3Store:
     def _put_single(self, key: str, body: IO[bytes] | bytes, size: int, sha256: str, provenance: Provenance,
                     content_type: str) -> StoredObject:
         announced = _b64(bytes.fromhex(sha256))
+        if self.settings.max_bandwidth:  # s3transfer throttles multipart uploads only; most masters are smaller
+            body = BandwidthLimitedStream(io.BytesIO(body) if isinstance(body, bytes) else body,
+                                          LeakyBucket(self.settings.max_bandwidth), TransferCoordinator())
         r = self._call(key, "put", "put_object", Body=body, ContentLength=size, ContentType=content_type,
                        ChecksumSHA256=announced, Metadata={**provenance.to_metadata(), "sha256": sha256})
         if r.get("ChecksumSHA256") != announced:

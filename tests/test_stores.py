@@ -467,6 +467,21 @@ def test_bad_s3_settings_name_the_key(minio, override, key):
         s3_settings(minio, **{"bucket": "bucket", **override})
 
 
+def test_max_bandwidth_holds_for_a_put_below_the_multipart_threshold(minio, s3_bucket, tmp_path, aws_env):
+    """s3transfer throttles multipart uploads only, so an access master under multipart_threshold (64 MiB: most
+    of them) went at full speed whatever max_bandwidth said. 3 MiB at 1 MiB/s cannot arrive in under 2 s however
+    fast the machine is (a floor, never a ceiling: a slow machine only makes it longer)."""
+    path, sha256 = random_file(tmp_path / "master.tif", 3 * MiB)
+    store = S3Store(s3_settings(minio, s3_bucket, max_bandwidth=MiB))
+    started = time.monotonic()
+    store.put("demo/IE1/master.tif", path)
+    assert time.monotonic() - started >= 2
+    assert hashlib.sha256(store.get_bytes("demo/IE1/master.tif")).hexdigest() == sha256
+    started = time.monotonic()
+    store.put_bytes("demo/IE1/manifest.json", bytes(3 * MiB), content_type="application/json")
+    assert time.monotonic() - started >= 2
+
+
 def test_settings_round_trip_through_json_for_worker_processes(minio):
     settings = s3_settings(minio, "bucket", max_bandwidth=1000)
     assert S3StoreSettings.model_validate(json.loads(settings.model_dump_json())) == settings
