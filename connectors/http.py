@@ -6,10 +6,12 @@ to trigger a transparent re-login instead of a retry, some 500s are application 
 faults) that must not be retried, and every message must be scrubbed of credentials. urllib3's Retry
 does each of these partially or not at all.
 
-Retried: connection errors, connect/read timeouts, bodies ending early, and the policy's
-retry_statuses (429/5xx by default) honouring Retry-After. Not retried: 401 (AuthenticationFailed,
-after at most one re-login when the connector installed `on_unauthorized`), 403 (PermissionDenied),
-other 4xx (SourceRequestFailed with .status).
+Retried: connection errors, connect/read timeouts, bodies ending early or trickling in slower than the
+policy's min_transfer_bytes_per_second (TransferPace, as downloads are: requests would bound a body it
+reads for us by the read timeout alone, which a body trickling in never trips), and the policy's retry_statuses
+(429/5xx by default) honouring Retry-After. Not retried: 401 (AuthenticationFailed, after at most one
+re-login when the connector installed `on_unauthorized`), 403 (PermissionDenied), other 4xx
+(SourceRequestFailed with .status).
 
 Redirects are followed, but a hop to another origin (scheme, host or port) carries none of the headers
 a connector set (session tokens, gateway keys, Authorization, cookies): requests itself strips only
@@ -34,7 +36,7 @@ from connectors.errors import (AuthenticationFailed, PermissionDenied, SourceReq
                                TransferInterrupted)
 from connectors.fetching import CHUNK_SIZE, Body
 from connectors.redaction import register, scrub, scrub_url
-from connectors.retry import RetryBudget, RetryPolicy
+from connectors.retry import RetryBudget, RetryPolicy, TransferPace
 from gcis_etl.settings import Settings, checked_url
 
 log = logging.getLogger(__name__)
@@ -47,6 +49,7 @@ _TRANSIENT = (requests.exceptions.ConnectionError, requests.exceptions.Timeout,
 _PORTABLE_HEADERS = frozenset({"user-agent", "accept", "accept-encoding", "accept-language", "connection",
                                "proxy-authorization"})  # set by requests for the new hop's own proxy
 _DEFAULT_PORTS = {"http": 80, "https": 443}
+_HINT_BYTES = 4096
 
 
 _SWITCHES = {"true": True, "yes": True, "on": True, "1": True, "false": False, "no": False, "off": False, "0": False}
@@ -173,7 +176,7 @@ class HttpSession:
             try:
                 response = self.session.request(
                     method, url, params=params, headers={**self.headers, **(headers or {})},
-                    auth=self.auth or self._userinfo.get(_origin(url)), timeout=timeout, stream=stream, **kwargs)
+                    auth=self.auth or self._userinfo.get(_origin(url)), timeout=timeout, stream=True, **kwargs)
             except requests.exceptions.SSLError as exc:
                 raise SourceRequestFailed(f"{what}: TLS failure ({_root_cause(exc)})") from None
             except _TRANSIENT as exc:
@@ -181,6 +184,13 @@ class HttpSession:
                 continue
             except requests.exceptions.RequestException as exc:
                 raise SourceRequestFailed(f"{what}: {type(exc).__name__}") from None
+            if not stream:  # what requests does for stream=False (its own fields), but at the policy's pace
+                try:
+                    response._content, response._content_consumed = self._read(response, what), True
+                except TransferInterrupted as exc:
+                    response.close()
+                    budget.after_failure(str(exc))
+                    continue
             status = response.status_code
             if status < 400 or (accept_error and accept_error(response)):
                 return response
@@ -195,7 +205,7 @@ class HttpSession:
                 response.close()
                 budget.after_failure(reason, retry_after)
                 continue
-            hint = self._hint(response)
+            hint = self._hint(response, what, stream)
             response.close()
             if status == 401:
                 raise AuthenticationFailed(f"{reason}: the source refused the configured credentials{hint}")
@@ -220,14 +230,27 @@ class HttpSession:
         finally:
             response.close()
 
-    def _chunks(self, response: requests.Response, what: str) -> Iterator[bytes]:
-        """The decoded body as it arrives (read1: a full chunk may take for ever on a trickling body, and the
-        caller checks its deadline between chunks)."""
+    def _chunks(self, response: requests.Response, what: str, pace: TransferPace | None = None) -> Iterator[bytes]:
+        """The decoded body as it arrives (read1: a full chunk may take for ever on a trickling body), cut off
+        when it comes slower than `pace` (a download's is checked by fetching.py, which paces every source's)."""
         try:
             while chunk := response.raw.read1(CHUNK_SIZE, decode_content=True):
+                if pace is not None:
+                    pace.arrived(len(chunk))
                 yield chunk
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             raise TransferInterrupted(f"{what}: {self._explain(exc)}") from None
+        except TransferInterrupted as exc:
+            raise TransferInterrupted(f"{what}: {exc}") from None
+
+    def _read(self, response: requests.Response, what: str, limit: int | None = None) -> bytes:
+        """The decoded body, or its first `limit` bytes, read at the policy's pace (TransferInterrupted)."""
+        body = bytearray()
+        for chunk in self._chunks(response, what, TransferPace(self.policy)):
+            body += chunk
+            if limit is not None and len(body) >= limit:
+                break
+        return bytes(body[:limit])
 
     def _explain(self, exc: Exception) -> str:
         if isinstance(exc, requests.exceptions.ConnectTimeout):
@@ -238,15 +261,15 @@ class HttpSession:
             return f"response body ended early ({_root_cause(exc)})"
         return f"connection failed ({_root_cause(exc)})"
 
-    @staticmethod
-    def _hint(response: requests.Response) -> str:
+    def _hint(self, response: requests.Response, what: str, streamed: bool) -> str:
         """A short, scrubbed excerpt of an error body: the source's own words help the operator."""
         try:
-            head = next(response.iter_content(4096), b"")
-        except _TRANSIENT:
+            head = self._read(response, what, _HINT_BYTES) if streamed else response.content[:_HINT_BYTES]
+        except TransferInterrupted:
             return ""
-        text = " ".join(head.decode(response.encoding or "utf-8", "replace").split())[:200]
-        return f": {scrub(text)}" if text else ""
+        # scrubbed before the cut: a secret the cut splits would no longer match
+        text = scrub(" ".join(head.decode(response.encoding or "utf-8", "replace").split()))[:200]
+        return f": {text}" if text else ""
 
 
 def _chain(exc: BaseException) -> Iterator[BaseException]:

@@ -30,8 +30,9 @@ class RetryPolicy(Settings):
     connect_timeout_seconds: float = Field(10.0, gt=0)
     read_timeout_seconds: float = Field(120.0, gt=0, description="longest silence allowed while reading")
     min_transfer_bytes_per_second: float = Field(
-        16384, ge=0, description="a download bringing less over read_timeout_seconds is cut off and retried "
-                                 "(a body trickling in never falls silent); 0: never")
+        16384, ge=0, description="a response body (a download, a search page) bringing less over "
+                                 "read_timeout_seconds is cut off and retried (a body trickling in never falls "
+                                 "silent); 0: never")
     retry_statuses: frozenset[int] = frozenset({429, 500, 502, 503, 504})
 
     @model_validator(mode="after")

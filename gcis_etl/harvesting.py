@@ -172,12 +172,14 @@ class Harvest:
         listing = (self._by_id(dict.fromkeys(self.options.object_ids)) if self.options.object_ids
                    else source.changes(since))
         for obj in listing:
-            if isinstance(obj, ListingMoved):
-                self._hold_checkpoint(obj.reason)
-                continue
-            if obj.id in seen:
-                self._hold_checkpoint(f"{obj.id} was listed twice: the source's listing moved while it was paged "
+            if isinstance(obj, ListingMoved) or obj.id in seen:
+                self._hold_checkpoint(obj.reason if isinstance(obj, ListingMoved) else
+                                      f"{obj.id} was listed twice: the source's listing moved while it was paged "
                                       "(an object edited during the run) and may have passed over others")
+                # The caller looks for a reason to stop between the objects it is given: a listing repeating itself
+                # for ever gives it none, so the time limit and a stop are looked for here too.
+                if self.should_stop():
+                    return
                 continue
             seen.add(obj.id)
             self._reach(obj, until)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import csv
+import importlib
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +31,24 @@ def corpus_entries() -> list[CorpusEntry]:
     with open(CORPUS / "MANIFEST.csv", newline="") as f:
         return [CorpusEntry(CORPUS / r["local_path"], r["expected"], r["category"], r["notes"], r)
                 for r in csv.DictReader(f)]
+
+
+@pytest.fixture
+def declare(tmp_path, monkeypatch):
+    """declare("my-connectors", flat="module:Class"): a distribution declaring connectors, installed on sys.path."""
+    site = tmp_path / "site"
+    site.mkdir()
+    monkeypatch.syspath_prepend(str(site))
+
+    def install(distribution: str, **kinds: str) -> Path:
+        info = site / f"{distribution.replace('-', '_')}-1.0.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {distribution}\nVersion: 1.0\n")
+        (info / "entry_points.txt").write_text("[gcis_etl.connectors]\n" +
+                                               "".join(f"{kind} = {target}\n" for kind, target in kinds.items()))
+        importlib.invalidate_caches()
+        return site
+    return install
 
 
 @pytest.fixture(scope="session")

@@ -5,7 +5,6 @@ file's folder; a wrong declaration is a ConfigError naming `pipelines.<name>.sou
 from __future__ import annotations
 
 import hashlib
-import importlib
 import os
 import shutil
 import subprocess
@@ -72,24 +71,6 @@ class FlatSource:
 class NoSettingsModel:
     def __init__(self, settings, name: str = "plain"):
         self.settings = settings
-
-
-@pytest.fixture
-def declare(tmp_path, monkeypatch):
-    """declare("my-connectors", flat="module:Class"): a distribution declaring connectors, installed on sys.path."""
-    site = tmp_path / "site"
-    site.mkdir()
-    monkeypatch.syspath_prepend(str(site))
-
-    def install(distribution: str, **kinds: str) -> Path:
-        info = site / f"{distribution.replace('-', '_')}-1.0.dist-info"
-        info.mkdir()
-        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {distribution}\nVersion: 1.0\n")
-        (info / "entry_points.txt").write_text("[gcis_etl.connectors]\n" +
-                                               "".join(f"{kind} = {target}\n" for kind, target in kinds.items()))
-        importlib.invalidate_caches()
-        return site
-    return install
 
 
 def write_config(folder: Path, source: dict) -> Path:

@@ -7,8 +7,11 @@ import hashlib
 import logging
 import re
 import socket
+import threading
+import time
 import traceback
 from datetime import datetime, timedelta, timezone
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -31,13 +34,16 @@ MASTER = CORPUS / "rgb8-tiff-lzw" / "kodim02-lzw.tif"
 
 
 class Files:
-    """The smallest emulator: /master streams a corpus file, /ok answers JSON."""
+    """The smallest emulator: /master streams a corpus file, /ok answers JSON, /echo refuses what it was sent in
+    words that put it across the 200th character of the body (where an error's excerpt of the body ends)."""
 
     def handle(self, request: Request) -> Response:
         if request.path == "/master":
             return Response(200, MASTER, "image/tiff")
         if request.path == "/ok":
             return Response.json({"ok": True})
+        if request.path == "/echo":
+            return Response.text(f"{'the request was refused. ' * 7}token {request.arg('token')} is unknown", 400)
         return Response.text("no such thing", 404)
 
     def control(self, name: str, request: Request) -> Response:
@@ -169,6 +175,95 @@ def test_refused_connections_fail_clearly_after_the_bounded_attempts():
         session(url).request("GET", url)
 
 
+class Trickle(BaseHTTPRequestHandler):
+    """/json answers 200, any other path 404, each with a 300-byte JSON body; while `server.trickles` is above
+    zero a body goes a byte every 20 ms (never silent for the read timeout) and stops after 150 (3 s), so that a
+    client without a pace fails on a short body instead of hanging the suite; after that, at once. `server.sent`:
+    the bytes of each trickled body that went out before the client hung up (150: it never did)."""
+
+    protocol_version = "HTTP/1.1"
+    body = b'{"ok": true, "padding": "' + b"x" * 273 + b'"}'
+
+    def do_GET(self) -> None:
+        self.send_response(200 if self.path.startswith("/json") else 404)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(self.body)))
+        self.end_headers()
+        self.server.requests += 1
+        if self.server.trickles <= 0:
+            self.wfile.write(self.body)
+            return
+        self.server.trickles -= 1
+        sent = 0
+        try:
+            for byte in self.body[:150]:
+                self.wfile.write(bytes([byte]))
+                self.wfile.flush()
+                sent += 1
+                if self.server.stopping.wait(0.02):
+                    break
+        except OSError:
+            pass
+        self.server.sent.append(sent)
+        self.close_connection = True
+
+    def log_message(self, format: str, *args) -> None:
+        pass
+
+
+@pytest.fixture
+def trickle():
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Trickle)
+    httpd.daemon_threads = True
+    httpd.stopping, httpd.requests, httpd.trickles, httpd.sent = threading.Event(), 0, 1_000, []
+    threading.Thread(target=httpd.serve_forever, args=(0.05,), daemon=True).start()
+    yield httpd
+    httpd.stopping.set()
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def trickle_url(httpd: ThreadingHTTPServer, path: str) -> str:
+    return f"http://127.0.0.1:{httpd.server_address[1]}{path}"
+
+
+def wait_for_hang_ups(httpd: ThreadingHTTPServer, bodies: int) -> None:
+    """Each trickled body was cut off by the client before its end (the server notices at its next byte)."""
+    deadline = time.monotonic() + 10
+    while len(httpd.sent) < bodies and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert len(httpd.sent) == bodies and all(sent < 150 for sent in httpd.sent), httpd.sent
+
+
+def test_a_body_read_for_the_caller_is_cut_off_by_its_pace_like_a_download(trickle):
+    """A search or a login answer trickling in at 50 bytes a second: under the floor of 1000 over each 0.5 s
+    window, it is cut off and retried within the policy, and the error says what came in how long, and where."""
+    http = session(trickle_url(trickle, ""), read_timeout_seconds=0.5, min_transfer_bytes_per_second=1000,
+                   max_attempts=2)
+    too_slow = (r"^GET http://127\.0\.0\.1:\d+/json\?token=\*\*\*: transfer too slow: \d+ bytes in the last "
+                r"0\.\d+s, under min_transfer_bytes_per_second=1000; gave up after 2 attempt")
+    with pytest.raises(SourceUnavailable, match=too_slow) as raised:
+        http.request("GET", trickle_url(trickle, "/json"), params={"token": "t0k3n-value"})
+    assert trickle.requests == 2 and "t0k3n-value" not in str(raised.value)
+    wait_for_hang_ups(trickle, 2)
+
+
+def test_a_body_cut_off_for_its_pace_is_retried_and_the_next_answer_taken(trickle):
+    trickle.trickles = 1
+    http = session(trickle_url(trickle, ""), read_timeout_seconds=0.5, min_transfer_bytes_per_second=1000)
+    assert http.request("GET", trickle_url(trickle, "/json")).json()["ok"] is True
+    assert trickle.requests == 2
+    wait_for_hang_ups(trickle, 1)
+
+
+def test_the_error_body_of_a_streamed_request_is_read_at_the_same_pace(trickle):
+    """A download's 404 quotes the source's words, read as they come: a trickle ends the excerpt, not the run."""
+    http = session(trickle_url(trickle, ""), read_timeout_seconds=0.5, min_transfer_bytes_per_second=1000)
+    with pytest.raises(SourceRequestFailed, match=r"HTTP 404 Not Found$"):
+        http.request("GET", trickle_url(trickle, "/missing"), stream=True)
+    wait_for_hang_ups(trickle, 1)
+
+
 # --- errors that are not retried -----------------------------------------------------------------------------
 
 def test_401_is_an_authentication_error_without_retry(server):
@@ -210,6 +305,16 @@ def test_401_triggers_one_relogin_then_the_request_is_repeated(server):
     with pytest.raises(AuthenticationFailed):
         http.request("GET", f"{server.url}/ok")
     assert logins == [401, 401]
+
+
+def test_a_secret_across_the_end_of_an_error_excerpt_is_masked_whole(server):
+    """The excerpt was cut to 200 characters before it was scrubbed: a secret the cut split no longer matched,
+    and its first part was shown."""
+    token = "t0k3n-across-the-cut"
+    register(token)
+    with pytest.raises(SourceRequestFailed, match=r"HTTP 400.*: (the request was refused\. ){7}token \*\*\*") as raised:
+        session(server.url).request("GET", f"{server.url}/echo", params={"token": token})
+    assert "t0k3n" not in str(raised.value)
 
 
 def test_credentials_never_reach_logs_or_exceptions(server, caplog):
