@@ -103,8 +103,9 @@ class LocalExecutor:
 
 
 def open_executor(kind: str, pipelines: dict[str, Pipeline], concurrency: int, scratch: Path,
-                  transfer_slots: int) -> Executor:
+                  transfer_slots: int, stop: threading.Event | None = None) -> Executor:
+    """`stop`: set, the run waits only for what has started (Celery: a task still in its queue is left there)."""
     if kind == "celery":
         from gcis_etl.worker import CeleryExecutor
-        return CeleryExecutor(pipelines, concurrency, scratch)
+        return CeleryExecutor(pipelines, concurrency, scratch, stop=stop)
     return LocalExecutor(pipelines, concurrency, scratch, transfer_slots)

@@ -528,7 +528,8 @@ def harvest(config: Config, name: str, options: HarvestOptions = HarvestOptions(
             shutil.rmtree(scratch, ignore_errors=True)  # left by a killed run; we hold the lock
             own = executor is None
             executor = executor or open_executor(pipeline.settings.executor, {name: pipeline},
-                                                 pipeline.settings.concurrency, scratch, pipeline.settings.transfers)
+                                                 pipeline.settings.concurrency, scratch, pipeline.settings.transfers,
+                                                 stop)
             checkpoint = None
             try:
                 with stop.in_flight() if isinstance(stop, StopRequest) else nullcontext():

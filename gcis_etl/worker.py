@@ -253,14 +253,18 @@ class CeleryExecutor:
     it is sent again once its worker, asked twice worker_check_seconds apart, did not answer or did not hold
     it: Redis redelivers the task of a vanished worker only after visibility_timeout_seconds (2 h). A send that
     raised takes its marker back, so the next run sends the task at once, also when the message went out all
-    the same. At worst a task runs twice, and the second run finds the first's output in the store.
+    the same. At worst a task runs twice, and the second run finds the first's output in the store. Once `stop`
+    is set, no task is sent and those not started yet are not waited for: they stay in their queue, and the next
+    run takes their outcomes (with no worker running, waiting for them would never end).
     """
 
     _RUNNING = frozenset({SENT, "RECEIVED", "STARTED", "RETRY"})
 
     def __init__(self, pipelines: dict[str, Pipeline], concurrency: int, scratch: Path,
-                 settings: CelerySettings | None = None):
+                 settings: CelerySettings | None = None, stop: threading.Event | None = None):
         self.pipelines = pipelines
+        self.stop = stop or threading.Event()
+        self._left = 0  # tasks left in their queue, not started, when the run stopped
         self.window = concurrency
         self.settings = settings or _settings_of(pipelines)
         self.app = celery_app(self.settings)
@@ -290,19 +294,20 @@ class CeleryExecutor:
     def _submit(self, task: ItemTask) -> list[ItemResult]:
         self._forget_handed()
         done: list[tuple[str, ItemResult]] = []
-        while len(self._flights) >= self.window:
+        while len(self._flights) >= self.window and not self.stop.is_set():
             finished = self._poll()
             done += finished
             if not finished:
                 time.sleep(self.settings.poll_seconds)
-        task_id = celery_task_id(task)
-        meta = self.app.backend.get_task_meta(task_id)
-        if meta["status"] in self._RUNNING:
-            self._flights[task_id] = _InFlight(task, _progress(meta), time.monotonic())
-        elif meta["status"] == "PENDING":
-            self._send(task_id, _InFlight(task, (SENT, "None"), 0.0))
-        else:
-            done.append((task_id, self._outcome(task, meta)))
+        if not self.stop.is_set():  # once stopping, no task is sent: the next run does it
+            task_id = celery_task_id(task)
+            meta = self.app.backend.get_task_meta(task_id)
+            if meta["status"] in self._RUNNING:
+                self._flights[task_id] = _InFlight(task, _progress(meta), time.monotonic())
+            elif meta["status"] == "PENDING":
+                self._send(task_id, _InFlight(task, (SENT, "None"), 0.0))
+            else:
+                done.append((task_id, self._outcome(task, meta)))
         if time.monotonic() - self._last_poll >= self.settings.poll_seconds:
             done += self._poll()
         self._handed += [task_id for task_id, _ in done]
@@ -314,6 +319,8 @@ class CeleryExecutor:
         with self._reachable("tasks already sent keep running on the workers"):
             self._forget_handed()
             while self._flights:
+                if self.stop.is_set():
+                    self._leave_queued()
                 finished = self._poll()
                 for task_id, result in finished:
                     self._handed.append(task_id)
@@ -328,7 +335,17 @@ class CeleryExecutor:
         if self._flights:
             log.warning("%s still in flight: their outcomes stay in the result backend for %g hours",
                         counted(len(self._flights), "task"), self.settings.result_expires_hours)
+        if self._left:
+            log.warning("%s not started yet stay in their queue: a worker runs them, and the next run takes their "
+                        "outcomes (kept %g hours)", counted(self._left, "task"), self.settings.result_expires_hours)
         self.app.close()
+
+    def _leave_queued(self) -> None:
+        """The run stops after the tasks in flight: one still SENT has not reached a worker's pool process."""
+        for task_id, flight in list(self._flights.items()):
+            if flight.progress[0] == SENT:
+                del self._flights[task_id]
+                self._left += 1
 
     def _send(self, task_id: str, flight: _InFlight) -> None:
         recipe = self._recipes.of(flight.task)

@@ -394,6 +394,36 @@ def test_a_marker_the_stalled_result_backend_does_not_take_back_does_not_hold_th
             f"{UNMARK_SECONDS:g} s)") in caplog.text
 
 
+def test_sigterm_with_no_worker_running_ends_the_run_and_the_next_run_takes_the_queued_tasks(pool):
+    """With no worker, "stopping after the items in flight" never ended: the tasks wait in their queue, and a
+    second SIGTERM is ignored (only a second Ctrl-C abandons). Tasks not started are left there instead."""
+    config = pool.config("idle", pipeline={"executor": "celery", "concurrency": 2})
+    harvest = subprocess.Popen([GCIS, "--config", str(config), "harvest", "demo"], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, env={**os.environ, **pool.env})
+    try:
+        queue = redis_client.Redis.from_url(pool.redis.url())
+        deadline = time.monotonic() + 60
+        while queue.llen("gcis") < 2 and time.monotonic() < deadline:  # the window is full: it polls
+            time.sleep(0.05)
+        harvest.send_signal(signal.SIGTERM)
+        out, err = harvest.communicate(timeout=60)
+    finally:
+        harvest.kill()
+    assert harvest.returncode == 128 + signal.SIGTERM, err
+    assert "2 tasks not started yet stay in their queue: a worker runs them, and the next run takes their " \
+           "outcomes (kept 72 hours)" in err
+    run, items = _last_run(config)
+    assert (run.status, run.note, items) == ("stopped", "stopped on request", [])
+
+    pool.start("w1", config)
+    rerun = subprocess.run([GCIS, "--config", str(config), "harvest", "demo"], capture_output=True, text=True,
+                           env={**os.environ, **pool.env}, timeout=300)
+    run, items = _last_run(config)
+    assert run.status == "completed", rerun.stderr
+    assert sorted((i.item_id, i.status) for i in items) == sorted(
+        (t.item.id, expected_outcome(t.item.id).value) for t in tasks_of(load_config(config).pipeline("demo")))
+
+
 def test_a_worker_started_before_its_pipeline_was_added_stops_the_run_and_counts_no_attempt(tmp_path):
     """Workers read config.yaml when they start: a pipeline added since is unknown to them. Every item would
     fail alike, each spending an attempt (after max_attempts runs, a whole backlog waiting for `retry`)."""
