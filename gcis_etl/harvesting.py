@@ -34,7 +34,8 @@ from gcis_etl.locks import LockHeld, pipeline_lock
 from gcis_etl.manifests import CollectionEntry, DepositedImage
 from gcis_etl.pipelines import Pipeline, config_folder
 from gcis_etl.recipes import load_recipe
-from gcis_etl.reports import PLANNED, PlannedItem, RunReport, prune_reports, report_from_ledger, write_report
+from gcis_etl.reports import (PLANNED, PlannedItem, RunReport, counted, prune_reports, report_from_ledger,
+                              write_report)
 from gcis_etl.supersession import retire_superseded
 from gcis_etl.work import ItemResult, ItemTask, Outcome, fingerprint
 
@@ -251,7 +252,7 @@ class Harvest:
         elif self.deadline is not None and time.monotonic() > self.deadline:
             self.cut_short = "stopped at the run time limit"
         elif self.options.limit is not None and self.submitted >= self.options.limit:
-            self.cut_short = f"stopped at the limit of {self.options.limit} items"
+            self.cut_short = f"stopped at the limit of {counted(self.options.limit, 'item')}"
         return self.cut_short is not None
 
     # ------------------------------------------------------------------------------------ running

@@ -30,7 +30,7 @@ import sys
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO, Any, Callable
 from urllib.parse import urlsplit
@@ -48,7 +48,7 @@ from gcis_etl.ledger import Ledger, now
 from gcis_etl.locks import LockHeld, RunLock, pipeline_lock
 from gcis_etl.pipelines import Pipeline
 from gcis_etl.reports import PROBLEMS as RUN_PROBLEMS
-from gcis_etl.reports import RunReport, report_from_ledger
+from gcis_etl.reports import RunReport, counted, report_from_ledger
 from gcis_etl.settings import Settings, interpolate_env, parse, read_yaml
 from gcis_etl.stores import LocalStoreSettings, S3StoreSettings, Store, StoreSettings
 
@@ -56,6 +56,7 @@ log = logging.getLogger(__name__)
 
 MIGRATIONS = Path(__file__).resolve().parent.parent / "migrations"
 PROBLEMS = (*RUN_PROBLEMS, "missing")
+HARVEST_LIMIT = "stopped at the limit of "  # how a harvest's note begins when it stopped at HarvestOptions.limit
 
 
 def available() -> list[str]:
@@ -89,8 +90,9 @@ class Event:
 
 class MigrationReport:
     """What a migration did: counts by outcome, the harvest runs it made, the first problems, and (written as
-    they happen, so a move of millions of keys holds only counts in memory) a CSV row for every problem and
-    every listed action such as a deletion."""
+    they happen, so a move of millions of keys, or a load of millions of rejected items, holds only counts in
+    memory) a CSV row for every problem, its harvest runs' among them, and every listed action such as a
+    deletion. A folder that cannot be written loses the files, not the migration: a warning, then the summary."""
 
     SHOWN = 10
 
@@ -102,12 +104,14 @@ class MigrationReport:
         self.status = "dry-run" if dry_run else "completed"
         self.counts: dict[str, int] = {}
         self.runs: list[int] = []
-        self.problems: list[Event] = []
+        self.problems: list[Event] = []  # the first SHOWN
+        self.problems_total = 0
         self.notes: list[str] = []
         stem = f"{script}-{now().strftime('%Y%m%dT%H%M%S-%f')}"
         self.json_path = None if dry_run else directory / f"{stem}.json"
         self.csv_path = None if dry_run else directory / f"{stem}.csv"
         self._csv: IO[str] | None = None
+        self._unwritten: str | None = None  # why the files could not be written
         self._lock = threading.Lock()
 
     def event(self, subject: str, outcome: str, reason: str = "", listed: bool = True) -> None:
@@ -116,10 +120,9 @@ class MigrationReport:
                  extra={"script": self.script, "subject": subject, "outcome": outcome})
         with self._lock:
             self.counts[outcome] = self.counts.get(outcome, 0) + 1
-            problem = outcome in PROBLEMS
-            if problem and len(self.problems) < self.SHOWN:
-                self.problems.append(Event(subject, outcome, reason))
-            if (problem or listed) and self.csv_path is not None:
+            if outcome in PROBLEMS:
+                self._problem(Event(subject, outcome, reason), now().isoformat())
+            elif listed:
                 self._row([subject, outcome, reason, now().isoformat()])
 
     def add(self, outcome: str, n: int) -> None:
@@ -127,14 +130,22 @@ class MigrationReport:
             self.counts[outcome] = self.counts.get(outcome, 0) + n
 
     def add_run(self, run: RunReport) -> None:
-        """A harvest run made by the migration (it wrote its own report; here its counts and first problems)."""
+        """A harvest run made by the migration (it wrote its own report; here its counts, and its problems for
+        the summary and the CSV). A run read back after a crash holds only its first problems: a note says
+        where the others are."""
         for outcome, n in run.counts.items():
             self.add(f"would {outcome}" if run.status == "dry-run" else outcome, n)
         if run.run_id is not None:
             self.runs.append(run.run_id)
             self.add("manifests published", run.manifests)
-        for item in run.problems[:self.SHOWN - len(self.problems)]:
-            self.problems.append(Event(f"{item.object_id}/{item.item_id}", item.outcome, item.reason or ""))
+        with self._lock:
+            for item in run.problems:
+                self._problem(Event(f"{item.object_id}/{item.item_id}", item.outcome, item.reason or ""), item.at)
+            unread = (run.problems_total or 0) - len(run.problems)
+            self.problems_total += max(unread, 0)
+        if unread > 0:
+            self.notes.append(f"{run.pipeline}: run {run.run_id}: {counted(unread, 'more problem')} than the CSV "
+                              f"lists: `gcis-etl report {run.run_id} --json` lists them all")
         if run.status == "stopped":
             self.status = "stopped"
             self.notes.append(f"{run.pipeline}: run {run.run_id}: {run.note}; run again to continue")
@@ -151,7 +162,7 @@ class MigrationReport:
     def to_dict(self) -> dict[str, Any]:
         return {"script": self.script, "status": self.status, "started": self.started, "finished": self.finished,
                 "counts": self.counts, "harvest_runs": self.runs, "notes": self.notes,
-                "problems": [vars(p) for p in self.problems],
+                "problems": [vars(p) for p in self.problems], "problems_total": self.problems_total,
                 "csv_path": str(self.csv_path) if self._csv else None}
 
     def summary(self) -> str:
@@ -163,26 +174,62 @@ class MigrationReport:
                          if len(self.runs) > 1 else f"  harvest run {self.runs[0]} (`gcis-etl report {self.runs[0]}`)")
         lines += [f"  note: {note}" for note in self.notes]
         lines += [f"  {p.outcome}: {p.subject}: {p.reason}" for p in self.problems]
-        if self._csv:
+        if self.problems_total > len(self.problems):
+            lines.append(f"  ... and {self.problems_total - len(self.problems)} more ({self._listed_in()})")
+        if self._csv and not self._unwritten:
             lines.append(f"  one line per problem, deletion or kept key: {self.csv_path}")
-        if self.json_path:
+        if self.json_path and not self._unwritten:
             lines.append(f"  report: {self.json_path}")
         return "\n".join(lines)
 
     def finish(self) -> None:
         self.finished = now().isoformat()
         if self._csv:
-            self._csv.close()
-        if self.json_path:
-            self.directory.mkdir(parents=True, exist_ok=True)
-            atomic_write(self.json_path, json.dumps(self.to_dict(), indent=2) + "\n")
+            try:
+                self._csv.close()
+            except OSError as exc:
+                self._not_written(exc)
+        if self.json_path and not self._unwritten:
+            try:
+                self.directory.mkdir(parents=True, exist_ok=True)
+                atomic_write(self.json_path, json.dumps(self.to_dict(), indent=2) + "\n")
+            except OSError as exc:
+                self._not_written(exc)
+
+    def _problem(self, event: Event, at: str | None) -> None:
+        """Under the lock."""
+        self.problems_total += 1
+        if len(self.problems) < self.SHOWN:
+            self.problems.append(event)
+        self._row([event.subject, event.outcome, event.reason, at or ""])
 
     def _row(self, row: list[str]) -> None:
-        if self._csv is None:
-            self.directory.mkdir(parents=True, exist_ok=True)
-            self._csv = open(self.csv_path, "w", newline="", buffering=1)
-            csv.writer(self._csv).writerow(["subject", "outcome", "reason", "at"])
-        csv.writer(self._csv).writerow(row)
+        """Under the lock."""
+        if self.csv_path is None or self._unwritten:
+            return
+        try:
+            if self._csv is None:
+                self.directory.mkdir(parents=True, exist_ok=True)
+                self._csv = open(self.csv_path, "w", newline="", buffering=1)
+                csv.writer(self._csv).writerow(["subject", "outcome", "reason", "at"])
+            csv.writer(self._csv).writerow(row)
+        except OSError as exc:
+            self._not_written(exc)
+
+    def _not_written(self, exc: OSError) -> None:
+        """Once: the migration goes on, and its summary is all there is of its report."""
+        if self._unwritten is None:
+            self._unwritten = exc.strerror or str(exc)
+            log.warning("%s: the migration's report was not written under %s: %s; only its summary is shown",
+                        self.script, self.directory, self._unwritten, extra={"script": self.script})
+
+    def _listed_in(self) -> str:
+        """Where the problems the summary leaves out are."""
+        if self.csv_path is None:
+            return "a dry run writes no CSV; -v logs each"
+        if self._unwritten:
+            return f"no CSV of them: {self._unwritten}; -v logs each"
+        return f"see {self.csv_path}"
 
 
 _COUNTED_NOUNS = frozenset({"objects", "manifests", "masters"})  # those the scripts' outcomes name in the plural
@@ -223,6 +270,13 @@ class Budget:
 
     def spend(self, run: RunReport) -> None:
         self.processed += sum(run.counts.get(outcome, 0) for outcome in ("deposited", "rejected", "failed"))
+
+    def worded(self, note: str | None) -> str | None:
+        """A run's note, naming --limit where the harvest named what was left of it for the run (options())."""
+        cut_short, sep, rest = (note or "").partition("; ")
+        if self.limit is None or not cut_short.startswith(HARVEST_LIMIT):
+            return note
+        return f"stopped at the migration's limit of {counted(self.limit, 'item')}{sep}{rest}"
 
 
 @dataclass
@@ -277,7 +331,7 @@ class MigrationContext:
             raise
         finally:
             progress.clear()
-        self.report.add_run(run)
+        self.report.add_run(replace(run, note=self.budget.worded(run.note)))
         self.budget.spend(run)
         if self.verbose:
             for planned in run.planned:

@@ -9,7 +9,8 @@ Keys do not change (they are relative to a store's root or prefix), so the ledge
 Re-running continues where the last run stopped: keys already in the target with the same SHA-256 (as the
 target records it) are not copied again. The pipeline is locked while keys are copied, so no harvest deposits
 into the old store meanwhile. A run starts by removing what a killed run left: its scratch copies, and its
-incomplete uploads to the target.
+incomplete uploads to the target. A store that goes down or takes no more data stops the run (no key starts
+after it; every key would fail alike): run again once it is back, or has room.
 
 Once the pipeline uses the target (step 3), the target holds the current keys: harvests went on there. A key
 that differs there is never replaced from the source: the source's copy is stale ("newer in the target").
@@ -59,10 +60,11 @@ from typing import Iterator
 
 import click
 
-from gcis_etl.errors import GcisError, IntegrityError
+from gcis_etl.errors import GcisError, IntegrityError, StoreUnavailable
 from gcis_etl.ledger import Ledger
 from gcis_etl.migration import Budget, MigrationContext, migration, same_store, shows_through, store_settings
 from gcis_etl.pipelines import Pipeline
+from gcis_etl.reports import counted
 from gcis_etl.stores import Store, StoredObject, open_store
 
 
@@ -110,7 +112,7 @@ def main(ctx: MigrationContext, name: str, to_spec: str | None, from_spec: str |
         if cut and not ctx.stop.is_set():
             stopped = f"stopped: {budget.exhausted()}: run again to go on"
         elif limit is not None and not ctx.stop.is_set() and next(keys, None) is not None:
-            stopped = f"stopped at the limit of {limit} keys: run again to go on"
+            stopped = f"stopped at the limit of {counted(limit, 'key')}: run again to go on"
         if stopped:
             if ctx.dry_run:
                 ctx.report.notes.append(stopped)
@@ -118,7 +120,7 @@ def main(ctx: MigrationContext, name: str, to_spec: str | None, from_spec: str |
                 ctx.report.stop("stopped", stopped)
     newer = ctx.report.counts.get("newer in the target")
     if newer:
-        ctx.report.notes.append(f"{newer} keys are newer in the target, the store pipeline {name!r} uses "
+        ctx.report.notes.append(f"{counted(newer, 'key')} newer in the target, the store pipeline {name!r} uses "
                                 f"(deposited there after the switch): kept; the source's copies are stale")
     if ctx.report.status == "completed" and ctx.report.exit_code == 0 and not ctx.stop.is_set() \
             and not authoritative:
@@ -200,19 +202,38 @@ class Move:
 
     def run(self, keys: Iterator[StoreKey], concurrency: int, budget: Budget) -> bool:
         """A bounded window of keys in flight: millions of keys never sit in memory at once. True when it stopped
-        with keys left (on request, or the budget's time spent): keys started are finished first."""
+        with keys left (on request, or the budget's time spent). Each key checks as it starts, since the pool
+        holds up to a window of them queued: once stopped, none starts, and those under way finish. A store that
+        goes down or takes no more data stops it too (every key would fail alike, each after its retries): the
+        first such error is raised once the keys under way have ended."""
+        halted: list[StoreUnavailable] = []
+
+        def stopping() -> bool:
+            return bool(halted) or self.ctx.stop.is_set() or budget.exhausted() is not None
+
+        def start(item: StoreKey) -> bool:
+            if stopping():
+                return False
+            try:
+                self.move(item)
+            except StoreUnavailable as exc:
+                halted.append(exc)
+            return True
+
         cut = False
         with ThreadPoolExecutor(concurrency, thread_name_prefix="gcis-move") as pool:
             window: deque = deque()
             for key in keys:
-                if self.ctx.stop.is_set() or budget.exhausted():
+                if stopping():
                     cut = True
                     break
-                window.append(pool.submit(self.move, key))
+                window.append(pool.submit(start, key))
                 if len(window) >= 2 * concurrency:
-                    window.popleft().result()
+                    cut |= not window.popleft().result()
             for future in window:
-                future.result()
+                cut |= not future.result()
+        if halted:
+            raise halted[0]
         return cut
 
     def move(self, item: StoreKey) -> None:
@@ -224,6 +245,8 @@ class Move:
             deleting = self.delete_source and step.in_source
             if deleting and not self.ctx.dry_run:
                 self.verify(item.key, step.sha256)
+        except StoreUnavailable:  # not this key's fault: run() stops
+            raise
         except GcisError as exc:  # this key fails, and stays in the source; the others go on
             report.event(item.key, "failed", str(exc))
             return

@@ -76,7 +76,7 @@ def test_the_report_of_a_run_stopped_on_request_exits_1_and_one_cut_at_its_limit
     assert "run 1 stopped" in stopped.stdout and "nothing changed" not in stopped.stdout
 
     limited = cli(site, "harvest", "--limit", "1")
-    assert limited.returncode == 0 and "stopped at the limit of 1 items" in limited.stdout, limited.stderr
+    assert limited.returncode == 0 and "stopped at the limit of 1 item" in limited.stdout, limited.stderr
     assert cli(site, "report", "2").returncode == 0
 
 

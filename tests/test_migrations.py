@@ -2,15 +2,20 @@
 masters: a filesystem source, a local store, and MinIO as the target of a move."""
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Iterator
 from urllib.parse import unquote
 
 import pytest
@@ -526,7 +531,7 @@ def test_delete_source_after_the_switch_keeps_what_harvests_deposited_in_the_new
     out = ok(site.migrate("move_store", "--pipeline", PIPELINE, "--from-store", "{kind: local, root: store}",
                           "--delete-source"))
     assert report_of(out)["counts"] == {"present": 7, "newer in the target": 3, "deleted from the source": 8}
-    assert "3 keys are newer in the target" in out
+    assert "3 keys newer in the target" in out
     assert site.stored(other) == current and site.stored() == {}
     rows = Path(report_of(out)["csv_path"]).read_text().splitlines()
     assert sorted(row.split(",")[0] for row in rows if ",newer in the target," in row) == [
@@ -616,3 +621,211 @@ def test_move_store_to_a_missing_bucket_stops_before_any_key(site, minio, aws_en
     assert "NoSuchBucket" in proc.stdout and "gcis-etl never creates a bucket" in proc.stdout, proc.stdout
     assert report_of(proc.stdout)["counts"] == {}
     assert "no-such-bucket" not in [b["Name"] for b in minio.client().list_buckets()["Buckets"]]
+
+
+def start_move(site: Site, *args: str) -> subprocess.Popen:
+    return subprocess.Popen([str(BIN / "gcis-migrate"), "move_store", "--pipeline", PIPELINE, *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=site.root,
+                            env={**os.environ, "GCIS_CONFIG": str(site.config)})
+
+
+def first_key(site: Site) -> str:
+    """The key a move starts with: the first item's access master."""
+    with site.ledger() as ledger:
+        return next(ledger.iter_items(PIPELINE, "output_key IS NOT NULL")).output_key
+
+
+@dataclass
+class HeldRead:
+    """The first key of the local store, whose read by a move waits for the test: a FIFO in its place. The real
+    file waits aside (with its inode, which its sidecar names) and is put back afterwards."""
+
+    path: Path
+    aside: Path
+
+    @classmethod
+    def first_key(cls, site: Site) -> HeldRead:
+        held = cls(site.store / first_key(site), site.root / "held-aside")
+        os.rename(held.path, held.aside)
+        os.mkfifo(held.path)
+        return held
+
+    @contextmanager
+    def reading(self, run: subprocess.Popen) -> Iterator[None]:
+        """Once the move has opened the key (a key started: the ones after it wait in the pool's queue); on leaving,
+        it reads the real bytes."""
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                fd = os.open(self.path, os.O_WRONLY | os.O_NONBLOCK)  # ENXIO until a reader has it open
+                break
+            except OSError as exc:
+                if exc.errno != errno.ENXIO:
+                    raise
+            assert run.poll() is None and time.monotonic() < deadline, "the move never read the held key"
+            time.sleep(0.05)
+        try:
+            yield
+        finally:
+            os.set_blocking(fd, True)
+            with open(fd, "wb") as gate:
+                gate.write(self.aside.read_bytes())
+
+    def put_back(self) -> None:
+        os.replace(self.aside, self.path)
+
+
+def test_move_store_stops_on_a_target_that_goes_down_and_a_rerun_goes_on(site, minio, s3_bucket, aws_env):
+    """MinIO, the target, goes down while the first key is read (after the stores' checks): the move stops on that
+    error (exit 1, the cause in the summary and the JSON) and starts no other key, rather than spend each key's
+    retries to fail it; with MinIO back, a re-run copies every key."""
+    ok(site.migrate("initial_load", "--pipeline", PIPELINE))
+    local = site.stored()
+    held = HeldRead.first_key(site)
+    target = json.dumps({**s3_store(minio, s3_bucket), "retry": {"max_attempts": 2}})
+    run = start_move(site, "--to-store", target, "--concurrency", "1")
+    try:
+        with held.reading(run):
+            minio.stop()
+        out, err = run.communicate(timeout=120)
+    finally:
+        run.kill()
+        minio.start()
+        held.put_back()
+    assert run.returncode == 1, out + err
+    assert out.startswith("move_store: stopped on an error: nothing done"), out
+    report = report_of(out)
+    assert report["status"] == "stopped on an error" and report["counts"] == {}
+    assert report["notes"][0].startswith(f"StoreUnavailable: s3://{s3_bucket}/iiif/museum/a/"), report["notes"]
+    assert "failed after 2 attempts" in report["notes"][0]
+    assert bucket_objects(minio, s3_bucket) == {}
+
+    out = ok(site.migrate("move_store", "--pipeline", PIPELINE, "--to-store", target))
+    assert out.startswith("move_store: completed: 8 copied"), out
+    assert bucket_objects(minio, s3_bucket) == local
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root")
+def test_move_store_stops_on_a_full_target_before_any_manifest_and_a_rerun_goes_on(site):
+    """A local target on a tmpfs with room for the first access master only: the move stops at the second (exit 1,
+    StoreFull) and copies nothing after it, so no manifest arrives without its images; once there is room, a re-run
+    copies the rest."""
+    ok(site.migrate("initial_load", "--pipeline", PIPELINE))
+    full = site.root / "full"
+    full.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(full)], check=True)
+    try:
+        filler = full / "filler"
+        filler.write_bytes(bytes(shutil.disk_usage(full).free - 28 * 1024))  # 16K + a sidecar, not 20K more
+        out = ok(site.migrate("move_store", "--pipeline", PIPELINE, "--to-store", json.dumps(
+            {"kind": "local", "root": str(full)}), "--concurrency", "1"), code=1)
+        assert out.startswith("move_store: stopped on an error: 1 copied"), out
+        assert "StoreFull: " in out and "No space left on device" in out
+        assert report_of(out)["status"] == "stopped on an error"
+        assert [key for key in site.stored(full) if key != "filler"] == [first_key(site)]
+
+        filler.unlink()
+        out = ok(site.migrate("move_store", "--pipeline", PIPELINE, "--to-store", json.dumps(
+            {"kind": "local", "root": str(full)})))
+        assert out.startswith("move_store: completed: 1 present, 7 copied"), out
+        assert site.stored(full) == site.stored()
+    finally:
+        subprocess.run(["umount", str(full)], check=True)
+
+
+@pytest.mark.parametrize("stop", ["Ctrl-C", "--max-minutes"])
+def test_move_store_starts_no_queued_key_after_a_stop(site, stop):
+    """The pool holds keys queued behind the one under way: after Ctrl-C, or once --max-minutes is spent, they are
+    not started (nor counted); the key under way is finished."""
+    ok(site.migrate("initial_load", "--pipeline", PIPELINE))
+    held = HeldRead.first_key(site)
+    budget = ("--max-minutes", "0.05") if stop == "--max-minutes" else ()
+    run = start_move(site, "--to-store", "{kind: local, root: other}", "--concurrency", "1", *budget)
+    try:
+        with held.reading(run):
+            if stop == "Ctrl-C":
+                run.send_signal(signal.SIGINT)
+            else:
+                time.sleep(0.05 * 60 + 0.5)
+        out, err = run.communicate(timeout=120)
+    finally:
+        run.kill()
+        held.put_back()
+    assert run.returncode == (130 if stop == "Ctrl-C" else 0), out + err
+    assert out.startswith("move_store: stopped: 1 copied\n"), out
+    assert report_of(out)["counts"] == {"copied": 1}
+    assert list(site.stored(site.root / "other")) == [first_key(site)]
+
+
+# ------------------------------------------------------------------------------- a migration's own report
+
+
+def add_corrupt_objects(site: Site, n: int) -> list[str]:
+    """`n` objects whose one master no decoder reads: each is rejected."""
+    names = [f"bad{i:02}" for i in range(n)]
+    for name in names:
+        (site.root / "masters" / name).mkdir()
+        (site.root / "masters" / name / "x.jpg").write_bytes(b"not a JPEG at all")
+    return names
+
+
+def test_a_migration_lists_every_problem_of_all_its_harvest_runs_in_its_csv_and_says_how_many_more(site):
+    bad = add_corrupt_objects(site, 13)
+    (site.root / "ids.txt").write_text("\n".join(["a", *bad]) + "\n")
+    proc = site.migrate("initial_load", "--pipeline", PIPELINE, "--ids", "ids.txt", "--batch-size", "5")
+    out = ok(proc, 1)
+    shown = [line for line in out.splitlines() if line.startswith("  rejected: ")]
+    assert len(shown) == MigrationReport.SHOWN
+    assert "  ... and 3 more (see " in out
+    report = report_of(out)
+    assert report["harvest_runs"] == [1, 2, 3]  # the problems of later runs count as much as the first's
+    assert report["counts"]["rejected"] == 13 and report["problems_total"] == 13
+    assert len(report["problems"]) == MigrationReport.SHOWN
+    assert f"  ... and 3 more (see {report['csv_path']})" in out.splitlines()
+    header, *rows = Path(report["csv_path"]).read_text().splitlines()
+    assert header == "subject,outcome,reason,at"
+    assert sorted(row.split(",")[:2] for row in rows) == [[f"{name}/{name}/x.jpg", "rejected"] for name in bad]
+
+
+def test_a_harvest_run_cut_short_by_limit_names_the_limit_given(site):
+    (site.root / "ids.txt").write_text("b\na\n")
+    out = ok(site.migrate("initial_load", "--pipeline", PIPELINE, "--ids", "ids.txt", "--batch-size", "1",
+                          "--limit", "2"))  # run 1 takes b's one item, leaving run 2 a limit of 1
+    assert f"  note: {PIPELINE}: run 2: stopped at the migration's limit of 2 items; run again to continue" in out
+    (site.root / "ids.txt").write_text("c\n")
+    out = ok(site.migrate("initial_load", "--pipeline", PIPELINE, "--ids", "ids.txt", "--limit", "1"))
+    assert f"  note: {PIPELINE}: run 3: stopped at the migration's limit of 1 item; run again to continue" in out
+
+
+@pytest.fixture
+def unwritable_reports(site) -> Path:
+    """<state_dir>/reports, which nobody can write into: for root (CI), a read-only tmpfs over it."""
+    folder = site.root / "state" / "reports"
+    folder.mkdir(parents=True)
+    if os.geteuid() == 0:
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(folder)], check=True)
+        yield folder
+        subprocess.run(["umount", str(folder)], check=True)
+    else:
+        folder.chmod(0o555)
+        yield folder
+        folder.chmod(0o755)
+
+
+def test_a_reports_folder_that_cannot_be_written_is_a_warning_and_the_summary_still_comes(site, unwritable_reports):
+    add_corrupt_objects(site, 1)
+    proc = site.migrate("initial_load", "--pipeline", PIPELINE)
+    out = ok(proc, 1)  # as the rejected item earns it, not a crash
+    assert out.startswith("initial_load: completed: 4 deposited, 1 rejected"), out
+    assert "  rejected: bad00/bad00/x.jpg: " in out and "report: " not in out
+    assert "Traceback" not in proc.stderr
+    warning = f"initial_load: the migration's report was not written under {unwritable_reports}: "
+    assert proc.stderr.count(warning) == 1 and proc.stderr.count("the migration's report") == 1, proc.stderr
+
+    (site.store / "museum" / "a" / "a~2Fp1.png.tif").unlink()  # a problem for move_store, met in a worker thread
+    proc = site.migrate("move_store", "--pipeline", PIPELINE, "--to-store", "{kind: local, root: other}")
+    out = ok(proc, 1)
+    assert out.startswith("move_store: completed: "), out
+    assert "museum/a/a~2Fp1.png.tif" in out and "report: " not in out
+    assert "Traceback" not in proc.stderr
+    assert proc.stderr.count("move_store: the migration's report was not written under ") == 1, proc.stderr
