@@ -5,9 +5,13 @@ import os
 import shutil
 import socket
 import subprocess
+import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
+from http.server import ThreadingHTTPServer
 from pathlib import Path
+from typing import Iterator
 
 
 def free_port() -> int:
@@ -96,3 +100,21 @@ def terminate(proc: subprocess.Popen, grace: float = 10) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+
+
+@contextmanager
+def http_server(handler, **state) -> Iterator[ThreadingHTTPServer]:
+    """A threaded http.server on loopback for a misbehaving `handler`, with `state` as attributes and `stopping`,
+    set at the end so that a handler waiting on it (a trickle) lets the server shut down."""
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    httpd.daemon_threads = True
+    httpd.stopping = threading.Event()
+    for name, value in state.items():
+        setattr(httpd, name, value)
+    threading.Thread(target=httpd.serve_forever, args=(0.05,), daemon=True).start()
+    try:
+        yield httpd
+    finally:
+        httpd.stopping.set()
+        httpd.shutdown()
+        httpd.server_close()

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import gzip
 import hashlib
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from urllib.parse import urlsplit
 
 import pytest
@@ -18,6 +17,7 @@ from connectors.http import HttpSession, HttpSourceSettings
 from connectors.retry import RetryPolicy
 from tests.emulators import FAST_RETRY
 from tests.emulators.server import EmulatorServer, Request, Response
+from tests.servers import http_server
 
 MASTER = bytes(range(256)) * 2048  # 512 KiB that gzip shrinks a lot: the encoded length is far from the size
 SECRETS = {"otmmauthtoken": "TOKENSECRET", "X-Requested-By": "4711", "X-Api-Key": "GATEWAYKEYSECRET"}
@@ -153,14 +153,8 @@ class Trickle(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def trickle():
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Trickle)
-    httpd.daemon_threads = True
-    httpd.stopping = threading.Event()
-    threading.Thread(target=httpd.serve_forever, args=(0.05,), daemon=True).start()
-    yield f"http://127.0.0.1:{httpd.server_address[1]}"
-    httpd.stopping.set()
-    httpd.shutdown()
-    httpd.server_close()
+    with http_server(Trickle) as httpd:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}"
 
 
 def test_a_trickling_body_is_cut_off_by_its_pace_and_leaves_no_file(trickle, tmp_path):

@@ -7,7 +7,6 @@ import hashlib
 import logging
 import re
 import socket
-import threading
 import time
 import traceback
 from datetime import datetime, timedelta, timezone
@@ -28,7 +27,7 @@ from tests.emulators import FAST_RETRY
 from tests.emulators.catalogue import CORPUS
 from tests.emulators.faults import Fault
 from tests.emulators.server import EmulatorServer, Request, Response
-from tests.servers import free_port
+from tests.servers import free_port, http_server
 
 MASTER = CORPUS / "rgb8-tiff-lzw" / "kodim02-lzw.tif"
 
@@ -213,14 +212,8 @@ class Trickle(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def trickle():
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Trickle)
-    httpd.daemon_threads = True
-    httpd.stopping, httpd.requests, httpd.trickles, httpd.sent = threading.Event(), 0, 1_000, []
-    threading.Thread(target=httpd.serve_forever, args=(0.05,), daemon=True).start()
-    yield httpd
-    httpd.stopping.set()
-    httpd.shutdown()
-    httpd.server_close()
+    with http_server(Trickle, requests=0, trickles=1_000, sent=[]) as httpd:
+        yield httpd
 
 
 def trickle_url(httpd: ThreadingHTTPServer, path: str) -> str:
