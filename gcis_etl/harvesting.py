@@ -41,6 +41,7 @@ from gcis_etl.work import ItemResult, ItemTask, Outcome, fingerprint
 
 log = logging.getLogger("gcis_etl.harvest")  # the name log shippers filter on (progress.py logs items under it)
 
+AT_LIMIT = "stopped at the limit of "  # a run's note at HarvestOptions.limit (a migration words it anew)
 OBJECT = "(object)"  # stands for the item id where the run reports that the source could not describe the object
 
 
@@ -252,7 +253,7 @@ class Harvest:
         elif self.deadline is not None and time.monotonic() > self.deadline:
             self.cut_short = "stopped at the run time limit"
         elif self.options.limit is not None and self.submitted >= self.options.limit:
-            self.cut_short = f"stopped at the limit of {counted(self.options.limit, 'item')}"
+            self.cut_short = f"{AT_LIMIT}{counted(self.options.limit, 'item')}"
         return self.cut_short is not None
 
     # ------------------------------------------------------------------------------------ running

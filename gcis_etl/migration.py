@@ -43,7 +43,7 @@ from gcis_etl.commands import (CONFIG, EXIT_ITEM_FAILED, EXIT_LOCKED, EXIT_OK, E
 from gcis_etl.config import Config, anchor_in, anchored_store, load_config
 from gcis_etl.durable import atomic_write
 from gcis_etl.errors import ConfigError, GcisError
-from gcis_etl.harvesting import HarvestOptions, harvest
+from gcis_etl.harvesting import AT_LIMIT, HarvestOptions, harvest
 from gcis_etl.ledger import Ledger, now
 from gcis_etl.locks import LockHeld, RunLock, pipeline_lock
 from gcis_etl.pipelines import Pipeline
@@ -56,7 +56,6 @@ log = logging.getLogger(__name__)
 
 MIGRATIONS = Path(__file__).resolve().parent.parent / "migrations"
 PROBLEMS = (*RUN_PROBLEMS, "missing")
-HARVEST_LIMIT = "stopped at the limit of "  # how a harvest's note begins when it stopped at HarvestOptions.limit
 
 
 def available() -> list[str]:
@@ -274,7 +273,7 @@ class Budget:
     def worded(self, note: str | None) -> str | None:
         """A run's note, naming --limit where the harvest named what was left of it for the run (options())."""
         cut_short, sep, rest = (note or "").partition("; ")
-        if self.limit is None or not cut_short.startswith(HARVEST_LIMIT):
+        if self.limit is None or not cut_short.startswith(AT_LIMIT):
             return note
         return f"stopped at the migration's limit of {counted(self.limit, 'item')}{sep}{rest}"
 

@@ -139,7 +139,8 @@ def report_from_ledger(ledger: Ledger, run: RunRecord, lock: RunLock | None = No
     problems: list[RunItem] = []
     for name in PROBLEMS:
         problems += ledger.run_items(run.run_id, name, limit=-1 if shown is None else shown - len(problems))
-    total = None if shown is None else sum(ledger.recorded_counts(run.run_id)[name] for name in PROBLEMS)
+    recorded = None if shown is None else ledger.recorded_counts(run.run_id)
+    total = None if recorded is None else sum(recorded[name] for name in PROBLEMS)
     warned = [Warned(i.object_id, i.item_id, i.warnings) for i in ledger.run_items(run.run_id, "deposited", True)]
     warned += [Warned(m.object_id, MANIFEST, m.warnings) for m in ledger.manifest_warnings(run.run_id)]
     return RunReport(pipeline=run.pipeline, run_id=run.run_id, status=run.status, started=run.started,
