@@ -49,7 +49,7 @@ from gcis_etl.locks import LockHeld, RunLock, pipeline_lock
 from gcis_etl.pipelines import Pipeline
 from gcis_etl.reports import PROBLEMS as RUN_PROBLEMS
 from gcis_etl.reports import RunReport, counted, report_from_ledger
-from gcis_etl.settings import Settings, interpolate_env, parse, read_yaml
+from gcis_etl.settings import Settings, interpolate_env, load_yaml, parse, read_yaml
 from gcis_etl.stores import LocalStoreSettings, S3StoreSettings, Store, StoreSettings
 
 log = logging.getLogger(__name__)
@@ -354,7 +354,7 @@ def store_settings(spec: str, option: str) -> LocalStoreSettings | S3StoreSettin
         data, source, base = read_yaml(path), str(path), path.resolve().parent
     else:
         try:
-            data = yaml.safe_load(spec)
+            data = load_yaml(spec)
         except yaml.YAMLError:
             data = None
         source, base = option, Path.cwd()

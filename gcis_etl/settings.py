@@ -52,9 +52,33 @@ def read_yaml(path: str | Path) -> Any:
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
     try:
-        return yaml.safe_load(text)
+        return load_yaml(text)
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML{_where(exc)}") from None
+
+
+def load_yaml(text: str) -> Any:
+    """yaml.safe_load, but a key twice in one mapping is a YAMLError: PyYAML keeps the last silently, so a
+    second `ops:` pipeline pasted below the first replaced it."""
+    return yaml.load(text, Loader=_UniqueKeyLoader)
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        first: dict = {}
+        for key_node, _ in node.value:
+            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == _MERGE:  # `<<: *base` may be overridden
+                continue
+            key = self.construct_object(key_node)
+            if key in first:
+                raise yaml.constructor.ConstructorError(
+                    problem=f"key {key!r} appears twice in this mapping (first at line {first[key].line + 1})",
+                    problem_mark=key_node.start_mark)
+            first[key] = key_node.start_mark
+        return super().construct_mapping(node, deep)
+
+
+_MERGE = "tag:yaml.org,2002:merge"
 
 
 def _where(exc: yaml.YAMLError) -> str:
@@ -88,13 +112,14 @@ def interpolate_env(value: Any, where: str = "", deferred: re.Pattern | None = N
     if isinstance(value, str) and _ENV_REF.search(value):
         secrets = set()
         if deferred is not None and deferred.match(where) and any(
-                name not in os.environ for name in _ENV_REF.findall(value)):
+                not os.environ.get(name) for name in _ENV_REF.findall(value)):
             return Deferred(value)
 
         def sub(match: re.Match) -> str:
             name = match.group(1)
-            if name not in os.environ:
-                raise ConfigError(f"{where}: environment variable {name} is not set")
+            if not os.environ.get(name):
+                raise ConfigError(f"{where}: environment variable {name} is "
+                                  f"{'set but empty' if name in os.environ else 'not set'}")
             if len(os.environ[name]) >= _MIN_SECRET and (_SECRET_NAME.search(name) or _SECRET_NAME.search(where)):
                 secrets.add(os.environ[name])
             return os.environ[name]
@@ -110,12 +135,15 @@ def interpolate_env(value: Any, where: str = "", deferred: re.Pattern | None = N
 
 def parse(model: type[M], data: Any, source: str, prefix: str = "") -> M:
     """Validate `data` as `model`; on failure raise ConfigError listing `source: key.path: problem (got ...)`."""
+    booleans = {_key_path(prefix, path): value for path, value in _booleans_for_numbers([model], data)}
+    lines = [f"{source}: {key}: {_NOT_BOOLEAN} (got {value})" for key, value in booleans.items()]
     try:
         settings = model.model_validate(data if data is not None else {})
     except ValidationError as exc:
-        lines = []
         for err in exc.errors():
-            key = ".".join(str(p) for p in (prefix, *_written(err["loc"], data)) if p != "")
+            key = _key_path(prefix, _written(err["loc"], data))
+            if key in booleans:  # what pydantic says of 1 (a bound it breaks) is beside the point
+                continue
             got = err.get("input")
             secret = _hidden_input(err)
             if isinstance(got, FromEnvironment):
@@ -125,10 +153,32 @@ def parse(model: type[M], data: Any, source: str, prefix: str = "") -> M:
             else:
                 shown = f" (got {redacted(got) if isinstance(got, str) else got!r})"
             lines.append(f"{source}: {key or '<top>'}: {_expected(model, err)}{shown}")
-        raise ConfigError("\n".join(lines)) from None
+    if lines:
+        raise ConfigError("\n".join(lines))
     if isinstance(settings, Settings):
         settings._from_environment = environment_values(data)
     return settings
+
+
+def _key_path(prefix: str, path: Any) -> str:
+    return ".".join(str(p) for p in (prefix, *path) if p != "")
+
+
+_NOT_BOOLEAN = "Input should be a number, not a boolean (YAML reads yes, no, on, off, true and false as booleans)"
+
+
+def _booleans_for_numbers(annotations: list[Any], data: Any, path: tuple = ()) -> Iterator[tuple[tuple, bool]]:
+    """The key paths (and values) where `data` holds a bool that one of `annotations` takes as a number and none
+    as a bool: pydantic's lax mode reads True as 1, so `overlap_seconds: yes` was 1.0. Strings stay numbers
+    ("30", a ${VAR}), as pydantic reads them."""
+    arms = [arm for annotation in annotations for arm in annotation_types(annotation)]
+    if isinstance(data, bool):
+        if bool not in arms and any(isinstance(arm, type) and issubclass(arm, (int, float)) for arm in arms):
+            yield path, data
+        return
+    for key, value in data.items() if isinstance(data, dict) else enumerate(data) if isinstance(data, list) else ():
+        inner = [step for step in (_inside(arm, key) for arm in arms) if step is not None]
+        yield from _booleans_for_numbers(inner, value, (*path, key))
 
 
 def _expected(model: type[BaseModel], error: dict) -> str:
