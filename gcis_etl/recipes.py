@@ -166,6 +166,12 @@ def _check_opj_grk(encoder: str, jp2: Jp2Parameters) -> None:
     conversion would fail, in the encoder or in verification."""
     if jp2.ht and encoder == "openjpeg":
         raise ValueError("jp2.ht: opj_compress cannot write HTJ2K; use encoder grok or kakadu")
+    if jp2.tiles and min(jp2.tiles) < 2 ** jp2.levels:
+        # opj_compress: "Number of resolutions is too high in comparison to the size of tiles"; grk_compress
+        # writes a file whose reductions are wrong (17 dB where 30 are asked)
+        raise ValueError(f"jp2.tiles: {encoder} needs tiles of at least 2^levels = {2 ** jp2.levels} a side for "
+                         f"{jp2.levels} levels, got {list(jp2.tiles)}: use larger tiles or at most "
+                         f"{min(jp2.tiles).bit_length() - 1} levels")
     if jp2.ht and jp2.layers > 1:
         raise ValueError(f"jp2.ht: {encoder} writes one quality layer with the HT block coder, not "
                          f"{jp2.layers} (verification would fail): set layers: 1")
@@ -203,8 +209,8 @@ def recipe_files(folder: Path | None = None) -> dict[str, Path]:
     recipe_dirs(folder) order: what load_recipe finds, recipe_names and `gcis-etl recipes` list."""
     found: dict[str, Path] = {}
     for directory in recipe_dirs(folder):
-        for path in sorted(directory.glob("*.yaml")) if directory.is_dir() else ():
-            if path.is_file():
+        for path in sorted(directory.iterdir()) if directory.is_dir() else ():
+            if is_recipe_file(path) and path.is_file():
                 found.setdefault(path.stem, path)
     return found
 

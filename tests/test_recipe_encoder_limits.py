@@ -38,8 +38,13 @@ def edited(tmp_path: Path, shipped: str, **jp2) -> Path:
                                                     "resolution 4"),
     ("jp2-grok-lossy", {"precincts": [[256, 256], [16, 16]]}, "reaches 1 at resolution 1"),
     ("jp2-openjpeg-lossless", {"precincts": [[64, 16]]}, "make the last size at least 64 a side"),
+    ("jp2-openjpeg-lossy", {"levels": 9, "tiles": [256, 256]},
+     "jp2.tiles: openjpeg needs tiles of at least 2^levels = 512 a side for 9 levels, got [256, 256]: use larger "
+     "tiles or at most 8 levels"),
+    ("jp2-grok-lossy", {"levels": 10}, "jp2.tiles: grok needs tiles of at least 2^levels = 1024 a side"),
 ], ids=["opj LRCP", "opj RLCP", "opj by layer", "grok by layer", "grok HT layers", "opj HT", "opj precincts to 1",
-        "grok precincts to 1", "opj precincts to 1 in height"])
+        "grok precincts to 1", "opj precincts to 1 in height", "opj levels beyond the tiles",
+        "grok levels beyond the tiles"])
 def test_what_the_encoder_cannot_make_is_refused_at_load(tmp_path, shipped, change, reason):
     with pytest.raises(ConfigError, match=re.escape(reason)):
         load_recipe(edited(tmp_path, shipped, **change))
@@ -52,8 +57,11 @@ def test_what_the_encoder_cannot_make_is_refused_at_load(tmp_path, shipped, chan
     ("jp2-grok-htj2k", {"reversible": False, "rates": [2]}),
     ("jp2-openjpeg-lossy", {"precincts": [[256, 256], [256, 256], [16, 16]]}),
     ("jp2-grok-lossy", {"precincts": [[256, 256], [256, 256], [16, 16]]}),
+    ("jp2-openjpeg-lossy", {"levels": 8, "tiles": [256, 256]}),
+    ("jp2-grok-lossy", {"levels": 8, "tiles": [256, 256]}),
 ], ids=["opj LRCP, no tile-parts", "opj by component", "grok LRCP", "grok HT lossy, one layer",
-        "opj precincts to 2 at resolution 1, below the code-block", "grok precincts to 2 at resolution 1"])
+        "opj precincts to 2 at resolution 1, below the code-block", "grok precincts to 2 at resolution 1",
+        "opj levels up to the tiles", "grok levels up to the tiles"])
 def test_the_neighbours_of_what_is_refused_convert(tmp_path, shipped, change):
     master = tmp_path / "master.tif"
     pyvips.Image.xyz(700, 500).extract_band(0).cast("uchar").bandjoin([128, 64]).copy(

@@ -73,6 +73,17 @@ def test_one_lookup_order_serves_load_recipe_the_names_and_the_recipes_command(t
         load_recipe("only-here", elsewhere)
 
 
+def test_a_recipe_written_as_yml_is_found_by_name_as_by_path(tmp_path):
+    site = tmp_path / "site"
+    (site / "recipes").mkdir(parents=True)
+    (site / "recipes" / "house.yml").write_text((SHIPPED / "ptiff-jpeg-q90.yaml").read_text().replace(
+        "name: ptiff-jpeg-q90", "name: house"))
+    by_path = load_recipe(site / "recipes" / "house.yml")
+    assert by_path.name == "house"
+    assert load_recipe("house", site).digest == by_path.digest
+    assert "house" in recipe_names(site)
+
+
 def test_a_harvest_and_a_reencode_find_the_recipes_beside_the_config_from_another_working_directory(
         tmp_path, monkeypatch):
     """The pipeline's recipe and --to-recipe both live in recipes/ beside config.yaml; neither command runs
