@@ -13,7 +13,7 @@ import sys
 import threading
 import time
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator, NoReturn
+from typing import Any, Callable, ContextManager, Iterator, NoReturn, Protocol, runtime_checkable
 
 import click
 
@@ -99,6 +99,44 @@ class StopRequest(threading.Event):
             say("\nabandoning the items in flight: the next run redoes them (Ctrl-C again to end the process "
                 "now)", logging.WARNING)
             raise Interrupted(self.signum)
+
+
+@runtime_checkable
+class Stop(Protocol):
+    """What a run asks of its stop: StopRequest, or CallersStop for a library caller's own Event."""
+
+    def is_set(self) -> bool: ...
+
+    @property
+    def exit_code(self) -> int: ...
+
+    def in_flight(self) -> ContextManager[None]: ...
+
+
+class CallersStop:
+    """A library caller's own threading.Event as a Stop: no signal sets it, so nothing abandons the items in
+    flight, and a command it stopped exits 1, as a run that did not complete (there is no signal to report)."""
+
+    def __init__(self, event: threading.Event):
+        self.event = event
+
+    def is_set(self) -> bool:
+        return self.event.is_set()
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_ITEM_FAILED if self.event.is_set() else EXIT_OK
+
+    @contextmanager
+    def in_flight(self) -> Iterator[None]:
+        yield
+
+
+def as_stop(stop: threading.Event | Stop | None) -> Stop:
+    """harvest()'s and harvest_pipelines()' `stop`, taken once at their entry: none is a StopRequest never set."""
+    if stop is None:
+        return StopRequest()
+    return stop if isinstance(stop, Stop) else CallersStop(stop)
 
 
 def stop_on_signals() -> StopRequest:

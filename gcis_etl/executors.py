@@ -15,7 +15,7 @@ import queue
 import threading
 from dataclasses import replace
 from pathlib import Path
-from typing import Iterator, Protocol
+from typing import Callable, Iterator, Protocol
 
 from gcis_etl.isolation import ChildPool
 from gcis_etl.pipelines import Pipeline
@@ -103,9 +103,11 @@ class LocalExecutor:
 
 
 def open_executor(kind: str, pipelines: dict[str, Pipeline], concurrency: int, scratch: Path,
-                  transfer_slots: int, stop: threading.Event | None = None) -> Executor:
-    """`stop`: set, the run waits only for what has started (Celery: a task still in its queue is left there)."""
+                  transfer_slots: int, stopping: Callable[[], bool] | None = None) -> Executor:
+    """`stopping()` true (a stop asked for, the run's time up: Harvest.stopping), the run waits only for what has
+    started: Celery leaves a task still in its queue there. The local executor need not ask: each task it
+    holds has a thread of its own, free when the task was handed over, so all have started."""
     if kind == "celery":
         from gcis_etl.worker import CeleryExecutor
-        return CeleryExecutor(pipelines, concurrency, scratch, stop=stop)
+        return CeleryExecutor(pipelines, concurrency, scratch, stopping=stopping)
     return LocalExecutor(pipelines, concurrency, scratch, transfer_slots)

@@ -17,14 +17,13 @@ import logging
 import shutil
 import threading
 import time
-from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
 from typing import Callable, Iterator, Sequence
 
 from connectors.base import LangValue, ListingMoved, SourceItem, SourceObject, UnreadableObject
 from connectors.errors import OBJECT_ERRORS, ObjectNotFound
-from gcis_etl.commands import EXIT_ITEM_FAILED, EXIT_LOCKED, EXIT_OK, EXIT_USAGE, Interrupted, StopRequest
+from gcis_etl.commands import EXIT_ITEM_FAILED, EXIT_LOCKED, EXIT_OK, EXIT_USAGE, Interrupted, Stop, as_stop
 from gcis_etl.config import Config
 from gcis_etl.errors import ConfigError, GcisError, ManifestError
 from gcis_etl.executors import Executor, open_executor
@@ -133,7 +132,7 @@ class Progress:
 
 class Harvest:
     def __init__(self, config: Config, pipeline: Pipeline, options: HarvestOptions, ledger: Ledger,
-                 progress: Progress, stop: threading.Event):
+                 progress: Progress, stop: Stop):
         self.config = config
         self.pipeline = pipeline
         self.options = options
@@ -250,11 +249,20 @@ class Harvest:
             return True
         if self.stop.is_set():
             self.cut_short = STOPPED_ON_REQUEST
-        elif self.deadline is not None and time.monotonic() > self.deadline:
+        elif self._out_of_time():
             self.cut_short = "stopped at the run time limit"
         elif self.options.limit is not None and self.submitted >= self.options.limit:
             self.cut_short = f"{AT_LIMIT}{counted(self.options.limit, 'item')}"
         return self.cut_short is not None
+
+    def stopping(self) -> bool:
+        """What the executor asks while it waits: a stop asked for or the run's time up, it sends no more tasks
+        and waits only for those started (Celery: the others stay in their queue for the next run; with no worker
+        running, waiting for them would never end). Not at --limit: the tasks sent are within it."""
+        return self.stop.is_set() or self._out_of_time()
+
+    def _out_of_time(self) -> bool:
+        return self.deadline is not None and time.monotonic() > self.deadline
 
     # ------------------------------------------------------------------------------------ running
 
@@ -305,6 +313,8 @@ class Harvest:
             self.settle(result)
         if self.halted:
             raise RunHalted(self.halted)
+        if any(pending.waiting for pending in self.pending.values()):  # the executor left them (see stopping)
+            self.should_stop()  # the stop or the time limit came while the last tasks were in flight
         for pending in list(self.pending.values()):  # cut short: these stay for the next run
             self.unsettled.append(pending.obj.modified)
 
@@ -497,16 +507,17 @@ class Harvest:
 
 
 def harvest(config: Config, name: str, options: HarvestOptions = HarvestOptions(),
-            progress: Progress | None = None, stop: threading.Event | None = None,
+            progress: Progress | None = None, stop: threading.Event | Stop | None = None,
             executor: Executor | None = None) -> RunReport:
     """Run one pipeline once. Raises LockHeld when another run holds the pipeline; ConfigError, SourceError for
     problems that stop the whole run (the ledger then keeps everything settled so far). `stop` set: no new item
-    is taken, and the run ends once those in flight are recorded. When it is a StopRequest (stop_on_signals), a
+    is taken, and the run ends once those in flight are recorded (with Celery, those a worker started: the others
+    stay in their queue for the next run, as at max_run_minutes). When it is a StopRequest (stop_on_signals), a
     second Ctrl-C ends the run at once, recorded as stopped (ABANDONED): the items in flight are not waited for,
     and the checkpoint stays where it was, so that the next run does them again."""
     pipeline = config.pipeline(name)
     progress = progress or Progress()
-    stop = stop or StopRequest()
+    stop = as_stop(stop)
     with Ledger.open(config, read_only=options.dry_run) as ledger:  # a dry run does not even create it
         run = Harvest(config, pipeline, options, ledger, progress, stop)
         if options.dry_run:
@@ -531,10 +542,10 @@ def harvest(config: Config, name: str, options: HarvestOptions = HarvestOptions(
             own = executor is None
             executor = executor or open_executor(pipeline.settings.executor, {name: pipeline},
                                                  pipeline.settings.concurrency, scratch, pipeline.settings.transfers,
-                                                 stop)
+                                                 run.stopping)
             checkpoint = None
             try:
-                with stop.in_flight() if isinstance(stop, StopRequest) else nullcontext():
+                with stop.in_flight():
                     run.execute(executor, since, until)
                 run.update_collection()
                 checkpoint = run.next_checkpoint(since, until)
@@ -582,7 +593,7 @@ class PipelineOutcome:
 
 
 def harvest_pipelines(config: Config, names: Sequence[str] = (), options: HarvestOptions = HarvestOptions(),
-                      stop: threading.Event | None = None, progress_for: Callable[[str], Progress] | None = None
+                      stop: threading.Event | Stop | None = None, progress_for: Callable[[str], Progress] | None = None
                       ) -> Iterator[PipelineOutcome]:
     """What `gcis-etl harvest` does: each pipeline named (all when none is) harvested in turn, its outcome given
     as it ends; the command exits with the highest exit code among them. Every source is opened first. Another
@@ -593,12 +604,12 @@ def harvest_pipelines(config: Config, names: Sequence[str] = (), options: Harves
     own Event, as for harvest(): set, it stops the runs as a signal would, and they exit 1 as a report of a run that
     did not complete does (there is no signal to report)."""
     names = list(names) or sorted(config.pipelines)
-    stop = stop or StopRequest()
+    stop = as_stop(stop)
     open_sources(config, names)
     not_started = None  # the exit code of the pipelines left, once none can start
     for name in names:
         if not_started is None and stop.is_set():  # the command was cut short
-            not_started = _exit_code(stop)
+            not_started = stop.exit_code
         if not_started is not None:
             yield PipelineOutcome(name, not_started)
             continue
@@ -616,15 +627,11 @@ def harvest_pipelines(config: Config, names: Sequence[str] = (), options: Harves
             outcome = PipelineOutcome(name, EXIT_ITEM_FAILED, message=f"{name}: run stopped: {exc} (everything "
                                                                       f"settled so far is recorded; run again)")
         else:
-            stopped = _exit_code(stop) if report.note in STOPPED_BY_SIGNAL else EXIT_OK
+            stopped = stop.exit_code if report.note in STOPPED_BY_SIGNAL else EXIT_OK
             outcome = PipelineOutcome(name, max(report.exit_code, stopped), report)
         finally:
             progress.clear()
         yield outcome
-
-
-def _exit_code(stop: threading.Event) -> int:
-    return stop.exit_code if isinstance(stop, StopRequest) else EXIT_ITEM_FAILED
 
 
 def _abort_uploads(config: Config, pipeline: Pipeline, run_id: int, which: str, progress: Progress) -> None:

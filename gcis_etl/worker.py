@@ -34,7 +34,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from connectors.redaction import scrub
 from gcis_etl import logs
@@ -253,17 +253,18 @@ class CeleryExecutor:
     it is sent again once its worker, asked twice worker_check_seconds apart, did not answer or did not hold
     it: Redis redelivers the task of a vanished worker only after visibility_timeout_seconds (2 h). A send that
     raised takes its marker back, so the next run sends the task at once, also when the message went out all
-    the same. At worst a task runs twice, and the second run finds the first's output in the store. Once `stop`
-    is set, no task is sent and those not started yet are not waited for: they stay in their queue, and the next
-    run takes their outcomes (with no worker running, waiting for them would never end).
+    the same. At worst a task runs twice, and the second run finds the first's output in the store. Once
+    `stopping()` (a stop asked for, the run's time up; never by default), no task is sent and those not started
+    yet are not waited for: they stay in their queue, and the next run takes their outcomes (with no worker
+    running, waiting for them would never end).
     """
 
     _RUNNING = frozenset({SENT, "RECEIVED", "STARTED", "RETRY"})
 
     def __init__(self, pipelines: dict[str, Pipeline], concurrency: int, scratch: Path,
-                 settings: CelerySettings | None = None, stop: threading.Event | None = None):
+                 settings: CelerySettings | None = None, stopping: Callable[[], bool] | None = None):
         self.pipelines = pipelines
-        self.stop = stop or threading.Event()
+        self.stopping = stopping or (lambda: False)
         self._left = 0  # tasks left in their queue, not started, when the run stopped
         self.window = concurrency
         self.settings = settings or _settings_of(pipelines)
@@ -294,12 +295,12 @@ class CeleryExecutor:
     def _submit(self, task: ItemTask) -> list[ItemResult]:
         self._forget_handed()
         done: list[tuple[str, ItemResult]] = []
-        while len(self._flights) >= self.window and not self.stop.is_set():
+        while len(self._flights) >= self.window and not self.stopping():
             finished = self._poll()
             done += finished
             if not finished:
                 time.sleep(self.settings.poll_seconds)
-        if not self.stop.is_set():  # once stopping, no task is sent: the next run does it
+        if not self.stopping():  # once stopping, no task is sent: the next run does it
             task_id = celery_task_id(task)
             meta = self.app.backend.get_task_meta(task_id)
             if meta["status"] in self._RUNNING:
@@ -319,7 +320,7 @@ class CeleryExecutor:
         with self._reachable("tasks already sent keep running on the workers"):
             self._forget_handed()
             while self._flights:
-                if self.stop.is_set():
+                if self.stopping():
                     self._leave_queued()
                 finished = self._poll()
                 for task_id, result in finished:
