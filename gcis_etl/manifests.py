@@ -499,16 +499,28 @@ class Manifests:
                for version in self.settings.versions}
         for version, items in new.items():
             self._check_added(self.collection_key(version), version, items)
-        stored = []
+        stored, changed = [], [e.object_id for e in added] + removed
         for version, items in new.items():
             key = self.collection_key(version)
-            listed = self._listed(key, version) | items
-            for object_id in removed:
-                listed.pop(self.manifest_id(object_id, version), None)
+            listed = self._without(self._listed(key, version), changed, version) | items
             data = _serialised(self.collection(version, [listed[i] for i in sorted(listed)]))
             stored.append(self.store.put_bytes(key, data, content_type=MEDIA_TYPES[version],
                                                provenance=Provenance(source_id=self.pipeline)))
         return stored
+
+    def _without(self, listed: dict[str, dict], object_ids: list[str], version: str) -> dict[str, dict]:
+        """`listed` without the entries of `object_ids`, also those published under a manifest_base_url
+        configured before: without that, a base URL changed (a new domain) left each object in the collection
+        twice, once under each base, as its manifest was published again."""
+        keys = {self.manifest_key(object_id, version) for object_id in object_ids}
+        base = f"{self.settings.manifest_base_url}/"
+
+        def of_these(manifest_id: str) -> bool:
+            if manifest_id.startswith(base):
+                return manifest_id[len(base):] in keys
+            # under an earlier base, the manifest's key is what follows one of the id's slashes
+            return any(manifest_id[i + 1:] in keys for i, c in enumerate(manifest_id) if c == "/")
+        return {manifest_id: item for manifest_id, item in listed.items() if not of_these(manifest_id)}
 
     def _check_added(self, key: str, version: str, items: dict[str, dict]) -> None:
         """ManifestError naming `key` if the collection's envelope or an entry added is invalid: all are checked

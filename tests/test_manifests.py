@@ -395,6 +395,28 @@ def test_the_collection_follows_objects_added_and_removed(store):
         assert empty[items] == [] and validate(empty).ok, validate(empty).errors
 
 
+def test_a_manifest_published_again_under_a_new_base_url_leaves_the_collection_once(store):
+    """A new domain: each object republished moves to the new base; those not yet republished keep theirs."""
+    before = Manifests(settings(), "demo", store)
+    objects = [source_object(object_id) for object_id in ("A", "B/1")]
+    before.update_collection(added=[entry(before, obj) for obj in objects])
+    moved = "https://images.example.net/iiif/manifests"
+    after = Manifests(settings(manifest_base_url=moved), "demo", store)
+
+    after.update_collection(added=[entry(after, objects[0])])
+    v3 = json.loads(store.get_bytes("collections/demo-v3.json"))
+    v2 = json.loads(store.get_bytes("collections/demo-v2.json"))
+    assert [item["id"] for item in v3["items"]] == [f"{BASE}/{before.manifest_key('B/1', '3.0')}",
+                                                   f"{moved}/demo/A/manifest-v3.json"]
+    assert [m["@id"] for m in v2["manifests"]] == [f"{BASE}/{before.manifest_key('B/1', '2.1')}",
+                                                  f"{moved}/demo/A/manifest-v2.json"]
+    after.update_collection(added=[entry(after, objects[1])])
+    v3 = json.loads(store.get_bytes("collections/demo-v3.json"))
+    assert [item["id"] for item in v3["items"]] == [f"{moved}/demo/A/manifest-v3.json",
+                                                   f"{moved}/{after.manifest_key('B/1', '3.0')}"]
+    assert v3["id"] == f"{moved}/collections/demo-v3.json" and validate(v3).ok, validate(v3).errors
+
+
 def test_an_unreadable_collection_is_reported_and_left_alone(store):
     store.put_bytes("collections/demo-v3.json", b'{"items": [{"no id": 1}]}', content_type="application/json")
     with pytest.raises(ManifestError, match=r"collections/demo-v3.json: the deposited collection cannot be read"):
