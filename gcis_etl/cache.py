@@ -29,7 +29,9 @@ Without an access log, evicted images stay out until purged and deposited again.
 purge: removes the cached copies (and the records) of images no longer in their store, or of given keys.
 "No longer in their store" is only ever concluded from a complete listing: a store that cannot be listed
 (an unmounted volume, an unreadable folder, an unreachable bucket) fails the sync of that source, or the
-purge, and nothing of it is removed.
+purge, and nothing of it is removed. Nor is anything of a store that lists no access master at all while the
+cache holds some of it: its prefix or root changed, or its volume's empty mount point is read, far more
+likely than every image withdrawn at once; `purge` with their keys removes them.
 """
 from __future__ import annotations
 
@@ -51,6 +53,7 @@ from gcis_etl.errors import GcisError, IntegrityError, StoreError
 from gcis_etl.iipsrv import ServerSettings, reload
 from gcis_etl.keys import check_key
 from gcis_etl.locks import RunLock
+from gcis_etl.reports import counted
 from gcis_etl.settings import Settings
 from gcis_etl.spans import parse_span
 from gcis_etl.stores import ListedObject, Store
@@ -365,7 +368,11 @@ def sync(settings: CacheSettings, sources: Sequence[CacheSource], *, purge_gone:
             except StoreError as exc:
                 failed.append(Failure(source.name, None, f"listing failed, sync of this source stopped: {exc}"))
                 continue
-            missing = sorted(cache.state.keys(source.name, source.prefix) - seen)
+            try:
+                missing = _gone(cache, source, seen)
+            except StoreError as exc:
+                failed.append(Failure(source.name, None, str(exc)))
+                continue
             for key in missing if purge_gone else ():
                 cache.delete_file(key)
                 cache.state.remove(key)
@@ -373,6 +380,18 @@ def sync(settings: CacheSettings, sources: Sequence[CacheSource], *, purge_gone:
     reloaded = _reload(settings, failed) if replaced or (purge_gone and gone) else False
     return SyncResult(tuple(copied), tuple(replaced), tuple(adopted), unchanged, evicted, tuple(gone),
                       tuple(failed), bytes_copied, reloaded, time.monotonic() - started)
+
+
+def _gone(cache: _Cache, source: CacheSource, listed: set[str]) -> list[str]:
+    """The cached images of `source` its complete listing (`listed`, its keys) no longer has. A StoreError when
+    it lists no access master while the cache holds some of the source's: see the module docstring."""
+    cached = cache.state.keys(source.name, source.prefix)
+    if cached and not any(key.lower().endswith(cache.settings.extensions) for key in listed):
+        raise StoreError(f"{source.store.describe(source.prefix)}: lists no access master, yet the cache holds "
+                         f"{counted(len(cached), 'image')} of pipeline {source.name!r}: none is taken for gone (did "
+                         f"the store's prefix or root change, or its volume go unmounted?); `gcis-etl cache purge "
+                         f"KEY...` removes the keys given")
+    return sorted(cached - listed)
 
 
 def _reload(settings: CacheSettings, failed: list[Failure]) -> bool:
@@ -503,10 +522,9 @@ def purge(settings: CacheSettings, sources: Sequence[CacheSource], keys: Iterabl
             targets = []
             for source in sources:
                 try:
-                    listed = {o.key for o in source.store.list(source.prefix)}
+                    targets.extend(_gone(cache, source, {o.key for o in source.store.list(source.prefix)}))
                 except StoreError as exc:
                     raise StoreError(f"{exc}; nothing was purged") from None
-                targets.extend(sorted(cache.state.keys(source.name, source.prefix) - listed))
         removed, not_cached, freed = [], [], 0
         for key in targets:
             size = cache.delete_file(key)

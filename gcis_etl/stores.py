@@ -134,11 +134,14 @@ class Store(Protocol):
     def describe(self, key: str) -> str:
         """Where `key` lives, for messages (never carries credentials)."""
 
-    def check(self, *, create: bool = False) -> None:
+    def check(self, *, create: bool | None = None) -> None:
         """One cheap request before work that would otherwise fail on every object: a StoreError, in one line
         saying what to do, if the store cannot be used (missing, refusing the credentials, unreachable past
-        its retries). `create`: the caller knows nothing was deposited here yet, so a missing local root is
-        made rather than taken for an unmounted volume; buckets are never created."""
+        its retries). `create` is what the caller knows: True, nothing was deposited here yet, so a missing
+        local root is made rather than taken for an unmounted volume (buckets are never created); False,
+        deposits were (the ledger records some), so a store holding no object under its root or prefix is
+        refused too: its prefix or root changed, or its volume is not mounted, and a harvest there would
+        publish manifests naming images it does not have; None, neither."""
 
 
 def _write_durably(dest: Path, fill) -> str:
@@ -149,6 +152,14 @@ def _write_durably(dest: Path, fill) -> str:
         os.fsync(out.fileno())
     with open(dest, "rb") as f:
         return sha256_stream(f)
+
+
+def _holds_nothing(where: str, settings: str, first: str = "") -> StoreError:
+    """check(create=False) of a store with no object: what to do, for either kind of store."""
+    return StoreError(f"{where}: the store holds no object, yet the ledger records deposits into it: {first}if "
+                      f"{settings} changed, set it back (`gcis-migrate move_store --to-store NEW` moves a store's "
+                      f"deposits, before the switch); if the store was emptied on purpose, only a fresh ledger "
+                      f"(another ledger.path) makes a harvest deposit everything again")
 
 
 def content_type_for(key: str) -> str:
@@ -174,8 +185,11 @@ class LocalStore:
 
     Size, SHA-256, content type and provenance live in a sidecar tree `<root>/.meta/<key>.json`; keys never
     have a segment starting with '.', so neither the sidecars nor the hidden temporary files can collide with
-    an object. The sidecar records the data file's inode: a sidecar left over from an older file (a crash
-    between the two renames) is recognised as stale and ignored.
+    an object. The sidecar records the data file's inode and modification time (to the nanosecond, which
+    the put sets from the fine clock): a sidecar describing another file than the one under its key (a crash
+    between the two renames, a file replaced by hand) names neither, and is ignored; a copy of the store that
+    keeps times (cp -a, rsync -a, shutil.copy2) keeps the mtime, and so the record. Sidecars written before
+    mtime_ns was recorded count by inode alone.
     """
 
     META = ".meta"
@@ -192,9 +206,10 @@ class LocalStore:
         return StoreError(f"{self.root}: {action}: the store's root folder is missing (its volume not mounted? "
                           f"if the store is new, create the folder)")
 
-    def check(self, *, create: bool = False) -> None:
+    def check(self, *, create: bool | None = None) -> None:
         """A missing root is an error unless `create`, as for list(): an unmounted volume looks exactly like
-        that, and deposits written into its empty mount point would vanish from view once it is mounted.
+        that, and deposits written into its empty mount point would vanish from view once it is mounted. When
+        `create` is False, so is a root holding no object: the mount point itself, or a store.root changed.
         Writing is tried for real (an unnamed temporary file, gone even if the process is killed), so a
         read-only mount or another user's folder is found whatever this process's privileges."""
         try:
@@ -205,6 +220,8 @@ class LocalStore:
             raise self._missing_root("cannot use the store") from None
         except OSError as exc:
             raise StoreError(f"{self.root}: cannot write into the store's root folder: {exc.strerror}") from None
+        if create is False and next(self._files(self.root), None) is None:
+            raise _holds_nothing(str(self.root), "store.root", "if its volume is not mounted, mount it; ")
 
     def put(self, key: str, path: Path, *, sha256: str | None = None, provenance: Provenance = Provenance(),
             content_type: str | None = None, overwrite: bool = False) -> StoredObject:
@@ -247,12 +264,15 @@ class LocalStore:
             if current is not None and current.sha256 == sha256 and current.size == size:
                 return replace(current, unchanged=True)
             os.chmod(tmp, 0o644)
+            # From the fine clock: the kernel stamps a file's times from a coarse one (a clock tick, before
+            # Linux 6.13's multigrain timestamps), which two writes of one key in a tick would share.
+            os.utime(tmp, ns=(time.time_ns(),) * 2)
             record = StoredObject(key=key, size=size, sha256=sha256, content_type=content_type,
                                   provenance=provenance)
-            # The sidecar first, naming the inode the rename keeps: a sidecar that cannot be written (a full
-            # disk) leaves the key as it was, with its own sidecar; a crash between the two renames leaves a
-            # sidecar naming an inode not under the key, which head() ignores.
-            self._write_sidecar(key, record, tmp.stat().st_ino)
+            # The sidecar first, naming the inode and mtime the rename keeps: a sidecar that cannot be written
+            # (a full disk) leaves the key as it was, with its own sidecar; a crash between the two renames
+            # leaves a sidecar naming neither the inode nor the mtime under the key, which head() ignores.
+            self._write_sidecar(key, record, tmp.stat())
             os.replace(tmp, dest)
             fsync_path(dest.parent)
             return record
@@ -270,11 +290,14 @@ class LocalStore:
     def _sidecar(self, key: str) -> Path:
         return self.root / self.META / f"{key}.json"
 
-    def _write_sidecar(self, key: str, record: StoredObject, inode: int) -> None:
+    def _write_sidecar(self, key: str, record: StoredObject, st: os.stat_result) -> None:
+        """A filesystem keeping whole seconds (ext4 with small inodes, HFS+) gets no mtime_ns: two writes in one
+        second would share it. Its copies lose their records, as all did before mtime_ns."""
         sidecar = self._sidecar(key)
         sidecar.parent.mkdir(parents=True, exist_ok=True)
         body = {"size": record.size, "sha256": record.sha256, "content_type": record.content_type,
-                "inode": inode, "provenance": asdict(record.provenance)}
+                "inode": st.st_ino, "mtime_ns": st.st_mtime_ns if st.st_mtime_ns % 1_000_000_000 else None,
+                "provenance": asdict(record.provenance)}
         fd, tmp_name = tempfile.mkstemp(prefix=f".{sidecar.name}.", suffix=".tmp", dir=sidecar.parent)
         tmp = Path(tmp_name)
         try:
@@ -297,7 +320,8 @@ class LocalStore:
             meta = json.loads(self._sidecar(key).read_text())
         except (OSError, ValueError):
             meta = {}
-        if meta.get("inode") != st.st_ino or meta.get("size") != st.st_size:
+        same_file = st.st_ino == meta.get("inode") or st.st_mtime_ns == meta.get("mtime_ns")  # or its copy
+        if not same_file or meta.get("size") != st.st_size:
             meta = {}  # written by something else, or a sidecar left from the previous content
         return StoredObject(key=key, size=st.st_size, sha256=meta.get("sha256"),
                             content_type=meta.get("content_type"),
@@ -338,29 +362,30 @@ class LocalStore:
         _check_list_prefix(prefix)
         if not self.root.is_dir():
             raise self._missing_root("cannot list")
-        start = self.root / prefix.rpartition("/")[0]
+        found = []
+        for path in self._files(self.root / prefix.rpartition("/")[0]):
+            key = path.relative_to(self.root).as_posix()
+            if key.startswith(prefix):
+                try:
+                    st = path.stat()
+                except FileNotFoundError:  # deleted since the folder was read
+                    continue
+                except OSError as exc:
+                    raise StoreError(f"{path}: cannot list: {exc.strerror}") from None
+                found.append(ListedObject(key, st.st_size, datetime.fromtimestamp(st.st_mtime, timezone.utc)))
+        return iter(sorted(found, key=lambda o: o.key))
 
+    def _files(self, start: Path) -> Iterator[Path]:
+        """The objects' files below `start`, folder by folder (sidecars and temporary files, hidden, aside). A
+        folder that cannot be read is a StoreError, never a shorter walk; only `start` missing below the root
+        is nothing (deposited under that prefix yet)."""
         def unreadable(exc: OSError) -> None:
             if not (isinstance(exc, FileNotFoundError) and Path(exc.filename) == start != self.root):
                 raise StoreError(f"{exc.filename}: cannot list: {exc.strerror}") from None
 
-        found = []
         for dirpath, dirnames, filenames in os.walk(start, onerror=unreadable):
             dirnames[:] = [d for d in dirnames if not d.startswith(".")]
-            for name in filenames:
-                if name.startswith("."):
-                    continue
-                path = Path(dirpath, name)
-                key = path.relative_to(self.root).as_posix()
-                if key.startswith(prefix):
-                    try:
-                        st = path.stat()
-                    except FileNotFoundError:  # deleted since the folder was read
-                        continue
-                    except OSError as exc:
-                        raise StoreError(f"{path}: cannot list: {exc.strerror}") from None
-                    found.append(ListedObject(key, st.st_size, datetime.fromtimestamp(st.st_mtime, timezone.utc)))
-        return iter(sorted(found, key=lambda o: o.key))
+            yield from (Path(dirpath, name) for name in filenames if not name.startswith("."))
 
     def abort_incomplete_uploads(self, older_than: timedelta = timedelta(days=1), keys: str = "") -> list[str]:
         """The hidden temporary files (".<name>.<random>.tmp", of objects and of sidecars) that writes killed
@@ -574,16 +599,19 @@ class S3Store:
                                     f"store.endpoint_url right?)")
         return StoreError(f"{self.describe(key)}: {action} failed: {exc}")
 
-    def check(self, *, create: bool = False) -> None:
+    def check(self, *, create: bool | None = None) -> None:
         """A ListObjectsV2 of at most one key under the prefix: it needs only s3:ListBucket on the prefix,
         which a deposit-only policy grants (with an s3:prefix condition) since, without it, S3 answers a HEAD
         of a key not yet deposited with 403 and no put could tell a new key from a refusal. HeadBucket would
         need s3:ListBucket on the whole bucket; a HEAD of some key cannot tell a missing bucket, whose 404 has
-        no body either, from a missing key. The bucket is never created, whatever `create` says."""
+        no body either, from a missing key. The bucket is never created, whatever `create` says; when it is
+        False, the key listed must be there (a changed or mistyped prefix lists none)."""
         try:
-            self.client.list_objects_v2(Bucket=self.settings.bucket, Prefix=self._base, MaxKeys=1)
+            listed = self.client.list_objects_v2(Bucket=self.settings.bucket, Prefix=self._base, MaxKeys=1)
         except (BotoCoreError, ClientError) as exc:
             raise self._error("", "store check", exc) from None
+        if create is False and not listed.get("Contents"):
+            raise _holds_nothing(self.describe(""), f"store.prefix ({self.settings.prefix!r}) or store.bucket")
 
     def _call(self, key: str, action: str, operation: str, **kwargs) -> dict:
         try:

@@ -100,7 +100,8 @@ def main(ctx: MigrationContext, name: str, to_spec: str | None, from_spec: str |
     with ctx.ledger() as ledger, nullcontext() if ctx.dry_run else ctx.lock(name):
         if not ctx.dry_run:
             move.source.check()
-            move.target.check(create=not authoritative)  # a new store's local root is made; the live one's never
+            # a new store's local root is made; the live one's never, and it may still be empty (switched to first)
+            move.target.check(create=None if authoritative else True)
             move.clean_up(pipeline)
             if delete_source:
                 check_apart(move.source, {"the target": move.target,
