@@ -23,12 +23,14 @@ from gcis_etl.recipes import Recipe, load_recipe
 def verify(path, expect=None, isolation_settings: IsolationSettings | None = None) -> VerifyReport:
     """Check the access-master contract in an isolated process (it decodes tiles through libtiff), under
     `isolation_settings` (config.yaml's isolation:, as for convert). `expect`: an Expectation, a recipe's
-    Jp2Parameters, or a Recipe (what it sets for the file's kind); a file that cannot be read is a report with
-    that error. The path is made absolute, as the report names it (as inspect and convert do). Raises
+    Jp2Parameters, or a Recipe or recipe name (what it sets for the file's kind); a file that cannot be read is a
+    report with that error. The path is made absolute, as the report names it (as inspect and convert do). Raises
     ConversionFailed when the check cannot finish (a decoder crashed, or memory or time ran out under the
     limits): the file is then neither valid nor invalid, only unverified."""
     from gcis_etl.conversion import verify_in_child
     from gcis_etl.isolation import IsolatedProcess
+    if isinstance(expect, (str, Path)):  # a recipe's name or file, as convert() takes one
+        expect = load_recipe(expect)
     with IsolatedProcess(isolation_settings) as worker:
         return worker.call(verify_in_child, str(Path(path).absolute()), expect)
 
@@ -43,6 +45,11 @@ def __getattr__(name: str):
     if name in _PIPELINE:
         return getattr(importlib.import_module(_PIPELINE[name]), name)
     raise AttributeError(f"module 'gcis_etl' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    """The names __getattr__ loads on first use too: tab completion and dir() offer them."""
+    return sorted({*globals(), *_PIPELINE})
 
 
 __all__ = ["inspect", "convert", "verify", "check_decoding", "load_recipe", "Recipe", "ImageInfo",

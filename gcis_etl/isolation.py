@@ -179,7 +179,7 @@ def disk_refusal(exc: BaseException, *folders: Path, needs: int = 0) -> DiskFull
     library's message saying so, a folder on a read-only filesystem, or one with less free space than the step
     `needs` (opj_compress and grk_compress remove their output and say only 'Failed to seek in the stream',
     'failed to compress image'). Ask right after the failure, before the step's scratch is removed. The message
-    names the folder, its free space, and what sets where it is."""
+    names the folder, its free space (or, read-only, what makes it writable), and what sets where it is."""
     if isinstance(exc, DiskFull):
         return exc
     said = exc.strerror if isinstance(exc, OSError) and exc.errno in DISK_REFUSES_WRITES else \
@@ -194,8 +194,11 @@ def disk_refusal(exc: BaseException, *folders: Path, needs: int = 0) -> DiskFull
     why = said or (os.strerror(errno.EROFS) if read_only else str(exc))
     needed = f", up to {needs / 1e6:.1f} MB needed" if said is None and not read_only else ""
     scratch = folder.name.startswith(SCRATCH_PREFIX)  # a conversion's: named by the temp dir it is made in
-    return DiskFull(f"cannot write {folder.parent if scratch else folder}: {why} ({free / 1e6:.1f} MB free there"
-                    f"{needed}): free space on its filesystem{_TMPDIR_SETS if scratch else ''}")
+    remedy = (": make it writable (remount its filesystem read-write) or choose another folder"
+              if why == os.strerror(errno.EROFS) else
+              f" ({free / 1e6:.1f} MB free there{needed}): free space on its filesystem")
+    return DiskFull(f"cannot write {folder.parent if scratch else folder}: {why}{remedy}"
+                    f"{_TMPDIR_SETS if scratch else ''}")
 
 
 def _room(folder: Path) -> tuple[int, bool]:
@@ -421,9 +424,13 @@ class IsolatedProcess:
         _remove_scratch()
         parent, child = socket.socketpair()
         with parent, child:
-            self._proc = subprocess.Popen(
-                [sys.executable, "-c", _CHILD_ENTRY, str(child.fileno()), json.dumps(self.settings.model_dump())],
-                pass_fds=(child.fileno(),), stdin=subprocess.DEVNULL, start_new_session=True)
+            try:
+                self._proc = subprocess.Popen(
+                    [sys.executable, "-c", _CHILD_ENTRY, str(child.fileno()), json.dumps(self.settings.model_dump())],
+                    pass_fds=(child.fileno(),), stdin=subprocess.DEVNULL, start_new_session=True)
+            except OSError as exc:  # not the job's: a caller would take it for its own files' ("cannot write")
+                raise ConversionFailed(f"the conversion process could not be started: {sys.executable}: "
+                                       f"{exc.strerror or exc}") from None
             self._conn = Connection(os.dup(parent.fileno()))
         self._jobs = 0
 

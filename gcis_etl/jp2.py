@@ -268,5 +268,6 @@ def metadata_carrier(master: str, keep: tuple[str, ...], exclude: tuple[str, ...
     # JP2 a made-up 72 dpi; deleted before -TagsFromFile (as in '-all= -TagsFromFile @'), the carrier's
     # resolution replaces it, or none stays.
     exiftool_run("-m", "-q", "-n", "-overwrite_original", *(f"-{tag}=" for tag in RESOLUTION_TAGS),
-                 *carrier_copy(carrier, keep, exclude), *(f"-{tag}" for tag in RESOLUTION_TAGS), str(jp2))
+                 *carrier_copy(carrier, keep, exclude), "-TagsFromFile", str(carrier),
+                 *(f"-{tag}" for tag in RESOLUTION_TAGS), str(jp2))
     return Jp2Metadata(jp2.read_bytes()[bare:], kept_tag_values(carrier, keep, exclude))

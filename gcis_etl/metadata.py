@@ -156,7 +156,8 @@ def exiftool_json(path: str | Path, *args: str) -> dict:
     """All tags exiftool reports for one file (group-0 prefixed unless `args` say otherwise, numeric values),
     {} when it reads nothing. Raises ConversionFailed when exiftool dies meanwhile or answers with something
     other than JSON: no answer, or another command's, is not 'no tags' (a rotated master would be left lying)."""
-    out = _exiftool().get().execute("-j", "-G0", "-n", *args, str(path)).stdout
+    with _plain_name(path) as readable:
+        out = _exiftool().get().execute("-j", "-G0", "-n", *args, str(readable)).stdout
     try:
         result = json.loads(out) if out.strip() else []
     except ValueError:
@@ -377,8 +378,10 @@ def _xmp_edits(exclude: tuple[str, ...]) -> list[str]:
 
 def carrier_copy(carrier: Path, keep: tuple[str, ...], exclude: tuple[str, ...]) -> list[str]:
     """exiftool arguments copying a carrier's kept tags: its XMP as a block (it holds the kept XMP only, encoding
-    and excluded tags already deleted, in its original namespaces), the rest tag by tag. The tag-by-tag list
-    comes last: arguments after these add to it."""
+    and excluded tags already deleted, in its original namespaces), the rest tag by tag. None when nothing is
+    kept: a -TagsFromFile list of exclusions alone copies every tag but those."""
+    if not keep:
+        return []
     return ["-TagsFromFile", str(carrier), "-XMP", "-TagsFromFile", str(carrier), *selection(keep, exclude),
             "--XMP:all"]
 
@@ -402,8 +405,10 @@ def write_carrier(master: str | Path, keep: tuple[str, ...], exclude: tuple[str,
         xmp = ["--XMP:all"] if whole else []
         if packet and b"HasExtendedXMP" in packet:
             xmp += ["-TagsFromFile", str(source), "-all:all<XMP:all"]
-        exiftool_run("-m", "-q", "-n", "-overwrite_original", "-TagsFromFile", str(source),
-                     *selection(keep, exclude), *_storage_description(raw.get("EXIF:ImageDescription")), *xmp,
+        # keep: [] copies nothing: -TagsFromFile naming no tag would copy every one (File:System names included)
+        copy = ["-TagsFromFile", str(source), *selection(keep, exclude),
+                *_storage_description(raw.get("EXIF:ImageDescription"))] if keep else []
+        exiftool_run("-m", "-q", "-n", "-overwrite_original", *copy, *xmp,
                      *(_xmp_edits(exclude) if packet else ()), *_COLOURSPACE_SRGB,
                      *(resolution.exiftool_args() if resolution else ()), str(carrier))
     return carrier
@@ -479,7 +484,10 @@ def read_ifd0_tags(f: BinaryIO) -> list:
 
 
 def kept_tag_values(path: str | Path, keep: tuple[str, ...], exclude: tuple[str, ...]) -> dict:
-    """Tag -> value of the kept, non-structural metadata of a file, as exiftool reads it (see tag_values)."""
+    """Tag -> value of the kept, non-structural metadata of a file, as exiftool reads it (see tag_values); none
+    when nothing is kept (a read naming no tag would give every tag, File:System names included)."""
+    if not keep:
+        return {}
     tags = tag_values(path, *selection(keep, exclude))
     return {k: v for k, v in tags.items() if k != "SourceFile" and k.rpartition(":")[2] not in STRUCTURAL_NAMES}
 
@@ -506,10 +514,25 @@ def classic_view(path: str | Path) -> Iterator[Path]:
     except (OSError, struct.error):  # unreadable: exiftool says what it can read, as for any file
         tags = None
     if tags is None:
-        yield Path(path)
+        with _plain_name(path) as readable:
+            yield readable
         return
     with tempfile.TemporaryDirectory(prefix="gcis-metadata-") as scratch:
         yield _classic_copy(tags, Path(scratch) / "ifd0.tif")
+
+
+@contextmanager
+def _plain_name(path: str | Path) -> Iterator[Path]:
+    """The file under a name exiftool's input can carry: -stay_open reads one argument per line, so a name with a
+    line break (a scanner's, a typo in a script) would reach it as two arguments. Such a file is read through a
+    symbolic link in a private temporary folder; any other is its own name."""
+    if not {"\n", "\r"} & set(str(path)):
+        yield Path(path)
+        return
+    with tempfile.TemporaryDirectory(prefix="gcis-metadata-") as folder:
+        link = Path(folder, "file" + "".join(c for c in Path(path).suffix if c not in "\r\n"))
+        link.symlink_to(Path(path).absolute())
+        yield link
 
 
 def _classic_copy(tags: list, path: Path) -> Path:

@@ -33,6 +33,8 @@ def verify(path: str | Path, expect: Expectation | None = None) -> VerifyReport:
     """Check the access-master contract; returns errors and warnings rather than raising."""
     import tifffile
     expect = expect or Expectation()
+    if not isinstance(expect, Expectation):  # the caller's mistake: the except below would call the file corrupt
+        raise TypeError(f"expect: an Expectation, not {type(expect).__name__}")
     path = Path(path)
     cannot = unreadable(path)
     if cannot:
