@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -91,6 +92,17 @@ def test_inspect_passes_over_a_folder_among_its_files(tmp_path):
     only_folders = run("inspect", str(tmp_path / "sub"))
     assert only_folders.returncode == 2 and only_folders.stdout == "", only_folders.stderr
     assert "no file to inspect: every argument is a folder" in only_folders.stderr
+
+
+def test_inspect_says_a_fifo_among_its_files_cannot_be_read_and_checks_the_others(tmp_path):
+    fifo, good = tmp_path / "upload.tif", tmp_path / "a.jpg"
+    os.mkfifo(fifo)
+    good.write_bytes((CORPUS / "jpeg-baseline/flowers.jpeg").read_bytes())
+    for mode in (["--header-only"], []):
+        proc = run("inspect", "--json", *mode, str(fifo), str(good))
+        assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+        assert f"{fifo}: cannot read: it is a FIFO (named pipe), not a regular file, not checked" in proc.stderr
+        assert [json.loads(line)["path"] for line in proc.stdout.splitlines()] == [str(good)]
 
 
 def test_verify_exit_codes(tmp_path):

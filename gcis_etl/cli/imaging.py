@@ -44,8 +44,13 @@ def inspect(ctx: click.Context, files: tuple[str, ...], as_json: bool, header_on
             if path in folders:
                 click.echo(f"{path}: a folder, passed over", err=True)
                 continue
-            info = (inspect_header(path, cfg.imaging) if header_only
-                    else check_decoding(path, cfg.imaging, worker=worker))
+            try:
+                info = (inspect_header(path, cfg.imaging) if header_only
+                        else check_decoding(path, cfg.imaging, worker=worker))
+            except OSError as exc:  # a FIFO or device (from a glob), a file gone or unreadable since listed
+                click.echo(f"{path}: cannot read: {exc.strerror or exc}, not checked", err=True)
+                unpassed += 1
+                continue
             unpassed += info.verdict in (Verdict.REJECT, Verdict.NOT_CHECKED)
             if as_json:
                 click.echo(json.dumps(info.to_dict()))
