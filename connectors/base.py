@@ -112,6 +112,13 @@ class UnreadableObject:
     gone: bool = False  # the source says no such object exists (asked for by id)
 
 
+def listed_at(obj: SourceObject | UnreadableObject) -> datetime | None:
+    """Where the object stands in its listing: the date the listing is sorted on (SourceObject.listed_at where that
+    is not `modified`; an UnreadableObject's is the listing's stamp, None when it has none). A checkpoint goes no
+    further than an object's, or a run would not list it again."""
+    return obj.modified if isinstance(obj, UnreadableObject) else obj.listed_at or obj.modified
+
+
 @dataclass(frozen=True)
 class ListingMoved:
     """Comes in a listing paged by offset that shrank or shifted while it was read (an object deleted, or moved

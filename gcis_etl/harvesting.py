@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
 from typing import Callable, Iterator, Sequence
 
-from connectors.base import LangValue, ListingMoved, SourceItem, SourceObject, UnreadableObject
+from connectors.base import LangValue, ListingMoved, SourceItem, SourceObject, UnreadableObject, listed_at
 from connectors.errors import OBJECT_ERRORS, ObjectNotFound
 from gcis_etl.commands import EXIT_ITEM_FAILED, EXIT_LOCKED, EXIT_OK, EXIT_USAGE, Interrupted, Stop, as_stop
 from gcis_etl.config import Config
@@ -63,6 +63,18 @@ class HarvestOptions:
     reencode: str | None = None            # re-derive what was deposited with this recipe (by name)
     fresh_attempts: bool = False           # failed items of object_ids start their attempts again (retry)
     keep_superseded: bool = False          # access masters re-derived under another key stay in the store
+
+    def __post_init__(self):
+        """The CLI refuses these; a library caller's would be read wrongly: a limit of 0 as a run stopped at once,
+        0 minutes as the pipeline's limit, a str of ids as one id per character."""
+        if self.limit is not None and self.limit < 1:
+            raise ValueError(f"HarvestOptions.limit must be at least 1 item (or None for no limit), not {self.limit}")
+        if self.max_run_minutes is not None and not self.max_run_minutes > 0:
+            raise ValueError(f"HarvestOptions.max_run_minutes must be more than 0 (or None for the pipeline's), "
+                             f"not {self.max_run_minutes}")
+        if isinstance(self.object_ids, str):
+            raise TypeError(f"HarvestOptions.object_ids is a tuple of object ids: ({self.object_ids!r},), "
+                            f"not {self.object_ids!r}")
 
 
 def retry_targets(ledger: Ledger, names: list[str], object_ids: tuple[str, ...], failed: bool,
@@ -144,7 +156,7 @@ class Harvest:
         self.counts = {name: 0 for name in COUNTED}
         self.manifests_published = 0
         self.pending: dict[str, _PendingObject] = {}
-        self.unsettled: list[datetime | None] = []  # modified times of objects left unsettled (None: unknown)
+        self.unsettled: list[datetime | None] = []  # listing dates of objects left unsettled (None: unknown)
         self.submitted = 0
         self.run_id = 0
         minutes = options.max_run_minutes or pipeline.settings.max_run_minutes
@@ -195,11 +207,10 @@ class Harvest:
 
     def _reach(self, obj: SourceObject | UnreadableObject, until: datetime) -> None:
         """The place in the listing of the last object listed, the one in hand included (a run stopping takes
-        none after it): the date the listing is sorted on (SourceObject.listed_at where that is not `modified`; an
-        UnreadableObject's is the listing's stamp), not a newest date that may run ahead of objects to come. One
+        none after it): its listed_at (connectors.base), not a newest date that may run ahead of objects to come. One
         stamped after the run began was edited after its page was read, so its time is not its place in the
         listing; one with no time is no earlier than the one before it: neither moves it."""
-        at = obj.modified if isinstance(obj, UnreadableObject) else obj.listed_at or obj.modified
+        at = listed_at(obj)
         if at is not None and at <= until:
             self.reached = at
 
@@ -251,9 +262,14 @@ class Harvest:
             self.cut_short = STOPPED_ON_REQUEST
         elif self._out_of_time():
             self.cut_short = "stopped at the run time limit"
-        elif self.options.limit is not None and self.submitted >= self.options.limit:
-            self.cut_short = f"{AT_LIMIT}{counted(self.options.limit, 'item')}"
+        else:
+            self.cut_short = self._at_limit()
         return self.cut_short is not None
+
+    def _at_limit(self) -> str | None:
+        """Why no more items are taken to process, once --limit of them are (skipped ones do not count)."""
+        limit = self.options.limit
+        return f"{AT_LIMIT}{counted(limit, 'item')}" if limit is not None and self.submitted >= limit else None
 
     def stopping(self) -> bool:
         """What the executor asks while it waits: a stop asked for or the run's time up, it sends no more tasks
@@ -267,13 +283,22 @@ class Harvest:
     # ------------------------------------------------------------------------------------ running
 
     def dry_run(self, since: datetime | None, until: datetime) -> list[PlannedItem]:
+        """What execute would do with the same options: up to --limit, where it stops (cut_short says so)."""
         planned = []
         for obj in self.objects(since, until):
+            self.cut_short = self._at_limit()
+            if self.cut_short:
+                break
             if isinstance(obj, UnreadableObject):
                 planned.append(PlannedItem(obj.id, OBJECT, "fail", obj.reason))
                 continue
-            planned.extend(PlannedItem(obj.id, item.id, "process" if task else "skip", decision.reason)
-                           for item, decision, task in self.plan(obj))
+            for item, decision, task in self.plan(obj):
+                if task is not None:
+                    self.cut_short = self._at_limit()
+                    if self.cut_short:
+                        break
+                    self.submitted += 1
+                planned.append(PlannedItem(obj.id, item.id, "process" if task else "skip", decision.reason))
         return planned
 
     def execute(self, executor: Executor, since: datetime | None, until: datetime) -> None:
@@ -316,7 +341,7 @@ class Harvest:
         if any(pending.waiting for pending in self.pending.values()):  # the executor left them (see stopping)
             self.should_stop()  # the stop or the time limit came while the last tasks were in flight
         for pending in list(self.pending.values()):  # cut short: these stay for the next run
-            self.unsettled.append(pending.obj.modified)
+            self.unsettled.append(listed_at(pending.obj))
 
     def check_store(self) -> None:
         """One request before any item: a store that is missing (a mistyped bucket, a local root whose volume
@@ -343,7 +368,7 @@ class Harvest:
                                                    self.recipe.digest, 0, reason), obj.modified)
         self._count(obj.id, OBJECT, Outcome.FAILED.value, reason)
         if self.ledger.item(name, obj.id, OBJECT).attempts < self.pipeline.settings.max_attempts:
-            self.unsettled.append(obj.modified or since)
+            self.unsettled.append(listed_at(obj) or since)
 
     def _forget_unreadable(self, object_id: str) -> None:
         if self.ledger.item(self.pipeline.name, object_id, OBJECT) is not None:
@@ -399,7 +424,7 @@ class Harvest:
         if any(record is None or record.status == "failed" for _, record in items):
             if any(record and record.status == "failed" and record.attempts < self.pipeline.settings.max_attempts
                    for _, record in items):
-                self.unsettled.append(obj.modified)
+                self.unsettled.append(listed_at(obj))
             return
         manifests = self.pipeline.manifests
         images = [DepositedImage(item.sequence, record.output_key, record.width, record.height, item.label)
@@ -525,7 +550,7 @@ def harvest(config: Config, name: str, options: HarvestOptions = HarvestOptions(
             planned = run.dry_run(since, until)
             return RunReport(name, None, "dry-run", None, None, _iso(since), _iso(until), None,
                              {action: sum(p.action == action for p in planned) for action in PLANNED}, 0,
-                             planned=planned)
+                             note=run.cut_short, planned=planned)
         with pipeline_lock(config.state_dir, name):
             last = next(iter(ledger.runs(name, limit=1)), None)
             if last is not None and last.status == "running":  # killed: we hold the lock, it is gone
@@ -597,12 +622,13 @@ def harvest_pipelines(config: Config, names: Sequence[str] = (), options: Harves
                       ) -> Iterator[PipelineOutcome]:
     """What `gcis-etl harvest` does: each pipeline named (all when none is) harvested in turn, its outcome given
     as it ends; the command exits with the highest exit code among them. Every source is opened first. Another
-    run holding a pipeline's lock, or its source, store or scratch space failing as a whole, ends that pipeline's
-    run alone; a ledger that cannot be written leaves the pipelines after it unstarted (they share it), as does
-    a stop asked for (stop_on_signals sets it); a ConfigError is raised. `progress_for(name)`: what shows a
-    pipeline's run (gcis_etl.progress.progress_for on a terminal; none by default). `stop` may be the caller's
-    own Event, as for harvest(): set, it stops the runs as a signal would, and they exit 1 as a report of a run that
-    did not complete does (there is no signal to report)."""
+    run holding a pipeline's lock, its source, store or scratch space failing as a whole, or a bug (an exception
+    that is not a GcisError, its traceback logged), ends that pipeline's run alone; a ledger that cannot be
+    written leaves the pipelines after it unstarted (they share it), as does a stop asked for (stop_on_signals
+    sets it); a ConfigError is raised. `progress_for(name)`: what shows a pipeline's run
+    (gcis_etl.progress.progress_for on a terminal; none by default). `stop` may be the caller's own Event, as for
+    harvest(): set, it stops the runs as a signal would, and they exit 1 as a report of a run that did not
+    complete does (there is no signal to report)."""
     names = list(names) or sorted(config.pipelines)
     stop = as_stop(stop)
     open_sources(config, names)
@@ -626,6 +652,10 @@ def harvest_pipelines(config: Config, names: Sequence[str] = (), options: Harves
         except GcisError as exc:
             outcome = PipelineOutcome(name, EXIT_ITEM_FAILED, message=f"{name}: run stopped: {exc} (everything "
                                                                       f"settled so far is recorded; run again)")
+        except Exception as exc:  # a bug (a connector's listing raising KeyError): the run is recorded as crashed
+            log.exception("%s: run crashed", name, extra={"pipeline": name})
+            outcome = PipelineOutcome(name, EXIT_ITEM_FAILED, message=f"{name}: run crashed: {type(exc).__name__}: "
+                                                                      f"{exc} (its traceback is logged)")
         else:
             stopped = stop.exit_code if report.note in STOPPED_BY_SIGNAL else EXIT_OK
             outcome = PipelineOutcome(name, max(report.exit_code, stopped), report)

@@ -265,7 +265,9 @@ class Budget:
 
     def options(self, **options: Any) -> HarvestOptions:
         limit = None if self.limit is None else self.limit - self.processed
-        return HarvestOptions(limit=limit, max_run_minutes=self.minutes_left(), **options)
+        # spent since exhausted() said otherwise: the run stops before its first item, as HarvestOptions takes no 0
+        minutes = max(self.minutes_left(), 1e-6)
+        return HarvestOptions(limit=limit, max_run_minutes=minutes, **options)
 
     def spend(self, run: RunReport) -> None:
         self.processed += sum(run.counts.get(outcome, 0) for outcome in ("deposited", "rejected", "failed"))

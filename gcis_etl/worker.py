@@ -333,12 +333,16 @@ class CeleryExecutor:
     def close(self) -> None:
         if not self._unreachable:
             self._forget_handed()
+        hours = self.settings.result_expires_hours
         if self._flights:
-            log.warning("%s still in flight: their outcomes stay in the result backend for %g hours",
-                        counted(len(self._flights), "task"), self.settings.result_expires_hours)
+            stays = "its outcome stays" if len(self._flights) == 1 else "their outcomes stay"
+            log.warning("%s still in flight: %s in the result backend for %g hours",
+                        counted(len(self._flights), "task"), stays, hours)
         if self._left:
-            log.warning("%s not started yet stay in their queue: a worker runs them, and the next run takes their "
-                        "outcomes (kept %g hours)", counted(self._left, "task"), self.settings.result_expires_hours)
+            stays, them, their = (("stays in its queue", "it", "its outcome") if self._left == 1 else
+                                  ("stay in their queue", "them", "their outcomes"))
+            log.warning("%s not started yet %s: a worker runs %s, and the next run takes %s (kept %g hours)",
+                        counted(self._left, "task"), stays, them, their, hours)
         self.app.close()
 
     def _leave_queued(self) -> None:

@@ -83,8 +83,9 @@ def _run(ctx: click.Context, names: tuple[str, ...], options, log_json: bool, ve
                     click.echo(planned.line())
                 unreadable = f", fail {report.counts['fail']} objects the source cannot describe" \
                     if report.counts["fail"] else ""
+                stopped = f"; {report.note}" if report.note else ""
                 click.echo(f"{outcome.name}: would process {report.counts['process']} items, skip "
-                           f"{report.counts['skip']}{unreadable} (since {report.since or 'the beginning'})")
+                           f"{report.counts['skip']}{unreadable} (since {report.since or 'the beginning'}){stopped}")
             elif not quiet:
                 click.echo(report.summary())
     except ConfigError as exc:
