@@ -1,8 +1,11 @@
 """A folder tree of masters: the embedded default's source, grouped by folder or by a sidecar (grouping.py).
 
-Modification times drive `changes(since)`. Directory symlinks are not followed (no cycles, no tree
-pulled in by accident); file symlinks are (masters are often linked into a harvest folder). A file
-named by a sidecar must be a relative path inside the root.
+A file is listed (`changes(since)`) by the newest of its modification and status-change (ctime) times, so a
+master moved or copied in with its old modification time (mv, cp -p, rsync -a, tar) is found; a folder's
+object also by its folder's, so a file renamed or deleted in it re-lists the object. Only the size and the
+modification time say whether a master changed (a chmod re-lists it, to be skipped). Directory symlinks are
+not followed (no cycles, no tree pulled in by accident); file symlinks are (masters are often linked into a
+harvest folder). A file named by a sidecar must be a relative path inside the root.
 
 Object and item ids are paths, and they are text wherever they go (the ledger, store keys, manifests). A
 folder or file named in bytes that are not UTF-8 (a Latin-1 `caf\\xe9` copied from an old server) makes
@@ -20,7 +23,7 @@ from typing import Iterable, Iterator
 
 from pydantic import Field
 
-from connectors.base import SourceItem, SourceObject, UnreadableObject
+from connectors.base import SourceItem, SourceObject, UnreadableObject, listed_at
 from connectors.errors import SourceDataError
 from connectors.fetching import CHUNK_SIZE, Body
 from connectors.grouping import GroupedSource, GroupingSettings, StoredFile
@@ -58,7 +61,7 @@ class FilesystemSource(GroupedSource):
         names = [obj.id] if not _is_text(obj.id) else [i.id for i in obj.items if not _is_text(i.id)]
         if not names:
             return obj
-        return UnreadableObject(_printable(obj.id), obj.modified, (
+        return UnreadableObject(_printable(obj.id), listed_at(obj), (
             f"{self.name}: {', '.join(_printable(n) for n in names)} under {self.root}: not named in UTF-8; "
             f"rename it in UTF-8 (convmv -f latin1 -t utf8 converts Latin-1 names)"))
 
@@ -70,6 +73,7 @@ class FilesystemSource(GroupedSource):
             folder = stack.pop()
             try:
                 entries = list(os.scandir(folder))
+                folder_changed = _changed(os.stat(folder))
             except OSError as exc:
                 raise SourceError(f"{self.name}: cannot list {folder}: {exc.strerror}") from None
             for entry in entries:
@@ -77,8 +81,11 @@ class FilesystemSource(GroupedSource):
                     stack.append(Path(entry.path))
                 elif entry.is_file():
                     stat = entry.stat()
+                    changed = _changed(stat)
+                    if entry.is_symlink():  # a link to an old master made now
+                        changed = max(changed, _changed(entry.stat(follow_symlinks=False)))
                     yield StoredFile(Path(entry.path).relative_to(self.root).as_posix(), stat.st_size,
-                                     datetime.fromtimestamp(stat.st_mtime, timezone.utc))
+                                     _utc(stat.st_mtime), listed_at=changed, folder_listed_at=folder_changed)
 
     def _read(self, path: str) -> bytes:
         try:
@@ -100,6 +107,15 @@ class FilesystemSource(GroupedSource):
             raise SourceError(f"{self.name}: cannot read {item.id}: {exc.strerror}") from None
         with handle:
             yield Body(iter(lambda: handle.read(CHUNK_SIZE), b""), file=handle)
+
+
+def _utc(timestamp: float) -> datetime:
+    return datetime.fromtimestamp(timestamp, timezone.utc)
+
+
+def _changed(stat: os.stat_result) -> datetime:
+    """A move, a copy keeping times, utime or chmod leaves st_mtime as it was but sets st_ctime to now."""
+    return _utc(max(stat.st_mtime, stat.st_ctime))
 
 
 def _is_text(name: str) -> bool:

@@ -9,7 +9,10 @@ Two ways to group, chosen by `grouping.mode` (auto = sidecar when one exists at 
 Every regular file is an item except hidden ones (any path part starting with ".") and the sidecars:
 deciding what is an image is the converter's business. An object's `modified` is the newest of its
 files' modification times and of its sidecar entry (the entry's `modified` column when given, else the
-sidecar file's own time, so editing the sidecar re-harvests its objects).
+sidecar file's own time, so editing the sidecar re-harvests its objects). It is listed (`changes(since)`)
+by its `listed_at`, which also counts when its files were last moved or copied in (StoredFile.listed_at)
+and, for a folder, when a file was added, renamed or deleted in it: whether an item changed stays a matter
+of its size and modification time (work.fingerprint).
 """
 from __future__ import annotations
 
@@ -27,7 +30,7 @@ from typing import Callable, Iterable, Iterator, Literal
 
 from pydantic import Field
 
-from connectors.base import FetchedFile, Fixity, LangValue, SourceItem, SourceObject
+from connectors.base import FetchedFile, Fixity, LangValue, SourceItem, SourceObject, listed_at
 from connectors.errors import ObjectNotFound
 from connectors.fetching import Body, fetch_verified
 from connectors.retry import RetryBudget, RetryPolicy
@@ -54,6 +57,11 @@ class StoredFile:
     size: int
     modified: datetime
     fixity: Fixity | None = None
+    listed_at: datetime | None = None
+    """When the file last changed in the store (None: `modified`): a master moved or copied in with its old
+    modification time (mv, cp -p, rsync -a, tar) is new to the listing all the same."""
+    folder_listed_at: datetime | None = None
+    """When a file was last added, renamed or deleted in its folder, where the store has folders."""
 
 
 def natural_key(text: str) -> tuple:
@@ -209,8 +217,9 @@ def group_by_folder(files: Iterable[StoredFile], locate: Callable[[str], str]) -
     for f in files:
         parent = str(PurePosixPath(f.path).parent)
         folders.setdefault(f.path if parent == "." else parent, []).append(f)
-    return [_object(object_id, [(f, None) for f in sorted(members, key=lambda f: natural_key(f.path))],
-                    {}, None, locate) for object_id, members in folders.items()]
+    return [_object(object_id, [(f, None) for f in sorted(members, key=lambda f: natural_key(f.path))], {}, None,
+                    locate, [f.folder_listed_at for f in members if f.path != object_id])
+            for object_id, members in folders.items()]
 
 
 def group_by_sidecar(files: Iterable[StoredFile], sidecar: StoredFile,
@@ -239,7 +248,8 @@ def group_by_sidecar(files: Iterable[StoredFile], sidecar: StoredFile,
             else:
                 claimed[path] = obj.id
                 members.append((by_path[path], entry.label))
-        objects.append(_object(obj.id, members, obj.metadata, obj.modified or sidecar.modified, locate))
+        objects.append(_object(obj.id, members, obj.metadata, obj.modified or sidecar.modified, locate,
+                               [] if obj.modified else [sidecar.listed_at]))
     _raise(problems)
     unclaimed = sorted(set(by_path) - set(claimed), key=natural_key)
     if unclaimed:
@@ -249,13 +259,18 @@ def group_by_sidecar(files: Iterable[StoredFile], sidecar: StoredFile,
 
 
 def _object(object_id: str, members: list[tuple[StoredFile, str | None]], metadata: dict[str, list[LangValue]],
-            entry_modified: datetime | None, locate: Callable[[str], str]) -> SourceObject:
+            entry_modified: datetime | None, locate: Callable[[str], str],
+            also_listed: Iterable[datetime | None]) -> SourceObject:
+    """`also_listed`: the times, besides its files', that the object is listed by (its folder's, its sidecar's)."""
     items = tuple(SourceItem(id=f.path, sequence=n, original_name=PurePosixPath(f.path).name, size=f.size,
                              modified=f.modified, fixity=f.fixity, label=label, locator=locate(f.path))
                   for n, (f, label) in enumerate(members, 1))
     times = [f.modified for f, _ in members] + ([entry_modified] if entry_modified else [])
-    return SourceObject(id=object_id, modified=max(times), items=items,
-                        metadata={k: tuple(v) for k, v in metadata.items()})
+    modified = max(times)
+    listed = max([modified, *(f.listed_at for f, _ in members if f.listed_at), *filter(None, also_listed)])
+    return SourceObject(id=object_id, modified=modified, items=items,
+                        metadata={k: tuple(v) for k, v in metadata.items()},
+                        listed_at=listed if listed > modified else None)
 
 
 def _relative(path: str) -> str | None:
@@ -316,8 +331,8 @@ class GroupedSource(ABC):
     def changes(self, since: datetime | None = None, until: datetime | None = None) -> Iterator[SourceObject]:
         since = as_utc(since) if since else None
         until = as_utc(until) if until else None
-        chosen = [o for o in self.objects() if within(o.modified, since, until)]
-        yield from sorted(chosen, key=lambda o: (o.modified, natural_key(o.id)))
+        chosen = [o for o in self.objects() if within(listed_at(o), since, until)]
+        yield from sorted(chosen, key=lambda o: (listed_at(o), natural_key(o.id)))
 
     def get(self, object_ids: Iterable[str]) -> Iterator[SourceObject]:
         index: dict[str, SourceObject] | None = None

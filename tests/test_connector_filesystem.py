@@ -1,12 +1,13 @@
-"""The filesystem source: folder and sidecar grouping, changes by modification time, verified fetch."""
+"""The filesystem source: folder and sidecar grouping, changes by when files changed, verified fetch."""
 from __future__ import annotations
 
 import json
 import logging
 import os
 import shutil
+import time
 from dataclasses import replace
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
@@ -68,17 +69,53 @@ def test_each_folder_is_an_object_with_its_files_in_natural_order(tmp_path):
     assert [i.id for i in objects["loose.jpg"].items] == ["loose.jpg"]
 
 
-def test_changes_follow_modification_times_oldest_first(tmp_path):
+def moment() -> datetime:
+    """A time after what was done before and before what is done after, as file times (a coarse clock) say."""
+    time.sleep(0.05)
+    at = datetime.now(timezone.utc)
+    time.sleep(0.05)
+    return at
+
+
+def test_changes_follow_when_files_changed_oldest_first(tmp_path):
     root = build(tmp_path)
+    since = moment()
     touch(root / "ms-002/sub/b.tif", JUN)
+    between = moment()
     touch(root / "ms-001/page2.tif", MAR)
     fs = source(root)
-    changed = list(fs.changes(datetime(2024, 2, 1, tzinfo=timezone.utc)))
-    assert [o.id for o in changed] == ["ms-001", "ms-002/sub"]
-    assert [o.modified for o in changed] == [MAR, JUN]
-    assert len(changed[0].items) == 4  # the whole object, not just the changed file
-    assert [o.id for o in fs.changes(MAR, until=MAR)] == ["ms-001"]
-    assert list(fs.changes(JUL)) == []
+    changed = list(fs.changes(since))
+    assert [o.id for o in changed] == ["ms-002/sub", "ms-001"]  # in the order they changed, not by their mtimes
+    assert [o.modified for o in changed] == [JUN, MAR]  # what the item's version is judged by
+    assert len(changed[1].items) == 4  # the whole object, not just the changed file
+    assert [o.id for o in fs.changes(since, until=between)] == ["ms-002/sub"]
+
+
+def test_a_master_moved_or_copied_in_with_its_old_time_is_listed(tmp_path):
+    root = build(tmp_path / "masters")
+    staged = build(tmp_path / "staging", {"ms-003/a.tif": "gray8/gray.tif", "b.tif": "gray8/gray.tif"})
+    since = moment()
+    (staged / "ms-003").rename(root / "ms-003")  # mv
+    shutil.copy2(staged / "b.tif", root / "ms-002/b.tif")  # cp -p, rsync -a
+    (root / "loose2.tif").symlink_to(staged / "b.tif")  # a link made now to a master modified long ago
+    changed = {o.id: o for o in source(root).changes(since)}
+    assert sorted(changed) == ["loose2.tif", "ms-002", "ms-003"]
+    assert all(o.modified == JAN and o.listed_at > since for o in changed.values())
+    assert changed["ms-002"].items[1].modified == JAN
+
+
+def test_a_file_renamed_deleted_or_chmodded_relists_its_folder_but_not_the_other_root_files(tmp_path):
+    root = build(tmp_path, {name: "gray8/gray.tif" for name in ("a/1.tif", "a/2.tif", "b/1.tif", "b/2.tif",
+                                                               "c/1.tif", "loose.tif")})
+    since = moment()
+    (root / "a/2.tif").rename(root / "a/3.tif")
+    (root / "b/2.tif").unlink()
+    (root / "c/1.tif").chmod(0o600)
+    shutil.copyfile(root / "loose.tif", root / "new.tif")  # a file at the root is an object of its own
+    changed = {o.id: o for o in source(root).changes(since)}
+    assert sorted(changed) == ["a", "b", "c", "new.tif"]
+    assert [i.id for i in changed["a"].items] == ["a/1.tif", "a/3.tif"] and len(changed["b"].items) == 1
+    assert all(o.modified == JAN and o.listed_at > since for o in (changed["a"], changed["b"], changed["c"]))
 
 
 def test_explicit_ids(tmp_path):
@@ -127,16 +164,19 @@ def test_a_csv_sidecar_names_objects_sequences_labels_and_metadata(tmp_path, cap
 
 def test_editing_the_sidecar_changes_its_objects_unless_rows_carry_their_own_time(tmp_path):
     root = build(tmp_path)
+    since = moment()
     (root / "objects.csv").write_text(CSV)
-    touch(root / "objects.csv", JUN)
-    assert [o.modified for o in source(root).changes(MAR)] == [JUN, JUN]
+    touch(root / "objects.csv", JUN)  # or moved in with an old time: the sidecar's own change counts
+    assert [o.modified for o in source(root).changes(since)] == [JUN, JUN]
+    since = moment()
+    later = since + timedelta(hours=1)
     header = "object_id,file,sequence,label,"
     (root / "objects.csv").write_text(CSV.replace(header, header + "modified,")
-                                      .replace("Verso,", "Verso,2024-07-01T00:00:00Z,")
+                                      .replace("Verso,", f"Verso,{later.isoformat()},")
                                       .replace("Recto,", "Recto,,").replace("Detail,", "Detail,,")
                                       .replace("84.PA.1,ms-002/a.png,,,", "84.PA.1,ms-002/a.png,,,2024-01-01,"))
     touch(root / "objects.csv", JUN)
-    assert [(o.id, o.modified) for o in source(root).changes(MAR)] == [("2019.M.1", JUL)]
+    assert [(o.id, o.modified) for o in source(root).changes(since)] == [("2019.M.1", later)]
 
 
 def test_a_json_sidecar_is_equivalent(tmp_path):
@@ -234,13 +274,15 @@ def latin1_tree(root: Path) -> Path:
 
 
 def test_a_folder_or_file_not_named_in_utf8_makes_its_object_unreadable_under_an_escaped_id(tmp_path):
+    before = moment()
     fs = source(latin1_tree(tmp_path / "masters"))
+    after = moment()
     listed = {o.id: o for o in fs.changes(None)}
     assert sorted(listed) == ["caf\\xe9", "mixed", "plain"]  # every id is text: the ledger can store it
     assert isinstance(listed["plain"], SourceObject)
     for object_id, named in (("caf\\xe9", "caf\\xe9"), ("mixed", "mixed/p\\xe9.tif")):
         unreadable = listed[object_id]
-        assert isinstance(unreadable, UnreadableObject) and unreadable.modified == JAN
+        assert isinstance(unreadable, UnreadableObject) and before < unreadable.modified < after  # as listed
         assert unreadable.reason == (f"fs-test: {named} under {tmp_path / 'masters'}: not named in UTF-8; rename it "
                                      f"in UTF-8 (convmv -f latin1 -t utf8 converts Latin-1 names)")
         with pytest.raises(SourceDataError, match="not named in UTF-8"):  # asked again by the same id

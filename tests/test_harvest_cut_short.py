@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import time
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import numpy as np
@@ -26,8 +26,7 @@ from tests.emulators.rosetta import SRU_DATE_INDEX, RosettaCatalogue, RosettaEmu
 from tests.emulators.server import EmulatorServer
 from tests.harvests import OTMM_PASSWORD, ROSETTA_PASSWORD, ie, rosetta_source
 
-HOUR = 3600  # between two objects' times: more than the 300 s overlap, so a run re-lists only what it must
-START = int(time.time()) - 30 * 86400  # whole seconds: the checkpoint is compared with them exactly
+STEP_NS = 100_000_000  # 0.1 s between two objects' listing times
 
 
 @pytest.fixture
@@ -38,27 +37,37 @@ def site(tmp_path, monkeypatch):
 
     def write(source: dict | None = None):
         source = source or {"kind": "filesystem", "root": str(tmp_path / "masters"), "grouping": {"mode": "folder"}}
+        # No overlap: the masters' times are a fraction of a second apart, and a run re-lists only what it must.
         config = {"state_dir": str(tmp_path / "state"), "pipelines": {"p": {
-            "source": source, "store": {"kind": "local", "root": str(tmp_path / "store")}, "concurrency": 1}}}
+            "source": source, "store": {"kind": "local", "root": str(tmp_path / "store")}, "concurrency": 1,
+            "overlap_seconds": 0}}}
         (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
         return load_config(tmp_path / "config.yaml")
     return write
 
 
-def masters(root: Path, stamps: list[int]) -> list[str]:
-    """One object per stamp (obj00, obj01, ...), each one small grey TIFF last modified then."""
+def masters(root: Path, steps: list[int]) -> tuple[list[str], list[int]]:
+    """One object per step (obj00, obj01, ...), each one small grey TIFF, and the times (ns) the source lists
+    them at, `step` STEP_NS apart: equal for equal steps. The folder source lists a file by the newest of its
+    modification and status-change times, and the latter is when the file was made or touched: so each file's
+    modification time is set a little ahead of now, which is then waited for, and is its listing time."""
     ids = []
-    for n, stamp in enumerate(stamps):
+    for n in range(len(steps)):
         folder = root / f"obj{n:02d}"
         folder.mkdir(parents=True)
         tifffile.imwrite(folder / "page.tif", np.full((16, 16), n * 10, np.uint8), photometric="minisblack")
-        os.utime(folder / "page.tif", (stamp, stamp))
         ids.append(folder.name)
-    return ids
+    ahead = (time.time_ns() // 10**9 + 2) * 10**9  # a whole second, more than one second from now
+    stamps = [ahead + step * STEP_NS for step in steps]
+    for object_id, stamp in zip(ids, stamps):
+        os.utime(root / object_id / "page.tif", ns=(stamp, stamp))
+    time.sleep((max(stamps) - time.time_ns()) / 1e9 + 0.05)  # listed by a run that begins after them all
+    return ids, stamps
 
 
 def at(stamp: int) -> datetime:
-    return datetime.fromtimestamp(stamp, timezone.utc)
+    """A time in ns, exactly (as the checkpoint is compared)."""
+    return datetime.fromtimestamp(stamp // 10**9, timezone.utc) + timedelta(microseconds=stamp % 10**9 // 1000)
 
 
 def run_items(cfg, run_id: int) -> dict[str, str]:
@@ -72,8 +81,7 @@ def state(cfg) -> tuple[set[str], datetime | None]:
 
 
 def test_a_run_cut_by_its_limit_moves_the_checkpoint_to_the_first_object_it_did_not_reach(site, tmp_path):
-    stamps = [START + n * HOUR for n in range(10)]
-    ids = masters(tmp_path / "masters", stamps)
+    ids, stamps = masters(tmp_path / "masters", list(range(10)))
     cfg = site()
 
     first = harvest(cfg, "p", HarvestOptions(limit=4))
@@ -93,8 +101,7 @@ def test_a_run_cut_by_its_limit_moves_the_checkpoint_to_the_first_object_it_did_
 
 
 def test_an_item_that_failed_before_the_cut_holds_the_checkpoint_at_its_object(site, tmp_path):
-    stamps = [START + n * HOUR for n in range(8)]
-    ids = masters(tmp_path / "masters", stamps)
+    ids, stamps = masters(tmp_path / "masters", list(range(8)))
     cfg = site()
     blocker = tmp_path / "store" / "p" / ids[2]  # a file where obj02's folder must go: its deposit fails
     blocker.parent.mkdir(parents=True)
@@ -113,9 +120,8 @@ def test_an_item_that_failed_before_the_cut_holds_the_checkpoint_at_its_object(s
 
 
 def test_objects_sharing_the_time_where_the_run_stopped_are_all_taken(site, tmp_path):
-    same = START + 3 * HOUR
-    stamps = [START, START + HOUR, same, same, same, same, START + 5 * HOUR]
-    ids = masters(tmp_path / "masters", stamps)
+    ids, stamps = masters(tmp_path / "masters", [0, 1, 3, 3, 3, 3, 5])
+    same = stamps[2]
     cfg = site()
 
     first = harvest(cfg, "p", HarvestOptions(limit=3))  # obj02 is the last taken, obj03 of the same time in hand
@@ -133,7 +139,7 @@ def test_objects_sharing_the_time_where_the_run_stopped_are_all_taken(site, tmp_
 
 
 def test_a_run_that_stops_once_its_listing_is_done_moves_the_checkpoint_to_the_windows_end(site, tmp_path):
-    ids = masters(tmp_path / "masters", [START, START + HOUR])
+    ids, _ = masters(tmp_path / "masters", [0, 1])
     cfg = site()
     before = datetime.now(timezone.utc)
     run = harvest(cfg, "p", HarvestOptions(limit=2))  # the limit is reached on the last item listed
