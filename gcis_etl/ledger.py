@@ -59,7 +59,7 @@ CREATE TABLE IF NOT EXISTS items (
     first_seen TEXT NOT NULL, updated TEXT NOT NULL, last_run INTEGER, warnings TEXT,
     PRIMARY KEY (pipeline, object_id, item_id)
 );
-CREATE INDEX IF NOT EXISTS items_status ON items (pipeline, status);
+CREATE INDEX IF NOT EXISTS items_by_status ON items (pipeline, status, object_id, item_id);
 CREATE TABLE IF NOT EXISTS objects (
     pipeline TEXT NOT NULL, object_id TEXT NOT NULL, modified TEXT NOT NULL,
     label TEXT NOT NULL DEFAULT '[]', manifest_fingerprint TEXT, published TEXT,
@@ -78,7 +78,10 @@ CREATE TABLE IF NOT EXISTS manifest_problems (
 );
 {SUPERSEDED};
 {MANIFEST_WARNINGS};
-CREATE INDEX IF NOT EXISTS superseded_object ON superseded (pipeline, object_id);
+CREATE INDEX IF NOT EXISTS superseded_by_object ON superseded (pipeline, object_id, key);
+-- made by older versions, narrower than those above, which serve their queries too
+DROP INDEX IF EXISTS items_status;
+DROP INDEX IF EXISTS superseded_object;
 CREATE TABLE IF NOT EXISTS checkpoints (
     pipeline TEXT PRIMARY KEY, checkpoint TEXT NOT NULL, run_id INTEGER, updated TEXT NOT NULL
 );
@@ -503,19 +506,19 @@ class Ledger:
         """The pipeline's items matching the SQL condition `where`, in (object_id, item_id) order."""
         return self._paged(ItemRecord, "items", ("object_id", "item_id"), pipeline, where, args, page)
 
-    def _paged(self, cls, table: str, order: tuple[str, str], pipeline: str, where: str, args: tuple,
+    def _paged(self, cls, table: str, order: tuple[str, ...], pipeline: str, where: str, args: tuple,
                page: int) -> Iterator:
-        """The pipeline's rows of `table` matching `where`, in `order`, a page at a time: no read transaction
-        stays open while the caller works (a migration running harvests meanwhile)."""
-        first, second = order
-        after = ("", "")
+        """The pipeline's rows of `table` matching `where`, in `order` (columns that tell its rows apart), a page
+        at a time: no read transaction stays open while the caller works (a migration running harvests
+        meanwhile)."""
+        columns, marks, after = ", ".join(order), ", ".join("?" * len(order)), ("",) * len(order)
         while True:
-            rows = self._all(cls, f"{table} WHERE pipeline=? AND ({where}) AND ({first}, {second}) > (?, ?) "
-                                  f"ORDER BY {first}, {second} LIMIT ?", pipeline, *args, *after, page)
+            rows = self._all(cls, f"{table} WHERE pipeline=? AND ({where}) AND ({columns}) > ({marks}) "
+                                  f"ORDER BY {columns} LIMIT ?", pipeline, *args, *after, page)
             yield from rows
             if len(rows) < page:
                 return
-            after = (getattr(rows[-1], first), getattr(rows[-1], second))
+            after = tuple(getattr(rows[-1], column) for column in order)
 
     def record(self, run_id: int, result: ItemResult, source_modified: datetime | None) -> None:
         """Store one result and what the run did; a failure counts an attempt of the current source version.
@@ -583,9 +586,12 @@ class Ledger:
                       "ON CONFLICT (pipeline, key) DO NOTHING", (pipeline, object_id, item_id, key, run_id, stamp))
 
     def superseded(self, pipeline: str, object_id: str | None = None, page: int = 1000) -> Iterator[SupersededKey]:
-        """The keys waiting to be retired, of one object or all, in (object_id, key) order."""
-        where, args = ("object_id=?", (object_id,)) if object_id is not None else ("1", ())
-        return self._paged(SupersededKey, "superseded", ("object_id", "key"), pipeline, where, args, page)
+        """The keys waiting to be retired, of one object or all, in (object_id, key) order. One object's are paged
+        by key alone (on superseded_by_object): SQLite plans paging by (object_id, key) as a range of object_ids,
+        reading all the pipeline's superseded keys at every call, and retire_superseded asks object by object."""
+        if object_id is None:
+            return self._paged(SupersededKey, "superseded", ("object_id", "key"), pipeline, "1", (), page)
+        return self._paged(SupersededKey, "superseded", ("key",), pipeline, "object_id=?", (object_id,), page)
 
     def superseded_count(self, pipeline: str) -> int:
         return self._execute("SELECT count(*) FROM superseded WHERE pipeline=?", (pipeline,)).fetchone()[0]

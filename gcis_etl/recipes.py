@@ -5,11 +5,12 @@ re-encode, but changing any parameter does (the ledger compares digests).
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal, Mapping
 
 from pydantic import Field, model_validator
 
@@ -133,12 +134,19 @@ class Recipe(Settings):
             _check_opj_grk(self.encoder, self.jp2)
         return self
 
-    @property
+    @functools.cached_property
     def digest(self) -> str:
+        """Taken once (a harvest asks for it for every item); the recipe is frozen, and model_copy drops it."""
         # exclude_none: recipes without a jp2 section keep the digests they had before it existed
         canonical = json.dumps(self.model_dump(mode="json", exclude={"description"}, exclude_none=True),
                                sort_keys=True)
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Recipe:
+        """A copy with other parameters has another digest: the one taken of this recipe is not carried over."""
+        copied = super().model_copy(update=update, deep=deep)
+        copied.__dict__.pop("digest", None)
+        return copied
 
 
 def _check_kdu_args(jp2: Jp2Parameters) -> None:
