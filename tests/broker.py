@@ -213,6 +213,11 @@ SAMPLES = ("rgb8-tiff-uncompressed/hopper.tif", "rgb8-tiff-uncompressed/rgb-3c-8
 REJECTED_SAMPLE = "corrupt/bad.tif"
 
 
+def received(workers, task_id: str) -> int:
+    """How many times the workers took this task off the broker."""
+    return sum(w.log_text().count(f"[{task_id}] received") for w in workers)
+
+
 def make_masters(root: Path, objects: int, per_object: int, rejected: int = 0) -> Path:
     """`objects` folders of small corpus masters (one object each); the first `rejected` objects also get a
     rejected.tif no decoder accepts."""

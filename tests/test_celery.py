@@ -23,7 +23,7 @@ from gcis_etl.settings import parse
 from gcis_etl.work import Outcome
 from gcis_etl.worker import CeleryExecutor, celery_task_id
 from tests.broker import (Pool, assert_harvests_agree, assert_no_stray_conversion_children, expected_outcome,
-                          make_masters, pool_config, run_all, slow_master, store_contents, tasks_of)
+                          make_masters, pool_config, received, run_all, slow_master, store_contents, tasks_of)
 
 
 def comparable(results) -> dict:
@@ -34,11 +34,6 @@ def comparable(results) -> dict:
 def maps_libvips(pid: int) -> bool:
     with open(f"/proc/{pid}/maps") as f:
         return any("libvips" in line for line in f)
-
-
-def received(workers, task_id: str) -> int:
-    """How many times the workers took this task off the broker."""
-    return sum(w.log_text().count(f"[{task_id}] received") for w in workers)
 
 
 # ----------------------------------------------------------------------------------------------- settings

@@ -30,7 +30,7 @@ from gcis_etl.verification import verify
 from gcis_etl.work import Outcome, Worker
 from gcis_etl.worker import UNMARK_SECONDS, WORKER_PING_SECONDS, CeleryExecutor, celery_app, celery_task_id
 from tests.broker import (Pool, RedisServer, assert_no_stray_conversion_children, expected_outcome, make_masters,
-                          minio_env, pool_config, run_all, s3_store, slow_master, tasks_of)
+                          minio_env, pool_config, received, run_all, s3_store, slow_master, tasks_of)
 from tests.harvests import GCIS
 from tests.servers import free_port
 
@@ -42,10 +42,6 @@ def pool(tmp_path, minio, redis_server, celery_workers, aws_env) -> Pool:
     for n in range(3):
         slow_master(masters / f"obj{n:02d}" / "slow.tif", size=3000 + n)
     return Pool(tmp_path, minio, redis_server, masters, celery_workers)
-
-
-def received(workers, task_id: str) -> int:
-    return sum(w.log_text().count(f"[{task_id}] received") for w in workers)
 
 
 def check_batch(tasks, results, store) -> dict:

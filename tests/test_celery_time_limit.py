@@ -14,9 +14,8 @@ from gcis_etl.config import load_config
 from gcis_etl.ledger import Ledger
 from gcis_etl.work import Outcome
 from gcis_etl.worker import celery_task_id
-from tests.broker import Pool, make_masters, tasks_of
+from tests.broker import Pool, make_masters, received, tasks_of
 from tests.harvests import GCIS
-from tests.test_celery import received
 
 # Far beyond the test: a task no worker takes is never sent again, so only the time limit can end the first run.
 NO_RESEND = {"visibility_timeout_seconds": 600}
