@@ -22,9 +22,8 @@ from typing import Any
 from connectors.base import Fixity, SourceItem
 from connectors.errors import AuthenticationFailed, PermissionDenied, SourceUnavailable
 from connectors.fetching import fetch_warnings
-from gcis_etl.durable import DISK_REFUSES_WRITES
 from gcis_etl.errors import GcisError, SourceError, StoreError, StoreFull, StoreUnavailable
-from gcis_etl.isolation import ChildPool
+from gcis_etl.isolation import ChildPool, disk_refusal
 from gcis_etl.keys import UnsafeKey
 from gcis_etl.models import Status
 from gcis_etl.pipelines import Pipeline, config_folder
@@ -189,8 +188,9 @@ class Worker:
         except GcisError as exc:
             result = replace(base, reason=str(exc))
         except OSError as exc:
-            if exc.errno in DISK_REFUSES_WRITES:  # only scratch is written here: a store's are StoreErrors
-                return replace(base, reason=self._scratch_unwritable(exc), stops_run=True)
+            refused = disk_refusal(exc, self.scratch)  # only scratch is written here: a store's are StoreErrors
+            if refused is not None:
+                return self._scratch_full(base, "fetching", str(refused), self.scratch)
             result = replace(base, reason=f"{type(exc).__name__}: {exc}", transient=True)
         except Exception as exc:  # a bug must cost one item, never the batch or the worker
             log.exception("internal error on %s/%s", task.object_id, task.item.id)
@@ -218,10 +218,11 @@ class Worker:
                         task.item.id, exc_info=True)
         return False
 
-    def _scratch_unwritable(self, exc: OSError) -> str:
-        free = shutil.disk_usage(self.scratch).free if self.scratch.exists() else 0
-        return (f"the scratch space {self.scratch} cannot be written: {exc.strerror} ({free / 1e6:.1f} MB free "
-                f"there): free space on its filesystem (state_dir), then run again; no item's attempt was counted")
+    def _scratch_full(self, base: ItemResult, step: str, refusal: str, folder: Path) -> ItemResult:
+        """A disk refused a write into the scratch space (isolation.disk_refusal's words): every item would fail
+        alike, so the run stops. The item's own folder is named as the scratch space, which config sets."""
+        where = f"{self.scratch} (the scratch space: state_dir sets where it is)"
+        return _stops_run(base, f"{step}: {refusal.replace(str(folder), where)}", "then run again", transient=False)
 
     def _process(self, task: ItemTask, base: ItemResult) -> ItemResult:
         from gcis_etl.conversion import convert
@@ -268,10 +269,8 @@ class Worker:
             reason = (converted.reason or "").replace(str(fetched.path), task.item.original_name) or None
             if converted.status is Status.REJECTED:
                 return replace(base, outcome=Outcome.REJECTED, reason=reason, **common)
-            if converted.disk_full:  # its scratch or output folder's disk: every item would fail alike
-                where = f"{self.scratch} (the scratch space: state_dir sets where it is)"
-                return _stops_run(base, f"converting: {reason.replace(str(scratch), where)}", "then run again",
-                                  transient=False)
+            if converted.disk_full:  # its scratch or output folder's disk
+                return self._scratch_full(base, "converting", reason, scratch)
             if converted.status is Status.FAILED:
                 return replace(base, reason=reason, **common)
             # put HEADs the key to leave identical bytes alone: worth it only when `done` holds these bytes

@@ -162,8 +162,9 @@ def test_a_full_scratch_space_stops_the_run_and_spends_no_attempt(tmp_path):
 
         assert full.returncode == 1, full.stderr
         assert "Traceback" not in full.stderr
-        reason = (f"the scratch space {scratch / 'dam'} cannot be written: No space left on device (0.0 MB free "
-                  f"there): free space on its filesystem (state_dir), then run again; no item's attempt was counted")
+        reason = (f"fetching: cannot write {scratch / 'dam'} (the scratch space: state_dir sets where it is): No "
+                  f"space left on device (0.0 MB free there): free space on its filesystem: then run again (no "
+                  f"item's attempt was counted)")
         assert f"dam: run stopped: {reason} (everything settled so far is recorded; run again)" in full.stderr
         assert night.runs()[-1] == (2, "failed", f"RunHalted: {reason}")
         assert night.items() == {"a/a/master.tif": ("deposited", 0)}
