@@ -405,6 +405,12 @@ class CeleryExecutor:
         self._last_poll = now = time.monotonic()
         patience = 2 * self.settings.visibility_timeout_seconds
         done, quiet = [], {}
+
+        def ended(task_id: str, result: ItemResult | None) -> None:  # None: it was sent again, and flies on
+            if result is not None:
+                del self._flights[task_id]
+                done.append((task_id, result))
+
         for task_id, flight in list(self._flights.items()):
             meta = self.app.backend.get_task_meta(task_id)
             status = meta["status"]
@@ -417,18 +423,12 @@ class CeleryExecutor:
                 if now - flight.since < patience:
                     continue
             if status in self._RUNNING or status == "PENDING":
-                result = self._resend(task_id, flight, "lost by the broker" if status == "PENDING" else
-                                      f"no progress for {patience} s")
+                ended(task_id, self._resend(task_id, flight, "lost by the broker" if status == "PENDING" else
+                                            f"no progress for {patience} s"))
             else:
-                result = self._outcome(flight.task, meta)
-            if result is not None:
-                del self._flights[task_id]
-                done.append((task_id, result))
+                ended(task_id, self._outcome(flight.task, meta))
         for task_id, why in self._unheld(quiet, now).items():
-            result = self._resend(task_id, self._flights[task_id], why)
-            if result is not None:
-                del self._flights[task_id]
-                done.append((task_id, result))
+            ended(task_id, self._resend(task_id, self._flights[task_id], why))
         return done
 
     def _unheld(self, quiet: dict[str, list[str]], now: float) -> dict[str, str]:
