@@ -47,6 +47,11 @@ _CHILD_ENTRY = ("import sys, json; from multiprocessing.connection import Connec
                 "_child_main(Connection(int(sys.argv[1])), json.loads(sys.argv[2]))")
 
 
+class CannotStart(ConversionFailed):
+    """The conversion process could not be started (the interpreter gone after an upgrade, a process or memory
+    limit): no master's fault, and every conversion would fail alike."""
+
+
 class WorkerCrashed(ConversionFailed):
     def __init__(self, message: str, stage: str | None, signal_name: str | None):
         super().__init__(message)
@@ -356,7 +361,7 @@ class IsolatedProcess:
         What the child's libraries log meanwhile (see _ToParent) is added to `notes`; without it, logged here."""
         if callable(target):
             target = f"{target.__module__}.{target.__qualname__}"
-        self._ensure_started()
+        self.start()
         setting = "" if timeout else " under isolation.timeout_seconds: raise it for masters this size"
         timeout = timeout or self.settings.timeout_seconds
         deadline = time.monotonic() + timeout
@@ -415,7 +420,8 @@ class IsolatedProcess:
         except psutil.Error:
             return None
 
-    def _ensure_started(self) -> None:
+    def start(self) -> None:
+        """Start the child unless it runs (call does this first): CannotStart."""
         if self._alive():
             return
         if self._conn is not None:  # the previous child died between jobs
@@ -429,7 +435,7 @@ class IsolatedProcess:
                     [sys.executable, "-c", _CHILD_ENTRY, str(child.fileno()), json.dumps(self.settings.model_dump())],
                     pass_fds=(child.fileno(),), stdin=subprocess.DEVNULL, start_new_session=True)
             except OSError as exc:  # not the job's: a caller would take it for its own files' ("cannot write")
-                raise ConversionFailed(f"the conversion process could not be started: {sys.executable}: "
+                raise CannotStart(f"the conversion process could not be started: {sys.executable}: "
                                        f"{exc.strerror or exc}") from None
             self._conn = Connection(os.dup(parent.fileno()))
         self._jobs = 0

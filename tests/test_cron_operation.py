@@ -178,6 +178,30 @@ def test_a_full_scratch_space_stops_the_run_and_spends_no_attempt(tmp_path):
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs for the store needs root")
+def test_a_conversion_process_that_cannot_start_stops_the_run_and_spends_no_attempt(tmp_path):
+    """The interpreter replaced under a running cron job (an upgrade): every item failed alike, each spending an
+    attempt, until all were out of attempts and waited for `gcis-etl retry`."""
+    night = Night(tmp_path)
+    night.add("a", "b")
+    gone = tmp_path / "python3.11-upgraded-away"
+    upgraded = (f"import sys, runpy; sys.executable = {str(gone)!r}; "
+                f"sys.argv = ['gcis-etl', '--config', {str(tmp_path / 'config.yaml')!r}, 'harvest']; "
+                f"runpy.run_module('gcis_etl.cli', run_name='__main__')")
+
+    stopped = subprocess.run([sys.executable, "-c", upgraded], capture_output=True, text=True, timeout=120)
+
+    assert stopped.returncode == 1, stopped.stderr
+    reason = (f"converting: the conversion process could not be started: {gone}: No such file or directory: then "
+              f"run again (no item's attempt was counted)")
+    assert f"dam: run stopped: {reason}" in stopped.stderr, stopped.stderr
+    assert night.runs() == [(1, "failed", f"RunHalted: {reason}")]
+    assert night.items() == {}
+
+    again = night.harvest()
+    assert again.returncode == 0, again.stderr
+    assert night.items() == {f"{o}/{o}/master.tif": ("deposited", 0) for o in "ab"}
+
+
 def test_a_full_local_store_stops_the_run_and_spends_no_attempt(tmp_path):
     """As for a full scratch space: the first deposit the store's disk refuses stops the run (exit 1) with the
     store's path and free space, no item is recorded and the checkpoint stays; with room again, the next run
