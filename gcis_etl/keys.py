@@ -138,8 +138,8 @@ class KeyTemplates(Settings):
                 for field in _PER_VERSION if "version" not in _placeholders(getattr(self, field))}
 
     def image_key(self, pipeline: str, object_id: str, item_id: str, sequence: int, ext: str) -> str:
-        return self._render(self.image, pipeline=pipeline, object_id=object_id, item_id=item_id,
-                            sequence=sequence, ext=ext)
+        return self._render("image", pipeline=pipeline, object_id=object_id, item_id=item_id, sequence=sequence,
+                            ext=ext)
 
     def image_prefix(self, pipeline: str) -> str:
         """What every image key of the pipeline starts with ("" when the template does not start with it)."""
@@ -149,14 +149,22 @@ class KeyTemplates(Settings):
         return head + escape_identifier(pipeline) + self.image[len(head) + len("{pipeline}"):].split("{", 1)[0]
 
     def manifest_key(self, pipeline: str, object_id: str, version: int) -> str:
-        return self._render(self.manifest, pipeline=pipeline, object_id=object_id, version=version)
+        return self._render("manifest", pipeline=pipeline, object_id=object_id, version=version)
 
     def collection_key(self, pipeline: str, version: int) -> str:
-        return self._render(self.collection, pipeline=pipeline, version=version)
+        return self._render("collection", pipeline=pipeline, version=version)
 
-    @staticmethod
-    def _render(template: str, **values: Any) -> str:
-        safe = {k: escape_identifier(v) if isinstance(v, str) else int(v) for k, v in values.items()}
+    def _render(self, field: str, **values: Any) -> str:
+        """Only the values the template uses are escaped: an item id too long for a key segment must not stop a
+        template that names items by {sequence} alone, the way out of that very problem."""
+        template = getattr(self, field)
+        safe = {}
+        for name in _placeholders(template):
+            value = values[name]
+            try:
+                safe[name] = escape_identifier(value) if isinstance(value, str) else int(value)
+            except UnsafeKey as exc:
+                raise UnsafeKey(f"{exc}: its {{{name}}} in store.keys.{field} ({template!r})") from None
         return check_key(template.format(**safe))
 
 

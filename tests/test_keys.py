@@ -94,6 +94,19 @@ def test_templates_from_configuration():
     assert keys.manifest_key("otmm", "a1", 3) == "otmm/a1/manifest.json"
 
 
+def test_an_item_id_too_long_for_a_key_is_named_and_a_template_without_it_places_the_item():
+    """28 Japanese characters of path pass 255 bytes escaped; a template naming items by {sequence} is the way out,
+    but it refused the item all the same: every value was escaped, the unused {item_id} too."""
+    item = "葛飾北斎「富嶽三十六景」/神奈川沖浪裏（初摺・ボストン美術館本）.tif"
+    with pytest.raises(UnsafeKey) as refused:
+        KeyTemplates().image_key("prints", "hokusai", item, 1, "tif")
+    assert str(refused.value).endswith("is too long for a key segment (286 bytes escaped, at most 255): its "
+                                       "{item_id} in store.keys.image ('{pipeline}/{object_id}/{item_id}.{ext}')")
+
+    by_place = parse(KeyTemplates, {"image": "{pipeline}/{object_id}/{sequence:04d}.{ext}"}, "config.yaml", "store.keys")
+    assert by_place.image_key("prints", "hokusai", item, 1, "tif") == "prints/hokusai/0001.tif"
+
+
 @pytest.mark.parametrize("field, template, problem", [
     ("image", "{pipeline}/{object}/{item_id}.tif", "unknown placeholder"),
     ("manifest", "{pipeline}/{item_id}.json", "unknown placeholder"),
