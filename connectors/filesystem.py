@@ -19,14 +19,13 @@ import os
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Iterator
 
 from pydantic import Field
 
 from connectors.base import SourceItem, SourceObject, UnreadableObject, listed_at
-from connectors.errors import SourceDataError
 from connectors.fetching import CHUNK_SIZE, Body
-from connectors.grouping import GroupedSource, GroupingSettings, StoredFile
+from connectors.grouping import Group, GroupedSource, GroupingSettings, StoredFile
 from connectors.retry import RetryBudget, RetryPolicy
 from gcis_etl.errors import SourceError
 from gcis_etl.settings import Settings
@@ -47,30 +46,25 @@ class FilesystemSource(GroupedSource):
         self.retry = settings.retry
         self.root = settings.root.expanduser().resolve()
 
-    def objects(self) -> list[SourceObject | UnreadableObject]:
-        return [self._named(obj) for obj in super().objects()]
-
-    def get(self, object_ids: Iterable[str]) -> Iterator[SourceObject]:
-        for obj in super().get(object_ids):
-            if isinstance(obj, UnreadableObject):
-                raise SourceDataError(obj.reason)
-            yield obj
-
-    def _named(self, obj: SourceObject) -> SourceObject | UnreadableObject:
-        """`obj`, or an UnreadableObject if its folder or one of its files is not named in UTF-8."""
+    def _build(self, group: Group) -> SourceObject | UnreadableObject:
+        """The group's object, or an UnreadableObject if its folder or one of its files is not named in UTF-8."""
+        obj = super()._build(group)
         names = [obj.id] if not _is_text(obj.id) else [i.id for i in obj.items if not _is_text(i.id)]
         if not names:
             return obj
-        return UnreadableObject(_printable(obj.id), listed_at(obj), (
+        return UnreadableObject(self._listed_id(obj.id), listed_at(obj), (
             f"{self.name}: {', '.join(_printable(n) for n in names)} under {self.root}: not named in UTF-8; "
             f"rename it in UTF-8 (convmv -f latin1 -t utf8 converts Latin-1 names)"))
+
+    def _listed_id(self, group_id: str) -> str:
+        return _printable(group_id)
 
     def _files(self) -> Iterator[StoredFile]:
         if not self.root.is_dir():
             raise SourceError(f"{self.name}: root {self.root} is not a readable folder")
-        stack = [self.root]
+        stack = [(str(self.root), "")]  # a folder, and its path under the root as files' paths begin with it
         while stack:
-            folder = stack.pop()
+            folder, relative = stack.pop()
             try:
                 entries = list(os.scandir(folder))
                 folder_changed = _changed(os.stat(folder))
@@ -78,14 +72,16 @@ class FilesystemSource(GroupedSource):
                 raise SourceError(f"{self.name}: cannot list {folder}: {exc.strerror}") from None
             for entry in entries:
                 if entry.is_dir(follow_symlinks=False):
-                    stack.append(Path(entry.path))
+                    stack.append((entry.path, f"{relative}{entry.name}/"))
                 elif entry.is_file():
                     stat = entry.stat()
                     changed = _changed(stat)
                     if entry.is_symlink():  # a link to an old master made now
                         changed = max(changed, _changed(entry.stat(follow_symlinks=False)))
-                    yield StoredFile(Path(entry.path).relative_to(self.root).as_posix(), stat.st_size,
-                                     _utc(stat.st_mtime), listed_at=changed, folder_listed_at=folder_changed)
+                    modified = _utc(stat.st_mtime)
+                    yield StoredFile(relative + entry.name, stat.st_size, modified,
+                                     listed_at=changed if changed > modified else None,  # None: modified
+                                     folder_listed_at=folder_changed)
 
     def _read(self, path: str) -> bytes:
         try:

@@ -30,8 +30,8 @@ from typing import Callable, Iterable, Iterator, Literal
 
 from pydantic import Field
 
-from connectors.base import FetchedFile, Fixity, LangValue, SourceItem, SourceObject, listed_at
-from connectors.errors import ObjectNotFound
+from connectors.base import FetchedFile, Fixity, LangValue, SourceItem, SourceObject, UnreadableObject
+from connectors.errors import ObjectNotFound, SourceDataError
 from connectors.fetching import Body, fetch_verified
 from connectors.retry import RetryBudget, RetryPolicy
 from connectors.timestamps import as_utc, within
@@ -49,7 +49,7 @@ class GroupingSettings(Settings):
                                            description="looked for at the root, in this order")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class StoredFile:
     """A file as listed by its store: path relative to the source root (posix), size, mtime, fixity if known."""
 
@@ -212,22 +212,48 @@ def _raise(problems: list[str]) -> None:
 
 # --- grouping ---------------------------------------------------------------------------------------------
 
-def group_by_folder(files: Iterable[StoredFile], locate: Callable[[str], str]) -> list[SourceObject]:
+@dataclass(slots=True)
+class Group:
+    """An object of the store before it is built: its files and the time it is listed by. A whole store's groups
+    are held, filtered by the window and sorted, and only the objects yielded are built: their SourceItems, and
+    the natural order of a folder's files, cost far more than the files listed."""
+
+    id: str
+    files: list[StoredFile]
+    listed_at: datetime
+    """connectors.base.listed_at of the object once built: the newest of its files' times (modified, listed_at)
+    and of the times it is also listed by (its folder's, its sidecar entry's or sidecar's)."""
+    labels: list[str | None] | None = None
+    """A sidecar object's item labels, its files then in sequence; None: a folder's, in natural order once built."""
+    metadata: dict[str, list[LangValue]] | None = None
+    entry_modified: datetime | None = None
+    """The sidecar entry's `modified`, else the sidecar's own time, so editing the sidecar re-harvests its objects."""
+
+
+def _listed(files: Iterable[StoredFile], also: Iterable[datetime | None]) -> datetime:
+    return max([t for f in files for t in (f.modified, f.listed_at) if t] + [t for t in also if t])
+
+
+def group_by_folder(files: Iterable[StoredFile], source_name: str) -> list[Group]:
     folders: dict[str, list[StoredFile]] = {}
     for f in files:
         parent = str(PurePosixPath(f.path).parent)
         folders.setdefault(f.path if parent == "." else parent, []).append(f)
-    return [_object(object_id, [(f, None) for f in sorted(members, key=lambda f: natural_key(f.path))], {}, None,
-                    locate, [f.folder_listed_at for f in members if f.path != object_id])
+    # A store of keys (S3) may hold both a key `a` and keys `a/...`: the root file `a` and the folder `a`.
+    duplicate = next((i for i, members in folders.items() if len(members) > 1 and any(f.path == i for f in members)),
+                     None)
+    if duplicate is not None:
+        raise SourceError(f"{source_name}: {duplicate!r} is both a folder and a file at the root")
+    return [Group(object_id, members, _listed(members, (f.folder_listed_at for f in members if f.path != object_id)))
             for object_id, members in folders.items()]
 
 
 def group_by_sidecar(files: Iterable[StoredFile], sidecar: StoredFile,
-                     parsed: tuple[list[SidecarObject], list[str]], locate: Callable[[str], str]) -> list[SourceObject]:
+                     parsed: tuple[list[SidecarObject], list[str]]) -> list[Group]:
     entries, problems = parsed
     by_path = {f.path: f for f in files}
     claimed: dict[str, str] = {}
-    objects = []
+    groups = []
     for obj in entries:
         sequences = [e.sequence for e in obj.entries]
         if any(s is None for s in sequences) and any(s is not None for s in sequences):
@@ -236,7 +262,7 @@ def group_by_sidecar(files: Iterable[StoredFile], sidecar: StoredFile,
         if len(set(sequences)) != len(sequences) and sequences[0] is not None:
             problems.append(f"{obj.entries[0].where}: object {obj.id!r} repeats a sequence number")
             continue
-        members = []
+        members, labels = [], []
         for entry in sorted(obj.entries, key=lambda e: e.sequence or 0):
             path = _relative(entry.file)
             if path is None:
@@ -247,30 +273,31 @@ def group_by_sidecar(files: Iterable[StoredFile], sidecar: StoredFile,
                 problems.append(f"{entry.where}: file {entry.file!r} already belongs to object {claimed[path]!r}")
             else:
                 claimed[path] = obj.id
-                members.append((by_path[path], entry.label))
-        objects.append(_object(obj.id, members, obj.metadata, obj.modified or sidecar.modified, locate,
-                               [] if obj.modified else [sidecar.listed_at]))
+                members.append(by_path[path])
+                labels.append(entry.label)
+        entry_modified = obj.modified or sidecar.modified
+        groups.append(Group(obj.id, members, _listed(members, [entry_modified, None if obj.modified else
+                                                               sidecar.listed_at]),
+                            labels, obj.metadata, entry_modified))
     _raise(problems)
     unclaimed = sorted(set(by_path) - set(claimed), key=natural_key)
     if unclaimed:
         log.warning("%s names no object for %d file(s), which are not harvested: %s%s", sidecar.path,
                     len(unclaimed), ", ".join(unclaimed[:5]), " ..." if len(unclaimed) > 5 else "")
-    return objects
+    return groups
 
 
-def _object(object_id: str, members: list[tuple[StoredFile, str | None]], metadata: dict[str, list[LangValue]],
-            entry_modified: datetime | None, locate: Callable[[str], str],
-            also_listed: Iterable[datetime | None]) -> SourceObject:
-    """`also_listed`: the times, besides its files', that the object is listed by (its folder's, its sidecar's)."""
+def build(group: Group, locate: Callable[[str], str]) -> SourceObject:
+    """The object a group stands for, its items located in the store."""
+    members = (zip(group.files, group.labels) if group.labels is not None else
+               ((f, None) for f in sorted(group.files, key=lambda f: natural_key(f.path))))
     items = tuple(SourceItem(id=f.path, sequence=n, original_name=PurePosixPath(f.path).name, size=f.size,
                              modified=f.modified, fixity=f.fixity, label=label, locator=locate(f.path))
                   for n, (f, label) in enumerate(members, 1))
-    times = [f.modified for f, _ in members] + ([entry_modified] if entry_modified else [])
-    modified = max(times)
-    listed = max([modified, *(f.listed_at for f, _ in members if f.listed_at), *filter(None, also_listed)])
-    return SourceObject(id=object_id, modified=modified, items=items,
-                        metadata={k: tuple(v) for k, v in metadata.items()},
-                        listed_at=listed if listed > modified else None)
+    modified = max([f.modified for f in group.files] + ([group.entry_modified] if group.entry_modified else []))
+    return SourceObject(id=group.id, modified=modified, items=items,
+                        metadata={k: tuple(v) for k, v in (group.metadata or {}).items()},
+                        listed_at=group.listed_at if group.listed_at > modified else None)
 
 
 def _relative(path: str) -> str | None:
@@ -283,13 +310,20 @@ def _relative(path: str) -> str | None:
 
 
 class GroupedSource(ABC):
-    """A store of files seen through the grouping above; subclasses list, read and open files."""
+    """A store of files seen through the grouping above; subclasses list, read and open files.
+
+    Each listing (`changes`, `get`) lists the store once, groups its files, and builds only the objects it
+    yields. `get` raising at an id it cannot give keeps that listing for the call that asks for the ids after it
+    (the harvester's revisit: harvesting.Harvest._by_id), and for no other, so k objects gone from a batch cost
+    one listing, not k + 1."""
 
     name: str
     grouping: GroupingSettings
     retry: RetryPolicy
     lists_in_modified_order = True  # the whole store is listed, then sorted (an unreadable object keeps its time)
     modified_order_setting = None
+    _continuation: tuple[list[str], dict[str, Group]] | None = None
+    """The ids after the one `get` raised at, and the listing it had: the next `get` takes it if it asks for them."""
 
     @abstractmethod
     def _files(self) -> Iterator[StoredFile]:
@@ -307,11 +341,20 @@ class GroupedSource(ABC):
     def _open(self, item: SourceItem, budget: RetryBudget) -> AbstractContextManager[Body]:
         """The item's bytes as a Body, for fetching.fetch_verified."""
 
+    def _build(self, group: Group) -> SourceObject | UnreadableObject:
+        """The object of a group, or an UnreadableObject in its place where the store's names do not make one."""
+        return build(group, self._locate)
+
+    def _listed_id(self, group_id: str) -> str:
+        """The id the object of a group is listed and asked for under (that of `_build`'s object)."""
+        return group_id
+
     def reachable(self) -> None:
         """Raise as listing would when the store cannot be listed now: its first page alone (Source.reachable)."""
         next(iter(self._files()), None)
 
-    def objects(self) -> list[SourceObject]:
+    def _groups(self) -> list[Group]:
+        """Every object of the store, unbuilt; what is wrong with its grouping is raised before any is built."""
         files = [f for f in self._files() if not is_hidden(f.path)]
         sidecar = next((f for n in self.grouping.sidecar_names for f in files if f.path == n), None)
         if self.grouping.mode == "sidecar" and sidecar is None:
@@ -319,29 +362,34 @@ class GroupedSource(ABC):
                               f"{', '.join(self.grouping.sidecar_names)} exists at the root")
         others = [f for f in files if f.path not in self.grouping.sidecar_names]
         if sidecar is not None and self.grouping.mode != "folder":
-            return group_by_sidecar(others, sidecar, read_sidecar(sidecar.path, self._read(sidecar.path)),
-                                    self._locate)
-        objects = group_by_folder(others, self._locate)
-        ids = [o.id for o in objects]
-        if len(set(ids)) != len(ids):
-            duplicate = next(i for i in ids if ids.count(i) > 1)
-            raise SourceError(f"{self.name}: {duplicate!r} is both a folder and a file at the root")
-        return objects
+            return group_by_sidecar(others, sidecar, read_sidecar(sidecar.path, self._read(sidecar.path)))
+        return group_by_folder(others, self.name)
 
-    def changes(self, since: datetime | None = None, until: datetime | None = None) -> Iterator[SourceObject]:
+    def changes(self, since: datetime | None = None,
+                until: datetime | None = None) -> Iterator[SourceObject | UnreadableObject]:
+        self._continuation = None
         since = as_utc(since) if since else None
         until = as_utc(until) if until else None
-        chosen = [o for o in self.objects() if within(listed_at(o), since, until)]
-        yield from sorted(chosen, key=lambda o: (listed_at(o), natural_key(o.id)))
+        chosen = [g for g in self._groups() if within(g.listed_at, since, until)]
+        chosen.sort(key=lambda g: (g.listed_at, natural_key(g.id)))
+        for group in chosen:
+            yield self._build(group)
 
     def get(self, object_ids: Iterable[str]) -> Iterator[SourceObject]:
-        index: dict[str, SourceObject] | None = None
-        for object_id in object_ids:
+        continuation, self._continuation = self._continuation, None
+        object_ids = list(object_ids)
+        index = continuation[1] if continuation and continuation[0] == object_ids else None
+        for n, object_id in enumerate(object_ids):
             if index is None:
-                index = {o.id: o for o in self.objects()}
-            if object_id not in index:
-                raise ObjectNotFound(f"{self.name}: no object {object_id!r}")
-            yield index[object_id]
+                index = {self._listed_id(g.id): g for g in self._groups()}
+            obj = self._build(index[object_id]) if object_id in index else None
+            if not isinstance(obj, SourceObject):
+                if n + 1 < len(object_ids):
+                    self._continuation = (object_ids[n + 1:], index)
+                if obj is None:
+                    raise ObjectNotFound(f"{self.name}: no object {object_id!r}")
+                raise SourceDataError(obj.reason)
+            yield obj
 
     def fetch(self, item: SourceItem, dest_dir: Path) -> FetchedFile:
         return fetch_verified(item, Path(dest_dir), lambda budget: self._open(item, budget), self.retry)
