@@ -49,6 +49,8 @@ class FilesystemSource(GroupedSource):
     def _build(self, group: Group) -> SourceObject | UnreadableObject:
         """The group's object, or an UnreadableObject if its folder or one of its files is not named in UTF-8."""
         obj = super()._build(group)
+        if isinstance(obj, UnreadableObject):
+            return obj
         names = [obj.id] if not _is_text(obj.id) else [i.id for i in obj.items if not _is_text(i.id)]
         if not names:
             return obj

@@ -5,6 +5,10 @@ Two ways to group, chosen by `grouping.mode` (auto = sidecar when one exists at 
   directly in it in natural order (page2 before page10); a file at the root is an object of its own.
 - sidecar: `objects.csv` or `objects.json` at the root names each object, its files in sequence, item
   labels and descriptive metadata; files it does not name are not harvested (and are counted in a warning).
+  A name matches a stored path as written, else by Unicode NFC normalisation (Mac uploads are NFD).
+
+An object the store's names do not make (a sidecar row naming a missing file, a key both a root file and a folder)
+is listed as an UnreadableObject in its place, so its failure is recorded and retried and the others go on.
 
 Every regular file is an item except hidden ones (any path part starting with ".") and the sidecars:
 deciding what is an image is the converter's business. An object's `modified` is the newest of its
@@ -21,12 +25,13 @@ import io
 import json
 import logging
 import re
+import unicodedata
 from abc import ABC, abstractmethod
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path, PurePosixPath
-from typing import Callable, Iterable, Iterator, Literal
+from typing import Any, Callable, Iterable, Iterator, Literal
 
 from pydantic import Field
 
@@ -95,7 +100,7 @@ class _JsonObject(Settings):
 
 
 class _JsonSidecar(Settings):
-    objects: list[_JsonObject]
+    objects: list[dict[str, Any]]
 
 
 @dataclass(frozen=True)
@@ -109,23 +114,28 @@ class SidecarEntry:
 @dataclass
 class SidecarObject:
     id: str
-    modified: datetime | None
-    metadata: dict[str, list[LangValue]]
-    entries: list[SidecarEntry]
+    modified: datetime | None = None
+    metadata: dict[str, list[LangValue]] = field(default_factory=dict)
+    entries: list[SidecarEntry] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    """What is wrong with its rows: the object is listed as unreadable, the others go on."""
 
 
-def read_sidecar(name: str, data: bytes) -> tuple[list[SidecarObject], list[str]]:
-    """Parse objects.csv / objects.json into objects and row problems (reported with grouping's own).
+def read_sidecar(name: str, data: bytes) -> list[SidecarObject]:
+    """Parse objects.csv / objects.json into objects, each with the problems of its own rows.
 
-    A sidecar that cannot be read at all (encoding, JSON syntax, missing columns) is a SourceError at once.
+    A sidecar that cannot be read at all (encoding, JSON syntax, missing columns), or a row or entry that names no
+    object, is a SourceError for the whole listing: the objects it would name are unknown, and listing the others
+    as if complete could deposit one of them without a page.
     """
     try:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError:
         raise SourceError(f"{name}: not UTF-8 text") from None
-    if name.lower().endswith(".json"):
-        return _read_json(name, text)
-    return _read_csv(name, text)
+    objects, unattributed = (_read_json if name.lower().endswith(".json") else _read_csv)(name, text)
+    if unattributed:
+        raise SourceError(_summary(unattributed, 20, "\n"))
+    return objects
 
 
 def _read_csv(name: str, text: str) -> tuple[list[SidecarObject], list[str]]:
@@ -135,22 +145,25 @@ def _read_csv(name: str, text: str) -> tuple[list[SidecarObject], list[str]]:
         raise SourceError(f"{name}: missing column(s) {', '.join(sorted(missing))} "
                           f"(columns: object_id, file, sequence, label, modified, then metadata columns)")
     objects: dict[str, SidecarObject] = {}
-    problems = []
+    unattributed = []
     for row_number, row in enumerate(reader, 2):
         where = f"{name} row {row_number}"
-        if None in row:
-            problems.append(f"{where}: more cells than columns")
+        if None in row:  # its cells are shifted (an unquoted comma): its object_id cell may name another object
+            unattributed.append(f"{where}: more cells than columns")
             continue
         object_id, file = (row.get("object_id") or "").strip(), (row.get("file") or "").strip()
-        if not object_id or not file:
-            problems.append(f"{where}: object_id and file are required")
+        if not object_id:
+            unattributed.append(f"{where}: object_id is required")
             continue
+        obj = objects.setdefault(object_id, SidecarObject(object_id))
         sequence = (row.get("sequence") or "").strip()
-        if sequence and not sequence.isdigit():
-            problems.append(f"{where}: sequence must be a whole number, got {sequence!r}")
+        if not file:
+            obj.problems.append(f"{where}: file is required")
             continue
-        modified = _timestamp(row.get("modified"), where, problems)
-        obj = objects.setdefault(object_id, SidecarObject(object_id, None, {}, []))
+        if sequence and not sequence.isdigit():
+            obj.problems.append(f"{where}: sequence must be a whole number, got {sequence!r}")
+            continue
+        modified = _timestamp(row.get("modified"), where, obj.problems)
         if modified and (obj.modified is None or modified > obj.modified):
             obj.modified = modified
         obj.entries.append(SidecarEntry(file, int(sequence) if sequence else None,
@@ -162,7 +175,7 @@ def _read_csv(name: str, text: str) -> tuple[list[SidecarObject], list[str]]:
                 values = obj.metadata.setdefault(key.strip(), [])
                 if LangValue(value, language.strip() or None) not in values:
                     values.append(LangValue(value, language.strip() or None))
-    return list(objects.values()), problems
+    return list(objects.values()), unattributed
 
 
 def _read_json(name: str, text: str) -> tuple[list[SidecarObject], list[str]]:
@@ -175,23 +188,32 @@ def _read_json(name: str, text: str) -> tuple[list[SidecarObject], list[str]]:
     except ConfigError as exc:
         raise SourceError(str(exc)) from None
     objects: dict[str, SidecarObject] = {}
-    problems = []
-    for index, obj in enumerate(sidecar.objects):
+    unattributed = []
+    for index, raw in enumerate(sidecar.objects):
+        object_id = raw.get("id")
+        try:
+            obj = parse(_JsonObject, raw, name, prefix=f"objects.{index}")
+        except ConfigError as exc:  # an entry is an object's own when it names the object
+            if isinstance(object_id, str) and object_id:
+                objects.setdefault(object_id, SidecarObject(object_id)).problems.extend(str(exc).splitlines())
+            else:
+                unattributed.extend(str(exc).splitlines())
+            continue
         if obj.id in objects:
-            problems.append(f"{name}: objects.{index}: object id {obj.id!r} appears twice")
+            objects[obj.id].problems.append(f"{name}: objects.{index}: object id {obj.id!r} appears twice")
             continue
         metadata: dict[str, list[LangValue]] = {}
-        for key, raw in obj.metadata.items():
-            field, _, language = key.partition("@")
-            for value in raw if isinstance(raw, list) else [raw]:
+        for key, value_or_values in obj.metadata.items():
+            field_name, _, language = key.partition("@")
+            for value in value_or_values if isinstance(value_or_values, list) else [value_or_values]:
                 lang_value = (LangValue(value, language or None) if isinstance(value, str)
                               else LangValue(value.value, value.language or language or None))
-                metadata.setdefault(field, []).append(lang_value)
+                metadata.setdefault(field_name, []).append(lang_value)
         objects[obj.id] = SidecarObject(
             obj.id, as_utc(obj.modified) if obj.modified else None, metadata,
             [SidecarEntry(i.file, i.sequence, i.label, f"{name}: objects.{index}.items.{n}")
              for n, i in enumerate(obj.items)])
-    return list(objects.values()), problems
+    return list(objects.values()), unattributed
 
 
 def _timestamp(text: str | None, where: str, problems: list[str]) -> datetime | None:
@@ -204,10 +226,9 @@ def _timestamp(text: str | None, where: str, problems: list[str]) -> datetime | 
         return None
 
 
-def _raise(problems: list[str]) -> None:
-    if problems:
-        shown = problems[:20] + ([f"... and {len(problems) - 20} more"] if len(problems) > 20 else [])
-        raise SourceError("\n".join(shown))
+def _summary(problems: list[str], most: int, separator: str) -> str:
+    shown = problems[:most] + ([f"... and {len(problems) - most} more"] if len(problems) > most else [])
+    return separator.join(shown)
 
 
 # --- grouping ---------------------------------------------------------------------------------------------
@@ -228,59 +249,92 @@ class Group:
     metadata: dict[str, list[LangValue]] | None = None
     entry_modified: datetime | None = None
     """The sidecar entry's `modified`, else the sidecar's own time, so editing the sidecar re-harvests its objects."""
+    problems: tuple[str, ...] = ()
+    """Why the store's names make no object of it: it is listed as an UnreadableObject in its place."""
 
 
 def _listed(files: Iterable[StoredFile], also: Iterable[datetime | None]) -> datetime:
     return max([t for f in files for t in (f.modified, f.listed_at) if t] + [t for t in also if t])
 
 
-def group_by_folder(files: Iterable[StoredFile], source_name: str) -> list[Group]:
+def group_by_folder(files: Iterable[StoredFile]) -> list[Group]:
+    """A store of keys (S3) may hold both a key `a` and keys `a/...`: the root file `a` and the folder `a` would be
+    one object `a`. It is unreadable until one is renamed, rather than either taken for the object `a` (the other
+    left out unseen) or both merged into one manifest, and the listing goes on."""
     folders: dict[str, list[StoredFile]] = {}
     for f in files:
         parent = str(PurePosixPath(f.path).parent)
         folders.setdefault(f.path if parent == "." else parent, []).append(f)
-    # A store of keys (S3) may hold both a key `a` and keys `a/...`: the root file `a` and the folder `a`.
-    duplicate = next((i for i, members in folders.items() if len(members) > 1 and any(f.path == i for f in members)),
-                     None)
-    if duplicate is not None:
-        raise SourceError(f"{source_name}: {duplicate!r} is both a folder and a file at the root")
-    return [Group(object_id, members, _listed(members, (f.folder_listed_at for f in members if f.path != object_id)))
-            for object_id, members in folders.items()]
+    groups = []
+    for object_id, members in folders.items():
+        both = len(members) > 1 and any(f.path == object_id for f in members)
+        groups.append(Group(object_id, members, _listed(members, (f.folder_listed_at for f in members
+                                                                  if f.path != object_id)),
+                            problems=(f"{object_id!r} is both a file at the root and a folder: rename the file (or "
+                                      "the folder) so that each is an object of its own",) if both else ()))
+    return groups
 
 
-def group_by_sidecar(files: Iterable[StoredFile], sidecar: StoredFile,
-                     parsed: tuple[list[SidecarObject], list[str]]) -> list[Group]:
-    entries, problems = parsed
-    by_path = {f.path: f for f in files}
+class _StoredPaths:
+    """The store's files by path, for a sidecar's names. A name is the stored path itself, else the one stored
+    path equal to it under Unicode NFC: a sidecar typed in NFC names files uploaded from a Mac, whose names are
+    NFD, and the item keeps the stored path, by which it is fetched."""
+
+    def __init__(self, files: Iterable[StoredFile]):
+        self.by_path = {f.path: f for f in files}
+        self._by_nfc: dict[str, list[str]] | None = None  # made at the first name not found as it is
+
+    def find(self, name: str) -> tuple[StoredFile | None, str | None]:
+        """The file a sidecar names, or why there is none."""
+        path = _relative(name)
+        if path is None:
+            return None, f"file {name!r} must be a relative path inside the source"
+        if path in self.by_path:
+            return self.by_path[path], None
+        if self._by_nfc is None:
+            self._by_nfc = {}
+            for stored in self.by_path:
+                self._by_nfc.setdefault(unicodedata.normalize("NFC", stored), []).append(stored)
+        same = self._by_nfc.get(unicodedata.normalize("NFC", path), [])
+        if len(same) == 1:
+            return self.by_path[same[0]], None
+        if same:
+            return None, (f"file {name!r} may be any of {', '.join(map(repr, sorted(same)))}, which differ only in "
+                          "Unicode normalisation: rename all but one")
+        return None, f"file {name!r} does not exist (or is hidden)"
+
+
+def group_by_sidecar(files: Iterable[StoredFile], sidecar: StoredFile, objects: list[SidecarObject]) -> list[Group]:
+    """What is wrong with an object's rows (a file missing, hidden, outside the source or another object's; its
+    sequence numbers mixed or repeated) makes that object unreadable with every such row named, and the others go
+    on: a master deleted by another team must not stop every run until the sidecar is edited. Its files found are
+    still its own, so no other object takes them."""
+    stored = _StoredPaths(files)
     claimed: dict[str, str] = {}
     groups = []
-    for obj in entries:
+    for obj in objects:
+        problems = list(obj.problems)
         sequences = [e.sequence for e in obj.entries]
         if any(s is None for s in sequences) and any(s is not None for s in sequences):
             problems.append(f"{obj.entries[0].where}: object {obj.id!r} gives a sequence for some files only")
-            continue
-        if len(set(sequences)) != len(sequences) and sequences[0] is not None:
+        elif len(set(sequences)) != len(sequences) and sequences[0] is not None:
             problems.append(f"{obj.entries[0].where}: object {obj.id!r} repeats a sequence number")
-            continue
         members, labels = [], []
         for entry in sorted(obj.entries, key=lambda e: e.sequence or 0):
-            path = _relative(entry.file)
-            if path is None:
-                problems.append(f"{entry.where}: file {entry.file!r} must be a relative path inside the source")
-            elif path not in by_path:
-                problems.append(f"{entry.where}: file {entry.file!r} does not exist (or is hidden)")
-            elif path in claimed:
-                problems.append(f"{entry.where}: file {entry.file!r} already belongs to object {claimed[path]!r}")
-            else:
-                claimed[path] = obj.id
-                members.append(by_path[path])
-                labels.append(entry.label)
+            found, problem = stored.find(entry.file)
+            if found is not None and found.path in claimed:
+                found, problem = None, f"file {entry.file!r} already belongs to object {claimed[found.path]!r}"
+            if found is None:
+                problems.append(f"{entry.where}: {problem}")
+                continue
+            claimed[found.path] = obj.id
+            members.append(found)
+            labels.append(entry.label)
         entry_modified = obj.modified or sidecar.modified
         groups.append(Group(obj.id, members, _listed(members, [entry_modified, None if obj.modified else
                                                                sidecar.listed_at]),
-                            labels, obj.metadata, entry_modified))
-    _raise(problems)
-    unclaimed = sorted(set(by_path) - set(claimed), key=natural_key)
+                            labels, obj.metadata, entry_modified, tuple(problems)))
+    unclaimed = sorted(set(stored.by_path) - set(claimed), key=natural_key)
     if unclaimed:
         log.warning("%s names no object for %d file(s), which are not harvested: %s%s", sidecar.path,
                     len(unclaimed), ", ".join(unclaimed[:5]), " ..." if len(unclaimed) > 5 else "")
@@ -343,6 +397,9 @@ class GroupedSource(ABC):
 
     def _build(self, group: Group) -> SourceObject | UnreadableObject:
         """The object of a group, or an UnreadableObject in its place where the store's names do not make one."""
+        if group.problems:
+            return UnreadableObject(self._listed_id(group.id), group.listed_at,
+                                    f"{self.name}: {_summary(list(group.problems), 10, '; ')}")
         return build(group, self._locate)
 
     def _listed_id(self, group_id: str) -> str:
@@ -354,7 +411,8 @@ class GroupedSource(ABC):
         next(iter(self._files()), None)
 
     def _groups(self) -> list[Group]:
-        """Every object of the store, unbuilt; what is wrong with its grouping is raised before any is built."""
+        """Every object of the store, unbuilt; what is wrong with the grouping as a whole is raised before any is
+        built, what is wrong with one object is its Group's problems."""
         files = [f for f in self._files() if not is_hidden(f.path)]
         sidecar = next((f for n in self.grouping.sidecar_names for f in files if f.path == n), None)
         if self.grouping.mode == "sidecar" and sidecar is None:
@@ -363,7 +421,7 @@ class GroupedSource(ABC):
         others = [f for f in files if f.path not in self.grouping.sidecar_names]
         if sidecar is not None and self.grouping.mode != "folder":
             return group_by_sidecar(others, sidecar, read_sidecar(sidecar.path, self._read(sidecar.path)))
-        return group_by_folder(others, self.name)
+        return group_by_folder(others)
 
     def changes(self, since: datetime | None = None,
                 until: datetime | None = None) -> Iterator[SourceObject | UnreadableObject]:

@@ -194,39 +194,55 @@ def test_a_json_sidecar_is_equivalent(tmp_path):
     assert objects["84.PA.1"].modified == JUL
 
 
-def test_every_sidecar_problem_is_reported_with_its_row(tmp_path):
+def test_every_sidecar_problem_is_reported_with_its_row_against_its_object_and_the_others_are_listed(tmp_path):
     root = build(tmp_path)
     (root / "objects.csv").write_text(
-        "object_id,file,sequence,label\n"
-        "a,ms-001/page1.jpg,1,\n"
-        "a,ms-001/missing.tif,2,\n"
-        "b,../../etc/passwd,1,\n"
-        "c,ms-001/page1.jpg,1,\n"
-        "d,ms-002/a.png,x,\n"
-        "e,ms-001/page2.tif,1,\n"
-        "e,ms-001/page10.tif,1,\n"
-        "f,ms-001/.DS_Store,,\n")
-    with pytest.raises(SourceError) as raised:
-        list(source(root).changes(None))
-    message = str(raised.value)
-    for expected in ("objects.csv row 6: sequence must be a whole number, got 'x'",
-                     "objects.csv row 3: file 'ms-001/missing.tif' does not exist",
-                     "objects.csv row 4: file '../../etc/passwd' must be a relative path inside the source",
-                     "objects.csv row 5: file 'ms-001/page1.jpg' already belongs to object 'a'",
-                     "objects.csv row 7: object 'e' repeats a sequence number",
-                     "objects.csv row 9: file 'ms-001/.DS_Store' does not exist (or is hidden)"):
-        assert expected in message
+        "object_id,file,sequence,label,modified\n"
+        "a,ms-001/page1.jpg,1,,\n"
+        "a,ms-001/missing.tif,2,,\n"
+        "b,../../etc/passwd,1,,\n"
+        "c,ms-001/page1.jpg,1,,\n"
+        "d,ms-002/a.png,x,,\n"
+        "e,ms-001/page2.tif,1,,\n"
+        "e,ms-001/page10.tif,1,,yesterday\n"
+        "f,ms-001/.DS_Store,,,\n"
+        "g,loose.jpg,,,\n")
+    fs = source(root)
+    listed = {o.id: o for o in fs.changes(None)}
+    assert isinstance(listed.pop("g"), SourceObject)
+    assert {i: o.reason for i, o in listed.items() if isinstance(o, UnreadableObject)} == {
+        "a": "fs-test: objects.csv row 3: file 'ms-001/missing.tif' does not exist (or is hidden)",
+        "b": "fs-test: objects.csv row 4: file '../../etc/passwd' must be a relative path inside the source",
+        "c": "fs-test: objects.csv row 5: file 'ms-001/page1.jpg' already belongs to object 'a'",
+        "d": "fs-test: objects.csv row 6: sequence must be a whole number, got 'x'",
+        "e": "fs-test: objects.csv row 8: modified must be an ISO 8601 date-time, got 'yesterday'; "
+             "objects.csv row 7: object 'e' repeats a sequence number",
+        "f": "fs-test: objects.csv row 9: file 'ms-001/.DS_Store' does not exist (or is hidden)"}
+    with pytest.raises(SourceDataError, match="row 3: file 'ms-001/missing.tif' does not exist"):
+        list(fs.get(["a"]))
 
 
-def test_sidecar_format_errors_name_the_file(tmp_path):
+def test_a_sidecar_that_cannot_be_read_or_a_row_naming_no_object_stops_the_listing(tmp_path):
     root = build(tmp_path)
     (root / "objects.csv").write_text("id,path\nx,y\n")
     with pytest.raises(SourceError, match="objects.csv: missing column\\(s\\) file, object_id"):
         list(source(root).changes(None))
-    (root / "objects.csv").unlink()
-    (root / "objects.json").write_text('{"objects": [{"id": "x", "items": [{"path": "loose.jpg"}]}]}')
-    with pytest.raises(SourceError, match="objects.json: objects.0.items.0.file: Field required"):
+    (root / "objects.csv").write_text("object_id,file,title\na,loose.jpg,x\n,ms-002/a.png,y\n"
+                                      "b,ms-001/page1.jpg,Irises, I\n")
+    with pytest.raises(SourceError) as raised:  # either row may belong to an object that would be listed incomplete
         list(source(root).changes(None))
+    assert str(raised.value) == "objects.csv row 3: object_id is required\nobjects.csv row 4: more cells than columns"
+    (root / "objects.csv").unlink()
+    (root / "objects.json").write_text('{"objects": [{"id": "x", "items": [{"path": "loose.jpg"}]}, '
+                                       '{"items": [{"file": "loose.jpg"}]}]}')
+    with pytest.raises(SourceError, match="^objects.json: objects.1.id: Field required$"):
+        list(source(root).changes(None))
+    (root / "objects.json").write_text('{"objects": [{"id": "x", "items": [{"path": "loose.jpg"}]}, '
+                                       '{"id": "y", "items": [{"file": "loose.jpg"}]}]}')
+    x, y = sorted(source(root).changes(None), key=lambda o: o.id)
+    assert isinstance(y, SourceObject) and isinstance(x, UnreadableObject)
+    assert x.reason == ("fs-test: objects.json: objects.0.items.0.file: Field required; "
+                        "objects.json: objects.0.items.0.path: unknown key (keys here: file, label, sequence)")
 
 
 def test_grouping_mode_is_configuration(tmp_path):

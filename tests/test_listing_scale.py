@@ -12,8 +12,6 @@ import pytest
 
 from connectors.errors import ObjectNotFound
 from connectors.filesystem import FilesystemSettings, FilesystemSource
-from connectors.grouping import StoredFile, group_by_folder
-from gcis_etl.errors import SourceError
 from tests.emulators import FAST_RETRY
 
 JAN = datetime(2024, 1, 1, tzinfo=timezone.utc)
@@ -115,11 +113,3 @@ def test_a_batch_with_gone_ids_is_listed_once_and_raises_at_each_gone_ids_turn(t
         list(source.get(["gone-1", "c"]))
     assert [o.id for o in source.get(["a", "c"])] == ["a", "c"]  # not the continuation of the call before
     assert source.listings == 4
-
-
-def test_a_key_that_is_both_a_root_file_and_a_folder_is_refused():
-    """AWS S3 can hold `a` and `a/1.tif` (MinIO, on its own folders, cannot): object `a` would be two things."""
-    listed = [StoredFile(key, 0, JAN) for key in ("b/1.tif", "a", "a/1.tif")]
-    with pytest.raises(SourceError, match="s3-test: 'a' is both a folder and a file at the root"):
-        group_by_folder(listed, "s3-test")
-    assert [g.id for g in group_by_folder(listed[:2], "s3-test")] == ["b", "a"]
