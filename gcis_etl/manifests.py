@@ -539,9 +539,8 @@ class Manifests:
         """The items of the deposited collection, by manifest id."""
         if not self.store.exists(key):
             return {}
-        items_name, id_name = ("items", "id") if version == "3.0" else ("manifests", "@id")
         try:
-            return {item[id_name]: item for item in json.loads(self.store.get_bytes(key))[items_name]}
+            return collection_items(json.loads(self.store.get_bytes(key)), version)
         except (ValueError, KeyError, TypeError) as exc:
             raise ManifestError(f"{self.store.describe(key)}: the deposited collection cannot be read "
                                 f"({type(exc).__name__}: {exc}); it was left as it is") from None
@@ -560,6 +559,22 @@ class Manifests:
                     "label": self._label_map(label), "items": items}
         return {"@context": CONTEXT_2, "@id": collection_id, "@type": "sc:Collection",
                 "label": self._label_2(label), "manifests": items}
+
+
+def collection_items(document: Any, version: str) -> dict[str, dict]:
+    """A deposited collection's entries by manifest id (KeyError or TypeError: it is not one of ours)."""
+    items_name, id_name = ("items", "id") if version == "3.0" else ("manifests", "@id")
+    return {item[id_name]: item for item in document[items_name]}
+
+
+def painted_images(document: Any, version: str) -> list[tuple[str, int, int]]:
+    """What a deposited manifest's canvases show, in order: (image service id, width, height); KeyError,
+    IndexError or TypeError: it is not one of ours."""
+    if version == "3.0":
+        return [(c["items"][0]["items"][0]["body"]["service"][0]["@id"], c["width"], c["height"])
+                for c in document["items"]]
+    return [(c["images"][0]["resource"]["service"]["@id"], c["width"], c["height"])
+            for c in document["sequences"][0]["canvases"]]
 
 
 def _serialised(document: dict) -> bytes:

@@ -12,8 +12,15 @@ into the old store meanwhile. A run starts by removing what a killed run left: i
 incomplete uploads to the target. A store that goes down or takes no more data stops the run (no key starts
 after it; every key would fail alike): run again once it is back, or has room.
 
-Once the pipeline uses the target (step 3), the target holds the current keys: harvests went on there. A key
-that differs there is never replaced from the source: the source's copy is stale ("newer in the target").
+Once the pipeline uses the target (step 3), harvests went on there, but one may have run in the old store
+between the copy and the switch. An access master that differs is never replaced from the source: the ledger
+records its SHA-256. Of a manifest or a collection that differs, the ledger tells which copy is current: a
+manifest shows the access masters (keys and sizes) the ledger records for its object's items, a collection
+lists the objects the ledger has put in it. Where the manifests of both copies show them (their metadata
+differs), the one the ledger's last publish of the object wrote is current: the source's if it was written
+then (within minutes), else the target's. A source's copy found current replaces the target's ("replaced");
+a target's found current is kept ("newer in the target"); when neither or both can be told current, the key
+is a problem and stays in the source (the message says how to put it right).
 
 \b
 A move, step by step:
@@ -27,6 +34,8 @@ A move, step by step:
 A store is a YAML/JSON file or an inline mapping, written like a pipeline's store: section:
   --to-store '{kind: s3, bucket: iiif-new, prefix: access, region: us-east-1}'
   --to-store '{kind: local, root: /srv/iiif/store}'
+A relative root: is relative to the store file's folder (inline: to the working directory), as config.yaml's
+are to its folder; the summary of step 1 names the target as resolved.
 
 --delete-source reads each key's bytes back from the target, and deletes the source's copy only when they have
 the SHA-256 the ledger recorded (for manifests and collections, the one the target recorded); otherwise the key
@@ -47,13 +56,15 @@ by that signal after the keys in flight (what was settled is recorded: run it ag
 """
 from __future__ import annotations
 
+import json
+import shlex
 import shutil
 import tempfile
-from collections import deque
+from collections import Counter, deque
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from itertools import islice
 from pathlib import Path
 from typing import Iterator
@@ -62,6 +73,7 @@ import click
 
 from gcis_etl.errors import GcisError, IntegrityError, StoreUnavailable
 from gcis_etl.ledger import Ledger
+from gcis_etl.manifests import DepositedImage, collection_items, painted_images
 from gcis_etl.migration import Budget, MigrationContext, migration, same_store, shows_through, store_settings
 from gcis_etl.pipelines import Pipeline
 from gcis_etl.reports import counted
@@ -95,8 +107,8 @@ def main(ctx: MigrationContext, name: str, to_spec: str | None, from_spec: str |
         raise click.UsageError(f"--delete-source would delete from the store pipeline {name!r} uses: point its "
                                f"store: at the new store first, then give the old one as --from-store")
     authoritative = same_store(target, configured)
-    move = Move(ctx, open_store(source, concurrency), open_store(target, concurrency), authoritative, delete_source,
-                ctx.scratch(name))
+    move = Move(ctx, pipeline, open_store(source, concurrency), open_store(target, concurrency), authoritative,
+                delete_source, ctx.scratch(name))
     with ctx.ledger() as ledger, nullcontext() if ctx.dry_run else ctx.lock(name):
         if not ctx.dry_run:
             move.source.check()
@@ -126,7 +138,8 @@ def main(ctx: MigrationContext, name: str, to_spec: str | None, from_spec: str |
     if ctx.report.status == "completed" and ctx.report.exit_code == 0 and not ctx.stop.is_set() \
             and not authoritative:
         ctx.report.notes.append(f"next: point pipelines.{name}.store in {ctx.config.source_file} (and iipsrv) at "
-                                f"the new store, then run with --from-store OLD --delete-source")
+                                f"the new store, {move.target.describe('')} (a relative root as resolved), then "
+                                f"run with --from-store OLD --delete-source")
 
 
 def check_apart(source: Store, kept: dict[str, Store]) -> None:
@@ -143,6 +156,8 @@ class StoreKey:
     key: str
     sha256: str | None  # what the ledger recorded, for access masters
     required: bool      # the ledger says it is deposited: absent from the source is a problem
+    object_id: str | None = None  # whose access master or manifest it is; None: a collection
+    version: str | None = None    # of a manifest or collection; None: an access master
 
 
 def pipeline_keys(ledger: Ledger, pipeline: Pipeline) -> Iterator[StoreKey]:
@@ -150,9 +165,9 @@ def pipeline_keys(ledger: Ledger, pipeline: Pipeline) -> Iterator[StoreKey]:
     superseded but not retired yet (a manifest may still show them; one retired meanwhile is absent, which is
     fine), then manifests, then the collections: what refers to an object goes after it."""
     for record in ledger.iter_items(pipeline.name, "output_key IS NOT NULL"):
-        yield StoreKey(record.output_key, record.sha256, record.status == "deposited")
+        yield StoreKey(record.output_key, record.sha256, record.status == "deposited", record.object_id)
     for superseded in ledger.superseded(pipeline.name):
-        yield StoreKey(superseded.key, None, False)
+        yield StoreKey(superseded.key, None, False, superseded.object_id)
     manifests = pipeline.manifests
     if manifests is None:
         return
@@ -160,9 +175,9 @@ def pipeline_keys(ledger: Ledger, pipeline: Pipeline) -> Iterator[StoreKey]:
     for object_id in ledger.published(pipeline.name):
         published = True
         for version in manifests.settings.versions:
-            yield StoreKey(manifests.manifest_key(object_id, version), None, True)
+            yield StoreKey(manifests.manifest_key(object_id, version), None, True, object_id, version)
     for version in manifests.settings.versions:
-        yield StoreKey(manifests.collection_key(version), None, published)
+        yield StoreKey(manifests.collection_key(version), None, published, version=version)
 
 
 LISTED = ("replaced", "newer in the target")  # in the CSV: the target's content changed, or the source's is stale
@@ -180,9 +195,10 @@ class Step:
 
 
 class Move:
-    def __init__(self, ctx: MigrationContext, source: Store, target: Store, authoritative: bool,
+    def __init__(self, ctx: MigrationContext, pipeline: Pipeline, source: Store, target: Store, authoritative: bool,
                  delete_source: bool, scratch: Path):
         self.ctx = ctx
+        self.pipeline = pipeline
         self.source = source
         self.target = target
         self.authoritative = authoritative  # the target is the pipeline's store: harvests deposit there
@@ -269,15 +285,18 @@ class Move:
             if there is not None and there.sha256 and (item.sha256 is None or there.sha256 == item.sha256):
                 return Step("present", "already moved (not in the source any more)")
             return Step("missing", f"not in {self.source.describe(item.key)}") if item.required else None
+        current = None  # why the source's copy replaces the pipeline's
         if self.authoritative and there is not None:
-            return self.kept(item, here, there)
+            current = self.kept(item, here, there)
+            if isinstance(current, Step):
+                return current
         if item.sha256 and here.sha256 and here.sha256 != item.sha256:
             raise IntegrityError(f"{self.source.describe(item.key)} has SHA-256 {here.sha256}, the ledger "
                                  f"recorded {item.sha256}: not copied")
         if there is not None and expected and there.sha256 == expected and there.size == here.size:
             return Step("present", "", expected, True)
         if self.ctx.dry_run:
-            return Step("would copy", "", expected, True)
+            return Step("would copy", current or "", expected, True)
         with self.scratch_file() as copy:
             actual = self.source.download(item.key, copy)
             size = copy.stat().st_size
@@ -292,23 +311,81 @@ class Move:
                                  f"{stored and stored.sha256} after the copy, not {actual}")
         if there is None:
             return Step("copied", "", actual, True)
-        return Step("replaced", f"the target held SHA-256 {there.sha256}", actual, True)
+        stale = f", stale: {current}" if current else ""
+        return Step("replaced", f"the target held SHA-256 {there.sha256}{stale}", actual, True)
 
-    def kept(self, item: StoreKey, here: StoredObject, there: StoredObject) -> Step:
-        """The target is the pipeline's store, so what it holds is current (harvests went on there after the
-        switch) and is never replaced from the source: the source's copy is stale where they differ. An access
-        master there must be the one the ledger recorded; a manifest or collection there is the current one."""
+    def kept(self, item: StoreKey, here: StoredObject, there: StoredObject) -> Step | str:
+        """The target is the pipeline's store: what it holds is kept unless the ledger shows the source's copy is
+        the current one (then why, and it is copied over the target's). An access master there must be the one
+        the ledger recorded; of a manifest or collection that differs, current_copy() decides."""
         if item.sha256 and there.sha256 != item.sha256:
             raise IntegrityError(f"{self.target.describe(item.key)} records SHA-256 {there.sha256}, the ledger "
                                  f"recorded {item.sha256}: the pipeline's store is never replaced from the "
-                                 f"source, which keeps its copy")
+                                 f"source, which keeps its copy; `{self.harvest_again(item)}` deposits it again")
         if there.sha256 is None:
             raise IntegrityError(f"{self.target.describe(item.key)}: the pipeline's store records no SHA-256 for "
                                  f"it, so it cannot be verified; the source keeps its copy")
         if here.sha256 == there.sha256 and here.size == there.size:
             return Step("present", "", there.sha256, True)
-        return Step("newer in the target", f"kept: the source's copy (SHA-256 {here.sha256}) is stale",
-                    there.sha256, True)
+        if item.version is None:  # an access master: the ledger's (checked above), or one superseded
+            return Step("newer in the target", f"kept: the source's copy (SHA-256 {here.sha256}) is stale",
+                        there.sha256, True)
+        current, reason = self.current_copy(item)
+        if current == "target":
+            return Step("newer in the target", f"kept: the source's copy (SHA-256 {here.sha256}) is stale: "
+                                               f"{reason}", there.sha256, True)
+        if current is None:
+            raise IntegrityError(f"{self.target.describe(item.key)} differs from the source's copy, and {reason}; "
+                                 f"the source keeps its copy")
+        return reason
+
+    def harvest_again(self, item: StoreKey) -> str:
+        return f"gcis-etl harvest {self.pipeline.name} --force --object {shlex.quote(item.object_id or '')}"
+
+    def current_copy(self, item: StoreKey) -> tuple[str | None, str]:
+        """Which copy of a manifest or collection is current, "source" or "target" (None: it cannot be told), and
+        why: the one that shows what the ledger records. Read on a ledger connection of this thread's own (a
+        connection is not shared across threads); only keys whose copies differ get here."""
+        copies = {"source": self.source, "target": self.target}
+        with self.ctx.ledger() as ledger:
+            if item.object_id is None:
+                shows = collection_matcher(ledger, self.pipeline, item.version)
+                what, remedy = "the objects the ledger put in the collection", (
+                    f"`gcis-etl harvest {self.pipeline.name}` adds the objects waiting for the collection to the "
+                    f"pipeline's store's; if it lists them all already, compare the two and delete the source's "
+                    f"copy by hand")
+            else:
+                shows = manifest_matcher(ledger, self.pipeline, item.object_id, item.version)
+                what = "the access masters the ledger records for the object's items (keys and sizes)"
+                remedy = f"`{self.harvest_again(item)}` republishes it into the pipeline's store"
+            current = [where for where, store in copies.items() if shows(_document(store, item.key))]
+            if len(current) == 1:
+                return current[0], f"only the {current[0]}'s copy lists {what}"
+            if not current:
+                return None, f"neither lists {what}: {remedy}"
+            if item.object_id is None:
+                return None, f"both list {what}: {remedy}"
+            return self.last_published(ledger, item, remedy)
+
+    def last_published(self, ledger: Ledger, item: StoreKey, remedy: str) -> tuple[str | None, str]:
+        """Both copies show the object's access masters (its metadata differs): the current one is the one the
+        ledger's last publish of the object wrote, just before the ledger recorded it. A copy written well before
+        that publish is not from it; the source's copy written then, and the target's well before, is current."""
+        record = ledger.object(self.pipeline.name, item.object_id)
+        written = {where: next((o.modified for o in store.list(item.key) if o.key == item.key), None)
+                   for where, store in (("source", self.source), ("target", self.target))}
+        both = "both show the object's current access masters"
+        if record is None or record.published is None or None in written.values():
+            return None, f"{both}: {remedy}"
+        published = datetime.fromisoformat(record.published)
+        times = f"the ledger's last publish of the object {record.published}, the source's copy written " \
+                f"{written['source'].isoformat()}, the target's {written['target'].isoformat()}"
+        before = {where: when < published - PUBLISHED_WITHIN for where, when in written.items()}
+        if before["source"]:
+            return "target", f"{both}, and the source's copy is older than the last publish ({times})"
+        if before["target"] and written["source"] <= published + PUBLISHED_WITHIN:
+            return "source", f"{both}, and the last publish wrote the source's copy ({times})"
+        return None, f"{both}, and which one the last publish wrote cannot be told ({times}): {remedy}"
 
     def verify(self, key: str, sha256: str | None) -> None:
         """Before the source's copy is deleted, the target's bytes are read back: the record a store keeps of
@@ -324,3 +401,45 @@ class Move:
         self.scratch.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=self.scratch) as folder:
             yield Path(folder) / "object"
+
+
+PUBLISHED_WITHIN = timedelta(minutes=5)  # a store's clock against the ledger's: a copy written by a publish
+
+
+def _document(store: Store, key: str) -> object:
+    """A manifest or collection as JSON; None when it is not JSON (no ledger's content is)."""
+    try:
+        return json.loads(store.get_bytes(key))
+    except ValueError:
+        return None
+
+
+def manifest_matcher(ledger: Ledger, pipeline: Pipeline, object_id: str, version: str):
+    """Whether a manifest shows exactly the access masters the ledger records for the object's items: each
+    canvas's image service (the access master's key, Manifests.image_service_id) and size."""
+    manifests = pipeline.manifests
+    expected = Counter((manifests.image_service_id(DepositedImage(r.sequence, r.output_key, r.width, r.height)),
+                        r.width, r.height) for r in ledger.items(pipeline.name, object_id) if r.output_key)
+
+    def shows(document: object) -> bool:
+        try:
+            return Counter(painted_images(document, version)) == expected
+        except (KeyError, IndexError, TypeError):
+            return False
+    return shows
+
+
+def collection_matcher(ledger: Ledger, pipeline: Pipeline, version: str):
+    """Whether a collection lists every object the ledger put in it (published, not waiting for it) and no object
+    the ledger has no manifest of."""
+    manifests = pipeline.manifests
+    published = {manifests.manifest_id(object_id, version) for object_id in ledger.published(pipeline.name)}
+    waiting = {manifests.manifest_id(o.object_id, version) for o in ledger.awaiting_collection(pipeline.name)}
+
+    def shows(document: object) -> bool:
+        try:
+            listed = set(collection_items(document, version))
+        except (KeyError, TypeError):
+            return False
+        return published - waiting <= listed <= published
+    return shows
