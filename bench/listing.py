@@ -12,7 +12,8 @@ its peak RSS (ru_maxrss, the interpreter and imports included; `imports` is that
 - incremental: `list(source.changes(since))` with `since` after every file was made, a nightly run with nothing
   changed;
 - revisit: --revisit ids, --gone of them no longer in the store (spread among them), through the harvester's
-  own loop (Harvest._by_id), counting how many times the store is listed.
+  own loop (connectors.base.described; Harvest._by_id in older trees), counting how many times the store is
+  listed.
 Not part of the test suite; timings on shared machines are noisy.
 """
 from __future__ import annotations
@@ -54,7 +55,13 @@ def make_tree(root: Path, files: int) -> int:
 def measure(what: str, root: Path, since: str, folders: int, revisit: int, gone: int) -> dict:
     """In this (fresh) process: import the tree's code, run one measure, report time, peak RSS and counts."""
     from connectors.filesystem import FilesystemSettings, FilesystemSource
-    from gcis_etl.harvesting import Harvest
+    try:
+        from connectors.base import described
+    except ImportError:  # a tree from before it: the harvester's own method
+        from gcis_etl.harvesting import Harvest
+
+        def described(source, ids):
+            return Harvest._by_id(SimpleNamespace(pipeline=SimpleNamespace(source=source)), ids)
 
     class Counting(FilesystemSource):
         listings = 0
@@ -75,8 +82,7 @@ def measure(what: str, root: Path, since: str, folders: int, revisit: int, gone:
         ids = [object_id(n * step) for n in range(revisit)]
         for n in range(gone):  # spread among the others, none last
             ids[(n * revisit) // gone + 1] = f"gone/obj{n}"
-        harvest = SimpleNamespace(pipeline=SimpleNamespace(source=source))
-        listed = list(Harvest._by_id(harvest, ids))
+        listed = list(described(source, ids))
         result["objects"] = sum(1 for o in listed if type(o).__name__ == "SourceObject")
         result["gone"] = sum(1 for o in listed if getattr(o, "gone", False))
     result["seconds"] = round(time.perf_counter() - started, 2)

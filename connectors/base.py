@@ -11,6 +11,8 @@ from string import Formatter
 from typing import Collection, Iterable, Iterator, Protocol
 from urllib.parse import quote
 
+from connectors.errors import OBJECT_ERRORS, ObjectNotFound
+
 
 @dataclass(frozen=True)
 class LangValue:
@@ -173,3 +175,22 @@ class Source(Protocol):
     # Optional: `reachable() -> None`, raising SourceUnavailable (or AuthenticationFailed) when the source cannot
     # be reached now, cheaply. After a download outlasts its retries, the worker asks it (without it: `get` of the
     # item's object) to tell the source's outage, which stops the run, from that one file's failure.
+
+
+def described(source: Source, object_ids: Iterable[str]) -> Iterator[SourceObject | UnreadableObject]:
+    """The objects named, one per id in order, through as few calls of `source.get` as it allows: an object the
+    source cannot describe, or no longer has (`gone`), stands alone in its place, and the source is asked again
+    for the ones after it (a grouped source keeps its listing for that call: k gone ids cost one listing)."""
+    remaining = list(object_ids)
+    while remaining:
+        done = 0
+        try:
+            for obj in source.get(remaining):
+                done += 1
+                yield obj
+        except OBJECT_ERRORS as exc:
+            yield UnreadableObject(remaining[done], None, str(exc), gone=isinstance(exc, ObjectNotFound))
+            done += 1
+        else:
+            return
+        remaining = remaining[done:]

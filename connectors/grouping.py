@@ -368,7 +368,7 @@ class GroupedSource(ABC):
 
     Each listing (`changes`, `get`) lists the store once, groups its files, and builds only the objects it
     yields. `get` raising at an id it cannot give keeps that listing for the call that asks for the ids after it
-    (the harvester's revisit: harvesting.Harvest._by_id), and for no other, so k objects gone from a batch cost
+    (the harvester's revisit: connectors.base.described), and for no other, so k objects gone from a batch cost
     one listing, not k + 1."""
 
     name: str

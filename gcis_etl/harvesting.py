@@ -17,25 +17,26 @@ import logging
 import shutil
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from datetime import datetime, timedelta
+from functools import cached_property
 from typing import Callable, Iterator, Sequence
 
-from connectors.base import LangValue, ListingMoved, SourceItem, SourceObject, UnreadableObject, listed_at
-from connectors.errors import OBJECT_ERRORS, ObjectNotFound
+from connectors.base import (LangValue, ListingMoved, SourceItem, SourceObject, UnreadableObject, described,
+                             listed_at)
 from gcis_etl.commands import EXIT_ITEM_FAILED, EXIT_LOCKED, EXIT_OK, EXIT_USAGE, Interrupted, Stop, as_stop
 from gcis_etl.config import Config
 from gcis_etl.errors import ConfigError, GcisError, ManifestError
 from gcis_etl.executors import Executor, open_executor
 from gcis_etl.ledger import (ABANDONED, COUNTED, MANIFEST, STOPPED_BY_SIGNAL, STOPPED_ON_REQUEST, ItemRecord, Ledger,
-                             LedgerUnwritable, now)
+                             LedgerUnwritable, Unprocessed, now)
 from gcis_etl.locks import LockHeld, pipeline_lock
 from gcis_etl.manifests import CollectionEntry, DepositedImage
 from gcis_etl.pipelines import Pipeline, config_folder
 from gcis_etl.recipes import load_recipe
 from gcis_etl.reports import (PLANNED, PlannedItem, RunReport, counted, prune_reports, report_from_ledger,
                               write_report)
-from gcis_etl.supersession import retire_superseded
+from gcis_etl.supersession import Retired, retire_superseded
 from gcis_etl.work import ItemResult, ItemTask, Outcome, fingerprint
 
 log = logging.getLogger("gcis_etl.harvest")  # the name log shippers filter on (progress.py logs items under it)
@@ -126,6 +127,7 @@ def decide(record: ItemRecord | None, item_fingerprint: str, recipe_digest: str,
 @dataclass
 class _PendingObject:
     obj: SourceObject
+    records: dict[str, ItemRecord] | None  # its items in the ledger as planned; None once one was sent to be done
     waiting: set[str] = field(default_factory=set)
     complete: bool = False  # every item is planned (a stop or a limit can cut an object short)
 
@@ -138,6 +140,10 @@ class Progress:
     def item(self, object_id: str, item_id: str, outcome: str, reason: str | None,
              warnings: tuple[str, ...] = ()) -> None: ...
     def note(self, message: str) -> None: ...
+
+    def retired(self, retired: Retired) -> None:  # an old access master deleted (or kept), as it happens
+        self.note(f"{'kept' if retired.kept else 'deleted'} {retired.key}, superseded by {retired.replaced_by}")
+
     def ended(self, report: RunReport) -> None: ...  # the run is over (failed ones too), recorded or not
     def clear(self) -> None: ...  # the run is over, or ended without starting: what was drawn goes
 
@@ -167,6 +173,7 @@ class Harvest:
         self.checkpoint_held: str | None = None  # why a complete run leaves the checkpoint where it was
         self.listed: set[str] = set()  # objects this run has seen in the source
         self.reached: datetime | None = None  # how far the listing got, for a source listing in modified order
+        self.superseding = True  # the ledger may hold superseded keys of the pipeline (execute looks)
 
     # ------------------------------------------------------------------------------------ listing
 
@@ -182,7 +189,7 @@ class Harvest:
         seen = self.listed
         # No upper bound: an object modified during the run (or stamped ahead by a skewed clock) is taken now;
         # the checkpoint stays at the run's start, so the next run sees it again and skips it as unchanged.
-        listing = (self._by_id(dict.fromkeys(self.options.object_ids)) if self.options.object_ids
+        listing = (described(source, dict.fromkeys(self.options.object_ids)) if self.options.object_ids
                    else source.changes(since))
         for obj in listing:
             if isinstance(obj, ListingMoved) or obj.id in seen:
@@ -203,7 +210,7 @@ class Harvest:
         retry = sorted({r.object_id for r in self._failed_items("attempts<?")} - seen)
         if retry:
             self.progress.note(f"revisiting {len(retry)} objects with failed items")
-        yield from self._by_id(retry)
+        yield from described(source, retry)
 
     def _reach(self, obj: SourceObject | UnreadableObject, until: datetime) -> None:
         """The place in the listing of the last object listed, the one in hand included (a run stopping takes
@@ -224,30 +231,17 @@ class Harvest:
             self.checkpoint_held = f"{why}; the checkpoint stays where it was, so the next run lists them again"
             log.warning("%s: %s", self.pipeline.name, self.checkpoint_held)
 
-    def _by_id(self, object_ids) -> Iterator[SourceObject | UnreadableObject]:
-        """All in one call of the source (a filesystem or S3 source lists its whole store for each call). An
-        object the source cannot describe, or no longer has, stands alone: the source raises at its turn, and
-        is asked again for the ones after it."""
-        remaining = list(object_ids)
-        while remaining:
-            done = 0
-            try:
-                for obj in self.pipeline.source.get(remaining):
-                    done += 1
-                    yield obj
-            except OBJECT_ERRORS as exc:
-                yield UnreadableObject(remaining[done], None, str(exc), gone=isinstance(exc, ObjectNotFound))
-                done += 1
-            else:
-                return
-            remaining = remaining[done:]
-
     # ----------------------------------------------------------------------------------- planning
 
-    def plan(self, obj: SourceObject) -> Iterator[tuple[SourceItem, Decision, ItemTask | None]]:
+    def records(self, object_id: str) -> dict[str, ItemRecord]:
+        """The object's items in the ledger, by id: one query an object, not one an item."""
+        return {record.item_id: record for record in self.ledger.items(self.pipeline.name, object_id)}
+
+    def plan(self, obj: SourceObject, records: dict[str, ItemRecord]) -> Iterator[tuple[SourceItem, Decision,
+                                                                                         ItemTask | None]]:
         settings = self.pipeline.settings
         for item in obj.items:
-            record = self.ledger.item(self.pipeline.name, obj.id, item.id)
+            record = records.get(item.id)
             decision = decide(record, fingerprint(item), self.recipe.digest, settings.max_attempts,
                               self.options.force, self.options.redo_rejected, self.options.reencode)
             attempt = record.attempts + 1 if record and record.status == "failed" else 1
@@ -292,7 +286,7 @@ class Harvest:
             if isinstance(obj, UnreadableObject):
                 planned.append(PlannedItem(obj.id, OBJECT, "fail", obj.reason))
                 continue
-            for item, decision, task in self.plan(obj):
+            for item, decision, task in self.plan(obj, self.records(obj.id)):
                 if task is not None:
                     self.cut_short = self._at_limit()
                     if self.cut_short:
@@ -302,25 +296,31 @@ class Harvest:
         return planned
 
     def execute(self, executor: Executor, since: datetime | None, until: datetime) -> None:
+        """An object's items not processed are recorded together (one transaction), before the next item is sent
+        to be done and once the object is planned, so they are recorded in the order they were decided."""
         self.check_store()
         executor.check()
+        self.superseding = self.ledger.has_superseded(self.pipeline.name)
         for obj in self.objects(since, until):
             if self.should_stop():
                 break
             if isinstance(obj, UnreadableObject):
                 self.unreadable(obj, since)
                 continue
-            self._forget_unreadable(obj.id)
-            pending = self.pending.setdefault(obj.id, _PendingObject(obj))
-            tasks = 0
-            for item, decision, task in self.plan(obj):
+            records = self.records(obj.id)
+            if records.pop(OBJECT, None) is not None:  # the source describes it now
+                self.ledger.forget_item(self.pipeline.name, obj.id, OBJECT)
+            pending = self.pending.setdefault(obj.id, _PendingObject(obj, records))
+            tasks, unprocessed = 0, []
+            for item, decision, task in self.plan(obj, records):
                 if task is None:
                     self._count(obj.id, item.id, decision.outcome.value, decision.reason)
-                    self.ledger.record_unprocessed(self.run_id, obj.id, item.id, decision.outcome.value,
-                                                   decision.reason)
+                    unprocessed.append(Unprocessed(obj.id, item.id, decision.outcome.value, decision.reason))
                     continue
                 if self.should_stop():
                     break
+                self.ledger.record_unprocessed(self.run_id, unprocessed)
+                unprocessed, pending.records = [], None
                 pending.waiting.add(task.item.id)
                 tasks += 1
                 self.submitted += 1
@@ -330,6 +330,7 @@ class Harvest:
                     self.settle(result)
             else:
                 pending.complete = True
+            self.ledger.record_unprocessed(self.run_id, unprocessed)
             self.progress.planned(obj, tasks)
             self._settle_when_done(obj.id)
         if not self.should_stop() and not self.options.object_ids:
@@ -361,7 +362,8 @@ class Harvest:
                 self.progress.note(f"not revisiting {obj.id}: {obj.reason}")
                 return
             self._count(obj.id, OBJECT, Outcome.FAILED.value, obj.reason)
-            self.ledger.record_unprocessed(self.run_id, obj.id, OBJECT, Outcome.FAILED.value, obj.reason)
+            self.ledger.record_unprocessed(self.run_id, [Unprocessed(obj.id, OBJECT, Outcome.FAILED.value,
+                                                                     obj.reason)])
             return
         reason = f"the source cannot describe it: {obj.reason}"
         self.ledger.record(self.run_id, ItemResult(name, obj.id, OBJECT, 0, Outcome.FAILED, "", self.recipe.name,
@@ -377,12 +379,14 @@ class Harvest:
     def report_exhausted(self) -> None:
         """Items out of attempts count as failed in every run, so cron keeps seeing exit 1 until someone runs
         `gcis-etl retry`; that is known from the ledger, without asking the source again."""
+        unprocessed = []
         for record in self._failed_items("attempts>=?"):
             if record.object_id not in self.listed:
                 decision = decide(record, record.fingerprint, self.recipe.digest, self.pipeline.settings.max_attempts)
                 self._count(record.object_id, record.item_id, decision.outcome.value, decision.reason)
-                self.ledger.record_unprocessed(self.run_id, record.object_id, record.item_id,
-                                               decision.outcome.value, decision.reason)
+                unprocessed.append(Unprocessed(record.object_id, record.item_id, decision.outcome.value,
+                                               decision.reason))
+        self.ledger.record_unprocessed(self.run_id, unprocessed)
 
     def _failed_items(self, attempts: str) -> Iterator[ItemRecord]:
         return self.ledger.iter_items(self.pipeline.name, f"status='failed' AND {attempts}",
@@ -396,6 +400,7 @@ class Harvest:
         pending = self.pending[result.object_id]
         item = next(i for i in pending.obj.items if i.id == result.item_id)
         self.ledger.record(self.run_id, result, item.modified)
+        self.superseding = self.superseding or result.outcome is Outcome.DEPOSITED  # under another key, maybe
         self._count(result.object_id, result.item_id, result.outcome.value, result.reason, result.warnings)
         pending.waiting.discard(result.item_id)
         self._settle_when_done(result.object_id)
@@ -419,7 +424,7 @@ class Harvest:
         out of a manifest or a manifest off line (status and report list the rejection)."""
         pending = self.pending.pop(object_id)
         obj = pending.obj
-        records = {r.item_id: r for r in self.ledger.items(self.pipeline.name, obj.id)}
+        records = pending.records if pending.records is not None else self.records(obj.id)
         items = [(item, records.get(item.id)) for item in obj.items]
         if any(record is None or record.status == "failed" for _, record in items):
             if any(record and record.status == "failed" and record.attempts < self.pipeline.settings.max_attempts
@@ -430,8 +435,7 @@ class Harvest:
         images = [DepositedImage(item.sequence, record.output_key, record.width, record.height, item.label)
                   for item, record in items if record.output_key]
         if manifests is not None and images:
-            label = [[v.value, v.language] for v in manifests.label_of(obj)]
-            digest = _manifest_fingerprint(obj, images, manifests.settings.model_dump_json())
+            digest = _manifest_fingerprint(obj, images, self.manifest_settings)
             known = self.ledger.object(self.pipeline.name, obj.id)
             if known is None or known.manifest_fingerprint != digest or self.options.force:
                 try:
@@ -444,12 +448,19 @@ class Harvest:
                 for warning in published.warnings:
                     log.warning("%s/%s: %s", self.pipeline.name, obj.id, warning,
                                 extra={"pipeline": self.pipeline.name, "object_id": obj.id, "item_id": MANIFEST})
+                label = [[v.value, v.language] for v in manifests.label_of(obj)]
                 self.ledger.record_manifest(self.run_id, self.pipeline.name, obj.id, obj.modified, label, digest,
                                             published.warnings)
                 self.manifests_published += 1
+        if not self.superseding:  # nothing to retire: not a query an object
+            return
         for retired in retire_superseded(self.ledger, self.pipeline, obj.id, self.options.keep_superseded):
-            self.progress.note(f"{'kept' if retired.kept else 'deleted'} {retired.key}, superseded by "
-                               f"{retired.replaced_by}")
+            self.progress.retired(retired)
+
+    @cached_property
+    def manifest_settings(self) -> str:
+        """The manifests' settings as a manifest's fingerprint holds them: the same all the run."""
+        return self.pipeline.manifests.settings.model_dump_json()
 
     def abandon(self, executor: Executor, exc: BaseException) -> None:
         """The run ends on `exc`: the items in flight are recorded, then the run as failed (its source, store,
@@ -684,10 +695,19 @@ def _abort_uploads(config: Config, pipeline: Pipeline, run_id: int, which: str, 
 
 def _manifest_fingerprint(obj: SourceObject, images: list[DepositedImage], settings: str) -> str:
     """listed_at is left out: where the object stood in a listing is not in its manifest, and an object asked
-    for by id has none."""
-    described = {k: v for k, v in asdict(obj).items() if k != "listed_at"}
-    document = {"object": described | {"items": None}, "images": [asdict(i) for i in images], "settings": settings}
-    return hashlib.sha256(json.dumps(document, sort_keys=True, default=str).encode()).hexdigest()
+    for by id has none; its items are None (the images stand for them). The JSON is that of asdict, which
+    ledgers' digests were made of, without asdict deep-copying every item first (a quarter of a re-run's time)."""
+    shown = {k: v for k, v in _as_json(obj).items() if k != "listed_at"} | {"items": None}
+    document = {"object": shown, "images": images, "settings": settings}
+    return hashlib.sha256(json.dumps(document, sort_keys=True, default=_as_json).encode()).hexdigest()
+
+
+def _as_json(value: object) -> object:
+    """A dataclass as asdict's dict of its fields, one level at a time (json.dumps comes back for a dataclass
+    inside); anything else JSON does not know as str (datetimes)."""
+    if is_dataclass(value) and not isinstance(value, type):
+        return {f.name: getattr(value, f.name) for f in fields(value)}
+    return str(value)
 
 
 def _options(options: HarvestOptions) -> dict:

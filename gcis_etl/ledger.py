@@ -158,6 +158,16 @@ class ItemRecord:
 
 
 @dataclass(frozen=True)
+class Unprocessed:
+    """An item a run decided not to process, and why (Ledger.record_unprocessed)."""
+
+    object_id: str
+    item_id: str
+    outcome: str
+    reason: str
+
+
+@dataclass(frozen=True)
 class RunRecord:
     run_id: int
     pipeline: str
@@ -563,10 +573,14 @@ class Ledger:
             self._run_item(run_id, result.object_id, result.item_id, result.outcome.value, result.reason,
                            result.seconds, stamp, warnings)
 
-    def record_unprocessed(self, run_id: int, object_id: str, item_id: str, outcome: str, reason: str) -> None:
-        """An item the run decided not to process (unchanged, rejected before, out of attempts)."""
+    def record_unprocessed(self, run_id: int, items: Sequence[Unprocessed]) -> None:
+        """Items the run decided not to process (unchanged, rejected before, out of attempts), in one transaction:
+        a re-run over unchanged items commits once an object, not once an item. No items: no transaction."""
+        if not items:
+            return
         with self._writing():
-            self._run_item(run_id, object_id, item_id, outcome, reason, 0.0, _ts(now()))
+            for item in items:
+                self._run_item(run_id, item.object_id, item.item_id, item.outcome, item.reason, 0.0, _ts(now()))
 
     def _run_item(self, run_id: int, object_id: str, item_id: str, outcome: str, reason: str | None,
                   seconds: float, stamp: str, warnings: str | None = None) -> None:
@@ -592,6 +606,11 @@ class Ledger:
         if object_id is None:
             return self._paged(SupersededKey, "superseded", ("object_id", "key"), pipeline, "1", (), page)
         return self._paged(SupersededKey, "superseded", ("key",), pipeline, "object_id=?", (object_id,), page)
+
+    def has_superseded(self, pipeline: str) -> bool:
+        """Whether any key of the pipeline waits to be retired: one index probe (a run over a pipeline with none
+        asks no object's)."""
+        return self._execute("SELECT 1 FROM superseded WHERE pipeline=? LIMIT 1", (pipeline,)).fetchone() is not None
 
     def superseded_count(self, pipeline: str) -> int:
         return self._execute("SELECT count(*) FROM superseded WHERE pipeline=?", (pipeline,)).fetchone()[0]

@@ -92,7 +92,7 @@ def test_a_window_of_sidecar_objects_counts_their_rows_and_the_sidecar_times_as_
 
 
 def test_a_batch_with_gone_ids_is_listed_once_and_raises_at_each_gone_ids_turn(tmp_path):
-    """As the harvester's revisit asks (harvesting.Harvest._by_id): after each id the source does not have, again
+    """As the harvester's revisit asks (connectors.base.described): after each id the source does not have, again
     for the ids after it."""
     make(tmp_path, "a/1.tif", "b/1.tif", "c/1.tif", "c/2.tif")
     source = Counting(tmp_path)
