@@ -12,7 +12,8 @@ configuration, makes the first Ctrl-C or SIGTERM a clean stop, and ends with the
 and, unless --dry-run, a JSON summary and a CSV of the problems and destructive actions in <state_dir>/reports.
 Exit codes are those of `gcis-etl harvest`: 0 done; 1 some items or keys failed or were rejected, or the
 migration stopped on an error; 2 configuration or usage error; 3 another run holds the pipeline; 128 + the
-signal's number (130 Ctrl-C, 143 SIGTERM) stopped by a signal.
+signal's number (130 Ctrl-C, 143 SIGTERM) stopped by a signal; a signal that came during the last items of its
+last harvest run, which completed all the same, leaves it completed (its runs say what it did).
 
 Work that is a harvest goes through harvest(), where the ledger decides what is already settled: re-running a
 migration continues where the last run stopped. Other work (copying between stores) uses the stores and the
@@ -43,7 +44,7 @@ from gcis_etl.commands import (CONFIG, EXIT_ITEM_FAILED, EXIT_LOCKED, EXIT_OK, E
 from gcis_etl.config import Config, anchor_in, anchored_store, load_config
 from gcis_etl.durable import atomic_write
 from gcis_etl.errors import ConfigError, GcisError
-from gcis_etl.harvesting import AT_LIMIT, HarvestOptions, harvest
+from gcis_etl.harvesting import AT_LIMIT, HarvestOptions, Progress, harvest
 from gcis_etl.ledger import Ledger, now
 from gcis_etl.locks import LockHeld, RunLock, pipeline_lock
 from gcis_etl.pipelines import Pipeline
@@ -51,6 +52,7 @@ from gcis_etl.reports import PROBLEMS as RUN_PROBLEMS
 from gcis_etl.reports import RunReport, counted, report_from_ledger
 from gcis_etl.settings import Settings, interpolate_env, load_yaml, parse, read_yaml
 from gcis_etl.stores import LocalStoreSettings, S3StoreSettings, Store, StoreSettings
+from gcis_etl.supersession import Retired
 
 log = logging.getLogger(__name__)
 
@@ -176,7 +178,8 @@ class MigrationReport:
         if self.problems_total > len(self.problems):
             lines.append(f"  ... and {self.problems_total - len(self.problems)} more ({self._listed_in()})")
         if self._csv and not self._unwritten:
-            lines.append(f"  one line per problem, deletion or kept key: {self.csv_path}")
+            lines.append(f"  one line per problem, deletion, kept key or item no longer in the source: "
+                         f"{self.csv_path}")
         if self.json_path and not self._unwritten:
             lines.append(f"  report: {self.json_path}")
         return "\n".join(lines)
@@ -280,6 +283,23 @@ class Budget:
         return f"stopped at the migration's limit of {counted(self.limit, 'item')}{sep}{rest}"
 
 
+class RetiredReported:
+    """A harvest run's progress, with each old access master the run retires (gcis_etl/supersession.py) in the
+    report as it happens: the CSV of a migration killed during a run holds what it deleted."""
+
+    def __init__(self, shown: Progress, report: MigrationReport):
+        self.shown = shown
+        self.report = report
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.shown, name)
+
+    def retired(self, retired: Retired) -> None:
+        self.report.event(retired.key, "old access masters kept" if retired.kept else "old access masters deleted",
+                          f"replaced by {retired.replaced_by}" if retired.replaced_by else "its item is gone")
+        self.shown.retired(retired)
+
+
 @dataclass
 class MigrationContext:
     """What a script works with: the configuration, the ledger, stores, harvest runs, the report."""
@@ -290,6 +310,7 @@ class MigrationContext:
     verbose: int = 0
     stop: threading.Event = field(default_factory=threading.Event)
     budget: Budget = field(default_factory=Budget)
+    stop_heeded: bool = False  # a harvest run met the stop: the report's status says whether it left work undone
 
     def pipeline(self, name: str) -> Pipeline:
         return self.config.pipeline(name)
@@ -310,15 +331,18 @@ class MigrationContext:
     def harvest(self, name: str, **options: Any) -> bool:
         """One harvest run of pipeline `name` with `options` (HarvestOptions fields) within the budget, added to
         the report; False when the migration should go no further (stopped, out of budget, run cut short).
-        A budget spent is reported here, when a run would start: after the last run there is nothing left."""
+        A stop or a budget spent is reported here, when a run would start: a run the signal reached during its
+        last items completes, and the migration is stopped only if it has another run to make."""
         from gcis_etl.progress import progress_for
         if self.stop.is_set():
+            self.stop_heeded = True
+            self.report.stop("stopped", "stopped on request: run again to continue")
             return False
         spent = self.budget.exhausted()
         if spent:
             self.report.stop("stopped", f"{spent} before {name}'s next harvest run: run again to continue")
             return False
-        progress = progress_for(name)
+        progress = RetiredReported(progress_for(name), self.report)
         with self.ledger() as ledger:
             last = next((r.run_id for r in ledger.runs(name, limit=1)), 0)
         try:
@@ -337,7 +361,8 @@ class MigrationContext:
         if self.verbose:
             for planned in run.planned:
                 click.echo(planned.line())
-        return run.status in ("completed", "dry-run") and not self.stop.is_set()
+        self.stop_heeded = self.stop.is_set()  # a run that completed all the same left nothing undone
+        return run.status in ("completed", "dry-run")
 
 
 # ------------------------------------------------------------------------------------------------- stores
@@ -442,11 +467,12 @@ def migration(help_text: str, budget: bool = False) -> Callable[[Callable[..., N
             except GcisError as exc:
                 ctx.report.stop("stopped on an error", f"{type(exc).__name__}: {exc} (everything settled so far "
                                                         f"is recorded: remove the cause and run again)")
-            if ctx.stop.is_set() and ctx.report.status == "completed":
+            if ctx.stop.is_set() and ctx.report.status == "completed" and not ctx.stop_heeded:
                 ctx.report.stop("stopped", "stopped on request: run again to continue")
             ctx.report.finish()
             click.echo(ctx.report.summary())
-            return max(ctx.report.exit_code if code is None else code, stop.exit_code)
+            signalled = EXIT_OK if ctx.report.status == "completed" else stop.exit_code
+            return max(ctx.report.exit_code if code is None else code, signalled)
 
         params = _common_options() + list(reversed(getattr(function, "__click_params__", []))) + (
             [LIMIT.param(), MAX_MINUTES.param()] if budget else [])

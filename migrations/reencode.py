@@ -10,7 +10,12 @@ Old access masters: with the same extension, the new access master replaces the 
 With another extension (.tif to .jp2) it goes under a new key, and the old key is deleted once no deposited
 manifest of its object refers to it any more; --keep-old keeps them instead (each is listed in the report's
 CSV). Until an old key can go (an item of its object failed, the run was cut short) the ledger records it as
-superseded, and the next run (or harvest of the object) finishes the job.
+superseded, and the next run (or harvest of the object) finishes the job. Each deletion goes to the report's
+CSV as it happens, so the CSV of a killed run holds what it deleted.
+
+An item or object the source no longer has is not re-derived: it is listed in the report (no longer in the
+source) and its access master is left as it is, as the ledger records it; that is no failure, and each run lists
+it again.
 
 Set the pipeline's `recipe:` to the new recipe so new items are made with it too. Pause the pipeline's cron
 harvests meanwhile: a harvest holding the pipeline stops the migration (exit 3). The pipeline's
@@ -38,11 +43,13 @@ from typing import Iterable, Iterator
 
 import click
 
+from connectors.base import Source, UnreadableObject, described
 from gcis_etl.errors import ConfigError
 from gcis_etl.ledger import Ledger
 from gcis_etl.migration import MigrationContext, migration
 from gcis_etl.pipelines import Pipeline, config_folder
 from gcis_etl.recipes import Recipe, load_recipe
+from gcis_etl.reports import counted
 
 
 @migration(__doc__, budget=True)
@@ -89,6 +96,13 @@ def by_object(keys: Iterable[OldKey], size: int) -> Iterator[dict[str, list[OldK
         yield batch
 
 
+def in_source(source: Source, object_ids: list[str]) -> dict[str, set[str] | None]:
+    """The ids of the items the source has now, by object; None for an object it cannot describe (the harvest
+    fails it, within its attempts); an object it no longer has is left out."""
+    return {obj.id: None if isinstance(obj, UnreadableObject) else {item.id for item in obj.items}
+            for obj in described(source, object_ids) if not (isinstance(obj, UnreadableObject) and obj.gone)}
+
+
 def _known(ctx: MigrationContext, names: tuple[str, ...], recipe: str) -> None:
     """--from-recipe names a recipe that exists, or one the ledger records (since removed): a misspelt name
     would otherwise match nothing and report 'nothing to do'."""
@@ -113,6 +127,8 @@ class Reencode:
         self.from_recipe = from_recipe
         self.target = target
         self.keep_old = keep_old
+        self.lost = 0          # keys of items the source no longer has
+        self.lost_waiting = 0  # among them, keys the ledger holds as superseded
 
     def selected(self, ledger: Ledger) -> Iterator[OldKey]:
         """What was deposited with --from-recipe, and what failed to be re-derived with the target (its old
@@ -150,38 +166,61 @@ class Reencode:
             for batch in by_object(keys, batch_size):
                 if not self.batch(ledger, batch):
                     return False
-            waiting = ledger.superseded_count(self.pipeline.name)
+            waiting = ledger.superseded_count(self.pipeline.name) - self.lost_waiting
+        name = self.pipeline.name
+        if self.lost:
+            self.ctx.report.notes.append(f"{name}: {counted(self.lost, 'access master')} of items no longer in "
+                                         f"the source are left as they are (each run lists them again)")
         if waiting and not self.ctx.dry_run:
             self.ctx.report.notes.append(
-                f"{self.pipeline.name}: {waiting} old access masters wait until their objects are re-derived and "
-                f"republished: run again (after `gcis-etl retry` for items out of attempts)")
+                f"{name}: {waiting} old access masters wait until their objects are re-derived and republished: "
+                f"run again (after `gcis-etl retry` for items out of attempts)")
         return True
 
     def batch(self, ledger: Ledger, batch: dict[str, list[OldKey]]) -> bool:
-        keys = [key for object_keys in batch.values() for key in object_keys]
+        """The keys whose items the source still has are taken further; the others are listed and left as they
+        are: asked for by id, an object the source no longer has would fail the run, and every run after it."""
+        present = in_source(self.pipeline.source, list(batch))
+        kept: dict[str, list[OldKey]] = {}
+        for object_id, keys in batch.items():
+            for key in keys:
+                if self.gone(present, key):
+                    self.lost += 1
+                    self.lost_waiting += key.new_key is None
+                    self.ctx.report.event(f"{key.object_id}/{key.item_id}", "no longer in the source",
+                                          f"its {'old ' if key.new_key is None else ''}access master {key.key} "
+                                          f"is left as it is")
+                else:
+                    kept.setdefault(object_id, []).append(key)
         if self.ctx.dry_run:
-            moving = sum(k.key != k.new_key for k in keys)
+            moving = sum(k.key != k.new_key for keys in kept.values() for k in keys)
             if moving:
                 self.ctx.report.add("old access masters to keep" if self.keep_old else "old access masters to delete",
                                     moving)
-        go_on = self.ctx.harvest(self.pipeline.name, object_ids=tuple(batch), recipe=self.target.name,
+        if not kept:  # object_ids=() would harvest the whole source
+            return True
+        go_on = self.ctx.harvest(self.pipeline.name, object_ids=tuple(kept), recipe=self.target.name,
                                  reencode=self.from_recipe, keep_superseded=self.keep_old)
         if not self.ctx.dry_run:
-            self.settle(ledger, batch)
+            self.settle(ledger, kept)
         return go_on
 
+    @staticmethod
+    def gone(present: dict[str, set[str] | None], key: OldKey) -> bool:
+        """The key's object, or (for a selected key) its item, is no longer in the source. A key waiting for its
+        object's manifest goes with the object: its item may be gone from a manifest republished since."""
+        if key.object_id not in present:
+            return True
+        items = present[key.object_id]
+        return key.new_key is not None and items is not None and key.item_id not in items
+
     def settle(self, ledger: Ledger, batch: dict[str, list[OldKey]]) -> None:
-        """Report what became of each old key in the run: retired (a key that is neither superseded nor an
-        item's any more: deleted, or kept with --keep-old), or kept because the target recipe rejects the
-        master. The others still wait in the ledger."""
+        """Report the old keys kept because the target recipe rejects the master. Those retired in the run were
+        reported as the harvest retired them (MigrationContext.harvest); the others still wait in the ledger."""
         name = self.pipeline.name
-        waiting = {s.key for object_id in batch for s in ledger.superseded(name, object_id)}
-        for old in (key for keys in batch.values() for key in keys if key.key not in waiting):
+        for old in (key for keys in batch.values() for key in keys):
             record = ledger.item(name, old.object_id, old.item_id)
-            if record is None or record.output_key != old.key:
-                self.ctx.report.event(old.key, "old access masters kept" if self.keep_old
-                                      else "old access masters deleted",
-                                      f"replaced by {record.output_key}" if record else "its item is gone")
-            elif record.status == "rejected" and record.recipe_digest == self.target.digest:
+            if (record is not None and record.output_key == old.key and record.status == "rejected"
+                    and record.recipe_digest == self.target.digest):
                 self.ctx.report.event(old.key, "old access masters kept",
                                       f"{self.target.name} rejects the master ({record.reason})")
