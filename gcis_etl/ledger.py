@@ -661,6 +661,8 @@ class Ledger:
         stamp, text = _ts(now()), _warnings_text(warnings)
         with self._writing():
             self._execute("DELETE FROM manifest_problems WHERE pipeline=? AND object_id=?", (pipeline, object_id))
+            # counted as it happens, as its items are: a run killed after it still reports what it published
+            self._execute("UPDATE runs SET manifests = manifests + 1 WHERE run_id=?", (run_id,))
             self._execute(
                 "INSERT INTO objects (pipeline, object_id, modified, label, manifest_fingerprint, published, "
                 "in_collection, warnings) VALUES (?,?,?,?,?,?,0,?) ON CONFLICT (pipeline, object_id) DO UPDATE SET "

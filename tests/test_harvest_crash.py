@@ -15,6 +15,7 @@ from typing import Callable
 import pytest
 
 from gcis_etl.ledger import COUNTED
+from gcis_etl.reports import counted
 from tests.conftest import MiB
 from tests.emulators.rosetta import Entity, RosettaCatalogue, RosettaEmulator
 from tests.harvests import (PATIENT_RETRY, Gate, GeneratedFile, Rig, ie, kill, rosetta_expected,
@@ -93,8 +94,10 @@ def test_a_run_killed_mid_way_is_completed_by_the_next(rig, point, tmp_path_fact
         assert {name: last_run[name] for name in COUNTED} == recorded
         if point == "upload":
             assert rig.uploads()  # the kill left parts behind: the next run must clear them
+        (published,), = rig.peek("SELECT count(*) FROM objects")  # the objects whose manifests run 1 recorded
         if point == "manifest":
             assert 0 < sum(k.endswith("/manifest-v3.json") for k in rig.keys()) < len(expected.order)
+            assert published > 0
 
         gate.open()
         rerun = rig.cli("harvest")
@@ -110,11 +113,12 @@ def test_a_run_killed_mid_way_is_completed_by_the_next(rig, point, tmp_path_fact
             redone = {(i.object_id, i.item_id): i.outcome for i in ledger.run_items(2)}
             crashed = ledger.run(1)
         # the killed run never wrote its counts: they are those of the items it recorded
-        assert crashed.counts == recorded
+        assert crashed.counts == recorded and crashed.manifests == published
         assert "killed" in crashed.note
         report = rig.cli("report", "1")
         assert report.returncode == 1, report.stderr  # a killed run did not complete
         assert f"run 1 crashed: {crashed.counts['deposited']} deposited" in report.stdout
+        assert f"; {counted(published, 'manifest')} published" in report.stdout
         assert set(redone) == set(expected.outcomes)  # no item left out
         assert {key: redone[key] for key in settled_before} == {key: "skipped" for key in settled_before}
         assert {key: outcome for key, outcome in redone.items() if key not in settled_before} == \
