@@ -4,7 +4,6 @@ real source, whose own code runs unchanged."""
 from __future__ import annotations
 
 import os
-import time
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -13,6 +12,7 @@ import pytest
 from connectors.errors import ObjectNotFound
 from connectors.filesystem import FilesystemSettings, FilesystemSource
 from tests.emulators import FAST_RETRY
+from tests.test_connector_filesystem import moment
 
 JAN = datetime(2024, 1, 1, tzinfo=timezone.utc)
 FUTURE, LATER = datetime(2100, 1, 1, tzinfo=timezone.utc), datetime(2101, 1, 1, tzinfo=timezone.utc)
@@ -39,14 +39,6 @@ def make(root: Path, *paths: str, modified: datetime = JAN) -> None:
         (root / path).parent.mkdir(parents=True, exist_ok=True)
         (root / path).write_bytes(b"")
         os.utime(root / path, (modified.timestamp(),) * 2)
-
-
-def moment() -> datetime:
-    """A time after what was done before and before what is done after, as file times (a coarse clock) say."""
-    time.sleep(0.05)
-    at = datetime.now(timezone.utc)
-    time.sleep(0.05)
-    return at
 
 
 def test_a_window_of_folders_comes_oldest_listed_first_ties_in_natural_order_and_only_its_objects_are_built(tmp_path):

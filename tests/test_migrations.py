@@ -85,14 +85,19 @@ class Site:
                 if p.is_file() and not any(part.startswith(".") for part in p.relative_to(root).parts)}
 
 
-@pytest.fixture
-def site(tmp_path) -> Site:
+def folder_site(tmp_path: Path) -> Site:
+    """The masters in a folder source, a local store."""
     for name, corpus in MASTERS.items():
         (tmp_path / "masters" / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(CORPUS / corpus, tmp_path / "masters" / name)
     site = Site(tmp_path)
     site.configure({"kind": "local", "root": "store"})
     return site
+
+
+@pytest.fixture
+def site(tmp_path) -> Site:
+    return folder_site(tmp_path)
 
 
 def ok(proc: subprocess.CompletedProcess, code: int = 0) -> str:

@@ -20,19 +20,14 @@ import pytest
 from tests.conftest import CORPUS
 from tests.harvests import peek, wait_for
 from tests.test_harvest_durability import FolderHarvest
-from tests.test_migrations import BIN, MASTERS, PIPELINE, Site, image_references, ok, report_of
+from tests.test_migrations import BIN, MASTERS, PIPELINE, Site, folder_site, image_references, ok, report_of
 
 TO_JP2 = ("--pipeline", PIPELINE, "--from-recipe", "ptiff-jpeg-q90", "--to-recipe", "jp2-openjpeg-lossless")
 
 
 @pytest.fixture
 def site(tmp_path) -> Site:
-    for name, corpus in MASTERS.items():
-        (tmp_path / "masters" / name).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy(CORPUS / corpus, tmp_path / "masters" / name)
-    site = Site(tmp_path)
-    site.configure({"kind": "local", "root": "store"})
-    return site
+    return folder_site(tmp_path)
 
 
 def rows(csv_path: str | Path, outcome: str) -> set[str]:
