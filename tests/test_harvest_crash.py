@@ -94,10 +94,10 @@ def test_a_run_killed_mid_way_is_completed_by_the_next(rig, point, tmp_path_fact
         assert {name: last_run[name] for name in COUNTED} == recorded
         if point == "upload":
             assert rig.uploads()  # the kill left parts behind: the next run must clear them
-        (published,), = rig.peek("SELECT count(*) FROM objects")  # the objects whose manifests run 1 recorded
+        # the objects whose manifests run 1 recorded (at the manifest point, maybe none: one is in the store first)
+        (published,), = rig.peek("SELECT count(*) FROM objects")
         if point == "manifest":
             assert 0 < sum(k.endswith("/manifest-v3.json") for k in rig.keys()) < len(expected.order)
-            assert published > 0
 
         gate.open()
         rerun = rig.cli("harvest")
