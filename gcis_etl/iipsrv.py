@@ -121,6 +121,7 @@ class Consumer:
         self.config = DEPLOY / ("demo.conf" if demo else "lighttpd.conf")
         self.port = server.port
         self.proc: subprocess.Popen | None = None
+        self._stopped = False  # its process group is killed once: its id may name another group later
 
     @property
     def url(self) -> str:
@@ -174,11 +175,15 @@ class Consumer:
         errors = self.server.run_dir / "lighttpd.stderr"
         try:
             with open(errors, "wb") as stderr:
-                self.proc = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL,
-                                             stdout=subprocess.DEVNULL, stderr=stderr)
+                self.proc = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                             stderr=stderr, start_new_session=True)  # a group stop() can end
         except OSError as exc:
             raise ConsumerError(f"cannot run {self.server.lighttpd}: {exc.strerror} (Debian package lighttpd)")
-        self._wait_listening(timeout, errors)
+        try:
+            self._wait_listening(timeout, errors)
+        except BaseException:  # a signal meanwhile (Interrupted) too: __exit__ is not called when start raises
+            self.stop()
+            raise
         return self
 
     def _wait_listening(self, timeout: float, errors: Path) -> None:
@@ -192,23 +197,25 @@ class Consumer:
                     return
             except OSError:
                 time.sleep(0.1)
-        self.stop()
         raise ConsumerError(f"lighttpd did not listen on {self.server.host}:{self.port} within {timeout:.0f}s")
 
     def stop(self) -> None:
-        """SIGTERM: lighttpd stops the iipsrv processes it spawned, then exits; any it left are stopped too."""
-        if self.proc is None or self.proc.poll() is not None:
+        """SIGTERM: lighttpd stops the iipsrv processes it spawned, then exits. What is left of its process group
+        is killed: an iipsrv lighttpd was spawning as the signal came (stopped as it starts) outlived it."""
+        if self.proc is None or self._stopped:
             return
-        spawned = _children(self.proc.pid)
-        self.proc.send_signal(signal.SIGTERM)
+        self._stopped = True
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
         try:
-            self.proc.wait(15)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        _, alive = psutil.wait_procs(spawned, timeout=5)
-        for process in alive:
-            process.kill()
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):  # none left
+            pass
 
     def wait(self) -> int:
         return self.proc.wait()
