@@ -2,6 +2,9 @@
 what a file name tells iipsrv."""
 from __future__ import annotations
 
+import errno
+import os
+import stat
 from pathlib import Path
 
 # (magic prefix, offset, format name). Order matters: longer, more specific signatures first.
@@ -39,8 +42,23 @@ _EXTENSIONS = {
 }
 
 
+_SPECIAL = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
+            (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+def refuse_special(path: str | Path) -> None:
+    """Raise OSError for a FIFO, device or socket, as opening a folder does: opening a FIFO waits for a writer,
+    for ever if none comes, and a device or socket is no image. Before the first read of a file named to us."""
+    mode = os.stat(path).st_mode
+    kind = next((what for test, what in _SPECIAL if test(mode)), None)
+    if kind:
+        raise OSError(errno.EINVAL, f"it is {kind}, not a regular file", str(path))
+
+
 def sniff(path: str | Path) -> str:
-    """Return the content format ('TIFF', 'JPEG', ...), 'empty' for a zero-byte file, 'unknown' otherwise."""
+    """Return the content format ('TIFF', 'JPEG', ...), 'empty' for a zero-byte file, 'unknown' otherwise;
+    OSError for what is no regular file (refuse_special)."""
+    refuse_special(path)
     with open(path, "rb") as f:
         head = f.read(32)
     if not head:

@@ -6,12 +6,9 @@ conversion process decodes with strict settings.
 """
 from __future__ import annotations
 
-import errno
 import io
 import logging
-import os
 import re
-import stat
 import struct
 import threading
 from contextlib import contextmanager
@@ -66,8 +63,7 @@ def inspect(path: str | Path, policy: ImagingPolicy | None = None) -> ImageInfo:
     the description (and a conversion child reusing it) must name the same file whatever the cwd becomes."""
     policy = policy or ImagingPolicy()
     path = str(Path(path).absolute())
-    _refuse_special(path)
-    fmt = formats.sniff(path)
+    fmt = formats.sniff(path)  # a FIFO or device raises OSError, as a folder does
     if fmt == "empty":
         return _reject(path, fmt, "zero-byte file (an interrupted upload or copy?)")
     warnings = [w for w in [formats.extension_mismatch(path, fmt)] if w]
@@ -92,19 +88,6 @@ def inspect(path: str | Path, policy: ImagingPolicy | None = None) -> ImageInfo:
     if md.orientation_invalid is not None:
         warnings.append(f"orientation {md.orientation_invalid!r} is not a valid EXIF orientation: ignored")
     return _judge(info, header, policy, warnings)
-
-
-_SPECIAL = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
-            (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
-
-
-def _refuse_special(path: str) -> None:
-    """Raise OSError for a FIFO, device or socket, as reading a folder does: opening a FIFO waits for a writer,
-    for ever if none comes, and a device or socket is no master."""
-    mode = os.stat(path).st_mode
-    kind = next((what for test, what in _SPECIAL if test(mode)), None)
-    if kind:
-        raise OSError(errno.EINVAL, f"it is {kind}, not a regular file", path)
 
 
 def _judge(info: ImageInfo, h: _Header, policy: ImagingPolicy, warnings: list[str]) -> ImageInfo:

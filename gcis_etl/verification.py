@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from gcis_etl.codestream import packet_sequence_errors
-from gcis_etl.formats import names_a_sequence, sniff
+from gcis_etl.formats import names_a_sequence, refuse_special, sniff
 from gcis_etl.inspection import plain_complaint, tifffile_complaints
 from gcis_etl.isolation import out_of_memory, refused_allocation
 from gcis_etl.models import Level, VerifyReport
@@ -80,8 +80,9 @@ def verify(path: str | Path, expect: Expectation | None = None) -> VerifyReport:
 
 
 def unreadable(path: Path) -> VerifyReport | None:
-    """The report on a path that cannot be read at all (missing, a folder, not permitted), else None."""
+    """The report on a path that cannot be read at all (missing, a folder, not permitted, a FIFO), else None."""
     try:
+        refuse_special(path)
         with open(path, "rb"):
             return None
     except OSError as exc:

@@ -3,12 +3,14 @@ path with a line break, a destination on a read-only filesystem, a conversion pr
 master that is a FIFO or a device, and dir() of the package."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor, TimeoutError
+import time
+from concurrent.futures import ThreadPoolExecutor, TimeoutError, wait
 from pathlib import Path
 
 import pytest
@@ -132,6 +134,28 @@ def test_a_master_that_is_not_a_regular_file_is_refused_at_once(tmp_path):
         Status.FAILED, "cannot read /dev/null: it is a character device, not a regular file")
     with pytest.raises(OSError, match="not a regular file"):
         gcis_etl.inspect(fifo)
+
+
+def test_an_access_master_that_is_a_fifo_is_refused_by_verify_at_once(tmp_path):
+    """verify() waited out the isolation time limit, then blamed the master's size; the CLI's --recipe check read
+    it in the CLI process itself, for ever."""
+    fifo = tmp_path / "access.tif"
+    os.mkfifo(fifo)
+    refused = f"cannot read {fifo}: it is a FIFO (named pipe), not a regular file"
+    cli = [str(Path(sys.executable).parent / "gcis-etl"), "verify", "--recipe", "ptiff-jpeg-q90", str(fifo)]
+    with ThreadPoolExecutor(2) as pool:
+        verified = pool.submit(gcis_etl.verify, fifo)
+        command = pool.submit(subprocess.run, cli, capture_output=True, text=True, cwd=tmp_path)
+        _, waiting = wait([verified, command], timeout=30)
+        while not (verified.done() and command.done()):  # let the readers go: the test fails, not hangs
+            with contextlib.suppress(OSError):  # no reader at this moment
+                os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+            time.sleep(0.05)
+
+    assert not waiting, "a reader of the FIFO waited for a writer"
+    assert verified.result().errors == (refused,)
+    assert command.result().returncode == 1, command.result().stderr
+    assert f"error: {refused}" in command.result().stdout
 
 
 def test_dir_lists_the_names_loaded_on_first_use():

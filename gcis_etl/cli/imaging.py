@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from pathlib import Path
 
 import click
 
@@ -140,19 +141,21 @@ def verify(ctx: click.Context, file: str, recipe: str | None, as_json: bool) -> 
     from gcis_etl.conversion import recipe_mismatch
     from gcis_etl.errors import ConversionFailed
     from gcis_etl.formats import sniff
+    from gcis_etl.verification import unreadable
     rec = _recipe(ctx, recipe) if recipe else None
-    mismatch = recipe_mismatch(file, rec) if rec else None
+    cannot = unreadable(Path(file))  # a FIFO, say: reading it to compare with the recipe would wait for ever
+    mismatch = recipe_mismatch(file, rec) if rec and cannot is None else None
     if mismatch:
         raise click.UsageError(mismatch)
     try:
-        report = verify_file(file, rec, _config(ctx, single_file=True).isolation)
+        report = cannot or verify_file(file, rec, _config(ctx, single_file=True).isolation)
     except ConversionFailed as exc:  # a decoder crashed, or memory or time ran out under the limits
         click.echo(f"{file}: not verified: {exc}", err=True)
         sys.exit(EXIT_ITEM_FAILED)
     if as_json:
         click.echo(json.dumps(report.to_dict()))
     else:
-        click.echo(report.summary(sniff(file) == "JP2"))  # by content, whatever the name says
+        click.echo(report.summary(cannot is None and sniff(file) == "JP2"))  # by content, whatever the name says
         for error in report.errors:
             click.echo(f"    error: {error}")
     sys.exit(EXIT_OK if report.ok else EXIT_ITEM_FAILED)
