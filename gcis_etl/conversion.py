@@ -20,7 +20,7 @@ from gcis_etl.durable import fsync_path, sha256_file
 from gcis_etl.errors import ConversionFailed, DiskFull, RejectedMaster, VerificationFailed
 from gcis_etl.formats import names_a_sequence, names_of, sniff
 from gcis_etl.inspection import inspect
-from gcis_etl.isolation import IsolatedProcess, WorkerCrashed
+from gcis_etl.isolation import CannotStart, IsolatedProcess, WorkerCrashed
 from gcis_etl.models import ConversionResult, ImageInfo, Status, Verdict, VerifyReport
 from gcis_etl.policy import ImagingPolicy, IsolationSettings
 from gcis_etl.recipes import JP2_ENCODERS, PTIFF_ENCODERS, Recipe, load_recipe
@@ -104,7 +104,7 @@ def convert(src: str | Path, dst: str | Path, recipe: Recipe | str | None = None
         return ConversionResult(Status.REJECTED, reason=str(exc), seconds=time.monotonic() - started, **base)
     except ConversionFailed as exc:
         return ConversionResult(Status.FAILED, reason=str(exc), disk_full=isinstance(exc, DiskFull),
-                                seconds=time.monotonic() - started, **base)
+                                cannot_start=isinstance(exc, CannotStart), seconds=time.monotonic() - started, **base)
     except OSError as exc:  # where the output goes: not writable, a file where a folder should be, disk full
         full = isolation.disk_refusal(exc, dst.parent)
         return ConversionResult(Status.FAILED, reason=str(full or f"cannot write {dst}: {exc.strerror or exc}"),

@@ -65,7 +65,8 @@ class Level:
 @dataclass(frozen=True)
 class ConversionResult:
     """Outcome of one master: converted (output verified and in place), rejected (policy) or failed; `disk_full`:
-    failed because a filesystem it writes refused (errors.DiskFull), which is not the master's failure."""
+    failed because a filesystem it writes refused (errors.DiskFull), `cannot_start`: because no conversion process
+    could be started (isolation.CannotStart), neither of which is the master's failure."""
 
     status: Status
     source: str
@@ -84,6 +85,7 @@ class ConversionResult:
     warnings: tuple[str, ...] = ()
     info: ImageInfo | None = None
     disk_full: bool = False
+    cannot_start: bool = False
 
     @property
     def ok(self) -> bool:

@@ -23,7 +23,7 @@ from connectors.base import Fixity, SourceItem
 from connectors.errors import AuthenticationFailed, PermissionDenied, SourceUnavailable
 from connectors.fetching import fetch_warnings
 from gcis_etl.errors import GcisError, SourceError, StoreError, StoreFull, StoreUnavailable
-from gcis_etl.isolation import CannotStart, ChildPool, disk_refusal
+from gcis_etl.isolation import ChildPool, disk_refusal
 from gcis_etl.keys import UnsafeKey
 from gcis_etl.models import Status
 from gcis_etl.pipelines import Pipeline, config_folder
@@ -262,10 +262,6 @@ class Worker:
                                master_sha256=fetched.sha256)
             output = scratch / f"access{recipe.extension}"
             with self._children.lease(pipeline.settings.isolation) as child:  # only while converting
-                try:
-                    child.start()
-                except CannotStart as exc:  # the machine's, not the master's: every item would fail alike
-                    return _stops_run(base, f"converting: {exc}", "then run again", transient=True)
                 converted = convert(fetched.path, output, recipe, pipeline.settings.imaging, worker=child,
                                     durable=False)  # scratch: the store makes durable what it holds
             common = dict(master_sha256=fetched.sha256, warnings=fetch_warnings(fetched) + converted.warnings)
@@ -275,6 +271,8 @@ class Worker:
                 return replace(base, outcome=Outcome.REJECTED, reason=reason, **common)
             if converted.disk_full:  # its scratch or output folder's disk
                 return self._scratch_full(base, "converting", reason, scratch)
+            if converted.cannot_start:  # the machine's, not the master's: every item would fail alike
+                return _stops_run(base, f"converting: {reason}", "then run again", transient=True)
             if converted.status is Status.FAILED:
                 return replace(base, reason=reason, **common)
             # put HEADs the key to leave identical bytes alone: worth it only when `done` holds these bytes

@@ -111,7 +111,7 @@ def test_a_conversion_process_that_cannot_start_is_not_the_destinations_fault(tm
 
     result = gcis_etl.convert(CORPUS / "gray8/gray.tif", tmp_path / "out.tif")
 
-    assert (result.status, result.disk_full) == (Status.FAILED, False)
+    assert (result.status, result.disk_full, result.cannot_start) == (Status.FAILED, False, True)
     assert result.reason == f"the conversion process could not be started: {python}: Permission denied"
 
 
