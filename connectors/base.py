@@ -175,12 +175,18 @@ class Source(Protocol):
     # Optional: `reachable() -> None`, raising SourceUnavailable (or AuthenticationFailed) when the source cannot
     # be reached now, cheaply. After a download outlasts its retries, the worker asks it (without it: `get` of the
     # item's object) to tell the source's outage, which stops the run, from that one file's failure.
+    # Optional: `described(object_ids) -> Iterator[SourceObject | UnreadableObject]`, what `described` below makes
+    # of `get`, for a source that can do it in one pass.
 
 
 def described(source: Source, object_ids: Iterable[str]) -> Iterator[SourceObject | UnreadableObject]:
-    """The objects named, one per id in order, through as few calls of `source.get` as it allows: an object the
-    source cannot describe, or no longer has (`gone`), stands alone in its place, and the source is asked again
-    for the ones after it (a grouped source keeps its listing for that call: k gone ids cost one listing)."""
+    """The objects named, one per id in order: an object the source cannot describe, or no longer has (`gone`),
+    stands alone in its place. Through the source's own `described` where it has one (a grouped source, which
+    lists its whole store for a batch), else `get`, asked again for the ids after each it raises at."""
+    own = getattr(source, "described", None)
+    if own is not None:
+        yield from own(object_ids)
+        return
     remaining = list(object_ids)
     while remaining:
         done = 0

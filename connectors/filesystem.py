@@ -17,15 +17,16 @@ from __future__ import annotations
 
 import os
 from contextlib import contextmanager
+from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Iterator
 
 from pydantic import Field
 
-from connectors.base import SourceItem, SourceObject, UnreadableObject, listed_at
+from connectors.base import SourceItem, SourceObject, UnreadableObject
 from connectors.fetching import CHUNK_SIZE, Body
-from connectors.grouping import Group, GroupedSource, GroupingSettings, StoredFile
+from connectors.grouping import Group, GroupedSource, GroupingSettings, StoredFile, natural_key
 from connectors.retry import RetryBudget, RetryPolicy
 from gcis_etl.errors import SourceError
 from gcis_etl.settings import Settings
@@ -47,16 +48,15 @@ class FilesystemSource(GroupedSource):
         self.root = settings.root.expanduser().resolve()
 
     def _build(self, group: Group) -> SourceObject | UnreadableObject:
-        """The group's object, or an UnreadableObject if its folder or one of its files is not named in UTF-8."""
-        obj = super()._build(group)
-        if isinstance(obj, UnreadableObject):
-            return obj
-        names = [obj.id] if not _is_text(obj.id) else [i.id for i in obj.items if not _is_text(i.id)]
-        if not names:
-            return obj
-        return UnreadableObject(self._listed_id(obj.id), listed_at(obj), (
-            f"{self.name}: {', '.join(_printable(n) for n in names)} under {self.root}: not named in UTF-8; "
-            f"rename it in UTF-8 (convmv -f latin1 -t utf8 converts Latin-1 names)"))
+        """The group's object, or an UnreadableObject (GroupedSource._build) if its folder or one of its files is
+        not named in UTF-8."""
+        names = ([group.id] if not _is_text(group.id) else
+                 sorted((f.path for f in group.files if not _is_text(f.path)), key=natural_key))
+        if names and not group.problems:
+            group = replace(group, problems=(
+                f"{', '.join(_printable(n) for n in names)} under {self.root}: not named in UTF-8; "
+                f"rename it in UTF-8 (convmv -f latin1 -t utf8 converts Latin-1 names)",))
+        return super()._build(group)
 
     def _listed_id(self, group_id: str) -> str:
         return _printable(group_id)

@@ -28,7 +28,7 @@ import re
 import unicodedata
 from abc import ABC, abstractmethod
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path, PurePosixPath
 from typing import Any, Callable, Iterable, Iterator, Literal
@@ -367,17 +367,14 @@ class GroupedSource(ABC):
     """A store of files seen through the grouping above; subclasses list, read and open files.
 
     Each listing (`changes`, `get`) lists the store once, groups its files, and builds only the objects it
-    yields. `get` raising at an id it cannot give keeps that listing for the call that asks for the ids after it
-    (the harvester's revisit: connectors.base.described), and for no other, so k objects gone from a batch cost
-    one listing, not k + 1."""
+    yields. A batch asked for by id (`described`, which connectors.base.described takes) is one listing however many
+    of its objects are gone."""
 
     name: str
     grouping: GroupingSettings
     retry: RetryPolicy
     lists_in_modified_order = True  # the whole store is listed, then sorted (an unreadable object keeps its time)
     modified_order_setting = None
-    _continuation: tuple[list[str], dict[str, Group]] | None = None
-    """The ids after the one `get` raised at, and the listing it had: the next `get` takes it if it asks for them."""
 
     @abstractmethod
     def _files(self) -> Iterator[StoredFile]:
@@ -425,7 +422,6 @@ class GroupedSource(ABC):
 
     def changes(self, since: datetime | None = None,
                 until: datetime | None = None) -> Iterator[SourceObject | UnreadableObject]:
-        self._continuation = None
         since = as_utc(since) if since else None
         until = as_utc(until) if until else None
         chosen = [g for g in self._groups() if within(g.listed_at, since, until)]
@@ -433,20 +429,24 @@ class GroupedSource(ABC):
         for group in chosen:
             yield self._build(group)
 
-    def get(self, object_ids: Iterable[str]) -> Iterator[SourceObject]:
-        continuation, self._continuation = self._continuation, None
-        object_ids = list(object_ids)
-        index = continuation[1] if continuation and continuation[0] == object_ids else None
-        for n, object_id in enumerate(object_ids):
+    def described(self, object_ids: Iterable[str]) -> Iterator[SourceObject | UnreadableObject]:
+        """The objects named, in order, from one listing made at the first: one gone or unreadable stands in its
+        place (connectors.base.described), with no listing date, as an object asked for by id has none."""
+        index: dict[str, Group] | None = None
+        for object_id in object_ids:
             if index is None:
                 index = {self._listed_id(g.id): g for g in self._groups()}
-            obj = self._build(index[object_id]) if object_id in index else None
-            if not isinstance(obj, SourceObject):
-                if n + 1 < len(object_ids):
-                    self._continuation = (object_ids[n + 1:], index)
-                if obj is None:
-                    raise ObjectNotFound(f"{self.name}: no object {object_id!r}")
-                raise SourceDataError(obj.reason)
+            group = index.get(object_id)
+            if group is None:
+                yield UnreadableObject(object_id, None, f"{self.name}: no object {object_id!r}", gone=True)
+                continue
+            obj = self._build(group)
+            yield replace(obj, modified=None) if isinstance(obj, UnreadableObject) else obj
+
+    def get(self, object_ids: Iterable[str]) -> Iterator[SourceObject]:
+        for obj in self.described(object_ids):
+            if isinstance(obj, UnreadableObject):
+                raise (ObjectNotFound if obj.gone else SourceDataError)(obj.reason)
             yield obj
 
     def fetch(self, item: SourceItem, dest_dir: Path) -> FetchedFile:

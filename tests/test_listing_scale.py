@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from connectors.base import UnreadableObject, described
 from connectors.errors import ObjectNotFound
 from connectors.filesystem import FilesystemSettings, FilesystemSource
 from tests.emulators import FAST_RETRY
@@ -83,25 +84,20 @@ def test_a_window_of_sidecar_objects_counts_their_rows_and_the_sidecar_times_as_
     assert source.located == 4  # C's item was not built
 
 
-def test_a_batch_with_gone_ids_is_listed_once_and_raises_at_each_gone_ids_turn(tmp_path):
-    """As the harvester's revisit asks (connectors.base.described): after each id the source does not have, again
-    for the ids after it."""
+def test_a_batch_with_gone_ids_is_listed_once_and_each_gone_id_stands_in_its_place(tmp_path):
+    """As the harvester's revisit asks (connectors.base.described): it asked `get` again after each id the source
+    does not have, and each call listed the store."""
     make(tmp_path, "a/1.tif", "b/1.tif", "c/1.tif", "c/2.tif")
     source = Counting(tmp_path)
-    batch = source.get(["a", "gone-1", "b", "gone-2", "c"])
-    assert next(batch).id == "a"
-    with pytest.raises(ObjectNotFound, match="no object 'gone-1'"):
-        next(batch)
-    batch = source.get(["b", "gone-2", "c"])
-    assert next(batch).id == "b"
-    with pytest.raises(ObjectNotFound, match="no object 'gone-2'"):
-        next(batch)
-    assert [[i.id for i in o.items] for o in source.get(["c"])] == [["c/1.tif", "c/2.tif"]]
+    batch = list(described(source, ["a", "gone-1", "b", "gone-2", "c"]))
+    assert [(o.id, isinstance(o, UnreadableObject) and o.gone) for o in batch] == [
+        ("a", False), ("gone-1", True), ("b", False), ("gone-2", True), ("c", False)]
+    assert [o.reason for o in batch if isinstance(o, UnreadableObject)] == ["fs-test: no object 'gone-1'",
+                                                                             "fs-test: no object 'gone-2'"]
+    assert [i.id for i in batch[-1].items] == ["c/1.tif", "c/2.tif"]
     assert source.listings == 1 and source.located == 4
 
-    make(tmp_path, "c/3.tif")  # a later call lists the store afresh
-    assert [len(o.items) for o in source.get(["c"])] == [3] and source.listings == 2
-    with pytest.raises(ObjectNotFound):
-        list(source.get(["gone-1", "c"]))
-    assert [o.id for o in source.get(["a", "c"])] == ["a", "c"]  # not the continuation of the call before
-    assert source.listings == 4
+    with pytest.raises(ObjectNotFound, match="no object 'gone-1'"):  # get raises at its turn, after those before
+        list(source.get(["a", "gone-1", "c"]))
+    make(tmp_path, "c/3.tif")  # a later call lists the store afresh, even one after a call that stopped at a gone id
+    assert [len(o.items) for o in source.get(["c"])] == [3] and source.listings == 3
