@@ -22,7 +22,6 @@ import argparse
 import json
 import os
 import resource
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -127,7 +126,6 @@ def main() -> None:
             for tree in trees:
                 print(f"{what:12} {str(tree):30} {json.dumps(run(tree, what, root, since, folders, args))}",
                       flush=True)
-        shutil.rmtree(root)
 
 
 if __name__ == "__main__":

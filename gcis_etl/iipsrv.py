@@ -121,7 +121,7 @@ class Consumer:
         self.config = DEPLOY / ("demo.conf" if demo else "lighttpd.conf")
         self.port = server.port
         self.proc: subprocess.Popen | None = None
-        self._stopped = False  # its process group is killed once: its id may name another group later
+        self._group: int | None = None  # lighttpd's process group until stop() ends it (the id may name another later)
 
     @property
     def url(self) -> str:
@@ -177,6 +177,7 @@ class Consumer:
             with open(errors, "wb") as stderr:
                 self.proc = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                              stderr=stderr, start_new_session=True)  # a group stop() can end
+                self._group = self.proc.pid
         except OSError as exc:
             raise ConsumerError(f"cannot run {self.server.lighttpd}: {exc.strerror} (Debian package lighttpd)")
         try:
@@ -202,9 +203,9 @@ class Consumer:
     def stop(self) -> None:
         """SIGTERM: lighttpd stops the iipsrv processes it spawned, then exits. What is left of its process group
         is killed: an iipsrv lighttpd was spawning as the signal came (stopped as it starts) outlived it."""
-        if self.proc is None or self._stopped:
+        group, self._group = self._group, None
+        if group is None:
             return
-        self._stopped = True
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
@@ -213,7 +214,7 @@ class Consumer:
                 self.proc.kill()
                 self.proc.wait()
         try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
+            os.killpg(group, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):  # none left
             pass
 

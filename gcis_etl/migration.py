@@ -335,7 +335,6 @@ class MigrationContext:
         last items completes, and the migration is stopped only if it has another run to make."""
         from gcis_etl.progress import progress_for
         if self.stop.is_set():
-            self.stop_heeded = True
             self.report.stop("stopped", "stopped on request: run again to continue")
             return False
         spent = self.budget.exhausted()
