@@ -14,7 +14,6 @@ Not part of the test suite; timings on shared machines are noisy.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import sys
 import tempfile
@@ -26,6 +25,7 @@ from types import ModuleType
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.measure import module_at  # noqa: E402
 from connectors.base import LangValue  # noqa: E402
 from gcis_etl.stores import LocalStore, LocalStoreSettings  # noqa: E402
 
@@ -46,11 +46,7 @@ def manifests_module(path: Path | None) -> ModuleType:
     if path is None:
         import gcis_etl.manifests
         return gcis_etl.manifests
-    spec = importlib.util.spec_from_file_location("bench_manifests", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the class is made
-    spec.loader.exec_module(module)
-    return module
+    return module_at(path, "bench_manifests")
 
 
 def entries(module: ModuleType, start: int, count: int) -> list:

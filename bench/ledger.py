@@ -16,7 +16,6 @@ Not part of the test suite; timings on shared machines are noisy.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import sys
 import tempfile
 import time
@@ -27,6 +26,7 @@ from typing import Callable
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.measure import module_at  # noqa: E402
 from gcis_etl.work import ItemResult, Outcome  # noqa: E402
 
 PIPELINE = "bench"
@@ -37,11 +37,7 @@ SAMPLED_OBJECTS = 200  # superseded() is timed over this many objects, spread ov
 
 def load_ledger(path: Path) -> ModuleType:
     """A ledger.py (another version's copy, for a before/after) as its own module."""
-    spec = importlib.util.spec_from_file_location(f"bench_ledger_{abs(hash(str(path.resolve())))}", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # for its dataclasses' annotations
-    spec.loader.exec_module(module)
-    return module
+    return module_at(path, f"bench_ledger_{abs(hash(str(path.resolve())))}")
 
 
 def object_id(number: int) -> str:

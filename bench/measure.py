@@ -2,16 +2,29 @@
 process, and the table both are reported in."""
 from __future__ import annotations
 
+import importlib.util
 import resource
 import shutil
 import subprocess
+import sys
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Callable, Iterator
 
 from bench.masters import WARM_UP
+
+
+def module_at(path: Path, name: str) -> ModuleType:
+    """The module in the file at `path` (a copy from before a change, for a before/after) under its own name."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the class is made
+    spec.loader.exec_module(module)
+    return module
+
 
 TIME = shutil.which("time") or "/usr/bin/time"
 
