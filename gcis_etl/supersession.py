@@ -10,6 +10,7 @@ manifest was rejected, the run was cut short) they wait in the ledger, and move_
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Iterator
 
 from gcis_etl.ledger import Ledger
 from gcis_etl.manifests import DepositedImage
@@ -23,17 +24,18 @@ class Retired:
     kept: bool               # forgotten but left in the store (reencode --keep-old)
 
 
-def retire_superseded(ledger: Ledger, pipeline: Pipeline, object_id: str, keep: bool = False) -> list[Retired]:
+def retire_superseded(ledger: Ledger, pipeline: Pipeline, object_id: str, keep: bool = False) -> Iterator[Retired]:
     """Delete (or, with `keep`, only forget) each superseded key of the object that no deposited manifest of it
-    refers to any more; what waits still shows in a manifest. Call under the pipeline's lock."""
+    refers to any more; what waits still shows in a manifest. Each is yielded once it is gone, so what reports it
+    (a migration's CSV) holds it even if the run is killed before the object's next key. Call under the
+    pipeline's lock."""
     waiting = list(ledger.superseded(pipeline.name, object_id))
     if not waiting:
-        return []
+        return
     manifests, store = pipeline.manifests, pipeline.store
     deposited = () if manifests is None else [
         store.get_bytes(key).decode() for key in (manifests.manifest_key(object_id, version)
                                                   for version in manifests.settings.versions) if store.exists(key)]
-    retired = []
     for old in waiting:
         if manifests is not None:
             service = manifests.image_service_id(DepositedImage(0, old.key, 0, 0))
@@ -43,5 +45,4 @@ def retire_superseded(ledger: Ledger, pipeline: Pipeline, object_id: str, keep: 
             store.delete(old.key)
         ledger.forget_superseded(pipeline.name, old.key)
         record = ledger.item(pipeline.name, old.object_id, old.item_id)
-        retired.append(Retired(old.key, record.output_key if record else None, keep))
-    return retired
+        yield Retired(old.key, record.output_key if record else None, keep)
