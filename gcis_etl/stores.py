@@ -13,6 +13,7 @@ import hashlib
 import io
 import json
 import os
+import random
 import shutil
 import string
 import tempfile
@@ -20,6 +21,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass, fields, replace
 from datetime import datetime, timedelta, timezone
+from functools import partial
 from pathlib import Path
 from typing import IO, Annotated, Iterable, Iterator, Literal, Protocol, Union
 from urllib.parse import quote, unquote, urlsplit
@@ -468,6 +470,17 @@ _FULL = {"XMinioStorageFull", "XMinioAdminBucketQuotaExceeded"}  # MinIO's drive
 _UNAVAILABLE = {"503", "ServiceUnavailable", "SlowDown", "XMinioServerNotInitialized"}  # still so after the retries
 
 
+CUT_OFF = 499  # MinIO's answer, with no body, to the requests it cuts off as it stops
+
+
+def _retry_cut_off(max_attempts: int, attempts: int, response=None, **_) -> float | None:
+    """The delay before trying again a request the server cut off, which botocore's retry modes take for a
+    client error; None leaves the decision to them. Backs off as their standard mode does."""
+    if response is None or response[0].status_code != CUT_OFF or attempts >= max_attempts:
+        return None
+    return min(random.random() * 2 ** (attempts - 1), 20.0)
+
+
 def _b64(digest: bytes) -> str:
     return base64.b64encode(digest).decode("ascii")
 
@@ -568,6 +581,8 @@ class S3Store:
                 events.register_first("request-created.s3", signal_not_transferring,
                                       unique_id="s3upload-not-transferring")
                 events.register_last("request-created.s3", signal_transferring, unique_id="s3upload-transferring")
+                events.register_first("needs-retry.s3", partial(_retry_cut_off, s.retry.max_attempts),
+                                      unique_id="gcis-retry-cut-off")
                 self._client_pid = os.getpid()
             return self._client
 

@@ -1,6 +1,7 @@
 """Real servers for the test suite, started on 127.0.0.1 with a random free port and stopped afterwards."""
 from __future__ import annotations
 
+import http.client
 import os
 import shutil
 import socket
@@ -9,7 +10,7 @@ import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
-from http.server import ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Iterator
 
@@ -118,3 +119,52 @@ def http_server(handler, **state) -> Iterator[ThreadingHTTPServer]:
         httpd.stopping.set()
         httpd.shutdown()
         httpd.server_close()
+
+
+class _S3FaultProxy(BaseHTTPRequestHandler):
+    """Forwards every request to MinIO unchanged (the Host header too, which the client signed), except those
+    a fault rule of the server's `faults` (tests.emulators.faults.FaultInjector) takes: they are answered with
+    the rule's status and no body, as MinIO answers a request it cut off while stopping (499)."""
+
+    protocol_version = "HTTP/1.1"
+
+    def _forward(self) -> None:
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        fault = self.server.faults.take(self.command, self.path)
+        if fault is not None:
+            self.server.answered.append(f"{self.command} {self.path} {fault.status}")
+            self.send_response(fault.status)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        upstream = http.client.HTTPConnection("127.0.0.1", self.server.upstream_port, timeout=60)
+        try:
+            upstream.request(self.command, self.path, body=body,
+                             headers={k: v for k, v in self.headers.items() if k.lower() != "expect"})
+            answer = upstream.getresponse()
+            content = answer.read()
+        finally:
+            upstream.close()
+        self.send_response(answer.status)
+        head = self.command == "HEAD"  # its Content-Length is the object's, with no body
+        for name, value in answer.getheaders():
+            if name.lower() not in ("transfer-encoding", "connection") and (head or name.lower() != "content-length"):
+                self.send_header(name, value)
+        if not head:
+            self.send_header("Content-Length", str(len(content)))
+        self.end_headers()
+        self.wfile.write(content)
+
+    do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = _forward
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+@contextmanager
+def s3_fault_proxy(minio: MinioServer) -> Iterator[ThreadingHTTPServer]:
+    """MinIO behind a proxy whose `faults` answer chosen requests with an error MinIO itself gives only by chance
+    (during a stop); `answered` lists the requests they took. Its endpoint: http://127.0.0.1:{server_port}."""
+    from tests.emulators.faults import FaultInjector
+    with http_server(_S3FaultProxy, upstream_port=minio.port, faults=FaultInjector(), answered=[]) as httpd:
+        yield httpd
