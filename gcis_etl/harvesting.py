@@ -17,7 +17,7 @@ import logging
 import shutil
 import threading
 import time
-from dataclasses import asdict, dataclass, field, fields, is_dataclass
+from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
 from datetime import datetime, timedelta
 from functools import cached_property
 from typing import Callable, Iterator, Sequence
@@ -64,6 +64,10 @@ class HarvestOptions:
     reencode: str | None = None            # re-derive what was deposited with this recipe (by name)
     fresh_attempts: bool = False           # failed items of object_ids start their attempts again (retry)
     keep_superseded: bool = False          # access masters re-derived under another key stay in the store
+    described: tuple[SourceObject | UnreadableObject, ...] = field(default=(), compare=False, repr=False)
+    """object_ids as connectors.base.described gave them, one per id in order, where the caller described them
+    already (reencode, to leave out what the source no longer has): the run takes them instead of asking the
+    source a second time. Not recorded with the run's options."""
 
     def __post_init__(self):
         """The CLI refuses these; a library caller's would be read wrongly: a limit of 0 as a run stopped at once,
@@ -76,6 +80,8 @@ class HarvestOptions:
         if isinstance(self.object_ids, str):
             raise TypeError(f"HarvestOptions.object_ids is a tuple of object ids: ({self.object_ids!r},), "
                             f"not {self.object_ids!r}")
+        if self.described and tuple(obj.id for obj in self.described) != tuple(dict.fromkeys(self.object_ids)):
+            raise ValueError("HarvestOptions.described holds the objects of object_ids, one per id in order")
 
 
 def retry_targets(ledger: Ledger, names: list[str], object_ids: tuple[str, ...], failed: bool,
@@ -189,8 +195,8 @@ class Harvest:
         seen = self.listed
         # No upper bound: an object modified during the run (or stamped ahead by a skewed clock) is taken now;
         # the checkpoint stays at the run's start, so the next run sees it again and skips it as unchanged.
-        listing = (described(source, dict.fromkeys(self.options.object_ids)) if self.options.object_ids
-                   else source.changes(since))
+        listing = (self.options.described or described(source, dict.fromkeys(self.options.object_ids))
+                   if self.options.object_ids else source.changes(since))
         for obj in listing:
             if isinstance(obj, ListingMoved) or obj.id in seen:
                 self._hold_checkpoint(obj.reason if isinstance(obj, ListingMoved) else
@@ -711,7 +717,7 @@ def _as_json(value: object) -> object:
 
 
 def _options(options: HarvestOptions) -> dict:
-    return {k: v for k, v in asdict(options).items() if v not in (None, (), False)}
+    return {k: v for k, v in asdict(replace(options, described=())).items() if v not in (None, (), False)}
 
 
 def _iso(value: datetime | None) -> str | None:

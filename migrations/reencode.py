@@ -43,7 +43,7 @@ from typing import Iterable, Iterator
 
 import click
 
-from connectors.base import Source, UnreadableObject, described
+from connectors.base import Source, SourceObject, UnreadableObject, described
 from gcis_etl.errors import ConfigError
 from gcis_etl.ledger import Ledger
 from gcis_etl.migration import MigrationContext, migration
@@ -96,11 +96,12 @@ def by_object(keys: Iterable[OldKey], size: int) -> Iterator[dict[str, list[OldK
         yield batch
 
 
-def in_source(source: Source, object_ids: list[str]) -> dict[str, set[str] | None]:
-    """The ids of the items the source has now, by object; None for an object it cannot describe (the harvest
-    fails it, within its attempts); an object it no longer has is left out."""
-    return {obj.id: None if isinstance(obj, UnreadableObject) else {item.id for item in obj.items}
-            for obj in described(source, object_ids) if not (isinstance(obj, UnreadableObject) and obj.gone)}
+def in_source(source: Source, object_ids: list[str]) -> dict[str, SourceObject | UnreadableObject]:
+    """The objects as the source describes them now, by id, for the harvest to take as they are (asking again
+    is a second round-trip an object); one it cannot describe too (the harvest fails it, within its attempts);
+    one it no longer has is left out."""
+    return {obj.id: obj for obj in described(source, object_ids)
+            if not (isinstance(obj, UnreadableObject) and obj.gone)}
 
 
 def _known(ctx: MigrationContext, names: tuple[str, ...], recipe: str) -> None:
@@ -181,10 +182,12 @@ class Reencode:
         """The keys whose items the source still has are taken further; the others are listed and left as they
         are: asked for by id, an object the source no longer has would fail the run, and every run after it."""
         present = in_source(self.pipeline.source, list(batch))
+        items = {object_id: {item.id for item in obj.items} if isinstance(obj, SourceObject) else None
+                 for object_id, obj in present.items()}
         kept: dict[str, list[OldKey]] = {}
         for object_id, keys in batch.items():
             for key in keys:
-                if self.gone(present, key):
+                if self.gone(items, key):
                     self.lost += 1
                     self.lost_waiting += key.new_key is None
                     self.ctx.report.event(f"{key.object_id}/{key.item_id}", "no longer in the source",
@@ -199,7 +202,8 @@ class Reencode:
                                     moving)
         if not kept:  # object_ids=() would harvest the whole source
             return True
-        go_on = self.ctx.harvest(self.pipeline.name, object_ids=tuple(kept), recipe=self.target.name,
+        go_on = self.ctx.harvest(self.pipeline.name, object_ids=tuple(kept),
+                                 described=tuple(present[object_id] for object_id in kept), recipe=self.target.name,
                                  reencode=self.from_recipe, keep_superseded=self.keep_old)
         if not self.ctx.dry_run:
             self.settle(ledger, kept)
@@ -207,7 +211,8 @@ class Reencode:
 
     @staticmethod
     def gone(present: dict[str, set[str] | None], key: OldKey) -> bool:
-        """The key's object, or (for a selected key) its item, is no longer in the source. A key waiting for its
+        """The key's object, or (for a selected key) its item, is no longer in the source (`present`: the ids of
+        the items the source has, by object; None for an object it cannot describe). A key waiting for its
         object's manifest goes with the object: its item may be gone from a manifest republished since."""
         if key.object_id not in present:
             return True
