@@ -4,16 +4,20 @@ README says; `harvest --full` lists every object and republishes that one withou
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import yaml
 
 from gcis_etl.config import load_config
-from gcis_etl.harvesting import HarvestOptions, harvest
+from gcis_etl.harvesting import harvest
 from tests.emulators import FAST_RETRY
 from tests.emulators.catalogue import CORPUS
 
 IMAGES = "https://iiif.example.org/iiif"
+GCIS = str(Path(sys.executable).with_name("gcis-etl"))
 
 
 def test_a_key_deleted_from_an_object_is_seen_by_a_full_run_only(minio, s3_bucket, aws_env, tmp_path):
@@ -34,9 +38,18 @@ def test_a_key_deleted_from_an_object_is_seen_by_a_full_run_only(minio, s3_bucke
     assert (incremental.status, sum(incremental.counts.values()), incremental.manifests) == ("completed", 0, 0)
     assert pages(tmp_path) == ["objA~2Fp1.tif.tif", "objA~2Fp2.tif.tif"]
 
-    full = harvest(cfg, "s3", HarvestOptions(full=True))
-    assert (full.status, full.counts["skipped"], full.manifests) == ("completed", 1, 1)
+    full = subprocess.run([GCIS, "--config", str(tmp_path / "config.yaml"), "harvest", "s3", "--full"],
+                          capture_output=True, text=True, timeout=120)
+    assert full.returncode == 0, full.stderr
+    assert "run 3 completed: 0 deposited" in full.stdout and "1 skipped" in full.stdout, full.stdout
     assert pages(tmp_path) == ["objA~2Fp1.tif.tif"]
+
+
+def test_full_cannot_go_with_a_narrower_listing(tmp_path):
+    for narrower in (["--since", "7d"], ["--object", "objA"]):
+        ran = subprocess.run([GCIS, "--config", str(tmp_path / "none.yaml"), "harvest", "--full", *narrower],
+                             capture_output=True, text=True, timeout=60)
+        assert ran.returncode == 2 and "--full lists the whole source" in ran.stderr, ran.stderr
 
 
 def pages(tmp_path) -> list[str]:

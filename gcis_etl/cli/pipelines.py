@@ -105,6 +105,10 @@ def _run(ctx: click.Context, names: tuple[str, ...], options, log_json: bool, ve
                                            "change) and publish their manifests again (e.g. one lost from the "
                                            "store). Only what is listed: the changes since the checkpoint, or "
                                            "with --since / --object; the whole store: the reencode migration.")
+@click.option("--full", is_flag=True, help="List the whole source whatever the checkpoint, as a first run does "
+                                          "(unchanged items are skipped; a completed run moves the checkpoint): "
+                                          "what an incremental listing cannot see, e.g. a key deleted from an S3 "
+                                          "source's object.")
 @MAX_MINUTES
 @click.option("-q", "--quiet", is_flag=True, help="No summary on stdout (for cron, which mails any output): each "
                                                   "run's end is logged instead, as a WARNING when it exits "
@@ -113,7 +117,7 @@ def _run(ctx: click.Context, names: tuple[str, ...], options, log_json: bool, ve
 @VERBOSE
 @click.pass_context
 def harvest(ctx: click.Context, pipelines: tuple[str, ...], dry_run: bool, since, limit, object_ids, force: bool,
-            max_minutes, quiet: bool, log_json: bool, verbose: int) -> None:
+            full: bool, max_minutes, quiet: bool, log_json: bool, verbose: int) -> None:
     """Bring the store up to date with the sources: the cron job. All pipelines when none is named.
 
     For each pipeline: the source's changes since the last checkpoint are fetched, converted, verified and
@@ -139,17 +143,20 @@ def harvest(ctx: click.Context, pipelines: tuple[str, ...], dry_run: bool, since
       gcis-etl harvest                          every pipeline, from its checkpoint
       gcis-etl harvest museum --dry-run         what would be done
       gcis-etl harvest library --since 7d --limit 100
+      gcis-etl harvest library --full           the whole source (weekly, where objects lose files)
     In a crontab (cron mails what a run prints: with --quiet, only the WARNING lines of what went wrong):
       */15 * * * *  gcis-etl --config /etc/gcis/config.yaml harvest --quiet --max-minutes 14
     For a log shipper (one JSON line per item and per run on stderr):
       */15 * * * *  gcis-etl --config /etc/gcis/config.yaml harvest --quiet --log-json --max-minutes 14
     """
     from gcis_etl.harvesting import HarvestOptions
-    if force and since is None and not object_ids:
+    if full and (since is not None or object_ids):
+        raise click.UsageError("--full lists the whole source: it cannot go with --since or --object")
+    if force and since is None and not object_ids and not full:
         click.echo("note: --force reaches only what changed since the checkpoint; add --since or --object for "
                    "older items (or use the reencode migration)", err=True)
     _run(ctx, pipelines, HarvestOptions(dry_run=dry_run, since=since, limit=limit, object_ids=tuple(object_ids),
-                                        force=force, max_run_minutes=max_minutes), log_json, verbose,
+                                        force=force, full=full, max_run_minutes=max_minutes), log_json, verbose,
          stop_on_signals(), quiet)
 
 
