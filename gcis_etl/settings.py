@@ -95,6 +95,7 @@ class FromEnvironment(str):
     secret-named variables in it (or all of them, under a secret-named key) put there."""
 
     secrets: frozenset[str] = frozenset()
+    filled: frozenset[str] = frozenset()  # every variable's value put in (but the shortest)
 
 
 class Deferred(str):
@@ -110,7 +111,7 @@ def interpolate_env(value: Any, where: str = "", deferred: re.Pattern | None = N
     if isinstance(value, FromEnvironment):
         return value
     if isinstance(value, str) and _ENV_REF.search(value):
-        secrets = set()
+        secrets, filled_in = set(), set()
         if deferred is not None and deferred.match(where) and any(
                 not os.environ.get(name) for name in _ENV_REF.findall(value)):
             return Deferred(value)
@@ -120,11 +121,14 @@ def interpolate_env(value: Any, where: str = "", deferred: re.Pattern | None = N
             if not os.environ.get(name):
                 raise ConfigError(f"{where}: environment variable {name} is "
                                   f"{'set but empty' if name in os.environ else 'not set'}")
-            if len(os.environ[name]) >= _MIN_SECRET and (_SECRET_NAME.search(name) or _SECRET_NAME.search(where)):
-                secrets.add(os.environ[name])
+            if len(os.environ[name]) >= _MIN_SECRET:
+                filled_in.add(os.environ[name])
+                if _SECRET_NAME.search(name) or _SECRET_NAME.search(where):
+                    secrets.add(os.environ[name])
             return os.environ[name]
         filled = FromEnvironment(_ENV_REF.sub(sub, value))
         filled.secrets = frozenset(secrets)
+        filled.filled = frozenset(filled_in)
         return filled
     if isinstance(value, dict):
         return {k: interpolate_env(v, f"{where}.{k}" if where else str(k), deferred) for k, v in value.items()}
@@ -294,34 +298,43 @@ def _written(loc: tuple, data: Any) -> list:
 class EnvironmentValues(frozenset):
     """Every string ${NAME} filled in (but the shortest), for `masked`: validation turns them into plain str,
     marker lost. And `secrets`: the values of secret-named variables, which `masked` also finds inside other
-    strings (one a validator derived from the value, a URL `redacted` could not parse)."""
+    strings (one a validator derived from the value, a URL `redacted` could not parse). `urls`: those of the
+    strings that are one URL whose variables were put only where `redacted` masks (its password): shown so,
+    the operator can check its host."""
 
     secrets: frozenset[str] = frozenset()
+    urls: frozenset[str] = frozenset()
 
 
 def environment_values(value: Any) -> EnvironmentValues:
     """What `masked` hides of the interpolated (not yet validated) settings data."""
     if isinstance(value, FromEnvironment):
+        shown = redacted(value, _MASK)
+        url = (_URL.fullmatch(value) is not None and bool(value.filled)
+               and not any(part in shown for part in value.filled))
         found = EnvironmentValues({str(value)} if len(value) >= _MIN_SECRET else ())
         found.secrets = value.secrets
+        found.urls = frozenset({str(value)} if url else ())
         return found
     parts = [environment_values(v) for v in (value.values() if isinstance(value, dict)
                                               else value if isinstance(value, list) else ())]
     found = EnvironmentValues(frozenset().union(*parts))
     found.secrets = frozenset().union(*(p.secrets for p in parts))
+    found.urls = frozenset().union(*(p.urls for p in parts))
     return found
 
 
 def masked(value: Any, hidden: frozenset[str] = frozenset(), key: str = "") -> Any:
     """A copy of plain settings data for printing: the values of secret-named keys, and every string in
-    `hidden` (the environment's values) wherever it sits, replaced; the `secrets` of hidden
+    `hidden` (the environment's values) wherever it sits but its `urls`, replaced; the `secrets` of hidden
     EnvironmentValues inside any string, and the password of any URL (a source's base_url written with
     user:password@)."""
     if isinstance(value, dict):
         return {k: masked(v, hidden, str(k)) for k, v in value.items()}
     if isinstance(value, list):
         return [masked(v, hidden, key) for v in value]
-    if value in hidden or (_SECRET_NAME.search(key) and value not in (None, "") and not isinstance(value, bool)):
+    if ((value in hidden and value not in getattr(hidden, "urls", ()))
+            or (_SECRET_NAME.search(key) and value not in (None, "") and not isinstance(value, bool))):
         return _MASK
     if isinstance(value, str):
         for secret in getattr(hidden, "secrets", ()):

@@ -427,3 +427,21 @@ def test_a_broken_recipe_named_by_a_pipeline_is_shown_whole(tmp_path, broken, sh
     assert message.startswith(f"{tmp_path / 'config.yaml'}: pipelines.museum.recipe: "
                               f"{tmp_path / 'recipes' / 'broken.yaml'}: ")
     assert all(part in message for part in shown)
+
+
+def test_config_check_shows_a_url_whose_variable_is_only_its_password(tmp_path):
+    """README: a ${VARIABLE} value is a secret, "of a URL, only its password": the operator checks the host.
+    A URL a variable put anywhere else (its host, its path, the whole URL) stays masked whole."""
+    data = with_pipeline(source={"kind": "otmm", "base_url": "https://gateway:${GCIS_TEST_GATEWAY}@otmm.example.org/x",
+                                 "username": "etl", "password": "${GCIS_TEST_PASSWORD}"})
+    data["pipelines"]["museum"]["manifests"]["image_service_base_url"] = "https://${GCIS_TEST_IMAGE_HOST}/iiif"
+    env = {"GCIS_TEST_GATEWAY": "Hunter2-pw", "GCIS_TEST_PASSWORD": "pw-4242", "GCIS_TEST_IMAGE_HOST": "images.internal",
+           "PATH": "/usr/bin:/bin"}
+    done = subprocess.run([sys.executable, "-m", "gcis_etl.cli", "--config", str(write(tmp_path, data)),
+                           "config", "check"], capture_output=True, text=True, env=env, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    for secret in ("Hunter2-pw", "pw-4242", "images.internal"):
+        assert secret not in done.stdout
+    pipeline = yaml.safe_load(done.stdout)["pipelines"]["museum"]
+    assert pipeline["source"]["base_url"] == "https://gateway:********@otmm.example.org/x"
+    assert pipeline["manifests"]["image_service_base_url"] == "********"
