@@ -4,6 +4,7 @@ Connectors know nothing of imaging, stores or Celery: they list objects, describ
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -11,7 +12,9 @@ from string import Formatter
 from typing import Collection, Iterable, Iterator, Protocol
 from urllib.parse import quote
 
-from connectors.errors import OBJECT_ERRORS, ObjectNotFound
+from connectors.errors import OBJECT_ERRORS, AuthenticationFailed, ObjectNotFound, RetryStopped, SourceUnavailable
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -158,25 +161,62 @@ class Source(Protocol):
     def changes(self, since: datetime | None,
                 until: datetime | None = None) -> Iterator[SourceObject | UnreadableObject | ListingMoved]:
         """Objects modified at or after `since` (all objects when None), oldest first where the source allows;
-        one it lists but cannot describe (errors.OBJECT_ERRORS) as an UnreadableObject; a ListingMoved where
-        its paged listing is seen to have shrunk or shifted under it.
+        one it lists but cannot describe (DESCRIBE_ERRORS) as an UnreadableObject, as `unreadable` makes it; a
+        ListingMoved where its paged listing is seen to have shrunk or shifted under it.
 
         `until` (optional) closes the window, so a run can record exactly what it covered as its checkpoint.
         """
 
     def get(self, object_ids: Iterable[str]) -> Iterator[SourceObject]:
         """Objects named explicitly (migrations, --object, revisits), one per id in the order given; at an id it
-        cannot describe (errors.OBJECT_ERRORS) it raises, after the objects before it. A whole batch is asked
+        cannot describe (DESCRIBE_ERRORS) it raises, after the objects before it. A whole batch is asked
         in one call: a source that must list its store to find an object lists it once."""
 
     def fetch(self, item: SourceItem, dest_dir: Path) -> FetchedFile:
         """Stream the item's bytes into dest_dir, verify size and fixity, and return the local file."""
 
     # Optional: `reachable() -> None`, raising SourceUnavailable (or AuthenticationFailed) when the source cannot
-    # be reached now, cheaply. After a download outlasts its retries, the worker asks it (without it: `get` of the
-    # item's object) to tell the source's outage, which stops the run, from that one file's failure.
+    # be reached now, cheaply: what source_down asks.
     # Optional: `described(object_ids) -> Iterator[SourceObject | UnreadableObject]`, what `described` below makes
     # of `get`, for a source that can do it in one pass.
+
+
+DESCRIBE_ERRORS = (*OBJECT_ERRORS, SourceUnavailable)
+"""What describing one object can raise and still be that object's failure alone (see `unreadable`)."""
+
+
+def source_down(source: Source, object_id: str, what: str) -> bool:
+    """Whether the source is down as a whole, after `what` (describing `object_id`, downloading one of its files)
+    outlasted its retries: the run then stops, where one object or file that always fails, on a source that
+    otherwise answers, is that one's failure and spends its attempt. The source's cheap `reachable()` tells,
+    where it has one, else describing the object again."""
+    try:
+        if hasattr(source, "reachable"):
+            source.reachable()
+        else:
+            for _ in source.get([object_id]):
+                pass
+    except (SourceUnavailable, AuthenticationFailed):
+        return True
+    except RetryStopped:  # the run was asked to stop while the probe waited: no verdict
+        raise
+    except Exception:  # anything else says nothing of an outage: the failure is the object's or the file's
+        log.warning("%s: asking the source again after %s failed", object_id, what, exc_info=True)
+    return False
+
+
+def unreadable(source: Source, object_id: str, stamp: datetime | None, exc: Exception,
+               gone: bool = False) -> UnreadableObject:
+    """The object that describing raised `exc` (DESCRIBE_ERRORS) at, in its place. A description that outlasted
+    its retries (SourceUnavailable) is the object's failure only while the source answers otherwise (an IE whose
+    METS the gateway always times out on): when the source is down as a whole (source_down), `exc` is raised and
+    stops the run, which must not spend every object's attempt on an outage."""
+    reason = str(exc)
+    if isinstance(exc, SourceUnavailable):
+        if source_down(source, object_id, "describing it"):
+            raise exc
+        reason += " (the source answers otherwise)"
+    return UnreadableObject(object_id, stamp, reason, gone)
 
 
 def described(source: Source, object_ids: Iterable[str]) -> Iterator[SourceObject | UnreadableObject]:
@@ -194,8 +234,8 @@ def described(source: Source, object_ids: Iterable[str]) -> Iterator[SourceObjec
             for obj in source.get(remaining):
                 done += 1
                 yield obj
-        except OBJECT_ERRORS as exc:
-            yield UnreadableObject(remaining[done], None, str(exc), gone=isinstance(exc, ObjectNotFound))
+        except DESCRIBE_ERRORS as exc:
+            yield unreadable(source, remaining[done], None, exc, gone=isinstance(exc, ObjectNotFound))
             done += 1
         else:
             return

@@ -44,6 +44,11 @@ class TransferInterrupted(SourceError):
     """A body stopped early or the connection dropped mid-transfer; the fetch loop retries it."""
 
 
+class RetryStopped(SourceError):
+    """A wait before retrying ended early: the run was asked to stop (retry.waits_end_when), which must not wait
+    out a Retry-After or a backoff first. Not the source's failure: the run ends as a stopped run does."""
+
+
 # What describing one object can raise that says nothing of the source as a whole (unlike an outage or refused
 # credentials): the object is reported, and the listing goes on.
 OBJECT_ERRORS = (ObjectNotFound, SourceDataError, SourceRequestFailed)

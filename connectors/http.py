@@ -213,6 +213,15 @@ class HttpSession:
                 raise PermissionDenied(f"{reason}: the configured user is not allowed to do this{hint}")
             raise SourceRequestFailed(f"{reason}{hint}", status)
 
+    def answers(self, url: str, params: dict | None = None) -> None:
+        """A GET for a source's `reachable()`: raises as `request` does when the server cannot be reached now
+        (SourceUnavailable) or refuses the credentials (AuthenticationFailed); any other answer, an error page
+        too, is the server answering."""
+        try:
+            self.request("GET", url, params=params)
+        except (PermissionDenied, SourceRequestFailed):
+            pass
+
     @contextmanager
     def download(self, url: str, budget: RetryBudget, params: dict | None = None) -> Iterator[Body]:
         """Open a streamed GET for fetching.fetch_verified; errors while reading become TransferInterrupted.

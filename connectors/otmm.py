@@ -22,14 +22,15 @@ from typing import Any, Iterable, Iterator, Literal
 import requests
 from pydantic import Field, field_validator, model_validator
 
-from connectors.base import (FetchedFile, LangValue, ListingMoved, SourceItem, SourceObject, UnreadableObject,
-                             checked_source_url_template, source_url)
-from connectors.errors import OBJECT_ERRORS, ObjectNotFound, SourceDataError, SourceRequestFailed
+from connectors.base import (DESCRIBE_ERRORS, FetchedFile, LangValue, ListingMoved, SourceItem, SourceObject,
+                             UnreadableObject, checked_source_url_template, source_url, unreadable)
+from connectors.errors import ObjectNotFound, SourceDataError, SourceRequestFailed
 from connectors.fetching import fetch_verified, fixity
 from connectors.grouping import natural_key
 from connectors.http import HttpSession, HttpSourceSettings
 from connectors.idlist import IdListSettings
 from connectors.redaction import Secret, register, register_environment
+from connectors.retry import RetryBudget
 from connectors.timestamps import as_utc, parse_timestamp, within
 from gcis_etl.settings import Settings
 
@@ -139,6 +140,10 @@ class OtmmSettings(HttpSourceSettings):
 
 
 class OtmmSource:
+    # Settings that change how OTMM is reached, not what it lists (gcis_etl.pipelines.TRANSPORT).
+    transport_settings = ("auth", "username", "client_id", "bearer_otmm_token", "relogin_statuses", "extra_headers",
+                          "api_path", "contents_params", "search.method", "search.page_size", "search.shift_check",
+                          "folder.page_size", "folder.shift_check")
     def __init__(self, settings: OtmmSettings, name: str = "otmm"):
         self.name = name
         self.settings = settings
@@ -171,8 +176,8 @@ class OtmmSource:
             if isinstance(summary, ListingMoved):
                 yield summary
                 continue
-            if self._left_out(summary):
-                continue
+            if self.settings.group is None and self._left_out(summary):
+                continue  # a withdrawn member is read all the same: its group (one of its fields) goes on without it
             relisted = summary["asset_id"] in assets_seen  # the listing moved: the run must see its group again
             assets_seen.add(summary["asset_id"])
             if not within(_updated(summary), since, until):
@@ -180,18 +185,23 @@ class OtmmSource:
             object_id = summary["asset_id"]  # the asset's group, once the asset is read
             try:
                 asset = self._read(summary["asset_id"])
-                if self._left_out(asset) or not within(_updated(asset), since, until):
-                    continue
                 if self.settings.group is None:
+                    if self._left_out(asset) or not within(_updated(asset), since, until):
+                        continue
                     obj = self._object(object_id, [asset])
                 else:
+                    if not within(_updated(asset), since, until):
+                        continue
                     object_id = self._group_value(asset) or asset["asset_id"]
                     if object_id in groups_done and not relisted:
                         continue
                     groups_done.add(object_id)
                     obj = self._group(object_id, asset)
-            except OBJECT_ERRORS as exc:
-                yield UnreadableObject(object_id, _updated(summary), str(exc))
+                    if obj is None:
+                        continue
+            except DESCRIBE_ERRORS as exc:
+                if not (isinstance(exc, ObjectNotFound) and self._left_out(summary)):  # listed withdrawn, gone since
+                    yield unreadable(self, object_id, _updated(summary), exc)
                 continue
             yield replace(obj, listed_at=_updated(summary))  # where the listing had it, not as read since
 
@@ -216,6 +226,12 @@ class OtmmSource:
 
         return fetch_verified(item, Path(dest_dir), open_body, self.settings.retry)
 
+    def reachable(self) -> None:
+        """The root folders (documented, a handful), on the session: the API every asset is described and
+        served by answers (connectors.base.source_down)."""
+        self._ensure_login()
+        self.http.answers(f"{self._api}/folders/rootfolders", {"load_type": "system", "limit": "0"})
+
     # --- session ----------------------------------------------------------------------------------------
 
     def _ensure_login(self) -> None:
@@ -234,26 +250,42 @@ class OtmmSource:
                 self._login()
 
     def _login(self) -> None:
+        """A damaged answer (not JSON, a token that cannot go in a header) says nothing of the credentials: the
+        login is asked for again, as after a transient failure, within the same retry budget."""
+        budget = RetryBudget(self.settings.retry)
+        while True:
+            budget.start_attempt()
+            try:
+                token, headers = self._new_session(budget)
+                break
+            except SourceDataError as exc:
+                budget.after_failure(str(exc), give_up=SourceDataError)
+        self.http.headers.update(headers)
+        self._token = token
+        log.info("%s: logged in to OTMM as %s (%s)", self.name, self.settings.username, self.settings.auth)
+
+    def _new_session(self, budget: RetryBudget) -> tuple[str, dict[str, str]]:
+        """The token that authenticates, and the headers that carry it."""
         s = self.settings
         credentials = {"username": s.username, "password": s.password.get_secret_value()}
         if s.auth == "oauth":
-            data = self._json(self.http.request("POST", f"{self._api}/sessions/oauth2/token", relogin=False, data={
+            data = self._json(self.http.request("POST", f"{self._api}/sessions/oauth2/token", relogin=False,
+                                                budget=budget, data={
                 **credentials, "grant_type": "password", "client_id": s.client_id,
                 "client_secret": s.client_secret.get_secret_value()}), "OAuth token")
-            token = _path(data, "token_info", "oauth_token", "accessToken")
+            token = _header_value(_path(data, "token_info", "oauth_token", "accessToken"), "OAuth access token")
             register(token)
-            self.http.headers["Authorization"] = f"Bearer {token}"
-        else:
-            response = self.http.request("POST", f"{self._api}/sessions", relogin=False, data=credentials)
-            session = _path(self._json(response, "session"), "session_resource", "session")
-            token = str(_path(session, "message_digest"))
-            # the cookie authenticates as the digest does; the session id goes with it (X-Requested-By)
-            register(token, response.cookies.get("JSESSIONID"), str(_path(session, "id")))
-            self.http.headers.update({"X-Requested-By": str(_path(session, "id")), "otmmauthtoken": token})
-            if s.bearer_otmm_token:
-                self.http.headers["Authorization"] = f"Bearer otmmToken {token}"
-        self._token = token
-        log.info("%s: logged in to OTMM as %s (%s)", self.name, s.username, s.auth)
+            return token, {"Authorization": f"Bearer {token}"}
+        response = self.http.request("POST", f"{self._api}/sessions", relogin=False, budget=budget, data=credentials)
+        session = _path(self._json(response, "session"), "session_resource", "session")
+        token = _header_value(_path(session, "message_digest"), "session's message_digest")
+        session_id = _header_value(_path(session, "id"), "session's id")
+        # the cookie authenticates as the digest does; the session id goes with it (X-Requested-By)
+        register(token, response.cookies.get("JSESSIONID"), session_id)
+        headers = {"X-Requested-By": session_id, "otmmauthtoken": token}
+        if s.bearer_otmm_token:
+            headers["Authorization"] = f"Bearer otmmToken {token}"
+        return token, headers
 
     def _get(self, path: str, params: dict | None = None, what: str = "") -> Any:
         self._ensure_login()
@@ -418,9 +450,18 @@ class OtmmSource:
         values = _flatten(asset).get(self.settings.group.field_id, [])
         return values[0] if values else None
 
-    def _group(self, key: str, asset: dict) -> SourceObject:
-        members = self._group_members(key) if self._group_value(asset) else [asset]
-        return self._object(key, members or [asset])
+    def _group(self, key: str, asset: dict) -> SourceObject | None:
+        """The changed asset's group, without the asset if it is withdrawn (it has left the group, which changed
+        with it); None when nothing of it is left to harvest."""
+        if not self._group_value(asset):
+            return None if self._left_out(asset) else self._object(key, [asset])
+        members = self._group_members(key)
+        withdrawn = self._withdrawn(asset)
+        if withdrawn is None:
+            return self._object(key, members or [asset])
+        log.info("%s: asset %s is %s; it has left group %s%s", self.name, asset["asset_id"], withdrawn, key,
+                 "" if members else ", which has no other member: nothing to harvest")
+        return self._object(key, members) if members else None
 
     def _group_members(self, value: str) -> list[dict]:
         """A member search that moved while paged may have passed a member over, and an old member is never listed
@@ -535,6 +576,15 @@ def _scalar(wrapper: Any) -> str | None:
 
 def _updated(asset: dict) -> datetime | None:
     return parse_timestamp(asset.get("date_last_updated")) or parse_timestamp(asset.get("date_imported"))
+
+
+def _header_value(value: Any, what: str) -> str:
+    """A login answer's value that goes in a header: printable ASCII, else a SourceDataError (a damaged answer)
+    that does not show it, where sending it would fail in http.client's encoding."""
+    text = str(value)
+    if not (text and text.isascii() and text.isprintable() and text == text.strip()):
+        raise SourceDataError(f"OTMM login: the {what} cannot go in a request header (a damaged answer?)")
+    return text
 
 
 def _path(data: Any, *keys: str) -> Any:

@@ -9,14 +9,32 @@ from __future__ import annotations
 import logging
 import random
 import time
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Callable, Iterator
 
 from pydantic import Field, model_validator
 
-from connectors.errors import SourceUnavailable, TransferInterrupted
+from connectors.errors import RetryStopped, SourceUnavailable, TransferInterrupted
 from gcis_etl.errors import SourceError
 from gcis_etl.settings import Settings
 
 log = logging.getLogger(__name__)
+
+STOP_CHECK_SECONDS = 0.1  # how often a retry wait looks whether it is to end early (waits_end_when)
+_stopped: ContextVar[Callable[[], bool] | None] = ContextVar("retry_waits_end_when", default=None)
+
+
+@contextmanager
+def waits_end_when(stopped: Callable[[], bool]) -> Iterator[None]:
+    """In this block, and this thread only (a harvest's listing, not the downloads in flight its workers finish
+    first), a wait before a retry ends as soon as `stopped()` is true, raising RetryStopped: a run asked to stop
+    must not first wait out a Retry-After or a backoff, which may last up to max_total_seconds."""
+    token = _stopped.set(stopped)
+    try:
+        yield
+    finally:
+        _stopped.reset(token)
 
 
 class RetryPolicy(Settings):
@@ -76,7 +94,19 @@ class RetryBudget:
             raise give_up(f"{reason}; gave up after {self.attempts} attempt(s): waiting {delay:.1f}s more "
                           f"would exceed max_total_seconds={policy.max_total_seconds:g}")
         log.warning("%s; retrying in %.2fs (attempt %d of %d)", reason, delay, self.attempts + 1, policy.max_attempts)
-        time.sleep(delay)
+        _wait(delay, reason)
+
+
+def _wait(seconds: float, reason: str) -> None:
+    stopped = _stopped.get()
+    if stopped is None:
+        time.sleep(seconds)
+        return
+    end = time.monotonic() + seconds
+    while (left := end - time.monotonic()) > 0:
+        if stopped():
+            raise RetryStopped(f"{reason}; not retried: the run was asked to stop")
+        time.sleep(min(left, STOP_CHECK_SECONDS))
 
 
 class TransferPace:

@@ -20,9 +20,10 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 import requests
 from pydantic import Field, field_validator, model_validator
 
-from connectors.base import (FetchedFile, Fixity, LangValue, ListingMoved, SourceItem, SourceObject, UnreadableObject,
-                             checked_source_url_template, source_url)
-from connectors.errors import OBJECT_ERRORS, ObjectNotFound, PermissionDenied, SourceDataError, SourceRequestFailed
+from connectors.base import (DESCRIBE_ERRORS, FetchedFile, Fixity, LangValue, ListingMoved, SourceItem, SourceObject,
+                             UnreadableObject, checked_source_url_template, source_url, unreadable)
+from connectors.errors import (ObjectNotFound, PermissionDenied, SourceDataError, SourceRequestFailed,
+                               SourceUnavailable)
 from connectors.fetching import CHECKABLE_DIGESTS, fetch_verified, fixity, hashlib_name
 from connectors.http import BaseUrl, HttpSession, HttpSourceSettings
 from connectors.idlist import IdListSettings
@@ -177,6 +178,11 @@ class _SchemeAuth(requests.auth.AuthBase):
 class RosettaSource:
     """A Rosetta institution as a source of IEs whose selected representation's files are the masters."""
 
+    # Settings that change how Rosetta is reached, not what it lists (gcis_etl.pipelines.TRANSPORT).
+    transport_settings = ("username", "institution_code", "auth_scheme", "soap_action", "ie_service_path",
+                          "delivery_path", "delivery_params", "oai.shift_check", "sru.page_size", "sru.max_records",
+                          "sru.shift_check", "sru.auth_local")
+
     def __init__(self, settings: RosettaSettings, name: str = "rosetta"):
         self.name = name
         self.settings = settings
@@ -210,8 +216,8 @@ class RosettaSource:
             pid, stamp = listed
             try:
                 obj = self._describe(pid, stamp, explicit=False)
-            except OBJECT_ERRORS as exc:
-                yield UnreadableObject(pid, stamp, str(exc))
+            except DESCRIBE_ERRORS as exc:
+                yield unreadable(self, pid, stamp, exc)
                 continue
             if obj is None:
                 continue
@@ -227,6 +233,13 @@ class RosettaSource:
         params = self.settings.delivery_params  # added here, never to the locator (see __init__)
         return fetch_verified(item, Path(dest_dir), lambda budget: self.http.download(item.locator, budget, params),
                               self.settings.retry)
+
+    def reachable(self) -> None:
+        """The IE web service's WSDL, where every IE is described, and OAI-PMH Identify on a delivery host of its
+        own, where listings and downloads go: cheap requests that touch no IE (connectors.base.source_down)."""
+        self.http.answers(self.http.url(self.settings.ie_service_path) + "?wsdl")
+        if self._delivery_base != self.http.base_url:
+            self.http.answers(self._delivery_base + "/" + self.settings.oai.path.lstrip("/"), {"verb": "Identify"})
 
     # --- discovery --------------------------------------------------------------------------------------
 
@@ -380,10 +393,13 @@ class RosettaSource:
         envelope = (f'<soap:Envelope xmlns:soap="{NS["soap"]}" xmlns:dps="http://dps.exlibris.com/"><soap:Body>'
                     f"<dps:getIE><pdsHandle></pdsHandle><iePid>{escape(pid)}</iePid>"
                     f"<flags>{self.settings.get_ie_flags}</flags></dps:getIE></soap:Body></soap:Envelope>")
-        response = self.http.request(
-            "POST", self.http.url(self.settings.ie_service_path), data=envelope.encode("utf-8"),
-            headers={"Content-Type": "text/xml; charset=utf-8", "SOAPAction": f'"{self.settings.soap_action}"'},
-            accept_error=_is_soap_fault)
+        try:
+            response = self.http.request(
+                "POST", self.http.url(self.settings.ie_service_path), data=envelope.encode("utf-8"),
+                headers={"Content-Type": "text/xml; charset=utf-8", "SOAPAction": f'"{self.settings.soap_action}"'},
+                accept_error=_is_soap_fault)
+        except SourceUnavailable as exc:  # the request names the service alone
+            raise SourceUnavailable(f"getIE {pid}: {exc}") from None
         body = _xml(response.content, f"{pid}: getIE response").find("soap:Body", NS)
         fault = body.find("soap:Fault", NS) if body is not None else None
         if fault is not None:

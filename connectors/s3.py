@@ -68,6 +68,8 @@ class S3Settings(Settings):
 
 
 class S3Source(GroupedSource):
+    # Settings that change how the bucket is reached, not what it lists (gcis_etl.pipelines.TRANSPORT).
+    transport_settings = ("access_key_id", "secret_access_key", "session_token", "region", "addressing_style")
     def __init__(self, settings: S3Settings, name: str = "s3"):
         self.name = name
         self.settings = settings

@@ -7,7 +7,7 @@
   An unknown or expired session answers 401 with an exception_body; a missing X-Requested-By answers 400.
 - `GET|POST /search/text`: keyword_query, after/limit paging (hit_count, total_hit_count, offset),
   search_condition_list of SearchScalarConditions, folder_filter, sort, load_type.
-- `GET /assets/{id}` (`expired` true for an Asset so marked), `GET /assets/{id}/contents`,
+- `GET /assets/{id}` (`expired`, `deleted` true for an Asset so marked), `GET /assets/{id}/contents`,
   `GET /renditions/{content_id}` (bytes, streamed);
   downloads need the user's "download" right (403 otherwise, as Getty restricts "Download Original").
 - `GET /folders/rootfolders`, `/folders/{id}/folders`, `/folders/{id}/children` (after/limit).
@@ -61,6 +61,7 @@ class Asset:
     preview: CorpusFile = CorpusFile("gray8/hopper_gray.jpg")
     thumbnail: CorpusFile = CorpusFile("png/png-rgb-64x56x8.png")
     expired: bool = False  # past its expiration date: served, listed and downloadable all the same
+    deleted: bool = False  # flagged deleted (in the recycle bin): served and listed all the same
 
     @property
     def asset_id(self) -> str:
@@ -176,11 +177,17 @@ class OtmmEmulator:
             self.tokens.clear()
 
     def control(self, name: str, request: Request) -> Response:
-        """POST /_emulator/expire-sessions; POST /_emulator/touch?asset_id=… (marks an asset updated now)."""
+        """POST /_emulator/expire-sessions; POST /_emulator/touch?asset_id=… (marks an asset updated now);
+        POST /_emulator/withdraw?asset_id=…&flag=expired|deleted (sets the flag, and marks the asset updated now)."""
         if name == "expire-sessions":
             self.expire_sessions()
             return Response.text("ok")
         if name == "touch" and request.arg("asset_id") in self.catalogue.assets:
+            self.catalogue.touch(request.arg("asset_id"))
+            return Response.text("ok")
+        if name == "withdraw" and request.arg("asset_id") in self.catalogue.assets \
+                and request.arg("flag") in ("expired", "deleted"):
+            setattr(self.catalogue.assets[request.arg("asset_id")], request.arg("flag"), True)
             self.catalogue.touch(request.arg("asset_id"))
             return Response.text("ok")
         return Response.text("unknown control or asset", 404)
@@ -351,7 +358,7 @@ class OtmmEmulator:
         data = {
             "asset_id": asset.asset_id, "original_asset_id": asset.asset_id, "name": asset.name,
             "mime_type": asset.master.mime, "content_type": "BITMAP", "content_size": asset.master.size,
-            "version": 1, "latest_version": True, "deleted": False, "expired": asset.expired, "locked": False,
+            "version": 1, "latest_version": True, "deleted": asset.deleted, "expired": asset.expired, "locked": False,
             "checked_out": False, "asset_state": "NORMAL", "content_state": "NORMAL", "data_type": "ASSET",
             "date_imported": asset.imported.strftime(ISO), "date_last_updated": asset.updated.strftime(ISO),
             "metadata_model_id": "GTRUST.MODEL.MUSEUM", "legacy_model_id": 104,
