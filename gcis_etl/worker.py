@@ -34,7 +34,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, TypeVar
 
 from connectors.redaction import scrub
 from gcis_etl import logs
@@ -52,6 +52,7 @@ UNMARK_SECONDS = 5.0  # for taking a SENT marker back after a failed send (Celer
 SENT = "SENT"  # our own state: written before a task is published, so that its disappearance shows a loss
 WORKER_PING_SECONDS = 2.0  # for a worker to answer, before a run or when asked about a quiet task
 _CHECK_RETRIES = 2  # the broker's connection before a run: a restart of a few seconds is ridden out
+_T = TypeVar("_T")
 
 
 def celery_app(settings: CelerySettings):
@@ -99,9 +100,9 @@ class SoftTimeLimit(GcisError):
 class _PoolProcess:
     """The Worker of one pool process, and what its soft time limit does to it."""
 
-    def __init__(self, config: Config):
+    def __init__(self, config: Config, pipelines: dict[str, Pipeline]):
         scratch = config.state_dir / "scratch" / "celery" / f"{socket.gethostname()}-{os.getpid()}"
-        self.worker = Worker({name: config.pipeline(name) for name in config.pipelines}, scratch)
+        self.worker = Worker(pipelines, scratch)
         self.soft_limit_hit = False
 
     def process(self, task: ItemTask, retry: TaskRetry) -> ItemResult:
@@ -154,8 +155,21 @@ def _config() -> Config:
 
 
 @functools.cache
+def _pipelines() -> dict[str, Pipeline]:
+    """The pipelines, their recipes read: by the worker's main process as it starts (worker_init), so that every
+    pool process, forked from it then or later (a replaced one), has the recipes of the worker's start, whatever
+    the files say by then. Reading a recipe loads no libvips; the sources and stores are opened in each pool
+    process."""
+    config = _config()
+    pipelines = {name: config.pipeline(name) for name in config.pipelines}
+    for pipeline in pipelines.values():
+        pipeline.recipe  # a cached_property: read once, here
+    return pipelines
+
+
+@functools.cache
 def _pool_process() -> _PoolProcess:
-    return _PoolProcess(_config())
+    return _PoolProcess(_config(), _pipelines())
 
 
 def _refuse_libvips(where: str) -> None:
@@ -165,6 +179,7 @@ def _refuse_libvips(where: str) -> None:
 
 
 def _on_worker_init(sender: Any = None, **kwargs: Any) -> None:
+    _pipelines()  # before the pool forks; config.yaml checked each recipe as it loaded
     _refuse_libvips("Celery worker's main process")
     settings = _config().celery
     log.info("gcis-etl worker: broker %s, results %s, pipelines %s", redacted(settings.broker_url),
@@ -274,19 +289,38 @@ class CeleryExecutor:
         self._recipes = RecipeCache(pipelines)
         self._last_poll = 0.0
         self._unreachable = False
+        self._queues: set[str] | None = None  # consumed by a worker, or said not to be; None: no worker answered
 
     def check(self) -> None:
         """The broker and the result backend answer (within a few tries): otherwise the run stops before its
         first item rather than after outage_retries on it. No worker answering is only said (workers may be
-        started on demand, by the queue's length): otherwise the run would wait, in silence, for ever."""
+        started on demand, by the queue's length): otherwise the run would wait, in silence, for ever. The
+        first worker to answer tells the queues it consumes; a task for another queue asks them all (_send)."""
         with self._reachable("no task was sent"):
             with self.app.connection_for_write() as connection:
                 connection.ensure_connection(max_retries=_CHECK_RETRIES)
-            self.app.backend.client.ping()
-            answered = self.app.control.ping(timeout=WORKER_PING_SECONDS, limit=1)
-        if not answered:
+                self.app.backend.client.ping()
+                self._queues = _queue_names(self._active_queues(connection, limit=1))
+        if self._queues is None:
             log.warning("no Celery worker answered within %g s: the tasks wait in their queue until one starts "
                         "(celery -A gcis_etl.worker worker, with this config.yaml)", WORKER_PING_SECONDS)
+
+    def _active_queues(self, connection: Any, limit: int | None = None) -> dict[str, list[dict]] | None:
+        """The queues each worker answering within WORKER_PING_SECONDS consumes (its -Q), by worker."""
+        return self.app.control.inspect(timeout=WORKER_PING_SECONDS, limit=limit,
+                                        connection=connection).active_queues()
+
+    def _watch(self, queue: str) -> None:
+        """A worker answering the ping but consuming none of the queue's tasks (started with -Q for another
+        queue) would leave the run waiting in silence: said once, at the queue's first task."""
+        if self._queues is None or queue in self._queues:
+            return
+        self._queues |= _queue_names(self._ask_workers("active_queues", self._active_queues)) or set()
+        if queue not in self._queues:
+            log.warning("no Celery worker that answered within %g s consumes queue %s: its tasks wait there until "
+                        "one does (celery -A gcis_etl.worker worker -Q %s, with this config.yaml)",
+                        WORKER_PING_SECONDS, queue, queue)
+            self._queues.add(queue)
 
     def submit(self, task: ItemTask) -> list[ItemResult]:
         with self._reachable("tasks already sent keep running on the workers"):
@@ -355,6 +389,8 @@ class CeleryExecutor:
     def _send(self, task_id: str, flight: _InFlight) -> None:
         recipe = self._recipes.of(flight.task)
         limits = self.settings.limits_for(recipe)
+        queue = self.settings.queue_for(recipe)
+        self._watch(queue)
         app = self.app
         app.backend.store_result(task_id, None, SENT)
         # Published directly rather than through app.send_task, which would also subscribe this process to
@@ -367,7 +403,7 @@ class CeleryExecutor:
             create_sent_event=app.conf.task_send_sent_event, argsrepr=scrub(repr(args)), kwargsrepr="{}")
         try:
             with app.producer_or_acquire() as producer:
-                app.amqp.send_task_message(producer, TASK_NAME, message, queue=self.settings.queue_for(recipe),
+                app.amqp.send_task_message(producer, TASK_NAME, message, queue=queue,
                                            retry=True, retry_policy={
                                                "max_retries": self.settings.outage_retries, "interval_start": 0,
                                                "interval_step": 1, "interval_max": OUTAGE_RETRY_CEILING_SECONDS})
@@ -438,8 +474,9 @@ class CeleryExecutor:
         A worker holds a task from its delivery until its outcome is recorded."""
         lost = {}
         for hostname, task_ids in quiet.items():
-            held = self.app.control.inspect(destination=[hostname], timeout=WORKER_PING_SECONDS,
-                                            limit=1).query_task(*task_ids) or {}
+            held = self._ask_workers("query_task", lambda connection: self.app.control.inspect(
+                destination=[hostname], timeout=WORKER_PING_SECONDS, limit=1,
+                connection=connection).query_task(*task_ids)) or {}
             for task_id in task_ids:
                 flight = self._flights.get(task_id)
                 if flight is None or flight.progress[0] != "STARTED":  # it was sent again above
@@ -450,6 +487,30 @@ class CeleryExecutor:
                     lost[task_id] = (f"started by {hostname}, which does not answer" if hostname not in held else
                                      f"started by {hostname}, which no longer runs it")
         return lost
+
+    def _ask_workers(self, command: str, ask: Callable[[Any], _T]) -> _T:
+        """A control command to the workers (inspect), on a connection of its own: kombu retries no broadcast,
+        and the first one on a pooled connection after the broker restarted meets the socket the old server
+        closed ("Connection closed by server."). An outage is ridden out as a send rides it out (outage_retries
+        tries, waiting 0, 1, 2 ... s, at most OUTAGE_RETRY_CEILING_SECONDS), a line each as the result backend
+        says its retries; then the broker's error, as kombu's OperationalError, stops the run."""
+        from kombu.exceptions import OperationalError
+        retries = 0
+        while True:
+            with self.app.connection_for_write() as connection:
+                try:
+                    connection.ensure_connection(max_retries=0)  # one try each: these are the retries
+                    return ask(connection)
+                except (OperationalError, *connection.connection_errors) as exc:  # refused: kombu's; closed: Redis'
+                    if retries >= self.settings.outage_retries:
+                        if isinstance(exc, OperationalError):
+                            raise
+                        raise OperationalError(str(exc)) from exc
+                    cause = exc.__cause__ or exc
+                    log.warning("Failed operation %s. Retrying %d more times. (%s: %s)", command,
+                                self.settings.outage_retries - retries, type(cause).__name__, scrub(str(cause)))
+            time.sleep(min(retries, OUTAGE_RETRY_CEILING_SECONDS))
+            retries += 1
 
     def _resend(self, task_id: str, flight: _InFlight, why: str) -> ItemResult | None:
         task = flight.task
@@ -494,6 +555,11 @@ class CeleryExecutor:
         for task_id in self._handed:
             self.app.backend.forget(task_id)
         self._handed.clear()
+
+
+def _queue_names(answers: dict[str, list[dict]] | None) -> set[str] | None:
+    """The queues consumed by the workers that answered active_queues; None when none answered."""
+    return {queue["name"] for queues in answers.values() for queue in queues} if answers else None
 
 
 def _progress(meta: dict[str, Any]) -> tuple[str, str]:
