@@ -39,6 +39,12 @@ class StoreFull(StoreUnavailable):
     """The store takes no more data: its disk full, a quota reached, mounted read-only."""
 
 
+class StoreRefused(StoreError):
+    """The store refuses this client what every deposit needs (its credentials or bucket policy, an expired token,
+    an endpoint whose certificate is not trusted): every item would fail alike, so a run stops rather than spend
+    each item's attempts. No outage: it lasts until someone changes the configuration."""
+
+
 class IntegrityError(StoreError):
     """A checksum or size did not match: the data is not what was sent or announced."""
 

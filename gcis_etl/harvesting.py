@@ -24,12 +24,14 @@ from typing import Callable, Iterator, Sequence
 
 from connectors.base import (LangValue, ListingMoved, SourceItem, SourceObject, UnreadableObject, described,
                              listed_at)
+from connectors.errors import RetryStopped
+from connectors.retry import waits_end_when
 from gcis_etl.commands import EXIT_ITEM_FAILED, EXIT_LOCKED, EXIT_OK, EXIT_USAGE, Interrupted, Stop, as_stop
 from gcis_etl.config import Config
 from gcis_etl.errors import ConfigError, GcisError, ManifestError
 from gcis_etl.executors import Executor, open_executor
 from gcis_etl.ledger import (ABANDONED, COUNTED, MANIFEST, STOPPED_BY_SIGNAL, STOPPED_ON_REQUEST, ItemRecord, Ledger,
-                             LedgerUnwritable, Unprocessed, now)
+                             LedgerUnwritable, ObjectRecord, Unprocessed, now)
 from gcis_etl.locks import LockHeld, pipeline_lock
 from gcis_etl.manifests import CollectionEntry, DepositedImage
 from gcis_etl.pipelines import Pipeline, config_folder
@@ -42,6 +44,7 @@ from gcis_etl.work import ItemResult, ItemTask, Outcome, fingerprint
 log = logging.getLogger("gcis_etl.harvest")  # the name log shippers filter on (progress.py logs items under it)
 
 AT_LIMIT = "stopped at the limit of "  # a run's note at HarvestOptions.limit (a migration words it anew)
+LISTING_CHANGED = "the source's listing settings changed since the checkpoint: listing everything"
 OBJECT = "(object)"  # stands for the item id where the run reports that the source could not describe the object
 
 
@@ -180,6 +183,7 @@ class Harvest:
         self.listed: set[str] = set()  # objects this run has seen in the source
         self.reached: datetime | None = None  # how far the listing got, for a source listing in modified order
         self.superseding = True  # the ledger may hold superseded keys of the pipeline (execute looks)
+        self.listing_note: str | None = None  # LISTING_CHANGED, where window() lists everything for it
 
     # ------------------------------------------------------------------------------------ listing
 
@@ -187,10 +191,28 @@ class Harvest:
         until = now()
         if self.options.since is not None:
             return self.options.since, until
-        checkpoint = None if self.options.full else self.ledger.checkpoint(self.pipeline.name)
+        if self.listing_changed and not self.options.full and not self.options.object_ids:
+            self.listing_note = LISTING_CHANGED
+        checkpoint = None if self.options.full or self.listing_changed else self.ledger.checkpoint(self.pipeline.name)
         return (checkpoint - self.pipeline.overlap if checkpoint else None), until
 
+    @cached_property
+    def listing_changed(self) -> bool:
+        """Whether the checkpoint was taken while the source was asked to list something else (Pipeline.
+        listing_digest: another set, query or server): it says nothing of what the source lists now, so the run
+        lists everything, as a first run does (unchanged items are skipped), and records its own checkpoint."""
+        recorded, current = self.ledger.checkpoint_listing(self.pipeline.name), self.pipeline.listing_digest
+        return None not in (recorded, current) and recorded != current
+
     def objects(self, since: datetime | None, until: datetime) -> Iterator[SourceObject | UnreadableObject]:
+        """The objects to harvest; a stop asked for while the source is waited for (before a retry: harvest sets
+        connectors.retry.waits_end_when) ends them as a stop between two objects does."""
+        try:
+            yield from self._objects(since, until)
+        except RetryStopped:
+            self.should_stop()
+
+    def _objects(self, since: datetime | None, until: datetime) -> Iterator[SourceObject | UnreadableObject]:
         source = self.pipeline.source
         seen = self.listed
         # No upper bound: an object modified during the run (or stamped ahead by a skewed clock) is taken now;
@@ -255,12 +277,15 @@ class Harvest:
                             self.options.force)
             yield item, decision, (task if decision.process else None)
 
-    def should_stop(self) -> bool:
+    def should_stop(self, listed_all: bool = False) -> bool:
+        """`listed_all`: asked once the listing is over (a break set cut_short already): the time limit, which
+        stops the taking of new objects, has none left to stop, though it passed while the last item waited for
+        a slot; the run is cut short by it only if the executor leaves items undone (execute)."""
         if self.cut_short or self.halted:
             return True
         if self.stop.is_set():
             self.cut_short = STOPPED_ON_REQUEST
-        elif self._out_of_time():
+        elif self._out_of_time() and not listed_all:
             self.cut_short = "stopped at the run time limit"
         else:
             self.cut_short = self._at_limit()
@@ -339,7 +364,7 @@ class Harvest:
             self.ledger.record_unprocessed(self.run_id, unprocessed)
             self.progress.planned(obj, tasks)
             self._settle_when_done(obj.id)
-        if not self.should_stop() and not self.options.object_ids:
+        if not self.should_stop(listed_all=True) and not self.options.object_ids:
             self.report_exhausted()
         for result in executor.drain():
             self.settle(result)
@@ -443,7 +468,10 @@ class Harvest:
         if manifests is not None and images:
             digest = _manifest_fingerprint(obj, images, self.manifest_settings)
             known = self.ledger.object(self.pipeline.name, obj.id)
-            if known is None or known.manifest_fingerprint != digest or self.options.force:
+            if (known is not None and known.manifest_fingerprint != digest and not self.options.force
+                    and self._touched_only(obj, images, known)):
+                self.ledger.record_touched(self.pipeline.name, obj.id, obj.modified, digest)
+            elif known is None or known.manifest_fingerprint != digest or self.options.force:
                 try:
                     published = manifests.publish(obj, images)
                 except ManifestError as exc:  # the object's metadata: it waits for the source to change
@@ -462,6 +490,14 @@ class Harvest:
             return
         for retired in retire_superseded(self.ledger, self.pipeline, obj.id, self.options.keep_superseded):
             self.progress.retired(retired)
+
+    def _touched_only(self, obj: SourceObject, images: list[DepositedImage], known: ObjectRecord) -> bool:
+        """Whether the object differs from what its manifests were published for in its modified time alone, which
+        no manifest shows (a file touched, a DAM record saved unedited): publishing would write the same bytes,
+        yet count a manifest published and rewrite the collection. Asked only of an object whose fingerprint
+        changed: a re-run over unchanged ones pays nothing more."""
+        then = replace(obj, modified=datetime.fromisoformat(known.modified))
+        return _manifest_fingerprint(then, images, self.manifest_settings) == known.manifest_fingerprint
 
     @cached_property
     def manifest_settings(self) -> str:
@@ -517,20 +553,26 @@ class Harvest:
                 or None in self.unsettled or reached is None
                 or (self.cut_short and not self.pipeline.source.lists_in_modified_order)):
             return None
+        current = None if self.listing_changed else self.ledger.checkpoint(self.pipeline.name)
+        if current is None and not self.listed:  # a first listing that was empty: a set or a query mistyped
+            return None  # would otherwise hide all that the one meant lists, for ever; the next run lists it all
         target = min([reached, *self.unsettled])
-        current = self.ledger.checkpoint(self.pipeline.name)
         return target if current is None or target > current else None
 
     def note(self, checkpoint: datetime | None) -> str | None:
         """Why the run stopped, or left the checkpoint where it was; for a run cut short, where the checkpoint
-        is now. A stop on request keeps its note alone: reports.py reads it for the exit code."""
-        if not self.cut_short:
-            return self.checkpoint_held
+        is now; why it listed everything. A stop on request keeps its note alone: reports.py reads it for the
+        exit code."""
         if self.cut_short in STOPPED_BY_SIGNAL:
             return self.cut_short
-        if checkpoint is not None:
-            return f"{self.cut_short}; the checkpoint moved to {checkpoint.isoformat()}, where the listing stopped"
-        return "; ".join(filter(None, (self.cut_short, self.checkpoint_held, self.relisting())))
+        if not self.cut_short:
+            parts = (self.listing_note, self.checkpoint_held)
+        elif checkpoint is not None:
+            parts = (f"{self.cut_short}; the checkpoint moved to {checkpoint.isoformat()}, where the listing "
+                     f"stopped", self.listing_note)
+        else:
+            parts = (self.cut_short, self.checkpoint_held, self.relisting(), self.listing_note)
+        return "; ".join(filter(None, parts)) or None
 
     def relisting(self) -> str | None:
         """What a run cut short over the checkpoint's window says when its source does not list in modified
@@ -567,7 +609,8 @@ def harvest(config: Config, name: str, options: HarvestOptions = HarvestOptions(
             planned = run.dry_run(since, until)
             return RunReport(name, None, "dry-run", None, None, _iso(since), _iso(until), None,
                              {action: sum(p.action == action for p in planned) for action in PLANNED}, 0,
-                             note=run.cut_short, planned=planned)
+                             note="; ".join(filter(None, (run.cut_short, run.listing_note))) or None,
+                             planned=planned)
         with pipeline_lock(config.state_dir, name):
             last = next(iter(ledger.runs(name, limit=1)), None)
             if last is not None and last.status == "running":  # killed: we hold the lock, it is gone
@@ -587,12 +630,12 @@ def harvest(config: Config, name: str, options: HarvestOptions = HarvestOptions(
                                                  run.stopping)
             checkpoint = None
             try:
-                with stop.in_flight():
+                with stop.in_flight(), waits_end_when(stop.is_set):
                     run.execute(executor, since, until)
                 run.update_collection()
                 checkpoint = run.next_checkpoint(since, until)
                 if checkpoint is not None:
-                    ledger.set_checkpoint(name, checkpoint, run.run_id)
+                    ledger.set_checkpoint(name, checkpoint, run.run_id, pipeline.listing_digest)
                 elif relisting := run.relisting():
                     log.warning("%s: %s", name, relisting)
             except Interrupted:  # what is in flight finishes unseen, or dies with the process: not waited for

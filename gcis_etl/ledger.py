@@ -46,7 +46,9 @@ MANIFEST_WARNINGS = """CREATE TABLE IF NOT EXISTS manifest_warnings (
     run_id INTEGER NOT NULL, object_id TEXT NOT NULL, warnings TEXT NOT NULL, at TEXT NOT NULL,
     PRIMARY KEY (run_id, object_id)
 )"""
-WARNED = ("items", "run_items", "objects")  # the tables whose rows gained a `warnings` column
+ADDED = (("items", "warnings"), ("run_items", "warnings"), ("objects", "warnings"), ("checkpoints", "listing"))
+"""Columns added since the first ledgers (table, column), NULL in rows from before: no warnings recorded; a
+checkpoint taken as made under the source's listing settings of now (Ledger.checkpoint_listing)."""
 
 SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS items (
@@ -83,7 +85,7 @@ CREATE INDEX IF NOT EXISTS superseded_by_object ON superseded (pipeline, object_
 DROP INDEX IF EXISTS items_status;
 DROP INDEX IF EXISTS superseded_object;
 CREATE TABLE IF NOT EXISTS checkpoints (
-    pipeline TEXT PRIMARY KEY, checkpoint TEXT NOT NULL, run_id INTEGER, updated TEXT NOT NULL
+    pipeline TEXT PRIMARY KEY, checkpoint TEXT NOT NULL, run_id INTEGER, updated TEXT NOT NULL, listing TEXT
 );
 """
 
@@ -274,19 +276,23 @@ def _allow_failed_runs(db: sqlite3.Connection) -> None:
     _upgrade(db, stale, copy)
 
 
-def _unwarned(db: sqlite3.Connection) -> list[str]:
-    """The WARNED tables of a ledger made before warnings were recorded, which have no `warnings` column."""
-    return [table for table in WARNED
-            if "warnings" not in {row[1] for row in db.execute(f"PRAGMA main.table_info({table})")}]
+def _missing(db: sqlite3.Connection) -> dict[str, list[str]]:
+    """The ADDED columns a ledger made by an older version lacks, by table."""
+    missing: dict[str, list[str]] = {}
+    for table, column in ADDED:
+        if column not in {row[1] for row in db.execute(f"PRAGMA main.table_info({table})")}:
+            missing.setdefault(table, []).append(column)
+    return missing
 
 
-def _record_warnings(db: sqlite3.Connection) -> None:
-    """Rows from before have none recorded (NULL)."""
+def _add_columns(db: sqlite3.Connection) -> None:
+    """Rows from before hold NULL in them."""
     def add() -> None:
-        for table in _unwarned(db):
-            db.execute(f"ALTER TABLE {table} ADD COLUMN warnings TEXT")
+        for table, columns in _missing(db).items():
+            for column in columns:
+                db.execute(f"ALTER TABLE {table} ADD COLUMN {column} TEXT")
 
-    _upgrade(db, lambda: bool(_unwarned(db)), add)
+    _upgrade(db, lambda: bool(_missing(db)), add)
 
 
 def _columns(cls) -> str:
@@ -370,8 +376,9 @@ class Ledger:
             for table, create in (("superseded", SUPERSEDED), ("manifest_warnings", MANIFEST_WARNINGS)):
                 if not db.execute("SELECT 1 FROM sqlite_master WHERE name=?", (table,)).fetchone():
                     db.execute(create.replace("CREATE TABLE", "CREATE TEMP TABLE"))  # made by an older version
-            for table in _unwarned(db):  # the same: read as if none were recorded
-                db.execute(f"CREATE TEMP VIEW {table} AS SELECT *, NULL AS warnings FROM main.{table}")
+            for table, columns in _missing(db).items():  # the same: read as NULL, as _add_columns would make them
+                nulls = "".join(f", NULL AS {column}" for column in columns)
+                db.execute(f"CREATE TEMP VIEW {table} AS SELECT *{nulls} FROM main.{table}")
             return db
         path.parent.mkdir(parents=True, exist_ok=True)
         db = sqlite3.connect(path, timeout=busy_timeout_seconds)
@@ -380,7 +387,7 @@ class Ledger:
             db.execute("PRAGMA synchronous=NORMAL")  # with WAL: consistent after any crash, durable per commit
             db.executescript(SCHEMA)
             _allow_failed_runs(db)
-            _record_warnings(db)
+            _add_columns(db)
         except BaseException:
             db.close()
             raise
@@ -674,6 +681,15 @@ class Ledger:
                               "ON CONFLICT (run_id, object_id) DO UPDATE SET warnings=excluded.warnings, "
                               "at=excluded.at", (run_id, object_id, text, stamp))
 
+    def record_touched(self, pipeline: str, object_id: str, modified: datetime, fingerprint: str) -> None:
+        """The object changed in its modified time alone, which no manifest shows: its manifests as published show
+        it as it is (no run counts them, the collection is not rewritten, a rejection of a later version is over);
+        the fingerprint is what later runs compare with."""
+        with self._writing():
+            self._execute("DELETE FROM manifest_problems WHERE pipeline=? AND object_id=?", (pipeline, object_id))
+            self._execute("UPDATE objects SET modified=?, manifest_fingerprint=? WHERE pipeline=? AND object_id=?",
+                          (_ts(modified), fingerprint, pipeline, object_id))
+
     def reject_manifest(self, run_id: int, pipeline: str, object_id: str, reason: str) -> None:
         """The object's manifest was not published; kept beyond the run, for `status`, until one is."""
         stamp = _ts(now())
@@ -718,12 +734,18 @@ class Ledger:
         row = self._execute("SELECT checkpoint FROM checkpoints WHERE pipeline=?", (pipeline,)).fetchone()
         return _dt(row[0]) if row else None
 
-    def set_checkpoint(self, pipeline: str, checkpoint: datetime, run_id: int) -> None:
+    def checkpoint_listing(self, pipeline: str) -> str | None:
+        """The digest of the source's listing settings the checkpoint was taken under (Pipeline.listing_digest);
+        None: no checkpoint, or one an older version took, which is taken as made under the settings of now."""
+        row = self._execute("SELECT listing FROM checkpoints WHERE pipeline=?", (pipeline,)).fetchone()
+        return row[0] if row else None
+
+    def set_checkpoint(self, pipeline: str, checkpoint: datetime, run_id: int, listing: str | None) -> None:
         with self._writing():
-            self._execute("INSERT INTO checkpoints (pipeline, checkpoint, run_id, updated) VALUES (?,?,?,?) "
+            self._execute("INSERT INTO checkpoints (pipeline, checkpoint, run_id, updated, listing) VALUES (?,?,?,?,?) "
                           "ON CONFLICT (pipeline) DO UPDATE SET checkpoint=excluded.checkpoint, "
-                          "run_id=excluded.run_id, updated=excluded.updated",
-                          (pipeline, _ts(checkpoint), run_id, _ts(now())))
+                          "run_id=excluded.run_id, updated=excluded.updated, listing=excluded.listing",
+                          (pipeline, _ts(checkpoint), run_id, _ts(now()), listing))
 
     def pipelines(self) -> Iterator[str]:
         for row in self._execute("SELECT DISTINCT pipeline FROM runs ORDER BY pipeline"):

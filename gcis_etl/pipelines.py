@@ -6,6 +6,8 @@ key, so `imaging: {max_megapixels: 400}` keeps the rest of the product policy).
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 from dataclasses import dataclass
 from datetime import timedelta
@@ -15,15 +17,19 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from connectors import Source, open_source, settings_model
+from connectors import Source, connector, open_source, settings_model
 from gcis_etl.errors import ConfigError
 from gcis_etl.manifests import ManifestSettings, Manifests
 from gcis_etl.policy import ImagingPolicy, IsolationSettings
 from gcis_etl.recipes import DEFAULT_RECIPE, Recipe, load_recipe
-from gcis_etl.settings import Settings, parse
+from gcis_etl.settings import Deferred, EnvironmentValues, Settings, environment_values, masked, parse
 from gcis_etl.stores import Store, StoreSettings, open_store
 
 PIPELINE_NAME = r"^[a-z0-9][a-z0-9_-]{0,62}$"  # used in store keys, lock and report file names
+TRANSPORT = ("retry", "verify_tls", "user_agent")
+"""Keys under any source: that change how the source is reached, never what it lists (Pipeline.listing_digest).
+A connector names its own others in the class attribute `transport_settings` (a nested key dotted:
+"search.page_size"); credentials, as `config` output masks them, never count."""
 
 
 class SourceSettings(Settings):
@@ -136,3 +142,42 @@ class Pipeline:
     @property
     def overlap(self) -> timedelta:
         return timedelta(seconds=self.settings.overlap_seconds)
+
+    @cached_property
+    def listing_digest(self) -> str | None:
+        """A digest of the source settings that decide what the source lists, as written under `source:`: the
+        checkpoint is recorded with it, and a run under others lists the whole source (another OAI set, query,
+        prefix or server: the checkpoint says nothing of what that lists). Transport settings (TRANSPORT and the
+        connector's transport_settings) and credentials' values are left out: a password rotated or a timeout
+        raised costs no full listing. A connector declaring none counts all its other settings: a change costs a
+        full listing at worst, never an object passed over. None where a ${VAR} the digest takes is not set here
+        (`status` without the source's environment): what it holds cannot be told."""
+        source = self.settings.source
+        options = {"kind": source.kind, **source.options}
+        for key in (*TRANSPORT, *getattr(connector(source.kind).source, "transport_settings", ())):
+            _drop(options, key.split("."))
+        if _unset(options):
+            return None
+        hidden = EnvironmentValues()
+        hidden.secrets = environment_values(options).secrets  # a password put inside another value: masked
+        shown = json.dumps(masked(options, hidden), sort_keys=True, default=str)
+        return hashlib.sha256(shown.encode()).hexdigest()[:16]
+
+
+def _drop(options: dict, path: list[str]) -> None:
+    """`options` without the key at `path` (the dict is copied where it is changed)."""
+    head, *rest = path
+    if not rest:
+        options.pop(head, None)
+    elif isinstance(options.get(head), dict):
+        options[head] = dict(options[head])
+        _drop(options[head], rest)
+
+
+def _unset(value: Any, key: str = "") -> bool:
+    """Whether `value` holds a ${VAR} left unset (settings.Deferred) where `masked` would show it."""
+    if isinstance(value, dict):
+        return any(_unset(v, str(k)) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_unset(v, key) for v in value)
+    return isinstance(value, Deferred) and masked(value, key=key) == value

@@ -233,10 +233,12 @@ class PipelineStatus:
     process_gone: bool  # the last run is recorded as running, but nothing holds the pipeline's lock
     superseded: int = 0  # old access masters waiting until no manifest shows them (gcis_etl/supersession.py)
     problems_total: dict[str, int] = field(default_factory=dict)  # of each problem_kind: `problems` may be cut
+    listing_changed: bool = False  # the checkpoint was taken under other listing settings: the next run lists all
 
     def to_dict(self) -> dict:
         run = self.last_run
-        return {"pipeline": self.pipeline, "checkpoint": self.checkpoint, "items": self.items,
+        return {"pipeline": self.pipeline, "checkpoint": self.checkpoint, "listing_changed": self.listing_changed,
+                "items": self.items,
                 "superseded_waiting": self.superseded,
                 "last_run": {"run_id": run.run_id, "status": run.status, "process_gone": self.process_gone,
                              "started": run.started, "finished": run.finished, "note": run.note,
@@ -245,11 +247,14 @@ class PipelineStatus:
 
     def summary(self) -> str:
         counts = ", ".join(f"{n} {status}" for status, n in self.items.items())
-        lines = [self.pipeline, f"  checkpoint: {self.checkpoint or 'none (the next run reads everything)'}",
+        changed = " (the source's listing settings changed since: the next run lists everything)" \
+            if self.listing_changed else ""
+        lines = [self.pipeline, f"  checkpoint: {self.checkpoint or 'none (the next run reads everything)'}{changed}",
                  f"  items: {counts}"]
         if self.superseded:
             lines.append(f"  superseded access masters: {self.superseded} wait until their objects' manifests are "
-                         f"republished without them (an item failed, a manifest was rejected, or a run was cut short)")
+                         f"republished without them (an item failed, a manifest was rejected, a run was cut short, "
+                         f"or the store refused their deletion: the harvest warns why)")
         if self.last_run:
             shown = ENDED_UNFINISHED if self.process_gone else self.last_run.status
             lines.append(f"  last run: {self.last_run.run_id} {shown}, started {self.last_run.started}, "
@@ -271,10 +276,12 @@ def problem_kind(problem: Problem) -> str:
     return "rejected_manifests" if problem.item_id == MANIFEST else problem.status
 
 
-def pipeline_status(ledger: Ledger, pipeline: str, lock: RunLock, shown: int | None = SHOWN) -> PipelineStatus:
+def pipeline_status(ledger: Ledger, pipeline: str, lock: RunLock, shown: int | None = SHOWN,
+                    listing: str | None = None) -> PipelineStatus:
     """Its problems: the first `shown` (None: all) failed items, rejected items and rejected manifests, each
     kept in the ledger until a later run settles them (a rejected manifest, until one is published), and how
-    many there are of each. `lock`: as for report_from_ledger."""
+    many there are of each. `lock`: as for report_from_ledger. `listing`: the pipeline's listing digest as
+    configured now (Pipeline.listing_digest; None: not compared), against the one the checkpoint was taken under."""
     checkpoint = ledger.checkpoint(pipeline)
     run = next(iter(ledger.runs(pipeline, limit=1)), None)
     run, gone = _unless_gone(ledger, run, lock) if run else (None, False)
@@ -286,9 +293,10 @@ def pipeline_status(ledger: Ledger, pipeline: str, lock: RunLock, shown: int | N
     items = ledger.counts(pipeline)
     totals = {"failed": items.get("failed", 0), "rejected": items.get("rejected", 0),
               "rejected_manifests": ledger.manifest_problems_count(pipeline)}
+    recorded = ledger.checkpoint_listing(pipeline)
     return PipelineStatus(pipeline, checkpoint.isoformat() if checkpoint else None, items, run,
                           ledger.counts_so_far(run) if run else {}, problems, gone, ledger.superseded_count(pipeline),
-                          totals)
+                          totals, None not in (recorded, listing) and recorded != listing)
 
 
 def counted(n: int, noun: str) -> str:

@@ -12,6 +12,7 @@ import base64
 import hashlib
 import io
 import json
+import logging
 import os
 import random
 import shutil
@@ -28,8 +29,9 @@ from urllib.parse import quote, unquote, urlsplit
 
 import boto3
 from botocore.config import Config
-from botocore.exceptions import (BotoCoreError, ClientError, ConnectionClosedError, EndpointConnectionError,
-                                 NoCredentialsError)
+from botocore.exceptions import BotoCoreError, ClientError
+from botocore.exceptions import ConnectionError as TransportError
+from botocore.exceptions import HTTPClientError, NoCredentialsError, SSLError
 from pydantic import Field, field_validator
 from s3transfer.bandwidth import BandwidthLimitedStream, LeakyBucket
 from s3transfer.futures import TransferCoordinator
@@ -38,9 +40,11 @@ from s3transfer.subscribers import BaseSubscriber
 from s3transfer.utils import ChunksizeAdjuster, signal_not_transferring, signal_transferring
 
 from gcis_etl.durable import DISK_REFUSES_WRITES, fsync_path, sha256_stream
-from gcis_etl.errors import IntegrityError, StoreError, StoreFull, StoreUnavailable
+from gcis_etl.errors import IntegrityError, StoreError, StoreFull, StoreRefused, StoreUnavailable
 from gcis_etl.keys import KeyTemplates, UnsafeKey, check_key, check_prefix
 from gcis_etl.settings import Settings
+
+log = logging.getLogger(__name__)
 
 MiB = 1024 * 1024
 _BOTOCORE_POOL = 10  # botocore's own default max_pool_connections: an S3 client never gets fewer
@@ -83,10 +87,11 @@ class StoredObject:
 
     key: str
     size: int
-    sha256: str | None            # hex SHA-256 of the whole object; None if not written by gcis-etl
+    sha256: str | None            # hex SHA-256 of the whole object as recorded; None if not written by gcis-etl
     content_type: str | None
     provenance: Provenance
     unchanged: bool = False       # the put found this content already there and wrote nothing
+    doubt: str | None = None      # why the object may not hold what its record says: not ours unchanged
 
 
 @dataclass(frozen=True)
@@ -105,7 +110,8 @@ class Store(Protocol):
             content_type: str | None = None, overwrite: bool = False) -> StoredObject:
         """Deposit a local file; `sha256` is the hex digest computed while the file was written, if known.
         Identical bytes already under `key` are left alone (`unchanged`), as the store's own record of them
-        says, unless `overwrite`: that record outlives damage to the bytes it describes."""
+        says, unless `overwrite` or the record is in doubt (StoredObject.doubt): that record outlives damage to
+        the bytes it describes."""
 
     def put_bytes(self, key: str, data: bytes, *, content_type: str,
                   provenance: Provenance = Provenance()) -> StoredObject:
@@ -465,7 +471,8 @@ class S3StoreSettings(Settings):
 # S3 error codes meaning "the bytes received are not the bytes announced".
 _INTEGRITY_CODES = {"BadDigest", "InvalidDigest", "XAmzContentChecksumMismatch", "XAmzContentSHA256Mismatch"}
 _REFUSED = {"403", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken", "InvalidToken",
-            "AllAccessDisabled"}  # the credentials (a HEAD's 403 carries no body: its code is "403")
+            "InvalidTokenId", "AllAccessDisabled"}  # the credentials (a HEAD's 403 carries no body: its code is
+# "403"; InvalidTokenId is MinIO's for a session token it does not know)
 _FULL = {"XMinioStorageFull", "XMinioAdminBucketQuotaExceeded"}  # MinIO's drives past their free-space threshold
 _UNAVAILABLE = {"503", "ServiceUnavailable", "SlowDown", "XMinioServerNotInitialized"}  # still so after the retries
 
@@ -483,6 +490,25 @@ def _retry_cut_off(max_attempts: int, attempts: int, response=None, **_) -> floa
 
 def _b64(digest: bytes) -> str:
     return base64.b64encode(digest).decode("ascii")
+
+
+def _checksum_doubt(recorded: str, checksum: str | None) -> str | None:
+    """Why the object's bytes may not be those its metadata's SHA-256 (`recorded`) describes, or None. Every
+    deposit makes the server store a SHA-256 (`checksum`), so a missing one, or one of a single PUT that differs,
+    means another tool wrote the object, keeping its metadata. A multipart object's checksum is composite (the
+    SHA-256 of its parts' digests, "-N"), which the whole object's SHA-256 cannot be compared with: only its
+    presence is checked (reading the object back would tell more)."""
+    try:
+        _check_sha256(recorded)
+    except ValueError:
+        return f"the SHA-256 its metadata records ({recorded!r}) is none: another tool wrote the object"
+    if checksum is None:
+        return ("the server holds no SHA-256 of the object, as every deposit stores one: another tool wrote it, "
+                "so the SHA-256 its metadata records is not trusted")
+    if "-" not in checksum and checksum != _b64(bytes.fromhex(recorded)):
+        return (f"the server's SHA-256 of the object ({checksum}) is not the one its metadata records "
+                f"({_b64(bytes.fromhex(recorded))}): another tool overwrote it, keeping its metadata")
+    return None
 
 
 class _HashingReader:
@@ -596,7 +622,8 @@ class S3Store:
         if isinstance(exc, ClientError):
             error = exc.response.get("Error", {})
             cls = IntegrityError if error.get("Code") in _INTEGRITY_CODES else StoreFull if error.get("Code") in _FULL \
-                else StoreUnavailable if error.get("Code") in _UNAVAILABLE else StoreError
+                else StoreUnavailable if error.get("Code") in _UNAVAILABLE \
+                else StoreRefused if error.get("Code") in _REFUSED else StoreError
             if error.get("Code") in _REFUSED:
                 hint = " (check the store's credentials and its bucket policy)"
             elif error.get("Code") == "NoSuchBucket":
@@ -606,9 +633,13 @@ class S3Store:
             return cls(f"{self.describe(key)}: {action} refused by the server: "
                        f"{error.get('Code')}: {error.get('Message')}{hint}")
         if isinstance(exc, NoCredentialsError):
-            return StoreError(f"{self.describe(key)}: {action} failed: {exc} (set AWS_ACCESS_KEY_ID and "
-                              f"AWS_SECRET_ACCESS_KEY, store.profile, or give the host a role)")
-        if isinstance(exc, (EndpointConnectionError, ConnectionClosedError)):
+            return StoreRefused(f"{self.describe(key)}: {action} failed: {exc} (set AWS_ACCESS_KEY_ID and "
+                                f"AWS_SECRET_ACCESS_KEY, store.profile, or give the host a role)")
+        if isinstance(exc, SSLError):  # every request alike, until the certificate or the trust store changes
+            return StoreRefused(f"{self.describe(key)}: {action} failed: {exc} (check the endpoint's certificate, "
+                                f"and the CA bundle: AWS_CA_BUNDLE)")
+        # unreachable, timed out (a hung server), cut off: botocore's transport failures, past their retries
+        if isinstance(exc, (TransportError, HTTPClientError)):
             return StoreUnavailable(f"{self.describe(key)}: {action} failed after "
                                     f"{self.settings.retry.max_attempts} attempts: {exc} (is the server up, and "
                                     f"store.endpoint_url right?)")
@@ -651,14 +682,19 @@ class S3Store:
         if r is None:
             return None
         metadata = r.get("Metadata", {})
-        return StoredObject(key=key, size=r["ContentLength"], sha256=metadata.get("sha256"),
-                            content_type=r.get("ContentType"), provenance=Provenance.from_metadata(metadata))
+        sha256 = metadata.get("sha256")
+        return StoredObject(key=key, size=r["ContentLength"], sha256=sha256, content_type=r.get("ContentType"),
+                            provenance=Provenance.from_metadata(metadata),
+                            doubt=None if sha256 is None else _checksum_doubt(sha256, r.get("ChecksumSHA256")))
 
     def exists(self, key: str) -> bool:
         return self._head(key) is not None
 
     def _unchanged(self, key: str, sha256: str, size: int) -> StoredObject | None:
         current = self.head(key)
+        if current is not None and current.doubt:
+            log.warning("%s: %s; deposited again", self.describe(key), current.doubt)
+            return None
         if current is not None and current.sha256 == sha256 and current.size == size:
             return replace(current, unchanged=True)
         return None

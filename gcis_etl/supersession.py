@@ -5,16 +5,22 @@ An item re-derived under another key (its recipe now writes .jp2 where it wrote 
 deposited manifests may still show it until they are republished. The ledger records the old key as superseded
 (Ledger.record); the harvest retires an object's superseded keys when the object settles with its manifest
 published or already up to date, under the pipeline's lock. Until then (an item of the object failed, its
-manifest was rejected, the run was cut short) they wait in the ledger, and move_store copies them with the rest.
+manifest was rejected, the run was cut short, the store refused the deletion) they wait in the ledger, and
+move_store copies them with the rest. A refused deletion is a warning, not the run's failure: a policy without
+s3:DeleteObject must not keep the harvest from depositing new access masters.
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Iterator
 
+from gcis_etl.errors import StoreError, StoreRefused, StoreUnavailable
 from gcis_etl.ledger import Ledger
 from gcis_etl.manifests import DepositedImage
 from gcis_etl.pipelines import Pipeline
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -42,7 +48,17 @@ def retire_superseded(ledger: Ledger, pipeline: Pipeline, object_id: str, keep: 
             if any(f'"{service}"' in text for text in deposited):
                 continue
         if not keep:
-            store.delete(old.key)
+            try:
+                store.delete(old.key)
+            except StoreUnavailable:  # an outage stops the run, as it would at the next deposit
+                raise
+            except StoreError as exc:
+                needs = "; deleting superseded access masters needs s3:DeleteObject on <prefix>/*" \
+                    if isinstance(exc, StoreRefused) else ""
+                log.warning("%s/%s: superseded access master %s not deleted, it waits in the ledger for the next "
+                            "run: %s%s", pipeline.name, object_id, old.key, exc, needs,
+                            extra={"pipeline": pipeline.name, "object_id": object_id})
+                continue
         ledger.forget_superseded(pipeline.name, old.key)
         record = ledger.item(pipeline.name, old.object_id, old.item_id)
         yield Retired(old.key, record.output_key if record else None, keep)

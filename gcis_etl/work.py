@@ -19,10 +19,10 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from connectors.base import Fixity, SourceItem
+from connectors.base import Fixity, SourceItem, source_down
 from connectors.errors import AuthenticationFailed, PermissionDenied, SourceUnavailable
 from connectors.fetching import fetch_warnings
-from gcis_etl.errors import GcisError, SourceError, StoreError, StoreFull, StoreUnavailable
+from gcis_etl.errors import ConfigError, GcisError, SourceError, StoreError, StoreFull, StoreRefused, StoreUnavailable
 from gcis_etl.isolation import ChildPool, disk_refusal
 from gcis_etl.keys import UnsafeKey
 from gcis_etl.models import Status
@@ -183,6 +183,8 @@ class Worker:
             then = ("the store takes no more data; make room there, then run again" if full
                     else "run again once it is back")
             return _stops_run(base, f"depositing: {exc}", then, transient=not full)
+        except StoreRefused as exc:  # its message says what to check: until then every item would fail alike
+            return _stops_run(base, f"depositing: {exc}", "then run again", transient=False)
         except StoreError as exc:
             result = replace(base, reason=f"depositing: {exc}", transient=True)
         except GcisError as exc:
@@ -199,24 +201,9 @@ class Worker:
 
     def _source_down(self, task: ItemTask, exc: SourceError) -> bool:
         """Whether a download that outlasted its retries is the whole source's outage, which stops the run, or
-        this item's alone (one file that always fails, on a source that otherwise answers), which spends its
-        attempt: the source's cheap `reachable()` where it has one (a bucket's first listing page: its `get` lists
-        the whole bucket), else describing the item's object again, tells them apart."""
-        if not isinstance(exc, SourceUnavailable):
-            return False
-        source = self.pipelines[task.pipeline].source
-        try:
-            if hasattr(source, "reachable"):
-                source.reachable()
-            else:
-                for _ in source.get([task.object_id]):
-                    pass
-        except (SourceUnavailable, AuthenticationFailed):
-            return True
-        except Exception:  # anything else says nothing of an outage: the download's failure is the item's
-            log.warning("%s/%s: asking the source again after the item's download failed", task.object_id,
-                        task.item.id, exc_info=True)
-        return False
+        this item's alone, which spends its attempt (connectors.base.source_down tells)."""
+        return isinstance(exc, SourceUnavailable) and source_down(
+            self.pipelines[task.pipeline].source, task.object_id, f"item {task.item.id}'s download")
 
     def _scratch_full(self, base: ItemResult, step: str, refusal: str, folder: Path) -> ItemResult:
         """A disk refused a write into the scratch space (isolation.disk_refusal's words): every item would fail
@@ -233,7 +220,10 @@ class Worker:
         if pipeline is None:
             return _stops_run(base, f"pipeline {task.pipeline!r} is not in the configuration of the worker on "
                                     f"{socket.gethostname()}", redeploy, transient=False)
-        recipe = self._recipes.of(task)
+        try:
+            recipe = self._recipes.of(task)
+        except ConfigError as exc:  # not found, or unreadable, where this worker looks
+            return _stops_run(base, f"the worker on {socket.gethostname()}: {exc}", redeploy, transient=False)
         if recipe.digest != task.recipe_digest:
             return _stops_run(base, f"recipe {task.recipe!r} on the worker on {socket.gethostname()} has digest "
                                     f"{recipe.digest}, the task was planned with {task.recipe_digest}", redeploy,
@@ -245,8 +235,8 @@ class Worker:
         except UnsafeKey as exc:  # the same on every attempt, before anything is fetched: not worth retrying soon
             return replace(base, reason=f"cannot be named in the store: {exc}")
         done = None if task.force else store.head(key)  # a damaged copy keeps its provenance
-        reusable = done is not None and bool(done.sha256) and done.provenance.recipe_digest == recipe.digest \
-            and bool(done.provenance.width)
+        reusable = done is not None and bool(done.sha256) and not done.doubt \
+            and done.provenance.recipe_digest == recipe.digest and bool(done.provenance.width)
         if reusable and done.provenance.source_checksum == task.fingerprint:
             return _already(base, key, done, "already in the store from the same source version and recipe")
         self.scratch.mkdir(parents=True, exist_ok=True)
@@ -264,7 +254,10 @@ class Worker:
             with self._children.lease(pipeline.settings.isolation) as child:  # only while converting
                 converted = convert(fetched.path, output, recipe, pipeline.settings.imaging, worker=child,
                                     durable=False)  # scratch: the store makes durable what it holds
-            common = dict(master_sha256=fetched.sha256, warnings=fetch_warnings(fetched) + converted.warnings)
+            doubted = (f"the access master in the store was not reused: {done.doubt}",) \
+                if done is not None and done.doubt else ()
+            common = dict(master_sha256=fetched.sha256,
+                          warnings=doubted + fetch_warnings(fetched) + converted.warnings)
             # the scratch path changes every run: name the master as the source does
             reason = (converted.reason or "").replace(str(fetched.path), task.item.original_name) or None
             if converted.status is Status.REJECTED:
@@ -280,7 +273,7 @@ class Worker:
                 source_id=f"{task.object_id}/{task.item.id}", source_checksum=task.fingerprint,
                 master_sha256=fetched.sha256,
                 recipe=recipe.name, recipe_digest=recipe.digest, width=converted.width, height=converted.height),
-                overwrite=done is None or done.sha256 != converted.sha256)
+                overwrite=done is None or bool(done.doubt) or done.sha256 != converted.sha256)
             return replace(base, outcome=Outcome.DEPOSITED, key=key, sha256=stored.sha256, bytes=stored.size,
                            width=converted.width, height=converted.height, **common)
         finally:

@@ -124,13 +124,19 @@ def http_server(handler, **state) -> Iterator[ThreadingHTTPServer]:
 class _S3FaultProxy(BaseHTTPRequestHandler):
     """Forwards every request to MinIO unchanged (the Host header too, which the client signed), except those
     a fault rule of the server's `faults` (tests.emulators.faults.FaultInjector) takes: they are answered with
-    the rule's status and no body, as MinIO answers a request it cut off while stopping (499)."""
+    the rule's status and no body, as MinIO answers a request it cut off while stopping (499), or, for a `slow`
+    fault, held unanswered for its seconds (a hung server), then cut off."""
 
     protocol_version = "HTTP/1.1"
 
     def _forward(self) -> None:
         body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
         fault = self.server.faults.take(self.command, self.path)
+        if fault is not None and fault.kind == "slow":  # a hung server: no answer, then the connection closes
+            self.server.answered.append(f"{self.command} {self.path} slow")
+            self.server.stopping.wait(fault.seconds)
+            self.close_connection = True
+            return
         if fault is not None:
             self.server.answered.append(f"{self.command} {self.path} {fault.status}")
             self.send_response(fault.status)

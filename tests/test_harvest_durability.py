@@ -147,9 +147,7 @@ def test_a_store_error_while_the_collection_is_updated_records_the_run_as_failed
     assert rig.cli("harvest").returncode == 0
     collection = rig.store / "collections" / "dam-v3.json"
     collection.write_text('{"not": "a collection"')
-    master = tmp_path / "src" / "obj0" / "flowers.jpeg"
-    later = master.stat().st_mtime + 5
-    os.utime(master, (later, later))  # changed in the source: the object is published again
+    shutil.copy(CORPUS / SAMPLES["obj1"], tmp_path / "src" / "obj0")  # a page added: the object is published again
 
     second = rig.cli("harvest")
     assert second.returncode == 1, second.stderr

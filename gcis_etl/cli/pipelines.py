@@ -256,7 +256,8 @@ def status(ctx: click.Context, pipelines: tuple[str, ...], as_json: bool, every:
     names = _pipelines(cfg, pipelines)
     with _ledger_to_read(cfg) as ledger:
         for name in names:
-            state = pipeline_status(ledger, name, pipeline_lock(cfg.state_dir, name), None if every else SHOWN)
+            state = pipeline_status(ledger, name, pipeline_lock(cfg.state_dir, name), None if every else SHOWN,
+                                    cfg.pipeline(name).listing_digest)
             click.echo(json.dumps(state.to_dict()) if as_json else state.summary())
 
 
