@@ -19,7 +19,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from connectors.base import Fixity, SourceItem, source_down
+from connectors.base import FetchedFile, Fixity, Source, SourceItem, source_down
 from connectors.errors import AuthenticationFailed, PermissionDenied, SourceUnavailable
 from connectors.fetching import fetch_warnings
 from gcis_etl.errors import ConfigError, GcisError, SourceError, StoreError, StoreFull, StoreRefused, StoreUnavailable
@@ -261,6 +261,9 @@ class Worker:
             # the scratch path changes every run: name the master as the source does
             reason = (converted.reason or "").replace(str(fetched.path), task.item.original_name) or None
             if converted.status is Status.REJECTED:
+                damaged = None if fetched.fixity_verified else _damaged_transfer(pipeline.source, fetched, scratch)
+                if damaged:
+                    return replace(base, reason=damaged, transient=True, **common)
                 return replace(base, outcome=Outcome.REJECTED, reason=reason, **common)
             if converted.disk_full:  # its scratch or output folder's disk
                 return self._scratch_full(base, "converting", reason, scratch)
@@ -278,6 +281,20 @@ class Worker:
                            width=converted.width, height=converted.height, **common)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _damaged_transfer(source: Source, fetched: FetchedFile, scratch: Path) -> str | None:
+    """Why a rejected master's bytes may be the transfer's damage, not the master's, or None. Without a checksum
+    from the source a corrupted download passes for a corrupt master, and a rejection waits for the master to
+    change in the source, for ever: the master is downloaded again, and two downloads that differ fail the item
+    (retried within its attempts) rather than reject it."""
+    again = scratch / "again"
+    again.mkdir()
+    second = source.fetch(fetched.item, again)
+    if second.sha256 == fetched.sha256:
+        return None
+    return (f"fetching: two downloads of the master differ (SHA-256 {fetched.sha256[:16]}…, {second.sha256[:16]}…) "
+            f"and the source gives no checksum to tell the right one: a damaged transfer, not a rejected master")
 
 
 def _stops_run(base: ItemResult, failure: str, then: str, transient: bool) -> ItemResult:
