@@ -180,7 +180,11 @@ def _refuse_libvips(where: str) -> None:
 
 def _on_worker_init(sender: Any = None, **kwargs: Any) -> None:
     _pipelines()  # before the pool forks; config.yaml checked each recipe as it loaded
-    _refuse_libvips("Celery worker's main process")
+    try:
+        _refuse_libvips("Celery worker's main process")
+    except RuntimeError as exc:  # Celery logs what a signal's receiver raises, and goes on: this must not go on
+        sys.stderr.write(f"gcis-etl worker: {exc}; not starting\n")
+        os._exit(os.EX_SOFTWARE)
     settings = _config().celery
     log.info("gcis-etl worker: broker %s, results %s, pipelines %s", redacted(settings.broker_url),
              redacted(settings.results_url), ", ".join(_config().pipelines) or "none")

@@ -7,6 +7,8 @@ import logging
 import os
 import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 from dataclasses import replace
@@ -168,3 +170,17 @@ def test_a_worker_consuming_none_of_the_tasks_queue_is_said_once(pool, caplog):
     executor.check()
     assert sorted(r.outcome.value for r in run_all(executor, tasks)) == ["deposited", "deposited"]
     assert caplog.records == []
+
+
+def test_a_worker_whose_main_process_loaded_libvips_does_not_start(tmp_path):
+    """Pool processes forked from a process that loaded libvips deadlock in it. Celery only logs what a worker_init
+    receiver raises, and went on to start the pool: the worker must exit instead, saying why."""
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({"state_dir": str(tmp_path / "state"), "pipelines": {}, "celery": {
+        "broker_url": f"redis://127.0.0.1:{free_port()}/0"}}))  # nothing listens: a started worker would wait
+    done = subprocess.run([str(Path(sys.executable).parent / "celery"), "-A", "tests.vips_loading_app", "worker",
+                           "-n", "vips@%h"], env=dict(os.environ, GCIS_CONFIG=str(config)), capture_output=True,
+                          text=True, timeout=60, cwd=Path(__file__).parent.parent)
+    assert done.returncode == os.EX_SOFTWARE, done.stderr[-2000:]
+    assert "libvips is loaded in the Celery worker's main process" in done.stderr
+    assert "not starting" in done.stderr
