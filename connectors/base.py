@@ -12,7 +12,8 @@ from string import Formatter
 from typing import Collection, Iterable, Iterator, Protocol
 from urllib.parse import quote
 
-from connectors.errors import OBJECT_ERRORS, AuthenticationFailed, ObjectNotFound, RetryStopped, SourceUnavailable
+from connectors.errors import (DESCRIBE_ERRORS, AuthenticationFailed, ObjectNotFound, RetryStopped,
+                               SourceUnavailable)
 
 log = logging.getLogger(__name__)
 
@@ -181,10 +182,6 @@ class Source(Protocol):
     # of `get`, for a source that can do it in one pass.
 
 
-DESCRIBE_ERRORS = (*OBJECT_ERRORS, SourceUnavailable)
-"""What describing one object can raise and still be that object's failure alone (see `unreadable`)."""
-
-
 def source_down(source: Source, object_id: str, what: str) -> bool:
     """Whether the source is down as a whole, after `what` (describing `object_id`, downloading one of its files)
     outlasted its retries: the run then stops, where one object or file that always fails, on a source that
@@ -209,11 +206,13 @@ def unreadable(source: Source, object_id: str, stamp: datetime | None, exc: Exce
                gone: bool = False) -> UnreadableObject:
     """The object that describing raised `exc` (DESCRIBE_ERRORS) at, in its place. A description that outlasted
     its retries (SourceUnavailable) is the object's failure only while the source answers otherwise (an IE whose
-    METS the gateway always times out on): when the source is down as a whole (source_down), `exc` is raised and
-    stops the run, which must not spend every object's attempt on an outage."""
+    METS the gateway always times out on): when the source is down as a whole (source_down), or has no
+    `reachable()` to tell, `exc` is raised and stops the run, which must not spend every object's attempt on an
+    outage."""
     reason = str(exc)
     if isinstance(exc, SourceUnavailable):
-        if source_down(source, object_id, "describing it"):
+        # without reachable(), source_down would describe this very object again: no verdict, a second budget
+        if not hasattr(source, "reachable") or source_down(source, object_id, "describing it"):
             raise exc
         reason += " (the source answers otherwise)"
     return UnreadableObject(object_id, stamp, reason, gone)

@@ -49,6 +49,7 @@ class RetryStopped(SourceError):
     out a Retry-After or a backoff first. Not the source's failure: the run ends as a stopped run does."""
 
 
-# What describing one object can raise that says nothing of the source as a whole (unlike an outage or refused
-# credentials): the object is reported, and the listing goes on.
-OBJECT_ERRORS = (ObjectNotFound, SourceDataError, SourceRequestFailed)
+# What describing one object can raise and still be that object's failure alone: the object is reported, and
+# the listing goes on (connectors.base.unreadable: an outage, SourceUnavailable, only while the source answers
+# otherwise; refused credentials never).
+DESCRIBE_ERRORS = (ObjectNotFound, SourceDataError, SourceRequestFailed, SourceUnavailable)

@@ -159,14 +159,16 @@ class HttpSession:
 
     def request(self, method: str, url: str, *, params: dict | None = None, budget: RetryBudget | None = None,
                 accept_error: Callable[[requests.Response], bool] | None = None, relogin: bool = True,
-                stream: bool = False, headers: dict[str, str] | None = None, **kwargs) -> requests.Response:
+                stream: bool = False, headers: dict[str, str] | None = None, label: str | None = None,
+                **kwargs) -> requests.Response:
         """Send a request, retrying transient failures within `budget` (a fresh one per call by default).
 
-        `accept_error(response)` lets the caller take an error response as its answer (a SOAP fault).
+        `accept_error(response)` lets the caller take an error response as its answer (a SOAP fault). `label`
+        names what is asked where the URL does not (a SOAP call's object), in every message and retry line.
         """
         counted = budget is not None  # a caller's budget has already counted this first attempt
         budget = budget or RetryBudget(self.policy)
-        what = self.describe(method, url, params)
+        what = f"{label}: {self.describe(method, url, params)}" if label else self.describe(method, url, params)
         timeout = (self.policy.connect_timeout_seconds, self.policy.read_timeout_seconds)
         relogged = False
         while True:

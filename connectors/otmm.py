@@ -22,9 +22,9 @@ from typing import Any, Iterable, Iterator, Literal
 import requests
 from pydantic import Field, field_validator, model_validator
 
-from connectors.base import (DESCRIBE_ERRORS, FetchedFile, LangValue, ListingMoved, SourceItem, SourceObject,
+from connectors.base import (FetchedFile, LangValue, ListingMoved, SourceItem, SourceObject,
                              UnreadableObject, checked_source_url_template, source_url, unreadable)
-from connectors.errors import ObjectNotFound, SourceDataError, SourceRequestFailed
+from connectors.errors import DESCRIBE_ERRORS, ObjectNotFound, SourceDataError, SourceRequestFailed
 from connectors.fetching import fetch_verified, fixity
 from connectors.grouping import natural_key
 from connectors.http import HttpSession, HttpSourceSettings

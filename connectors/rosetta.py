@@ -20,10 +20,10 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 import requests
 from pydantic import Field, field_validator, model_validator
 
-from connectors.base import (DESCRIBE_ERRORS, FetchedFile, Fixity, LangValue, ListingMoved, SourceItem, SourceObject,
+from connectors.base import (FetchedFile, Fixity, LangValue, ListingMoved, SourceItem, SourceObject,
                              UnreadableObject, checked_source_url_template, source_url, unreadable)
-from connectors.errors import (ObjectNotFound, PermissionDenied, SourceDataError, SourceRequestFailed,
-                               SourceUnavailable)
+from connectors.errors import (DESCRIBE_ERRORS, ObjectNotFound, PermissionDenied, SourceDataError,
+                               SourceRequestFailed)
 from connectors.fetching import CHECKABLE_DIGESTS, fetch_verified, fixity, hashlib_name
 from connectors.http import BaseUrl, HttpSession, HttpSourceSettings
 from connectors.idlist import IdListSettings
@@ -393,13 +393,10 @@ class RosettaSource:
         envelope = (f'<soap:Envelope xmlns:soap="{NS["soap"]}" xmlns:dps="http://dps.exlibris.com/"><soap:Body>'
                     f"<dps:getIE><pdsHandle></pdsHandle><iePid>{escape(pid)}</iePid>"
                     f"<flags>{self.settings.get_ie_flags}</flags></dps:getIE></soap:Body></soap:Envelope>")
-        try:
-            response = self.http.request(
-                "POST", self.http.url(self.settings.ie_service_path), data=envelope.encode("utf-8"),
-                headers={"Content-Type": "text/xml; charset=utf-8", "SOAPAction": f'"{self.settings.soap_action}"'},
-                accept_error=_is_soap_fault)
-        except SourceUnavailable as exc:  # the request names the service alone
-            raise SourceUnavailable(f"getIE {pid}: {exc}") from None
+        response = self.http.request(
+            "POST", self.http.url(self.settings.ie_service_path), data=envelope.encode("utf-8"),
+            headers={"Content-Type": "text/xml; charset=utf-8", "SOAPAction": f'"{self.settings.soap_action}"'},
+            accept_error=_is_soap_fault, label=f"getIE {pid}")
         body = _xml(response.content, f"{pid}: getIE response").find("soap:Body", NS)
         fault = body.find("soap:Fault", NS) if body is not None else None
         if fault is not None:

@@ -201,8 +201,7 @@ class Harvest:
         """Whether the checkpoint was taken while the source was asked to list something else (Pipeline.
         listing_digest: another set, query or server): it says nothing of what the source lists now, so the run
         lists everything, as a first run does (unchanged items are skipped), and records its own checkpoint."""
-        recorded, current = self.ledger.checkpoint_listing(self.pipeline.name), self.pipeline.listing_digest
-        return None not in (recorded, current) and recorded != current
+        return self.ledger.listing_changed(self.pipeline.name, self.pipeline.listing_digest)
 
     def objects(self, since: datetime | None, until: datetime) -> Iterator[SourceObject | UnreadableObject]:
         """The objects to harvest; a stop asked for while the source is waited for (before a retry: harvest sets

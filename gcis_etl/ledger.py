@@ -740,6 +740,12 @@ class Ledger:
         row = self._execute("SELECT listing FROM checkpoints WHERE pipeline=?", (pipeline,)).fetchone()
         return row[0] if row else None
 
+    def listing_changed(self, pipeline: str, current: str | None) -> bool:
+        """Whether the checkpoint was taken under listing settings other than `current` (None: not known here,
+        as the digest of an older version's checkpoint is not): the next run then lists everything."""
+        recorded = self.checkpoint_listing(pipeline)
+        return None not in (recorded, current) and recorded != current
+
     def set_checkpoint(self, pipeline: str, checkpoint: datetime, run_id: int, listing: str | None) -> None:
         with self._writing():
             self._execute("INSERT INTO checkpoints (pipeline, checkpoint, run_id, updated, listing) VALUES (?,?,?,?,?) "

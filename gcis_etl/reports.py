@@ -293,10 +293,9 @@ def pipeline_status(ledger: Ledger, pipeline: str, lock: RunLock, shown: int | N
     items = ledger.counts(pipeline)
     totals = {"failed": items.get("failed", 0), "rejected": items.get("rejected", 0),
               "rejected_manifests": ledger.manifest_problems_count(pipeline)}
-    recorded = ledger.checkpoint_listing(pipeline)
     return PipelineStatus(pipeline, checkpoint.isoformat() if checkpoint else None, items, run,
                           ledger.counts_so_far(run) if run else {}, problems, gone, ledger.superseded_count(pipeline),
-                          totals, None not in (recorded, listing) and recorded != listing)
+                          totals, ledger.listing_changed(pipeline, listing))
 
 
 def counted(n: int, noun: str) -> str:

@@ -621,17 +621,17 @@ class S3Store:
     def _error(self, key: str, action: str, exc: Exception) -> StoreError:
         if isinstance(exc, ClientError):
             error = exc.response.get("Error", {})
-            cls = IntegrityError if error.get("Code") in _INTEGRITY_CODES else StoreFull if error.get("Code") in _FULL \
-                else StoreUnavailable if error.get("Code") in _UNAVAILABLE \
-                else StoreRefused if error.get("Code") in _REFUSED else StoreError
-            if error.get("Code") in _REFUSED:
-                hint = " (check the store's credentials and its bucket policy)"
-            elif error.get("Code") == "NoSuchBucket":
+            code, cls, hint = error.get("Code"), StoreError, ""
+            if code in _REFUSED:
+                cls, hint = StoreRefused, " (check the store's credentials and its bucket policy"
+                hint += "; deleting superseded access masters needs s3:DeleteObject on <prefix>/*)" \
+                    if action == "delete" else ")"
+            elif code == "NoSuchBucket":
                 hint = " (check store.bucket, endpoint_url and region; gcis-etl never creates a bucket)"
             else:
-                hint = ""
-            return cls(f"{self.describe(key)}: {action} refused by the server: "
-                       f"{error.get('Code')}: {error.get('Message')}{hint}")
+                cls = IntegrityError if code in _INTEGRITY_CODES else StoreFull if code in _FULL \
+                    else StoreUnavailable if code in _UNAVAILABLE else StoreError
+            return cls(f"{self.describe(key)}: {action} refused by the server: {code}: {error.get('Message')}{hint}")
         if isinstance(exc, NoCredentialsError):
             return StoreRefused(f"{self.describe(key)}: {action} failed: {exc} (set AWS_ACCESS_KEY_ID and "
                                 f"AWS_SECRET_ACCESS_KEY, store.profile, or give the host a role)")

@@ -15,7 +15,7 @@ import logging
 from dataclasses import dataclass
 from typing import Iterator
 
-from gcis_etl.errors import StoreError, StoreRefused, StoreUnavailable
+from gcis_etl.errors import StoreError, StoreUnavailable
 from gcis_etl.ledger import Ledger
 from gcis_etl.manifests import DepositedImage
 from gcis_etl.pipelines import Pipeline
@@ -52,11 +52,9 @@ def retire_superseded(ledger: Ledger, pipeline: Pipeline, object_id: str, keep: 
                 store.delete(old.key)
             except StoreUnavailable:  # an outage stops the run, as it would at the next deposit
                 raise
-            except StoreError as exc:
-                needs = "; deleting superseded access masters needs s3:DeleteObject on <prefix>/*" \
-                    if isinstance(exc, StoreRefused) else ""
+            except StoreError as exc:  # its message says what to check (S3Store._error)
                 log.warning("%s/%s: superseded access master %s not deleted, it waits in the ledger for the next "
-                            "run: %s%s", pipeline.name, object_id, old.key, exc, needs,
+                            "run: %s", pipeline.name, object_id, old.key, exc,
                             extra={"pipeline": pipeline.name, "object_id": object_id})
                 continue
         ledger.forget_superseded(pipeline.name, old.key)

@@ -173,18 +173,18 @@ def _pool_process() -> _PoolProcess:
 
 
 def _refuse_libvips(where: str) -> None:
+    """Exits (70) rather than raises: Celery logs what a signal's receiver raises, and goes on to fork or run
+    tasks in a process that would deadlock."""
     if "pyvips" in sys.modules:
-        raise RuntimeError(f"libvips is loaded in the {where}: pool processes forked from it would deadlock; "
-                           f"only conversion children (gcis_etl.isolation) may load it")
+        sys.stderr.write(f"gcis-etl worker: libvips is loaded in the {where}: pool processes forked from it would "
+                         f"deadlock; only conversion children (gcis_etl.isolation) may load it; not starting\n")
+        sys.stderr.flush()
+        os._exit(os.EX_SOFTWARE)
 
 
 def _on_worker_init(sender: Any = None, **kwargs: Any) -> None:
     _pipelines()  # before the pool forks; config.yaml checked each recipe as it loaded
-    try:
-        _refuse_libvips("Celery worker's main process")
-    except RuntimeError as exc:  # Celery logs what a signal's receiver raises, and goes on: this must not go on
-        sys.stderr.write(f"gcis-etl worker: {exc}; not starting\n")
-        os._exit(os.EX_SOFTWARE)
+    _refuse_libvips("Celery worker's main process")
     settings = _config().celery
     log.info("gcis-etl worker: broker %s, results %s, pipelines %s", redacted(settings.broker_url),
              redacted(settings.results_url), ", ".join(_config().pipelines) or "none")

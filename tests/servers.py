@@ -128,6 +128,7 @@ class _S3FaultProxy(BaseHTTPRequestHandler):
     fault, held unanswered for its seconds (a hung server), then cut off."""
 
     protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # headers and body go in two writes (tests/emulators/server.py says why)
 
     def _forward(self) -> None:
         body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
