@@ -172,11 +172,12 @@ class OtmmSource:
         until = as_utc(until) if until else None
         groups_done: set[str] = set()
         assets_seen: set[str] = set()
+        grouped = self.settings.group is not None
         for summary in self._discover(since):
             if isinstance(summary, ListingMoved):
                 yield summary
                 continue
-            if self.settings.group is None and self._left_out(summary):
+            if not grouped and self._left_out(summary):
                 continue  # a withdrawn member is read all the same: its group (one of its fields) goes on without it
             relisted = summary["asset_id"] in assets_seen  # the listing moved: the run must see its group again
             assets_seen.add(summary["asset_id"])
@@ -185,13 +186,11 @@ class OtmmSource:
             object_id = summary["asset_id"]  # the asset's group, once the asset is read
             try:
                 asset = self._read(summary["asset_id"])
-                if self.settings.group is None:
-                    if self._left_out(asset) or not within(_updated(asset), since, until):
-                        continue
+                if (not grouped and self._left_out(asset)) or not within(_updated(asset), since, until):
+                    continue
+                if not grouped:
                     obj = self._object(object_id, [asset])
                 else:
-                    if not within(_updated(asset), since, until):
-                        continue
                     object_id = self._group_value(asset) or asset["asset_id"]
                     if object_id in groups_done and not relisted:
                         continue

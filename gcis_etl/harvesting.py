@@ -183,7 +183,6 @@ class Harvest:
         self.listed: set[str] = set()  # objects this run has seen in the source
         self.reached: datetime | None = None  # how far the listing got, for a source listing in modified order
         self.superseding = True  # the ledger may hold superseded keys of the pipeline (execute looks)
-        self.listing_note: str | None = None  # LISTING_CHANGED, where window() lists everything for it
 
     # ------------------------------------------------------------------------------------ listing
 
@@ -191,10 +190,18 @@ class Harvest:
         until = now()
         if self.options.since is not None:
             return self.options.since, until
-        if self.listing_changed and not self.options.full and not self.options.object_ids:
-            self.listing_note = LISTING_CHANGED
-        checkpoint = None if self.options.full or self.listing_changed else self.ledger.checkpoint(self.pipeline.name)
+        checkpoint = None if self.options.full else self.checkpoint()
         return (checkpoint - self.pipeline.overlap if checkpoint else None), until
+
+    def checkpoint(self) -> datetime | None:
+        """The pipeline's checkpoint, unless it was taken under other listing settings (listing_changed)."""
+        return None if self.listing_changed else self.ledger.checkpoint(self.pipeline.name)
+
+    @property
+    def listing_note(self) -> str | None:
+        """Why a run over the checkpoint's window lists everything, where it does."""
+        listing_window = self.options.since is None and not self.options.full and not self.options.object_ids
+        return LISTING_CHANGED if listing_window and self.listing_changed else None
 
     @cached_property
     def listing_changed(self) -> bool:
@@ -552,7 +559,7 @@ class Harvest:
                 or None in self.unsettled or reached is None
                 or (self.cut_short and not self.pipeline.source.lists_in_modified_order)):
             return None
-        current = None if self.listing_changed else self.ledger.checkpoint(self.pipeline.name)
+        current = self.checkpoint()
         if current is None and not self.listed:  # a first listing that was empty: a set or a query mistyped
             return None  # would otherwise hide all that the one meant lists, for ever; the next run lists it all
         target = min([reached, *self.unsettled])
