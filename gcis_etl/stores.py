@@ -34,6 +34,7 @@ from botocore.exceptions import ConnectionError as TransportError
 from botocore.exceptions import HTTPClientError, NoCredentialsError, SSLError
 from pydantic import Field, field_validator
 from s3transfer.bandwidth import BandwidthLimitedStream, LeakyBucket
+from s3transfer.exceptions import RetriesExceededError
 from s3transfer.futures import TransferCoordinator
 from s3transfer.manager import TransferConfig, TransferManager
 from s3transfer.subscribers import BaseSubscriber
@@ -153,11 +154,16 @@ class Store(Protocol):
 
 
 def _write_durably(dest: Path, fill) -> str:
-    """Let `fill` write `dest`, fsync it, and hash what reached the disk (not what was meant to)."""
-    with open(dest, "wb") as out:
-        fill(out)
-        out.flush()
-        os.fsync(out.fileno())
+    """Let `fill` write `dest`, fsync it, and hash what reached the disk (not what was meant to). A failed
+    download leaves no `dest`: half a master must never pass for one."""
+    try:
+        with open(dest, "wb") as out:
+            fill(out)
+            out.flush()
+            os.fsync(out.fileno())
+    except BaseException:
+        dest.unlink(missing_ok=True)
+        raise
     with open(dest, "rb") as f:
         return sha256_stream(f)
 
@@ -355,11 +361,14 @@ class LocalStore:
 
     def delete(self, key: str) -> bool:
         path = self.root / check_key(key)
-        self._sidecar(key).unlink(missing_ok=True)
         try:
+            self._sidecar(key).unlink(missing_ok=True)
             path.unlink()
         except FileNotFoundError:
             return False
+        except OSError as exc:  # a read-only mount, a folder without write permission: as S3 refuses a delete
+            raise StoreRefused(f"{self.describe(key)}: cannot delete: {exc.strerror} (check the store folder's "
+                               f"permissions and mount)") from None
         return True
 
     def list(self, prefix: str = "") -> Iterator[ListedObject]:
@@ -769,7 +778,8 @@ class S3Store:
     def _transfer_config(self) -> TransferConfig:
         s = self.settings
         return TransferConfig(multipart_threshold=s.multipart_threshold, multipart_chunksize=s.multipart_chunksize,
-                              max_request_concurrency=s.max_concurrency, max_bandwidth=s.max_bandwidth)
+                              max_request_concurrency=s.max_concurrency, max_bandwidth=s.max_bandwidth,
+                              num_download_attempts=s.retry.max_attempts)
 
     def download(self, key: str, dest: Path) -> str:
         full_key = self._full_key(key)
@@ -781,6 +791,8 @@ class S3Store:
             return _write_durably(dest, fill)
         except (BotoCoreError, ClientError) as exc:
             raise self._error(key, "download", exc) from None
+        except RetriesExceededError as exc:  # s3transfer's own retries of a body cut short, every time
+            raise self._error(key, "download", exc.last_exception) from None
         except OSError as exc:
             raise StoreError(f"{self.describe(key)}: cannot write {dest}: {exc.strerror}") from None
 

@@ -125,7 +125,8 @@ class _S3FaultProxy(BaseHTTPRequestHandler):
     """Forwards every request to MinIO unchanged (the Host header too, which the client signed), except those
     a fault rule of the server's `faults` (tests.emulators.faults.FaultInjector) takes: they are answered with
     the rule's status and no body, as MinIO answers a request it cut off while stopping (499), or, for a `slow`
-    fault, held unanswered for its seconds (a hung server), then cut off."""
+    fault, held unanswered for its seconds (a hung server), then cut off, or, for a `truncate` fault, MinIO's
+    answer with its body cut short (a connection dropped mid-transfer)."""
 
     protocol_version = "HTTP/1.1"
     disable_nagle_algorithm = True  # headers and body go in two writes (tests/emulators/server.py says why)
@@ -138,7 +139,7 @@ class _S3FaultProxy(BaseHTTPRequestHandler):
             self.server.stopping.wait(fault.seconds)
             self.close_connection = True
             return
-        if fault is not None:
+        if fault is not None and fault.kind == "status":
             self.server.answered.append(f"{self.command} {self.path} {fault.status}")
             self.send_response(fault.status)
             self.send_header("Content-Length", "0")
@@ -160,6 +161,9 @@ class _S3FaultProxy(BaseHTTPRequestHandler):
         if not head:
             self.send_header("Content-Length", str(len(content)))
         self.end_headers()
+        if fault is not None and fault.kind == "truncate":
+            self.server.answered.append(f"{self.command} {self.path} truncate")
+            content, self.close_connection = content[:int(len(content) * fault.keep)], True
         self.wfile.write(content)
 
     do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = _forward

@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from gcis_etl.config import load_config
-from gcis_etl.errors import ConfigError, IntegrityError, StoreError
+from gcis_etl.errors import ConfigError, IntegrityError, StoreError, StoreRefused
 from gcis_etl.keys import UnsafeKey
 from gcis_etl.settings import parse
 from gcis_etl.stores import (LocalStore, LocalStoreSettings, Provenance, S3Store, S3StoreSettings, open_store)
@@ -549,3 +549,37 @@ def test_a_request_cut_off_every_time_fails_within_the_attempts(minio, s3_bucket
         with pytest.raises(StoreError, match="499"):
             store.put("demo/IE1/small.tif", path, sha256=sha)
     assert len(proxy.answered) == 3
+
+
+def test_a_download_cut_short_every_time_is_a_store_error_and_leaves_no_file(minio, s3_bucket, aws_env, tmp_path):
+    """s3transfer retries a body cut short by itself and then raises its own RetriesExceededError, which no
+    caller catches: the cache sync and move_store stopped with a traceback instead of failing the one key."""
+    path, sha = random_file(tmp_path / "small.tif", MiB)
+    with s3_fault_proxy(minio) as proxy:
+        store = S3Store(s3_settings(minio, s3_bucket, endpoint_url=f"http://127.0.0.1:{proxy.server_port}",
+                                    retry={"mode": "standard", "max_attempts": 3}))
+        store.put("demo/IE1/small.tif", path, sha256=sha)
+        proxy.faults.inject(r"^GET ", Fault.truncate(0.5), times=None)
+        with pytest.raises(StoreError, match=r"demo/IE1/small\.tif.*download"):
+            store.download("demo/IE1/small.tif", tmp_path / "copy.tif")
+        assert [line.split()[-1] for line in proxy.answered if line.startswith("GET")] == ["truncate"] * 3
+    assert not (tmp_path / "copy.tif").exists()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="remounting a tmpfs read-only needs root")
+def test_a_local_delete_the_filesystem_refuses_is_a_store_refusal_naming_the_key(tmp_path):
+    """It was a bare PermissionError/OSError, which the harvest's supersession (waiting keys on a StoreError)
+    did not catch: one read-only store folder stopped the run with a traceback."""
+    root = tmp_path / "store"
+    root.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(root)], check=True)
+    try:
+        store = LocalStore(LocalStoreSettings(root=root))
+        path, sha = random_file(tmp_path / "a.tif", 1000)
+        store.put("demo/IE1/a.tif", path, sha256=sha)
+        subprocess.run(["mount", "-o", "remount,ro", str(root)], check=True)
+        with pytest.raises(StoreRefused, match=r"demo/IE1/a\.tif: cannot delete: Read-only file system"):
+            store.delete("demo/IE1/a.tif")
+        assert store.head("demo/IE1/a.tif").sha256 == sha
+    finally:
+        subprocess.run(["umount", str(root)], check=True)
