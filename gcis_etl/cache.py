@@ -424,7 +424,7 @@ def _sync_one(cache: _Cache, source: CacheSource, listed: ListedObject) -> tuple
     if head.sha256 is None:
         raise IntegrityError(f"{source.store.describe(key)} has no SHA-256 recorded (not deposited by gcis-etl): "
                              f"a copy could not be verified, so none was made")
-    if intact and record.sha256 == head.sha256:
+    if intact and record.sha256 == head.sha256 and not head.doubt:
         cache.state.relisted(key, modified)
         return "unchanged", 0
     if st is not None and not intact and sha256_file(path) == head.sha256:
@@ -436,7 +436,8 @@ def _sync_one(cache: _Cache, source: CacheSource, listed: ListedObject) -> tuple
         size = tmp.stat().st_size
         if (size, sha256) != (head.size, head.sha256):
             raise IntegrityError(f"{source.store.describe(key)}: the copy has {size} bytes with SHA-256 {sha256}, "
-                                 f"the store recorded {head.size} bytes with {head.sha256}; the cache keeps "
+                                 f"the store recorded {head.size} bytes with {head.sha256}"
+                                 f"{f' ({head.doubt})' if head.doubt else ''}; the cache keeps "
                                  f"{'its previous copy' if st else 'no copy'}")
         os.chmod(tmp, 0o644)
         _newer_than(tmp, st.st_mtime if st else record.mtime_ns / 1e9 if record else None)

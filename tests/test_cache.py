@@ -168,6 +168,26 @@ def test_sync_from_s3_verifies_against_the_sha256_recorded_at_deposit(minio, s3_
     assert cached(settings) == {"p/o/good.tif": b"G" * 5000}
 
 
+def test_an_object_another_tool_overwrote_keeping_its_metadata_is_not_taken_for_the_cached_one(
+        minio, s3_bucket, aws_env, tmp_path):
+    """Same size, our SHA-256 in its metadata, only its date changed: the store's record said "unchanged", so
+    the cache kept serving the old image while the store held another. Now the copy is checked: the same bytes
+    again are fine, other bytes are a failure naming the doubt, and the cache keeps its verified copy."""
+    store = S3Store(s3_settings(minio, s3_bucket))
+    put(store, "p/o/same.tif", b"S" * 5000)
+    put(store, "p/o/other.tif", b"O" * 5000)
+    settings, source = cache_settings(tmp_path), CacheSource("p", store, "p/")
+    assert sorted(sync(settings, [source]).copied) == ["p/o/other.tif", "p/o/same.tif"]
+    client, full = minio.client(), f"{store.settings.prefix}/p/o/"
+    for name, body in (("same.tif", b"S" * 5000), ("other.tif", b"X" * 5000)):
+        kept = client.head_object(Bucket=s3_bucket, Key=full + name)["Metadata"]
+        client.put_object(Bucket=s3_bucket, Key=full + name, Body=body, Metadata=kept)
+    result = sync(settings, [source])
+    assert [f.key for f in result.failed] == ["p/o/other.tif"]
+    assert "another tool" in result.failed[0].reason and "keeps its previous copy" in result.failed[0].reason
+    assert cached(settings) == {"p/o/same.tif": b"S" * 5000, "p/o/other.tif": b"O" * 5000}
+
+
 def test_a_store_that_cannot_be_listed_fails_that_source_only(setup, minio, tmp_path, monkeypatch):
     store, source, settings = setup
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "wrong")
