@@ -410,7 +410,8 @@ class CeleryExecutor:
                 app.amqp.send_task_message(producer, TASK_NAME, message, queue=queue,
                                            retry=True, retry_policy={
                                                "max_retries": self.settings.outage_retries, "interval_start": 0,
-                                               "interval_step": 1, "interval_max": OUTAGE_RETRY_CEILING_SECONDS})
+                                               "interval_step": 1, "interval_max": OUTAGE_RETRY_CEILING_SECONDS,
+                                               "errback": functools.partial(_sending_retried, flight.task)})
         except BaseException:  # the broker is down, or a second Ctrl-C while it stalls
             self._unmark(task_id)
             raise
@@ -559,6 +560,13 @@ class CeleryExecutor:
         for task_id in self._handed:
             self.app.backend.forget(task_id)
         self._handed.clear()
+
+
+def _sending_retried(task: ItemTask, exc: BaseException, interval: float) -> None:
+    """kombu's errback for a send it retries: a line each, as the result backend and _ask_workers say theirs,
+    so that an outage's minutes are not silent."""
+    log.warning("%s/%s: sending the task failed; retrying in %g s. (%s: %s)", task.object_id, task.item.id,
+                interval, type(exc).__name__, scrub(str(exc)))
 
 
 def _queue_names(answers: dict[str, list[dict]] | None) -> set[str] | None:

@@ -328,12 +328,16 @@ def _sent_at_once_by_the_next_run(executor, task, redis_server) -> None:
     following.app.close()
 
 
-def test_a_send_the_broker_refused_leaves_no_sent_marker_behind(tmp_path, redis_server):
+def test_a_send_the_broker_refused_leaves_no_sent_marker_behind(tmp_path, redis_server, caplog):
     """The marker used to stay without a message: the next run took the task for in flight and waited twice
-    visibility_timeout_seconds (4 h by default) before sending it."""
+    visibility_timeout_seconds (4 h by default) before sending it. Each retry of the send says so (they were
+    silent: the README promises a line per retry)."""
     executor, task = _executor_on(tmp_path, redis_server, f"redis://127.0.0.1:{free_port()}/0")
-    with pytest.raises(GcisError, match="cannot be reached"):
+    with pytest.raises(GcisError, match="cannot be reached"), caplog.at_level(logging.WARNING, "gcis_etl.worker"):
         executor.submit(task)
+    retries = [r.getMessage() for r in caplog.records if "sending the task failed" in r.getMessage()]
+    assert retries and all(line.startswith(f"{task.object_id}/{task.item.id}: sending the task failed; retrying in ")
+                           and "Error" in line for line in retries), caplog.text
     _sent_at_once_by_the_next_run(executor, task, redis_server)
 
 
