@@ -9,12 +9,14 @@ import functools
 import hashlib
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any, Literal, Mapping
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from gcis_etl.errors import ConfigError
+from gcis_etl.formats import names_of
 from gcis_etl.settings import Settings, parse, read_yaml
 
 DEFAULT_RECIPE = "ptiff-jpeg-q90"
@@ -104,13 +106,25 @@ class Recipe(Settings):
             return {**data, "interpolation": "area"}
         return data
 
+    @field_validator("chroma", mode="before")
+    @classmethod
+    def _sexagesimal_chroma(cls, value: object) -> object:
+        """YAML 1.1 reads an unquoted 4:2:0 as the base-60 number 14520 (4:4:4: 14644): take it as meant."""
+        return {14520: "4:2:0", 14644: "4:4:4"}.get(value, value) if isinstance(value, int) else value
+
     @model_validator(mode="after")
     def _fields_match_encoder(self) -> "Recipe":
-        if not self.extension.startswith("."):
-            raise ValueError(f"extension must start with a dot, got {self.extension!r}")
+        # The scratch file and the store key end with it, and the cache copies only names ending with one of
+        # its `extensions` (the same form): a path (/, ..) or a space in it would write elsewhere or go unseen.
+        if not re.fullmatch(r"\.[a-z0-9]+", self.extension):
+            raise ValueError(f"extension must be a dot and lower-case letters or digits (.tif, .jp2), "
+                             f"got {self.extension!r}")
         if self.encoder != "tifffile" and self.interpolation is not None:
             raise ValueError(f"interpolation: applies only to encoder tifffile, not {self.encoder}")
         if self.encoder in PTIFF_ENCODERS:
+            if self.extension in names_of("JP2") | names_of("J2K"):
+                raise ValueError(f"extension {self.extension} names JPEG 2000, but encoder {self.encoder} writes "
+                                 f"TIFF (.tif)")
             if self.jp2 is not None:
                 raise ValueError("jp2: applies only to the encoders " + ", ".join(JP2_ENCODERS))
             if self.encoder == "tifffile" and self.fast_dct:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -141,3 +142,30 @@ def test_a_recipe_number_given_a_boolean_is_refused_but_booleans_stay_booleans(t
     assert "fast_dct" not in str(raised.value)
     path.write_text(path.read_text().replace("quality: yes", "quality: '90'"))
     assert load_recipe(path).quality == 90 and load_recipe(path).fast_dct is True
+
+
+@pytest.mark.parametrize("chroma", ["4:2:0", "4:4:4"])
+def test_an_unquoted_chroma_read_as_a_base_60_number_is_taken_as_written(tmp_path, chroma):
+    """YAML 1.1 reads 4:2:0 as 14520: the recipe was refused with "Input should be '4:2:0' or '4:4:4' (got
+    14520)", a number the user never wrote."""
+    (tmp_path / "quoted").mkdir()
+    unquoted = load_recipe(write(tmp_path, SHIPPED_RECIPE.replace('chroma: "4:2:0"', f"chroma: {chroma}"),
+                                 "ptiff-jpeg-q90.yaml"))
+    quoted = load_recipe(write(tmp_path / "quoted", SHIPPED_RECIPE.replace('chroma: "4:2:0"', f'chroma: "{chroma}"'),
+                               "ptiff-jpeg-q90.yaml"))
+    assert unquoted.chroma == quoted.chroma == chroma and unquoted.digest == quoted.digest
+
+
+@pytest.mark.parametrize("extension, message", [
+    ("./../../escaped", "extension must be a dot and lower-case letters or digits (.tif, .jp2), got './../../escaped'"),
+    (".", "extension must be a dot and lower-case letters or digits"),
+    ("'. tif'", "got '. tif'"),
+    (".TIF", "got '.TIF'"),
+    (".jp2", "extension .jp2 names JPEG 2000, but encoder ptiff writes TIFF (.tif)"),
+])
+def test_a_recipe_extension_that_is_no_plain_suffix_or_names_another_format_is_refused(tmp_path, extension, message):
+    """The scratch file and the store key end with it: "./../../escaped" wrote every item's output to one path
+    outside its scratch folder."""
+    path = write(tmp_path, SHIPPED_RECIPE.replace("extension: .tif", f"extension: {extension}"), "ptiff-jpeg-q90.yaml")
+    with pytest.raises(ConfigError, match=r"ptiff-jpeg-q90\.yaml: .*" + re.escape(message)):
+        load_recipe(path)
