@@ -3,9 +3,16 @@
 A file is listed (`changes(since)`) by the newest of its modification and status-change (ctime) times, so a
 master moved or copied in with its old modification time (mv, cp -p, rsync -a, tar) is found; a folder's
 object also by its folder's, so a file renamed or deleted in it re-lists the object. Only the size and the
-modification time say whether a master changed (a chmod re-lists it, to be skipped). Directory symlinks are
-not followed (no cycles, no tree pulled in by accident); file symlinks are (masters are often linked into a
-harvest folder). A file named by a sidecar must be a relative path inside the root.
+modification time say whether a master changed (a chmod re-lists it, to be skipped). A file named by a sidecar
+must be a relative path inside the root.
+
+Links: a link to a file is followed wherever it points, outside the root too (masters are often linked into a
+harvest folder from another volume), and lists as the file it links to. A link to a folder is not followed (no
+cycles, no tree pulled in by accident): each listing warns naming it, as its files are not harvested (mount or
+bind-mount the folder under the root, or link its files). A link that cannot be followed (to nothing, such as a
+master on a volume not mounted, or a loop of links) is an item that cannot be read: its object is unreadable
+with the link and its target named, so a master missing is a failure, not a page left out. A root that is such
+a link fails its pipeline's run as a missing root does.
 
 Object and item ids are paths, and they are text wherever they go (the ledger, store keys, manifests). A
 folder or file named in bytes that are not UTF-8 (a Latin-1 `caf\\xe9` copied from an old server) makes
@@ -15,9 +22,12 @@ bytes escaped (`caf\\xe9`), the same in every run, so its failure is recorded, r
 """
 from __future__ import annotations
 
+import errno
+import logging
 import os
+import stat as stats
 from contextlib import contextmanager
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Iterator
@@ -30,6 +40,8 @@ from connectors.grouping import Group, GroupedSource, GroupingSettings, StoredFi
 from connectors.retry import RetryBudget, RetryPolicy
 from gcis_etl.errors import SourceError
 from gcis_etl.settings import Settings
+
+log = logging.getLogger(__name__)
 
 
 class FilesystemSettings(Settings):
@@ -45,25 +57,38 @@ class FilesystemSource(GroupedSource):
         self.settings = settings
         self.grouping = settings.grouping
         self.retry = settings.retry
-        self.root = settings.root.expanduser().resolve()
+        root = settings.root.expanduser()
+        try:
+            self.root = root.resolve()
+        except (OSError, RuntimeError):  # a loop of links: the listing fails saying so, as for a missing root
+            self.root = root.absolute()
 
     def _build(self, group: Group) -> SourceObject | UnreadableObject:
         """The group's object, or an UnreadableObject (GroupedSource._build) if its folder or one of its files is
-        not named in UTF-8."""
+        not named in UTF-8, or one of its files cannot be read (_UnreadableFile)."""
         names = ([group.id] if not _is_text(group.id) else
                  sorted((f.path for f in group.files if not _is_text(f.path)), key=natural_key))
-        if names and not group.problems:
-            group = replace(group, problems=(
-                f"{', '.join(_printable(n) for n in names)} under {self.root}: not named in UTF-8; "
-                f"rename it in UTF-8 (convmv -f latin1 -t utf8 converts Latin-1 names)",))
+        problems = ([f"{', '.join(_printable(n) for n in names)} under {self.root}: not named in UTF-8; rename it "
+                     f"in UTF-8 (convmv -f latin1 -t utf8 converts Latin-1 names)"] if names else [])
+        problems += [f.reason for f in sorted(group.files, key=lambda f: natural_key(f.path))
+                     if isinstance(f, _UnreadableFile)]
+        if problems and not group.problems:
+            group = replace(group, problems=tuple(problems))
         return super()._build(group)
 
     def _listed_id(self, group_id: str) -> str:
         return _printable(group_id)
 
     def _files(self) -> Iterator[StoredFile]:
-        if not self.root.is_dir():
-            raise SourceError(f"{self.name}: root {self.root} is not a readable folder")
+        try:
+            is_folder = stats.S_ISDIR(os.stat(self.root).st_mode)
+        except OSError as exc:
+            is_folder, why = False, exc.strerror
+        else:
+            why = "not a folder"
+        if not is_folder:
+            raise SourceError(f"{self.name}: root {self.root} is not a readable folder ({why})")
+        folder_links = []
         stack = [(str(self.root), "")]  # a folder, and its path under the root as files' paths begin with it
         while stack:
             folder, relative = stack.pop()
@@ -73,17 +98,58 @@ class FilesystemSource(GroupedSource):
             except OSError as exc:
                 raise SourceError(f"{self.name}: cannot list {folder}: {exc.strerror}") from None
             for entry in entries:
+                path = relative + entry.name
                 if entry.is_dir(follow_symlinks=False):
-                    stack.append((entry.path, f"{relative}{entry.name}/"))
-                elif entry.is_file():
+                    stack.append((entry.path, path + "/"))
+                    continue
+                link = entry.is_symlink()
+                if not (link or entry.is_file(follow_symlinks=False)):
+                    continue  # a socket, a pipe, a device
+                try:
                     stat = entry.stat()
-                    changed = _changed(stat)
-                    if entry.is_symlink():  # a link to an old master made now
-                        changed = max(changed, _changed(entry.stat(follow_symlinks=False)))
-                    modified = _utc(stat.st_mtime)
-                    yield StoredFile(relative + entry.name, stat.st_size, modified,
-                                     listed_at=changed if changed > modified else None,  # None: modified
-                                     folder_listed_at=folder_changed)
+                    own = entry.stat(follow_symlinks=False)
+                except OSError as exc:
+                    unreadable = self._unreadable(entry, path, exc, folder_changed)
+                    if unreadable is not None:
+                        yield unreadable
+                    continue
+                if stats.S_ISDIR(stat.st_mode):
+                    folder_links.append(f"{_printable(path)} -> {_printable(os.readlink(entry.path))}")
+                    continue
+                if not stats.S_ISREG(stat.st_mode):
+                    continue
+                changed = max(_changed(stat), _changed(own))  # a link to an old master made now is new
+                modified = _utc(stat.st_mtime)
+                yield StoredFile(path, stat.st_size, modified,
+                                 listed_at=changed if changed > modified else None,  # None: modified
+                                 folder_listed_at=folder_changed)
+        if folder_links:
+            log.warning("%s: %d link(s) to a folder under %s not followed, their files not harvested (mount the "
+                        "folder under the root, or link its files): %s%s", self.name, len(folder_links), self.root,
+                        ", ".join(folder_links[:5]), " ..." if len(folder_links) > 5 else "")
+
+    def _unreadable(self, entry: os.DirEntry, path: str, exc: OSError,
+                    folder_changed: datetime) -> _UnreadableFile | None:
+        """A file the walk found but cannot stat, listed as such (its object unreadable); None for a file deleted
+        since its folder was read, which is gone."""
+        try:
+            own = entry.stat(follow_symlinks=False)
+            target = os.readlink(entry.path) if stats.S_ISLNK(own.st_mode) else None
+        except OSError:  # gone (or replaced by a file) since its folder was read
+            return None
+        if target is None and isinstance(exc, FileNotFoundError):
+            return None
+        where = f"{_printable(path)} under {self.root}"
+        if target is None:
+            reason = f"{where} cannot be read: {exc.strerror}"
+        elif exc.errno == errno.ENOENT:
+            reason = (f"{where} is a link to {_printable(target)}, which does not exist (a volume not mounted, a "
+                      f"master moved or deleted?)")
+        elif exc.errno == errno.ELOOP:
+            reason = f"{where} is a link to {_printable(target)} in a loop of links (it leads back to itself)"
+        else:
+            reason = f"{where} is a link to {_printable(target)}, which cannot be read: {exc.strerror}"
+        return _UnreadableFile(path, own.st_size, _changed(own), folder_listed_at=folder_changed, reason=reason)
 
     def _read(self, path: str) -> bytes:
         try:
@@ -105,6 +171,13 @@ class FilesystemSource(GroupedSource):
             raise SourceError(f"{self.name}: cannot read {item.id}: {exc.strerror}") from None
         with handle:
             yield Body(iter(lambda: handle.read(CHUNK_SIZE), b""), file=handle)
+
+
+@dataclass(frozen=True, slots=True)
+class _UnreadableFile(StoredFile):
+    """A file listed that cannot be read (a link to nothing, a loop of links): its object is unreadable."""
+
+    reason: str = ""
 
 
 def _utc(timestamp: float) -> datetime:

@@ -5,6 +5,8 @@ import json
 import logging
 import os
 import shutil
+import subprocess
+import sys
 import time
 from dataclasses import replace
 from datetime import datetime, timedelta, timezone
@@ -322,3 +324,75 @@ def test_a_harvest_records_the_object_not_named_in_utf8_as_failed_and_deposits_t
         assert {(r.object_id, r.item_id, r.status) for r in ledger.items("fs")} == {
             ("caf\\xe9", OBJECT, "failed"), ("mixed", OBJECT, "failed"), ("plain", "plain/p1.tif", "deposited")}
     assert harvest(config, "fs").counts["failed"] == 2  # the next run retries them under the same ids
+
+
+def linked_tree(root: Path) -> Path:
+    """`plain/p1.tif`; `loop/` whose `a.tif` and `b.tif` link to each other, beside a master; a root link
+    `dangling.tif` to a volume not mounted; `ms/` with a master and `ms/more`, a link to a folder of masters
+    outside the root."""
+    build(root, {"plain/p1.tif": "gray8/gray.tif", "loop/c.tif": "gray8/gray.tif", "ms/p1.tif": "gray8/gray.tif"})
+    build(root.parent / "outside", {"p2.tif": "gray8/gray.tif"})
+    (root / "loop/a.tif").symlink_to("b.tif")
+    (root / "loop/b.tif").symlink_to("a.tif")
+    (root / "dangling.tif").symlink_to("/nonexistent/volume/x.tif")
+    (root / "ms/more").symlink_to("../../outside")
+    return root
+
+
+def test_a_link_that_cannot_be_followed_makes_its_object_unreadable_naming_the_link_and_its_target(tmp_path):
+    root = linked_tree(tmp_path / "masters")
+    fs = source(root)
+    listed = {o.id: o for o in fs.changes(None)}
+    assert sorted(listed) == ["dangling.tif", "loop", "ms", "plain"]
+    assert {i: o.reason for i, o in listed.items() if isinstance(o, UnreadableObject)} == {
+        "loop": f"fs-test: loop/a.tif under {root} is a link to b.tif in a loop of links (it leads back to itself); "
+                f"loop/b.tif under {root} is a link to a.tif in a loop of links (it leads back to itself)",
+        "dangling.tif": f"fs-test: dangling.tif under {root} is a link to /nonexistent/volume/x.tif, which does not "
+                        f"exist (a volume not mounted, a master moved or deleted?)"}
+    with pytest.raises(SourceDataError, match="a loop of links"):  # asked again by its id
+        list(fs.get(["loop"]))
+    (root / "dangling.tif").unlink()
+    (root / "dangling.tif").symlink_to(root / "plain/p1.tif")  # the volume mounted, as it were
+    assert [i.id for o in fs.get(["dangling.tif"]) for i in o.items] == ["dangling.tif"]
+
+
+def test_a_link_to_a_folder_is_not_followed_and_each_listing_says_so(tmp_path, caplog):
+    root = linked_tree(tmp_path / "masters")
+    with caplog.at_level(logging.WARNING, logger="connectors"):
+        (ms,) = source(root).get(["ms"])
+    assert [i.id for i in ms.items] == ["ms/p1.tif"]
+    assert (f"fs-test: 1 link(s) to a folder under {root} not followed, their files not harvested (mount the folder "
+            f"under the root, or link its files): ms/more -> ../../outside") in caplog.text
+
+
+def test_a_root_that_is_a_loop_of_links_fails_the_listing_as_a_missing_root_does(tmp_path):
+    (tmp_path / "loop").symlink_to("loop")
+    fs = source(tmp_path / "loop")  # opened, as a missing root is: the volume may be mounted by the next run
+    with pytest.raises(SourceError, match=f"^fs-test: root {tmp_path / 'loop'} is not a readable folder "
+                                          r"\(Too many levels of symbolic links\)$"):
+        list(fs.changes(None))
+    with pytest.raises(SourceError, match=r"is not a readable folder \(No such file or directory\)$"):
+        list(source(tmp_path / "nowhere").changes(None))
+
+
+def test_a_harvest_fails_the_objects_with_broken_links_and_the_pipeline_whose_root_is_a_loop_alone(tmp_path):
+    linked_tree(tmp_path / "masters")
+    (tmp_path / "loop").symlink_to("loop")
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump({"state_dir": str(tmp_path / "state"), "pipelines": {
+        name: {"source": {"kind": "filesystem", "root": str(tmp_path / root)},
+               "store": {"kind": "local", "root": str(tmp_path / "store")},
+               "manifests": {"manifest_base_url": "https://iiif.example.org/store",
+                             "image_service_base_url": "https://iiif.example.org/iiif"}}
+        for name, root in (("good", "masters"), ("looped", "loop"))}}))
+    gcis = str(Path(sys.executable).with_name("gcis-etl"))
+    checked = subprocess.run([gcis, "--config", str(tmp_path / "config.yaml"), "config", "check"],
+                             capture_output=True, text=True, timeout=120)
+    assert checked.returncode == 0, checked.stderr
+    run = subprocess.run([gcis, "--config", str(tmp_path / "config.yaml"), "harvest"], capture_output=True,
+                         text=True, timeout=300)
+    assert "Traceback" not in run.stderr + run.stdout
+    assert f"root {tmp_path / 'loop'} is not a readable folder (Too many levels of symbolic links)" in run.stderr
+    with Ledger.open(load_config(tmp_path / "config.yaml")) as ledger:
+        assert {(r.object_id, r.item_id, r.status) for r in ledger.items("good")} == {
+            ("dangling.tif", OBJECT, "failed"), ("loop", OBJECT, "failed"), ("ms", "ms/p1.tif", "deposited"),
+            ("plain", "plain/p1.tif", "deposited")}
