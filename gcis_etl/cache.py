@@ -27,16 +27,20 @@ iipsrv answers 404 for that request, and the image is served again after the nex
 Without an access log, evicted images stay out until purged and deposited again.
 
 purge: removes the cached copies (and the records) of images no longer in their store, or of given keys.
-"No longer in their store" is only ever concluded from a complete listing: a store that cannot be listed
-(an unmounted volume, an unreadable folder, an unreachable bucket) fails the sync of that source, or the
-purge, and nothing of it is removed. Nor is anything of a store that lists no access master at all while the
-cache holds some of it: its prefix or root changed, or its volume's empty mount point is read, far more
-likely than every image withdrawn at once; `purge` with their keys removes them.
+An image is one the state records, or an access master in ``images/`` it does not (a lost ``state.sqlite``)
+under a source's prefix: such a file is gone when every source whose prefix it is under was listed and none
+has it. Any other file in ``images/`` is foreign (put there by hand, or of a pipeline not synced): counted,
+never removed. "No longer in their store" is only ever concluded from a complete listing: a store that
+cannot be listed (an unmounted volume, an unreadable folder, an unreachable bucket) fails the sync of that
+source, or the purge, and nothing of it is removed. Nor is anything of a store that lists no access master
+at all while the cache holds some of it: its prefix or root changed, or its volume's empty mount point is
+read, far more likely than every image withdrawn at once; `purge` with their keys removes them.
 """
 from __future__ import annotations
 
 import os
 import re
+import shutil
 import sqlite3
 import time
 import uuid
@@ -51,7 +55,7 @@ from pydantic import ByteSize, field_validator
 from gcis_etl.durable import fsync_path, sha256_file
 from gcis_etl.errors import GcisError, IntegrityError, StoreError
 from gcis_etl.iipsrv import ServerSettings, reload
-from gcis_etl.keys import check_key
+from gcis_etl.keys import UnsafeKey, check_key
 from gcis_etl.locks import RunLock
 from gcis_etl.reports import counted
 from gcis_etl.settings import Settings
@@ -132,14 +136,18 @@ class Failure:
 @dataclass(frozen=True)
 class SyncResult:
     copied: tuple[str, ...]
-    replaced: tuple[str, ...]  # of the copied, those iipsrv may have had before (changed, or evicted and back)
-    adopted: tuple[str, ...]   # already in the cache with the right content, now recorded (after a crash)
+    replaced: tuple[str, ...]  # of the copied, those iipsrv may have had before: over a file at their path
+                               # (changed, or one the state did not record), or evicted and back
+    adopted: tuple[str, ...]   # already in the cache with the right content, now recorded (after a crash or
+                               # a lost state)
     unchanged: int
     evicted: int               # not copied: evicted by prune and not requested since
     gone: tuple[str, ...]      # cached, no longer in the store: removed if purge_gone, else left to `purge`
+    foreign: int               # files in images/ neither recorded nor under a synced source's prefix (or not
+                               # access masters): never removed
     failed: tuple[Failure, ...]
     bytes_copied: int
-    reloaded: bool             # the iipsrv processes were restarted (after a replacement or removal)
+    reloaded: bool             # the iipsrv processes were restarted (see sync())
     seconds: float
 
 
@@ -155,6 +163,8 @@ class PruneResult:
     evicted: tuple[Evicted, ...]
     kept: int
     kept_bytes: int
+    unrecorded: int           # files in images/ the state does not record: neither evicted nor in kept_bytes
+    unrecorded_bytes: int     # (`cache sync` records those in a store, `sync --purge` removes those gone)
 
     @property
     def freed_bytes(self) -> int:
@@ -273,6 +283,31 @@ class _Cache:
     def path(self, key: str) -> Path:
         return self.images / check_key(key)
 
+    def clear_incoming(self) -> None:
+        """Remove what a killed sync (or anyone) left in incoming/, files and folders alike."""
+        try:
+            for leftover in self.incoming.iterdir():
+                if leftover.is_dir() and not leftover.is_symlink():
+                    shutil.rmtree(leftover)
+                else:
+                    leftover.unlink()
+        except OSError as exc:
+            raise StoreError(f"{self.incoming}: cannot remove what is left in it ({exc}): empty it by hand, "
+                             f"it holds only unfinished copies") from None
+
+    def unrecorded(self) -> dict[str, int]:
+        """The files in images/ the state has no record of, by key (their path below images/), with their
+        sizes: after a lost state.sqlite, those no sync has adopted yet, and whatever was put there by hand."""
+        recorded = {record.key for record in self.state.all()}
+        found = {}
+        for folder, _, names in os.walk(self.images):
+            for name in names:
+                path = Path(folder, name)
+                key = path.relative_to(self.images).as_posix()
+                if key not in recorded:
+                    found[key] = path.lstat().st_size
+        return found
+
     def delete_file(self, key: str) -> int:
         """Delete the cached file (and folders it leaves empty); the bytes freed. iipsrv answers 404 from then
         on (it stats the file on every request), though browsers and CDNs keep what they got for max-age."""
@@ -334,14 +369,19 @@ def _keys_of(target: str, prefix: str) -> tuple[str, ...]:
 def sync(settings: CacheSettings, sources: Sequence[CacheSource], *, purge_gone: bool = False) -> SyncResult:
     """Copy the new or changed access masters of `sources` into the cache, and the evicted ones requested
     since their eviction (see the module docstring); with `purge_gone`, remove the cached images no longer
-    in their store, as `purge` does. iipsrv is restarted when an image it may hold was replaced or removed."""
+    in their store, as `purge` does.
+
+    iipsrv is restarted when it may hold an image whose file was replaced or removed, and after any adoption:
+    an adopted file was not recorded, so what iipsrv last read at its path is unknown (a sync killed after
+    renaming a new copy over an old one leaves the new file for the next sync to adopt). Adoption follows
+    only a crash or a lost state, so this costs a rare restart."""
     started = time.monotonic()
     copied, replaced, adopted, gone, failed = [], [], [], [], []
     unchanged = evicted = bytes_copied = 0
     with _Cache(settings, "sync") as cache:
-        for leftover in cache.incoming.iterdir():  # copies a killed sync left behind
-            leftover.unlink()
+        cache.clear_incoming()
         cache.read_access_log()
+        listings: dict[str, set[str]] = {}
         for source in sources:
             seen: set[str] = set()
             try:
@@ -368,30 +408,57 @@ def sync(settings: CacheSettings, sources: Sequence[CacheSource], *, purge_gone:
             except StoreError as exc:
                 failed.append(Failure(source.name, None, f"listing failed, sync of this source stopped: {exc}"))
                 continue
-            try:
-                missing = _gone(cache, source, seen)
-            except StoreError as exc:
-                failed.append(Failure(source.name, None, str(exc)))
-                continue
-            for key in missing if purge_gone else ():
-                cache.delete_file(key)
-                cache.state.remove(key)
-            gone.extend(missing)
-    reloaded = _reload(settings, failed) if replaced or (purge_gone and gone) else False
-    return SyncResult(tuple(copied), tuple(replaced), tuple(adopted), unchanged, evicted, tuple(gone),
+            listings[source.name] = seen
+        gone, foreign, refused = _gone(cache, sources, listings)
+        failed.extend(refused)
+        for key in gone if purge_gone else ():
+            cache.delete_file(key)
+            cache.state.remove(key)
+    reloaded = _reload(settings, failed) if replaced or adopted or (purge_gone and gone) else False
+    return SyncResult(tuple(copied), tuple(replaced), tuple(adopted), unchanged, evicted, tuple(gone), foreign,
                       tuple(failed), bytes_copied, reloaded, time.monotonic() - started)
 
 
-def _gone(cache: _Cache, source: CacheSource, listed: set[str]) -> list[str]:
-    """The cached images of `source` its complete listing (`listed`, its keys) no longer has. A StoreError when
-    it lists no access master while the cache holds some of the source's: see the module docstring."""
-    cached = cache.state.keys(source.name, source.prefix)
-    if cached and not any(key.lower().endswith(cache.settings.extensions) for key in listed):
-        raise StoreError(f"{source.store.describe(source.prefix)}: lists no access master, yet the cache holds "
-                         f"{counted(len(cached), 'image')} of pipeline {source.name!r}: none is taken for gone (did "
-                         f"the store's prefix or root change, or its volume go unmounted?); `gcis-etl cache purge "
-                         f"KEY...` removes the keys given")
-    return sorted(cached - listed)
+def _gone(cache: _Cache, sources: Sequence[CacheSource],
+          listings: dict[str, set[str]]) -> tuple[list[str], int, list[Failure]]:
+    """The cached images no longer in their store, how many files are foreign, and a Failure for each source
+    of which none is taken for gone (see the module docstring). `listings`: the keys of each source's complete
+    listing; a source without one could not be listed."""
+    extensions = cache.settings.extensions
+    unrecorded = cache.unrecorded()
+    owners = {key: [s.name for s in sources if key.startswith(s.prefix)] for key in unrecorded
+              if key.lower().endswith(extensions) and _is_key(key)}
+    complete: dict[str, set[str]] = {}
+    gone: set[str] = set()
+    failures = []
+    for source in sources:
+        listed = listings.get(source.name)
+        if listed is None:
+            continue
+        cached = cache.state.keys(source.name, source.prefix)
+        held = len(cached) + sum(source.name in names for names in owners.values())
+        if held and not any(key.lower().endswith(extensions) for key in listed):
+            failures.append(Failure(source.name, None, (
+                f"{source.store.describe(source.prefix)}: lists no access master, yet the cache holds "
+                f"{counted(held, 'image')} of pipeline {source.name!r}: none is taken for gone (did the store's "
+                f"prefix or root change, or its volume go unmounted?); `gcis-etl cache purge KEY...` removes the "
+                f"keys given")))
+            continue
+        complete[source.name] = listed
+        gone |= cached - listed
+    gone |= {key for key, names in owners.items()
+             if names and all(name in complete and key not in complete[name] for name in names)}
+    foreign = sum(1 for key in unrecorded if not owners.get(key))
+    return sorted(gone), foreign, failures
+
+
+def _is_key(name: str) -> bool:
+    """Whether a file name below images/ could be a store key (a file named otherwise is foreign)."""
+    try:
+        check_key(name)
+    except UnsafeKey:
+        return False
+    return True
 
 
 def _reload(settings: CacheSettings, failed: list[Failure]) -> bool:
@@ -449,7 +516,7 @@ def _sync_one(cache: _Cache, source: CacheSource, listed: ListedObject) -> tuple
     finally:
         tmp.unlink(missing_ok=True)
     _record(cache, source, key, head.sha256, modified, path.stat(), record)
-    return ("copied" if record is None else "replaced"), size
+    return ("copied" if record is None and st is None else "replaced"), size
 
 
 def _record(cache: _Cache, source: CacheSource, key: str, sha256: str, modified: str, st: os.stat_result,
@@ -482,7 +549,8 @@ def _stat(path: Path) -> os.stat_result | None:
 def prune(settings: CacheSettings, *, max_bytes: int | None = None, max_age: timedelta | None = None,
           now: float | None = None) -> PruneResult:
     """Evict the images not accessed within `max_age`, then the least recently accessed ones until the cache
-    holds at most `max_bytes`."""
+    holds at most `max_bytes`. Files the state does not record are left alone (prune cannot tell an image not
+    adopted yet from one gone or a foreign file: sync can) and counted apart."""
     now = time.time() if now is None else now
     with _Cache(settings, "prune") as cache:
         cache.read_access_log()
@@ -506,7 +574,8 @@ def prune(settings: CacheSettings, *, max_bytes: int | None = None, max_age: tim
                 cache.state.evict(candidate.key, now)
                 total -= candidate.size
                 evicted.append(candidate)
-    return PruneResult(tuple(evicted), len(cached) - len(evicted), total)
+        unrecorded = cache.unrecorded()
+    return PruneResult(tuple(evicted), len(cached) - len(evicted), total, len(unrecorded), sum(unrecorded.values()))
 
 
 # --------------------------------------------------------------------------------------------------- purge
@@ -520,12 +589,13 @@ def purge(settings: CacheSettings, sources: Sequence[CacheSource], keys: Iterabl
         if keys:
             targets = keys
         else:
-            targets = []
-            for source in sources:
-                try:
-                    targets.extend(_gone(cache, source, {o.key for o in source.store.list(source.prefix)}))
-                except StoreError as exc:
-                    raise StoreError(f"{exc}; nothing was purged") from None
+            try:
+                listings = {s.name: {o.key for o in s.store.list(s.prefix)} for s in sources}
+            except StoreError as exc:
+                raise StoreError(f"{exc}; nothing was purged") from None
+            targets, _, refused = _gone(cache, sources, listings)
+            if refused:
+                raise StoreError(f"{refused[0].reason}; nothing was purged")
         removed, not_cached, freed = [], [], 0
         for key in targets:
             size = cache.delete_file(key)

@@ -92,11 +92,15 @@ def test_a_cached_file_changed_on_disk_is_copied_again(setup):
     assert cached(settings)["p/o1/b.jp2"] == b"B" * 2000
 
 
+def lose_state(settings: CacheSettings) -> None:
+    for name in ("state.sqlite", "state.sqlite-wal", "state.sqlite-shm"):
+        (settings.dir / name).unlink(missing_ok=True)
+
+
 def test_a_lost_state_is_rebuilt_from_the_files_without_copying_them(setup):
     store, source, settings = setup
     sync(settings, [source])
-    for name in ("state.sqlite", "state.sqlite-wal", "state.sqlite-shm"):
-        (settings.dir / name).unlink(missing_ok=True)
+    lose_state(settings)
     result = sync(settings, [source])
     assert sorted(result.adopted) == ["p/o1/a.tif", "p/o1/b.jp2"] and result.copied == ()
     assert sync(settings, [source]).unchanged == 2
@@ -131,6 +135,19 @@ def test_a_partial_copy_left_by_a_killed_sync_is_removed(setup):
     leftover.write_bytes(b"half")
     sync(settings, [source])
     assert not leftover.exists()
+
+
+def test_whatever_is_left_in_incoming_is_removed_folders_too(setup):
+    """A folder there made every sync fail with a traceback (IsADirectoryError)."""
+    store, source, settings = setup
+    incoming = settings.dir / "incoming"
+    incoming.mkdir(parents=True)
+    (incoming / "by-hand" / "deeper").mkdir(parents=True)
+    (incoming / "by-hand" / "deeper" / "x.partial").write_bytes(b"half")
+    (incoming / "link").symlink_to(settings.images_dir)  # removed, not followed
+    result = sync(settings, [source])
+    assert (len(result.copied), result.failed) == (2, ()) and list(incoming.iterdir()) == []
+    assert settings.images_dir.is_dir()
 
 
 def test_keys_must_be_unique_across_the_stores_one_iipsrv_serves(setup, tmp_path):
@@ -239,6 +256,50 @@ def test_sync_can_purge_what_is_gone_in_the_same_listing(setup):
     assert sync(settings, [source]).gone == ()
 
 
+def test_after_a_lost_state_images_deleted_from_the_store_meanwhile_are_gone_and_foreign_files_stay(setup, tmp_path):
+    """Only records used to count: after a lost state.sqlite, a deleted image was never reported nor removed,
+    and iipsrv served it for ever. Files under no source's prefix, or not access masters, are not the cache's
+    to remove."""
+    store, source, settings = setup
+    sync(settings, [source])
+    for key in ("q/o9/by-hand.tif", "p/o1/notes.txt", "p/o1/not a key.tif"):
+        (settings.images_dir / key).parent.mkdir(parents=True, exist_ok=True)
+        (settings.images_dir / key).write_bytes(b"F" * 7)
+    lose_state(settings)
+    pruned = prune(settings, max_bytes=0)  # nothing recorded yet: prune cannot tell what the files are
+    assert (pruned.evicted, pruned.kept_bytes, pruned.unrecorded, pruned.unrecorded_bytes) == ((), 0, 5, 3021)
+    store.delete("p/o1/a.tif")
+
+    unlistable = CacheSource("gone-volume", local_store(tmp_path / "unmounted"), "p/o1/")
+    result = sync(settings, [source, unlistable])
+    assert result.adopted == ("p/o1/b.jp2",) and [f.source for f in result.failed] == ["gone-volume"]
+    assert result.gone == ()  # a.tif may be the unlistable source's
+
+    result = sync(settings, [source])
+    assert (result.gone, result.foreign) == (("p/o1/a.tif",), 3)
+    assert "p/o1/a.tif" in cached(settings)  # sync without --purge never deletes
+    assert purge(settings, [source]).removed == ("p/o1/a.tif",)
+    assert sorted(cached(settings)) == ["p/o1/b.jp2", "p/o1/not a key.tif", "p/o1/notes.txt", "q/o9/by-hand.tif"]
+
+    (settings.images_dir / "p/o1/a.tif").write_bytes(b"A" * 1000)  # back, and lost again
+    lose_state(settings)
+    result = sync(settings, [source], purge_gone=True)
+    assert (result.gone, result.foreign) == (("p/o1/a.tif",), 3) and "p/o1/a.tif" not in cached(settings)
+
+
+def test_after_a_lost_state_a_store_that_lists_no_image_loses_none_of_the_files(setup):
+    store, source, settings = setup
+    sync(settings, [source])
+    lose_state(settings)
+    store.delete("p/o1/a.tif")
+    store.delete("p/o1/b.jp2")  # as a changed prefix would list
+    result = sync(settings, [source], purge_gone=True)
+    assert result.gone == () and "lists no access master, yet the cache holds 2 images" in result.failed[0].reason
+    with pytest.raises(StoreError, match="lists no access master.*; nothing was purged"):
+        purge(settings, [source])
+    assert sorted(cached(settings)) == ["p/o1/a.tif", "p/o1/b.jp2"]
+
+
 def test_purge_given_keys_or_iiif_identifiers(setup):
     store, source, settings = setup
     sync(settings, [source])
@@ -337,6 +398,39 @@ def test_a_changed_image_that_iipsrv_may_hold_triggers_the_reload_command(setup,
     put(store, "p/o1/a.tif", b"3" * 1000)
     result = sync(failing, [source])
     assert [f.source for f in result.failed] == ["iipsrv"] and "reload_command" in result.failed[0].reason
+
+
+def test_a_file_the_state_did_not_record_that_a_sync_overwrites_or_adopts_triggers_the_reload_command(
+        setup, tmp_path):
+    """iipsrv keeps an image's size in memory: it reported the old size, and crashed on full/full, when a
+    sync wrote over a file it had no record of, or adopted the copy a killed sync had renamed into place."""
+    store, source, _ = setup
+    marker = tmp_path / "reloaded"
+    settings = cache_settings(tmp_path, reload_command=["touch", str(marker)])
+    sync(settings, [source])
+    assert not marker.exists()
+
+    put(store, "p/o1/a.tif", b"2" * 1000)
+    lose_state(settings)  # what a.tif was is unknown: it is copied over the file iipsrv may hold
+    result = sync(settings, [source])
+    assert (result.copied, result.replaced, result.adopted) == (("p/o1/a.tif",), ("p/o1/a.tif",), ("p/o1/b.jp2",))
+    assert result.reloaded and marker.exists()
+    marker.unlink()
+
+    (settings.images_dir / "p/o2").mkdir()
+    (settings.images_dir / "p/o2/late.tif").write_bytes(b"by hand")  # a file at a key deposited later
+    put(store, "p/o2/late.tif", b"L" * 300)
+    result = sync(settings, [source])
+    assert (result.copied, result.replaced, result.adopted) == (("p/o2/late.tif",), ("p/o2/late.tif",), ())
+    assert result.reloaded and marker.exists()
+    marker.unlink()
+
+    put(store, "p/o1/b.jp2", b"3" * 2000)  # a sync killed after renaming the new copy into place, before its record
+    renamed = settings.dir / "incoming" / "killed.partial"
+    renamed.write_bytes(b"3" * 2000)
+    os.replace(renamed, settings.images_dir / "p/o1/b.jp2")
+    result = sync(settings, [source])
+    assert (result.copied, result.adopted) == ((), ("p/o1/b.jp2",)) and result.reloaded and marker.exists()
 
 
 # ------------------------------------------------------------------------------------------------ settings
