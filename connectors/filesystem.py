@@ -93,10 +93,17 @@ class FilesystemSource(GroupedSource):
         while stack:
             folder, relative = stack.pop()
             try:
-                entries = list(os.scandir(folder))
                 folder_changed = _changed(os.stat(folder))
+                entries = list(os.scandir(folder))
+            except FileNotFoundError:
+                if not relative:
+                    raise SourceError(f"{self.name}: root {self.root} is gone") from None
+                continue  # deleted since its parent was read
             except OSError as exc:
-                raise SourceError(f"{self.name}: cannot list {folder}: {exc.strerror}") from None
+                if not relative:
+                    raise SourceError(f"{self.name}: cannot list {folder}: {exc.strerror}") from None
+                yield self._unlisted(relative, exc)
+                continue
             for entry in entries:
                 path = relative + entry.name
                 if entry.is_dir(follow_symlinks=False):
@@ -127,6 +134,18 @@ class FilesystemSource(GroupedSource):
             log.warning("%s: %d link(s) to a folder under %s not followed, their files not harvested (mount the "
                         "folder under the root, or link its files): %s%s", self.name, len(folder_links), self.root,
                         ", ".join(folder_links[:5]), " ..." if len(folder_links) > 5 else "")
+
+    def _unlisted(self, relative: str, exc: OSError) -> _UnreadableFile:
+        """A folder below the root that cannot be listed (its permissions): its object fails naming it, where one
+        such folder stopped every run. It stands for the folder's files (a name no file has), so the folder's
+        object is unreadable; its subfolders' objects cannot be seen until it can be listed."""
+        try:
+            changed = _changed(os.stat(self.root / relative))
+        except OSError:
+            changed = datetime.now(timezone.utc)
+        reason = (f"{_printable(relative)} under {self.root} cannot be listed: {exc.strerror} (its files, and the "
+                  f"objects of its subfolders, are not harvested until it can be)")
+        return _UnreadableFile(relative + "*", 0, changed, folder_listed_at=changed, reason=reason)
 
     def _unreadable(self, entry: os.DirEntry, path: str, exc: OSError,
                     folder_changed: datetime) -> _UnreadableFile | None:

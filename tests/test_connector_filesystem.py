@@ -396,3 +396,35 @@ def test_a_harvest_fails_the_objects_with_broken_links_and_the_pipeline_whose_ro
         assert {(r.object_id, r.item_id, r.status) for r in ledger.items("good")} == {
             ("dangling.tif", OBJECT, "failed"), ("loop", OBJECT, "failed"), ("ms", "ms/p1.tif", "deposited"),
             ("plain", "plain/p1.tif", "deposited")}
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"),
+                    reason="needs root's setpriv to drop the capabilities that let root read any folder")
+def test_a_folder_that_cannot_be_listed_fails_its_object_alone(tmp_path):
+    """One folder without read permission stopped every run ("cannot list …: Permission denied"), nothing of
+    the other objects harvested. The harvest runs without the capabilities that let root read any folder."""
+    root = tmp_path / "masters"
+    for name in ("o1", "o2", "o3"):
+        (root / name).mkdir(parents=True)
+        shutil.copy(CORPUS / "gray8/gray.tif", root / name / "p1.tif")
+    (root / "o2" / "sub").mkdir()
+    (root / "o2").chmod(0)
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump({"state_dir": str(tmp_path / "state"), "pipelines": {
+        "perm": {"source": {"kind": "filesystem", "root": str(root)},
+                 "store": {"kind": "local", "root": str(tmp_path / "store")},
+                 "manifests": {"manifest_base_url": "https://iiif.example.org/store",
+                               "image_service_base_url": "https://iiif.example.org/iiif"}}}}))
+    gcis = str(Path(sys.executable).with_name("gcis-etl"))
+    try:
+        run = subprocess.run(["setpriv", "--bounding-set", "-dac_override,-dac_read_search", gcis, "--config",
+                              str(tmp_path / "config.yaml"), "harvest"], capture_output=True, text=True, timeout=300)
+    finally:
+        (root / "o2").chmod(0o755)
+    assert run.returncode == 1 and "Traceback" not in run.stderr + run.stdout, run.stderr
+    with Ledger.open(load_config(tmp_path / "config.yaml")) as ledger:
+        items = {(r.object_id, r.item_id): (r.status, r.reason) for r in ledger.items("perm")}
+    assert {key: status for key, (status, _) in items.items()} == {
+        ("o1", "o1/p1.tif"): "deposited", ("o2", OBJECT): "failed", ("o3", "o3/p1.tif"): "deposited"}
+    assert items["o2", OBJECT][1] == (f"the source cannot describe it: perm: o2/ under {root} cannot be listed: "
+                                      f"Permission denied (its files, and the objects of its subfolders, are not "
+                                      f"harvested until it can be)")
