@@ -45,6 +45,8 @@ class ServerSettings(Settings):
     processes: int = Field(1, ge=1, le=64, description="iipsrv processes lighttpd spawns")
     cors: str = "*"                                       # CORS (Access-Control-Allow-Origin)
     cache_control: str = "max-age=86400"                  # CACHE_CONTROL
+    info_cache_control: str = Field("max-age=600", description="Cache-Control of info.json: a replaced image keeps "
+                                    "its URL, and its manifest (with the new size) is published at once")
     image_cache_mb: int = Field(10, ge=0)                 # MAX_IMAGE_CACHE_SIZE: tiles kept in RAM per process
     jpeg_quality: int = Field(90, ge=1, le=100)           # JPEG_QUALITY of regions and sizes (tiles are as stored)
     max_cvt: int = Field(5000, ge=1)                      # MAX_CVT: largest width/height rendered
@@ -87,6 +89,8 @@ def environment(server: ServerSettings, images_dir: Path, port: int) -> dict[str
         "GCIS_IIIF_ACCESS_LOG": str(server.access_log.resolve()),
         "GCIS_IIPSRV": str(server.iipsrv),
         "GCIS_IIPSRV_PROCESSES": str(server.processes),
+        "GCIS_IIIF_GUARD": str(DEPLOY / "region-guard.lua"),
+        "GCIS_IIIF_INFO_CACHE_CONTROL": server.info_cache_control,
         "FILESYSTEM_PREFIX": f"{images_dir.resolve()}/",
         "MAX_IMAGE_CACHE_SIZE": str(server.image_cache_mb),
         "JPEG_QUALITY": str(server.jpeg_quality),

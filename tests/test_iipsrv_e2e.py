@@ -249,7 +249,7 @@ def test_forged_iiif_id_header_does_not_reach_info_json(deposited, consumer):
 
 def test_cache_headers_and_unknown_or_escaping_identifiers(deposited, consumer):
     r = info(consumer, deposited.image("kodim02").key)
-    assert r.headers["cache-control"] == consumer.server.cache_control == "max-age=86400"
+    assert r.headers["cache-control"] == consumer.server.info_cache_control == "max-age=600"
     assert "last-modified" in r.headers
     assert info(consumer, f"{PIPELINE}/nothing/here.tif").status == 404
     assert info(consumer, "..%2F..%2F..%2F..%2Fetc%2Fpasswd").status in (400, 403, 404)

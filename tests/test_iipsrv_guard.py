@@ -1,0 +1,85 @@
+"""deploy/iipsrv/region-guard.lua in front of the real lighttpd + iipsrv 1.1: regions that extend beyond a TIFF's
+right and bottom edges, which crash iipsrv, are cropped to the image first; valid requests are served as before."""
+from __future__ import annotations
+
+import io
+
+import pytest
+import pyvips
+from PIL import Image
+
+from gcis_etl.iipsrv import Consumer, ServerSettings
+from tests.consumer import get
+
+pytestmark = pytest.mark.slow
+
+W, H = 1000, 700  # a libvips pyramid (1000x700, 500x350, 250x175) with a white 8x8 block in its bottom-right corner
+
+
+@pytest.fixture(scope="module")
+def consumer(tmp_path_factory):
+    root = tmp_path_factory.mktemp("guard")
+    images = root / "images"
+    images.mkdir()
+    corner = pyvips.Image.black(W, H, bands=3).draw_rect([255, 255, 255], W - 8, H - 8, 8, 8, fill=True)
+    corner.tiffsave(str(images / "corner.tif"), tile=True, pyramid=True, compression="jpeg",
+                    tile_width=256, tile_height=256)
+    server = ServerSettings(port=0, run_dir=root / "run", access_log=root / "run" / "access.log")
+    with Consumer(server, images) as running:
+        yield running
+
+
+def image(consumer, path: str) -> Image.Image:
+    r = get(f"{consumer.iiif_url}/corner.tif/{path}")
+    assert r.status == 200, (path, r.status)
+    return Image.open(io.BytesIO(r.body)).convert("L")
+
+
+def crashes(consumer) -> int:
+    return (consumer.server.run_dir / "error.log").read_text().count("child signalled")
+
+
+@pytest.mark.parametrize("region, size", [
+    (f"{W - 1},{H - 1},10,10", "full"),        # 1x1 cropped, read by iipsrv as a 10x downscale
+    (f"{W - 2},{H - 2},10,10", "full"),
+    ("pct:99.9,99.9,5,5", "full"),
+    (f"{W - 1}%2C{H - 1}%2C10%2C10", "full"),  # iipsrv decodes the commas itself
+    (f"{W - 1},{H - 1},10,10", "5,"),
+])
+def test_a_region_over_the_bottom_right_corner_is_cropped_and_kills_no_iipsrv(consumer, region, size):
+    before = crashes(consumer)
+    served = image(consumer, f"{region}/{size}/0/default.jpg")
+    assert crashes(consumer) == before
+    expected = 5 if size == "5," else (2 if region.startswith(f"{W - 2}") else 1)
+    assert served.size == (expected, expected)
+    assert sum(served.getdata()) / expected ** 2 > 128, list(served.getdata())  # the white corner, not black
+
+
+def test_an_encoded_slash_does_not_get_a_region_past_the_guard(consumer):
+    before = crashes(consumer)
+    r = get(f"{consumer.iiif_url}/corner.tif%2F{W - 1},{H - 1},10,10%2Ffull%2F0%2Fdefault.jpg")
+    assert r.status == 200 and crashes(consumer) == before
+
+
+def test_valid_regions_at_the_edges_keep_their_pixels(consumer):
+    assert image(consumer, f"{W - 10},{H - 10},10,10/full/0/default.jpg").size == (10, 10)
+    right = image(consumer, f"{W - 5},0,10,{H}/full/0/default.jpg")  # over one edge only: iipsrv crops it itself
+    assert right.size == (5, H)
+    assert image(consumer, "768,512,232,188/full/0/default.jpg").size == (232, 188)  # the edge tile of the grid
+    assert image(consumer, "512,512,488,188/244,/0/default.jpg").size == (244, 94)
+    corner = image(consumer, f"{W - 16},{H - 16},32,32/full/0/default.jpg")  # cropped to 16x16
+    assert corner.size == (16, 16)
+    assert max(corner.crop((0, 0, 6, 6)).getdata()) < 50 and min(corner.crop((10, 10, 16, 16)).getdata()) > 200
+    assert image(consumer, "full/!500,500/0/default.jpg").size == (500, 350)
+
+
+def test_a_region_wholly_outside_is_a_400_and_iipsrv_is_reached_only_through_the_prefix(consumer):
+    assert get(f"{consumer.iiif_url}/corner.tif/{W},0,5,5/full/0/default.jpg").status == 400
+    assert get(f"{consumer.iiif_url}/corner.tif/{W - 1},{H - 1},1x,1/full/0/default.jpg").status == 400
+    assert get(f"{consumer.url}/iipsrv.fcgi?IIIF=corner.tif/{W - 1},{H - 1},10,10/full/0/default.jpg").status == 404
+
+
+def test_info_json_is_cached_for_less_time_than_images(consumer):
+    assert get(f"{consumer.iiif_url}/corner.tif/info.json").headers["cache-control"] == "max-age=600"
+    assert get(f"{consumer.iiif_url}/corner.tif/0,0,256,256/256,/0/default.jpg").headers["cache-control"] \
+        == "max-age=86400"
