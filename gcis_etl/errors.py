@@ -36,12 +36,12 @@ class StoreUnavailable(StoreError):
 
 
 class StoreFull(StoreUnavailable):
-    """The store takes no more data: its disk full, a quota reached, mounted read-only."""
+    """The store takes no more data: its disk full, a quota reached."""
 
 
 class StoreRefused(StoreError):
     """The store refuses this client what every deposit needs (its credentials or bucket policy, an expired token,
-    an endpoint whose certificate is not trusted): every item would fail alike, so a run stops rather than spend
+    an endpoint whose certificate is not trusted; a local store's filesystem mounted read-only): every item would fail alike, so a run stops rather than spend
     each item's attempts. No outage: it lasts until someone changes the configuration."""
 
 

@@ -9,6 +9,7 @@ is ever visible under a key.
 from __future__ import annotations
 
 import base64
+import errno
 import hashlib
 import io
 import json
@@ -20,6 +21,7 @@ import string
 import tempfile
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields, replace
 from datetime import datetime, timedelta, timezone
 from functools import partial
@@ -176,6 +178,16 @@ def _holds_nothing(where: str, settings: str, first: str = "") -> StoreError:
                       f"(another ledger.path) makes a harvest deposit everything again")
 
 
+# What to do about a local write refused for this key alone (a full or read-only disk refuses every key)
+_LOCAL_REMEDIES = {
+    errno.EISDIR: " (a folder is in the way: remove it)",
+    errno.EEXIST: " (a file is in the way of a folder: remove it)",
+    errno.ENOTDIR: " (a file is in the way of a folder on this path: remove it)",
+    errno.EACCES: " (check the permissions of the store's folders)",
+    errno.EPERM: " (check its attributes and its folder's, which lsattr shows: immutable, append-only)",
+}
+
+
 def content_type_for(key: str) -> str:
     return CONTENT_TYPES.get(Path(key).suffix.lower(), "application/octet-stream")
 
@@ -283,12 +295,13 @@ class LocalStore:
             os.utime(tmp, ns=(time.time_ns(),) * 2)
             record = StoredObject(key=key, size=size, sha256=sha256, content_type=content_type,
                                   provenance=provenance)
-            # The sidecar first, naming the inode and mtime the rename keeps: a sidecar that cannot be written
-            # (a full disk) leaves the key as it was, with its own sidecar; a crash between the two renames
-            # leaves a sidecar naming neither the inode nor the mtime under the key, which head() ignores.
-            self._write_sidecar(key, record, tmp.stat())
-            os.replace(tmp, dest)
-            fsync_path(dest.parent)
+            # The sidecar written first, naming the inode and mtime the rename keeps, and renamed last: a sidecar
+            # that cannot be written (a full disk), or a rename the filesystem refuses (an immutable file), leaves
+            # the key as it was, with its own sidecar; a crash between the two renames leaves the old sidecar,
+            # naming neither the inode nor the mtime under the key, which head() ignores.
+            with self._sidecar_written(key, record, tmp.stat()):
+                os.replace(tmp, dest)
+                fsync_path(dest.parent)
             return record
         except OSError as exc:
             raise self._unwritable(key, exc) from None
@@ -296,17 +309,30 @@ class LocalStore:
             tmp.unlink(missing_ok=True)
 
     def _unwritable(self, key: str, exc: OSError) -> StoreError:
-        full = exc.errno in DISK_REFUSES_WRITES
-        return (StoreFull if full else StoreError)(
-            f"{self.describe(key)}: cannot write: {exc.strerror}"
-            + (f" ({shutil.disk_usage(self.root).free / 1e6:.1f} MB free in the store's filesystem)" if full else ""))
+        """Names what failed (the sidecar, a folder on the way; for a temporary of ours, its folder) and what to
+        do, by cause: a full disk stops the run (StoreFull), and so does a read-only one, until it is remounted
+        (StoreRefused); the rest are this key's alone."""
+        failed = exc.filename2 or exc.filename
+        if failed is None:
+            failed = self.describe(key)
+        elif Path(failed).name.startswith(".") and Path(failed).name.endswith(".tmp"):
+            failed = Path(failed).parent
+        if exc.errno == errno.EROFS:
+            return StoreRefused(f"{failed}: cannot write: {exc.strerror} (remount the store's filesystem "
+                                f"read-write)")
+        if exc.errno in DISK_REFUSES_WRITES:
+            return StoreFull(f"{failed}: cannot write: {exc.strerror} "
+                             f"({shutil.disk_usage(self.root).free / 1e6:.1f} MB free in the store's filesystem)")
+        return StoreError(f"{failed}: cannot write: {exc.strerror}{_LOCAL_REMEDIES.get(exc.errno, '')}")
 
     def _sidecar(self, key: str) -> Path:
         return self.root / self.META / f"{key}.json"
 
-    def _write_sidecar(self, key: str, record: StoredObject, st: os.stat_result) -> None:
-        """A filesystem keeping whole seconds (ext4 with small inodes, HFS+) gets no mtime_ns: two writes in one
-        second would share it. Its copies lose their records, as all did before mtime_ns."""
+    @contextmanager
+    def _sidecar_written(self, key: str, record: StoredObject, st: os.stat_result) -> Iterator[None]:
+        """The sidecar written to a temporary, and renamed over the old one once the block (the data's rename)
+        succeeds. A filesystem keeping whole seconds (ext4 with small inodes, HFS+) gets no mtime_ns: two writes
+        in one second would share it. Its copies lose their records, as all did before mtime_ns."""
         sidecar = self._sidecar(key)
         sidecar.parent.mkdir(parents=True, exist_ok=True)
         body = {"size": record.size, "sha256": record.sha256, "content_type": record.content_type,
@@ -319,6 +345,7 @@ class LocalStore:
                 json.dump(body, out)
                 out.flush()
                 os.fsync(out.fileno())
+            yield
             os.replace(tmp, sidecar)
             fsync_path(sidecar.parent)
         finally:

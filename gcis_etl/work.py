@@ -208,8 +208,24 @@ class Worker:
     def _scratch_full(self, base: ItemResult, step: str, refusal: str, folder: Path) -> ItemResult:
         """A disk refused a write into the scratch space (isolation.disk_refusal's words): every item would fail
         alike, so the run stops. The item's own folder is named as the scratch space, which config sets."""
-        where = f"{self.scratch} (the scratch space: state_dir sets where it is)"
-        return _stops_run(base, f"{step}: {refusal.replace(str(folder), where)}", "then run again", transient=False)
+        return _stops_run(base, f"{step}: {refusal.replace(str(folder), self._scratch_named)}", "then run again",
+                          transient=False)
+
+    @property
+    def _scratch_named(self) -> str:
+        return f"{self.scratch} (the scratch space: state_dir sets where it is)"
+
+    def _unusable_scratch(self, base: ItemResult, exc: OSError) -> ItemResult:
+        """The scratch space's folder cannot be made or written into: every item would fail alike, so the run
+        stops, naming what is in the way (a file where a folder should be) or what to check."""
+        refused = disk_refusal(exc, self.scratch)
+        if refused is not None:
+            return self._scratch_full(base, "fetching", str(refused), self.scratch)
+        blocker = next(path for path in (self.scratch, *self.scratch.parents) if path.exists())
+        remedy = (f"{blocker} is a file, where a folder should be: remove it" if not blocker.is_dir() else
+                  f"check the permissions and attributes (lsattr) of {self.scratch} and its folders")
+        return _stops_run(base, f"fetching: cannot write {self._scratch_named}: {exc.strerror}: {remedy}",
+                          "then run again", transient=False)
 
     def _process(self, task: ItemTask, base: ItemResult) -> ItemResult:
         from gcis_etl.conversion import convert
@@ -239,8 +255,11 @@ class Worker:
             and done.provenance.recipe_digest == recipe.digest and bool(done.provenance.width)
         if reusable and done.provenance.source_checksum == task.fingerprint:
             return _already(base, key, done, "already in the store from the same source version and recipe")
-        self.scratch.mkdir(parents=True, exist_ok=True)
-        scratch = Path(tempfile.mkdtemp(prefix="item-", dir=self.scratch))
+        try:
+            self.scratch.mkdir(parents=True, exist_ok=True)
+            scratch = Path(tempfile.mkdtemp(prefix="item-", dir=self.scratch))
+        except OSError as exc:
+            return self._unusable_scratch(base, exc)
         try:
             fetched = pipeline.source.fetch(task.item, scratch)
             # A master touched without changing (a new modification time, a re-upload of the same file) is
