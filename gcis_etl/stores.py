@@ -623,6 +623,7 @@ class S3Store:
         self._base = f"{settings.prefix}/" if settings.prefix else ""
         self._pool = threads * (settings.max_concurrency + 1)
         self._client_lock = threading.Lock()
+        self._housekeeping_refused = False  # abort_incomplete_uploads warned of its refusal
         self._client_pid: int | None = None
         self._client = None
 
@@ -843,17 +844,30 @@ class S3Store:
     def abort_incomplete_uploads(self, older_than: timedelta = timedelta(days=1), keys: str = "") -> list[str]:
         """Abort the multipart uploads of keys starting with `keys` started more than `older_than` ago, and
         return their keys. A process killed mid-upload leaves its parts behind (invisible, but billed); on AWS
-        a bucket lifecycle rule (AbortIncompleteMultipartUpload) does the same."""
+        a bucket lifecycle rule (AbortIncompleteMultipartUpload) does the same. This is housekeeping, not what
+        a deposit needs: a policy granting only that (the README's) refuses the listing or the abort, which is a
+        warning (once per store), never an error: a run after a kill -9 stopped on it, every time."""
         cutoff = datetime.now(timezone.utc) - older_than
-        stale = [u for u in self._paginate("list_multipart_uploads", "Uploads")  # MinIO ignores partial Prefixes
-                 if u["Key"].startswith(self._base + keys) and u["Initiated"] <= cutoff]
-        for upload in stale:
-            try:
-                self.client.abort_multipart_upload(Bucket=self.settings.bucket, Key=upload["Key"],
-                                                   UploadId=upload["UploadId"])
-            except (BotoCoreError, ClientError) as exc:
-                raise self._error(upload["Key"][len(self._base):], "abort", exc) from None
-        return [u["Key"][len(self._base):] for u in stale]
+        aborted: list[str] = []
+        try:
+            stale = [u for u in self._paginate("list_multipart_uploads", "Uploads")  # MinIO ignores partial Prefixes
+                     if u["Key"].startswith(self._base + keys) and u["Initiated"] <= cutoff]
+            for upload in stale:
+                key = upload["Key"][len(self._base):]
+                try:
+                    self.client.abort_multipart_upload(Bucket=self.settings.bucket, Key=upload["Key"],
+                                                       UploadId=upload["UploadId"])
+                except (BotoCoreError, ClientError) as exc:
+                    raise self._error(key, "abort", exc) from None
+                aborted.append(key)
+        except StoreRefused as exc:
+            if not self._housekeeping_refused:
+                self._housekeeping_refused = True
+                log.warning("%s; the parts of uploads a killed run left stay in the bucket (invisible, billed) until "
+                            "a lifecycle rule (AbortIncompleteMultipartUpload) removes them, or grant "
+                            "s3:ListBucketMultipartUploads on the bucket and s3:AbortMultipartUpload on <prefix>/*",
+                            exc)
+        return aborted
 
 
 class _KnownSize(BaseSubscriber):

@@ -215,3 +215,22 @@ def test_an_endpoint_whose_certificate_is_not_trusted_is_a_refusal_not_an_outage
                                     retry={"max_attempts": 1}))
         with pytest.raises(StoreRefused, match="check the endpoint's certificate"):
             store.head("p/o/a.tif")
+
+
+def test_a_policy_without_the_multipart_listing_makes_the_clean_up_after_a_killed_run_a_warning(rig, monkeypatch):
+    """The README's deposit policy grants no s3:ListBucketMultipartUploads: the clean-up of a killed run's uploads
+    stopped the next run ("list_multipart_uploads refused"), and every run after it. Now it is a warning saying
+    what is left and what to grant, and the run deposits."""
+    from gcis_etl.config import load_config
+    from gcis_etl.ledger import Ledger
+    masters(rig, "A")
+    folder_pipeline(rig)
+    rig.client.create_multipart_upload(Bucket=rig.bucket, Key=f"{PREFIX}/{rig.pipeline}/A/left.tif")
+    with Ledger.open(load_config(rig.config)) as ledger:  # a run killed -9: it never finished
+        ledger.begin_run(rig.pipeline, None, None, {})
+    restricted(rig, monkeypatch, DEPOSIT)
+    run = rig.cli("harvest")
+    stderr = ok(run)
+    assert "list_multipart_uploads refused by the server: AccessDenied" in stderr, stderr
+    assert "grant s3:ListBucketMultipartUploads on the bucket and s3:AbortMultipartUpload on <prefix>/*" in stderr
+    assert "completed: 1 deposited" in run.stdout, run.stdout
