@@ -16,6 +16,7 @@ until nothing refers to it (gcis_etl/supersession.py).
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
@@ -98,23 +99,65 @@ STOPPED_BY_SIGNAL = (STOPPED_ON_REQUEST, ABANDONED)  # the notes a command exits
 
 
 class LedgerError(ConfigError):
-    """The ledger cannot be opened (state_dir unwritable, not a SQLite file): the deployment must change before
-    any run can, so it is reported and exits like a configuration error."""
+    """The ledger cannot be opened (its folder unwritable, the file damaged, held by another process): the deployment
+    must change before any run can, so it is reported and exits like a configuration error."""
 
 
 class LedgerUnwritable(LedgerError):
-    """The ledger was opened, then failed (a write its disk refused): a harvest stops, one that began is recorded
-    as failed if the ledger takes that much, and the command exits like a configuration error (2): nothing can
-    run until the ledger's disk or filesystem is put right."""
+    """The ledger was opened, then failed (a write its disk refused, a damaged page read): a harvest stops, one that
+    began is recorded as failed if the ledger takes that much, and the command exits like a configuration error (2):
+    nothing can run until the ledger, its disk or filesystem is put right."""
 
 
-_UNWRITABLE = {  # SQLite's primary result codes for a ledger that cannot be written, and what to do
+_DAMAGED = ("the file is damaged: move it aside (to {name}.damaged, say, with any {name}-wal, -shm or -journal "
+            "beside it) and put back a backup, or what `sqlite3 {name}.damaged .recover | sqlite3 {name}` can read of "
+            "it; without either, a harvest starts a fresh ledger, which knows no checkpoint, run or superseded key: it "
+            "lists every source in full, looks up every item in the store (one there from the same source version "
+            "and recipe is not converted again) and publishes every manifest again")
+_TROUBLE = {  # SQLite's primary result codes for a ledger that cannot be used, and what to do
+    "CORRUPT": _DAMAGED,
+    "NOTADB": _DAMAGED,
     "FULL": "free space on its filesystem",
     "IOERR": "check its filesystem (full, read-only, unmounted?)",
     "CANTOPEN": "check that its folder is there and writable",
     "READONLY": "make it and its folder writable by this user",
-    "BUSY": "another process held it past ledger.busy_timeout_seconds: find it (`fuser` on the file)",
+    "BUSY": "another process ({holders}) held it past ledger.busy_timeout_seconds ({timeout:g} s): let it finish, "
+            "or stop it",
 }
+_PERMISSIONS = ("CANTOPEN", "READONLY")  # when the ledger is opened: what its folder's permissions explain
+
+
+def _holders(path: Path) -> str:
+    """Who holds SQLite's locks on the ledger (they are POSIX locks, listed in Linux's /proc/locks, on the file or,
+    in WAL mode, on its -shm), or where to look."""
+    files = set()
+    for name in (path, path.with_name(path.name + "-shm")):
+        try:
+            st = name.stat()
+        except OSError:
+            continue
+        files.add(f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}")
+    try:
+        held = Path("/proc/locks").read_text().splitlines()
+    except OSError:
+        held = []
+    pids = sorted({fields[4] for fields in map(str.split, held)
+                   if len(fields) > 5 and fields[5] in files and fields[4] != str(os.getpid())}, key=int)
+    return f"pid {', '.join(pids)}" if pids else f"`fuser -v {path}` names it"
+
+
+def _code(exc: BaseException) -> str:
+    """SQLite's primary result code of an error (SQLITE_IOERR_WRITE: IOERR); "" for none (an OSError, an error of
+    Python's sqlite3 module itself)."""
+    name = getattr(exc, "sqlite_errorname", None) or ""
+    return name.split("_")[1] if name.startswith("SQLITE_") else ""
+
+
+def _trouble(path: Path, exc: sqlite3.Error, busy_timeout_seconds: float) -> str:
+    """`ledger PATH: SQLite's message; what to do`, for an error whose code is in _TROUBLE."""
+    holders = _holders(path) if _code(exc) == "BUSY" else ""
+    todo = _TROUBLE[_code(exc)].format(name=path.name, holders=holders, timeout=busy_timeout_seconds)
+    return f"ledger {path}: {exc}; {todo}"
 
 
 def now() -> datetime:
@@ -356,13 +399,18 @@ class Ledger:
                  read_only: bool = False, skipped_history_runs: int = 30, recover: bool = False):
         self.path = path
         self.skipped_history_runs = skipped_history_runs
+        self.busy_timeout_seconds = busy_timeout_seconds
         try:
             self.db = self._connect(path, journal_mode, busy_timeout_seconds, read_only, recover)
         except (OSError, sqlite3.Error) as exc:
+            if path.is_dir():  # SQLite says "disk I/O error" of it, or "unable to open database file"
+                raise LedgerError(f"ledger {path} cannot be opened: it is a folder; ledger.path names the ledger's "
+                                  f"file (move the folder away, or set ledger.path)") from None
+            if _code(exc) in _TROUBLE and _code(exc) not in _PERMISSIONS:
+                raise LedgerError(_trouble(path, exc, busy_timeout_seconds)) from None
             cause = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-            raise LedgerError(f"ledger {path} (under state_dir) cannot be opened: {cause}; is state_dir there "
-                              f"and writable by this user? (reading a ledger in WAL mode writes beside it too)") \
-                from None
+            raise LedgerError(f"ledger {path} cannot be opened: {cause}; is its folder {path.parent} there and "
+                              f"writable by this user? (reading a ledger in WAL mode writes beside it too)") from None
 
     @staticmethod
     def _connect(path: Path, journal_mode: str, busy_timeout_seconds: float, read_only: bool,
@@ -410,16 +458,16 @@ class Ledger:
     @contextmanager
     def _guarded(self) -> Iterator[None]:
         """A ledger that cannot be used (its disk full, its filesystem gone read-only or away, held by another
-        process past busy_timeout_seconds) is a LedgerUnwritable in one line, not a traceback; after a write
-        failed so, reads fail too."""
+        process past busy_timeout_seconds, a damaged page) is a LedgerUnwritable in one line, not a traceback;
+        after a write failed so, reads fail too. Other errors are a mistake in our SQL: raised as they are."""
         try:
             yield
-        except sqlite3.OperationalError as exc:
-            todo = _UNWRITABLE.get(exc.sqlite_errorname.split("_")[1])  # SQLITE_IOERR_WRITE: IOERR
-            if todo is None:  # a mistake in our SQL
+        except sqlite3.DatabaseError as exc:
+            if _code(exc) not in _TROUBLE:
                 raise
-            raise LedgerUnwritable(f"ledger {self.path}: {exc}; {todo}, then run again (what was settled is "
-                                   f"recorded; what was deposited since is found in the store)") from None
+            settled = "" if _code(exc) in ("CORRUPT", "NOTADB") else \
+                ", then run again (what was settled is recorded; what was deposited since is found in the store)"
+            raise LedgerUnwritable(_trouble(self.path, exc, self.busy_timeout_seconds) + settled) from None
 
     @contextmanager
     def _writing(self) -> Iterator[None]:
@@ -431,12 +479,20 @@ class Ledger:
         with self._guarded():
             return self.db.execute(sql, args)
 
+    def _rows(self, sql: str, args: Sequence[Any] = ()) -> list[tuple]:
+        """A query's rows, all read under _guarded: a damaged page may turn up at any row, not only the first."""
+        with self._guarded():
+            return self.db.execute(sql, args).fetchall()
+
+    def _row(self, sql: str, args: Sequence[Any] = ()) -> tuple | None:
+        return next(iter(self._rows(sql, args)), None)
+
     def _one(self, cls, sql: str, *args: Any):
-        row = self._execute(f"SELECT {_columns(cls)} FROM {sql}", args).fetchone()
+        row = self._row(f"SELECT {_columns(cls)} FROM {sql}", args)
         return _record(cls, row) if row else None
 
     def _all(self, cls, sql: str, *args: Any) -> list:
-        return [_record(cls, row) for row in self._execute(f"SELECT {_columns(cls)} FROM {sql}", args)]
+        return [_record(cls, row) for row in self._rows(f"SELECT {_columns(cls)} FROM {sql}", args)]
 
     # ------------------------------------------------------------------------------------------- runs
 
@@ -446,7 +502,7 @@ class Ledger:
         counts of the items they recorded (only a run that finishes writes its own). A nightly re-listing records
         every unchanged item as skipped, run after run: those rows are kept for the latest runs only (the runs
         table keeps every run's counts), or a 50k-item pipeline's ledger would grow by gigabytes a year."""
-        dead = [row[0] for row in self._execute("SELECT run_id FROM runs WHERE pipeline=? AND status='running'",
+        dead = [row[0] for row in self._rows("SELECT run_id FROM runs WHERE pipeline=? AND status='running'",
                                                 (pipeline,))]
         with self._writing():
             for run_id in dead:
@@ -481,8 +537,8 @@ class Ledger:
 
     def recorded_counts(self, run_id: int) -> dict[str, int]:
         """The run's items by outcome, counted from what it recorded of each (a manifest rejection among them)."""
-        rows = self._execute("SELECT outcome, count(*) FROM run_items WHERE run_id=? GROUP BY outcome", (run_id,))
-        return {name: 0 for name in COUNTED} | {k: v for k, v in rows.fetchall() if k in COUNTED}
+        rows = self._rows("SELECT outcome, count(*) FROM run_items WHERE run_id=? GROUP BY outcome", (run_id,))
+        return {name: 0 for name in COUNTED} | {k: v for k, v in rows if k in COUNTED}
 
     def runs(self, pipeline: str | None = None, limit: int = 10) -> list[RunRecord]:
         if pipeline is None:
@@ -617,10 +673,10 @@ class Ledger:
     def has_superseded(self, pipeline: str) -> bool:
         """Whether any key of the pipeline waits to be retired: one index probe (a run over a pipeline with none
         asks no object's)."""
-        return self._execute("SELECT 1 FROM superseded WHERE pipeline=? LIMIT 1", (pipeline,)).fetchone() is not None
+        return self._row("SELECT 1 FROM superseded WHERE pipeline=? LIMIT 1", (pipeline,)) is not None
 
     def superseded_count(self, pipeline: str) -> int:
-        return self._execute("SELECT count(*) FROM superseded WHERE pipeline=?", (pipeline,)).fetchone()[0]
+        return self._row("SELECT count(*) FROM superseded WHERE pipeline=?", (pipeline,))[0]
 
     def forget_superseded(self, pipeline: str, key: str) -> None:
         with self._writing():
@@ -638,21 +694,21 @@ class Ledger:
                                  (pipeline, object_id)).rowcount
 
     def counts(self, pipeline: str) -> dict[str, int]:
-        rows = self._execute("SELECT status, count(*) FROM items WHERE pipeline=? GROUP BY status", (pipeline,))
-        return {name: 0 for name in COUNTED} | dict(rows.fetchall())
+        rows = self._rows("SELECT status, count(*) FROM items WHERE pipeline=? GROUP BY status", (pipeline,))
+        return {name: 0 for name in COUNTED} | dict(rows)
 
     def has_deposit(self, pipeline: str) -> bool:
         """Whether the pipeline ever deposited anything: one index probe (counts() reads all its items)."""
-        return self._execute("SELECT 1 FROM items WHERE pipeline=? AND status='deposited' LIMIT 1",
-                             (pipeline,)).fetchone() is not None
+        return self._row("SELECT 1 FROM items WHERE pipeline=? AND status='deposited' LIMIT 1",
+                         (pipeline,)) is not None
 
     def recipes(self, pipeline: str) -> list[str]:
         """The recipes the pipeline's items were last made with."""
-        return [row[0] for row in self._execute("SELECT DISTINCT recipe FROM items WHERE pipeline=? ORDER BY recipe",
+        return [row[0] for row in self._rows("SELECT DISTINCT recipe FROM items WHERE pipeline=? ORDER BY recipe",
                                                 (pipeline,))]
 
     def objects_with(self, pipeline: str, status: str) -> list[str]:
-        return [row[0] for row in self._execute(
+        return [row[0] for row in self._rows(
             "SELECT DISTINCT object_id FROM items WHERE pipeline=? AND status=? ORDER BY object_id",
             (pipeline, status))]
 
@@ -705,13 +761,13 @@ class Ledger:
                          limit)
 
     def manifest_problems_count(self, pipeline: str) -> int:
-        return self._execute("SELECT count(*) FROM manifest_problems WHERE pipeline=?", (pipeline,)).fetchone()[0]
+        return self._row("SELECT count(*) FROM manifest_problems WHERE pipeline=?", (pipeline,))[0]
 
     def published(self, pipeline: str, page: int = 1000) -> Iterator[str]:
         """Ids of the pipeline's objects whose manifests are deposited, in order, a page at a time."""
         after = ""
         while True:
-            rows = [row[0] for row in self._execute(
+            rows = [row[0] for row in self._rows(
                 "SELECT object_id FROM objects WHERE pipeline=? AND published IS NOT NULL AND object_id > ? "
                 "ORDER BY object_id LIMIT ?", (pipeline, after, page))]
             yield from rows
@@ -731,13 +787,13 @@ class Ledger:
     # ------------------------------------------------------------------------------------- checkpoint
 
     def checkpoint(self, pipeline: str) -> datetime | None:
-        row = self._execute("SELECT checkpoint FROM checkpoints WHERE pipeline=?", (pipeline,)).fetchone()
+        row = self._row("SELECT checkpoint FROM checkpoints WHERE pipeline=?", (pipeline,))
         return _dt(row[0]) if row else None
 
     def checkpoint_listing(self, pipeline: str) -> str | None:
         """The digest of the source's listing settings the checkpoint was taken under (Pipeline.listing_digest);
         None: no checkpoint, or one an older version took, which is taken as made under the settings of now."""
-        row = self._execute("SELECT listing FROM checkpoints WHERE pipeline=?", (pipeline,)).fetchone()
+        row = self._row("SELECT listing FROM checkpoints WHERE pipeline=?", (pipeline,))
         return row[0] if row else None
 
     def listing_changed(self, pipeline: str, current: str | None) -> bool:
@@ -754,5 +810,5 @@ class Ledger:
                           (pipeline, _ts(checkpoint), run_id, _ts(now()), listing))
 
     def pipelines(self) -> Iterator[str]:
-        for row in self._execute("SELECT DISTINCT pipeline FROM runs ORDER BY pipeline"):
+        for row in self._rows("SELECT DISTINCT pipeline FROM runs ORDER BY pipeline"):
             yield row[0]

@@ -1,15 +1,31 @@
 """One run per pipeline at a time: a non-blocking flock, released by the kernel however the holder dies."""
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 from pathlib import Path
 
-from gcis_etl.errors import GcisError
+from gcis_etl.errors import ConfigError, GcisError
 
 
 class LockHeld(GcisError):
     """Another run of the pipeline holds its lock (cron started the next run before the last one ended)."""
+
+
+class LockUnusable(ConfigError):
+    """The lock file cannot be made or locked (its folder read-only, not this user's, its disk full): no run can
+    start until the deployment changes, so it is reported and exits like a configuration error."""
+
+
+_TODO = {  # what to do, by the errno of a lock file that cannot be made or locked
+    errno.EROFS: "its filesystem is mounted read-only: mount it read-write, or move the folder to one that is",
+    errno.EACCES: "make its folder writable by this user",
+    errno.EPERM: "make its folder writable by this user",
+    errno.ENOSPC: "free space on its filesystem",
+    errno.EDQUOT: "free space under this user's quota there",
+    errno.ENOLCK: "its filesystem does not support file locks (NFS without lockd?): move the folder to a local disk",
+}
 
 
 class RunLock:
@@ -19,6 +35,16 @@ class RunLock:
         self._fd: int | None = None
 
     def __enter__(self) -> RunLock:
+        try:
+            self._fd = self._take()
+        except OSError as exc:
+            todo = _TODO.get(exc.errno, "check that its folder is there and writable by this user")
+            raise LockUnusable(f"lock {self.path} for {self.what} cannot be taken ({exc.strerror or exc}): {todo}; "
+                               f"nothing was done") from None
+        return self
+
+    def _take(self) -> int:
+        """The lock file, created if need be, locked and holding our pid."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
@@ -29,10 +55,13 @@ class RunLock:
             where = f"pid {holder}; lock {self.path}" if holder else \
                 f"lock {self.path}, held by a process that did not record its pid"
             raise LockHeld(f"{self.what} is already running ({where}): nothing was done") from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        self._fd = fd
-        return self
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
 
     def held(self) -> bool:
         """Whether a run holds the lock now, for `gcis-etl status`. Takes it shared for an instant (a run starting

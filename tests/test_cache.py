@@ -486,6 +486,13 @@ def test_cli_sync_prune_purge(configured, tmp_path):
     assert done.stdout.startswith("copied 2 (2.0 kB), unchanged 0")
     again = json.loads(gcis(config, "sync", "--json").stdout)
     assert again["copied"] == [] and again["unchanged"] == 2
+    foreign = tmp_path / "cache" / "images" / "by-hand" / "x.tif"  # under no pipeline's prefix
+    foreign.parent.mkdir()
+    foreign.write_bytes(b"F" * 10)
+    assert ("1 file(s) in the cache's images/ are not its own (no record, under no synced pipeline's prefix, or "
+            "not access masters): left alone") in gcis(config, "sync").stdout
+    assert "not recorded, not evicted: 1 file(s) (10 B)" in gcis(config, "prune", "--max-bytes", "1M").stdout
+    foreign.unlink()
     pruned = json.loads(gcis(config, "prune", "--json").stdout)  # cache.max_bytes: 1500
     assert len(pruned["evicted"]) == 1 and pruned["kept_bytes"] == 1000
     assert "evicted 1 (1.0 kB)" in gcis(config, "prune", "--max-bytes", "0").stdout  # the option wins

@@ -10,7 +10,7 @@ import click
 from pydantic import ByteSize, TypeAdapter, ValidationError
 
 from gcis_etl.cli import Span, _config, main
-from gcis_etl.commands import EXIT_ITEM_FAILED, EXIT_LOCKED, EXIT_OK, raise_on_signals
+from gcis_etl.commands import EXIT_ITEM_FAILED, EXIT_LOCKED, EXIT_OK, fail_config, raise_on_signals
 from gcis_etl.errors import ConfigError, GcisError
 from gcis_etl.spans import SPAN_FORMATS
 
@@ -52,13 +52,16 @@ def _setup(ctx: click.Context, names: tuple[str, ...]):
 
 
 def _run(action, *args, **kwargs):
-    """Call the library; a lock held by another cache command or a store failure ends the command."""
+    """Call the library; a lock held by another cache command, a cache folder it cannot use (its lock cannot be
+    taken: exit 2, as for a configuration error) or a store failure ends the command."""
     from gcis_etl.locks import LockHeld
     try:
         return action(*args, **kwargs)
     except LockHeld as exc:
         click.echo(str(exc), err=True)
         sys.exit(EXIT_LOCKED)
+    except ConfigError as exc:
+        fail_config(exc)
     except GcisError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(EXIT_ITEM_FAILED)
@@ -111,6 +114,9 @@ def sync(ctx: click.Context, names: tuple[str, ...], purge_gone: bool, as_json: 
         elif result.gone:
             click.echo(f"{len(result.gone)} cached image(s) no longer in their store: `gcis-etl cache purge` "
                        f"(or `sync --purge`) removes them")
+        if result.foreign:
+            click.echo(f"{result.foreign} file(s) in the cache's images/ are not its own (no record, under no synced "
+                       f"pipeline's prefix, or not access masters): left alone")
         for failure in result.failed:
             click.echo(f"  failed: {failure.source}: {failure.key or '(whole source)'}: {failure.reason}",
                        err=True)
@@ -148,6 +154,9 @@ def prune(ctx: click.Context, max_bytes: int | None, max_age: timedelta | None, 
     else:
         click.echo(f"evicted {len(result.evicted)} ({_human(result.freed_bytes)}); "
                    f"kept {result.kept} ({_human(result.kept_bytes)})")
+        if result.unrecorded:
+            click.echo(f"not recorded, not evicted: {result.unrecorded} file(s) ({_human(result.unrecorded_bytes)}): "
+                       f"`cache sync` records those still in a store, `cache sync --purge` removes those gone from it")
     sys.exit(EXIT_OK)
 
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import sys
+from contextlib import contextmanager
 from datetime import datetime, timezone
 
 import click
@@ -184,13 +185,16 @@ def demo(ctx: click.Context) -> None:
         raise exit_
 
 
+@contextmanager
 def _ledger_to_read(cfg):
     """The ledger opened read-only: looking changes nothing, not even by creating it (a missing ledger reads as
     empty), but a write cut short is rolled back, as the next harvest would (Ledger: recover); one that cannot be
-    read is a configuration error (exit 2), in one line rather than a traceback."""
+    opened or read (a damaged page met by a query) is a configuration error (exit 2), in one line rather than a
+    traceback."""
     from gcis_etl.ledger import Ledger
     try:
-        return Ledger.open(cfg, read_only=True, recover=True)
+        with Ledger.open(cfg, read_only=True, recover=True) as ledger:
+            yield ledger
     except ConfigError as exc:
         fail_config(exc)
 
