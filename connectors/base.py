@@ -146,7 +146,13 @@ class FetchedFile:
 
 
 class Source(Protocol):
-    """What the pipeline needs from a source."""
+    """What the pipeline needs from a source.
+
+    Every time it gives (an object's modified and listed_at, an item's modified) has a timezone: a naive one
+    compares with no checkpoint, so the run fails that object, naming the time (it is not guessed to be UTC,
+    which a source's local time would put hours off). Each item of an object has its own id, and each object
+    its own id in a listing: an object whose items share one fails, and a second object listed under an id
+    an earlier one has (not the same object listed again) fails in that run alone."""
 
     name: str
     lists_in_modified_order: bool

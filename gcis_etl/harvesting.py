@@ -1,5 +1,5 @@
 """A harvest run of one pipeline: changes since the checkpoint → plan against the ledger → executor → ledger →
-per-object manifests → the collection → the checkpoint.
+per-object manifests → the checkpoint → the collection.
 
 Why it is safe to kill at any point: item results are committed as they arrive; an item in flight when the
 run dies is redone next time (processing is idempotent, so at worst it is converted again, never deposited
@@ -28,7 +28,7 @@ from connectors.errors import RetryStopped
 from connectors.retry import waits_end_when
 from gcis_etl.commands import EXIT_ITEM_FAILED, EXIT_LOCKED, EXIT_OK, EXIT_USAGE, Interrupted, Stop, as_stop
 from gcis_etl.config import Config
-from gcis_etl.errors import ConfigError, GcisError, ManifestError
+from gcis_etl.errors import ConfigError, GcisError, ManifestError, StoreError, StoreRefused, StoreUnavailable
 from gcis_etl.executors import Executor, open_executor
 from gcis_etl.ledger import (ABANDONED, COUNTED, MANIFEST, STOPPED_BY_SIGNAL, STOPPED_ON_REQUEST, ItemRecord, Ledger,
                              LedgerUnwritable, ObjectRecord, Unprocessed, now)
@@ -46,11 +46,21 @@ log = logging.getLogger("gcis_etl.harvest")  # the name log shippers filter on (
 AT_LIMIT = "stopped at the limit of "  # a run's note at HarvestOptions.limit (a migration words it anew)
 LISTING_CHANGED = "the source's listing settings changed since the checkpoint: listing everything"
 OBJECT = "(object)"  # stands for the item id where the run reports that the source could not describe the object
+STOPS_RUN = (StoreUnavailable, StoreRefused)  # a store error no manifest or collection write gets past: StoreFull too
 
 
 class RunHalted(GcisError):
     """No item can be done now (a worker's scratch space full or read-only, the store full or unavailable):
     every item would fail the same way and spend its attempts, so the run stops, as when the store check fails."""
+
+
+@dataclass(frozen=True)
+class SharedId:
+    """In a listing, in the place of a second object the source lists under an id an earlier one has (see
+    Harvest._other_object): it fails in this run, with `reason`."""
+
+    id: str
+    reason: str
 
 
 @dataclass(frozen=True)
@@ -74,12 +84,19 @@ class HarvestOptions:
 
     def __post_init__(self):
         """The CLI refuses these; a library caller's would be read wrongly: a limit of 0 as a run stopped at once,
-        0 minutes as the pipeline's limit, a str of ids as one id per character."""
+        0 minutes as the pipeline's limit, a str of ids as one id per character; or crash the run: a since that is
+        not a datetime (the CLI's "7d" is its own), or one with no timezone, which no source's times compare with."""
         if self.limit is not None and self.limit < 1:
             raise ValueError(f"HarvestOptions.limit must be at least 1 item (or None for no limit), not {self.limit}")
         if self.max_run_minutes is not None and not self.max_run_minutes > 0:
             raise ValueError(f"HarvestOptions.max_run_minutes must be more than 0 (or None for the pipeline's), "
                              f"not {self.max_run_minutes}")
+        if self.since is not None and not isinstance(self.since, datetime):
+            raise TypeError(f"HarvestOptions.since is a datetime with a timezone (or None for the checkpoint), "
+                            f"not {self.since!r}")
+        if self.since is not None and self.since.utcoffset() is None:
+            raise ValueError(f"HarvestOptions.since needs a timezone (tzinfo=timezone.utc for UTC), not the naive "
+                             f"{self.since.isoformat()}")
         if isinstance(self.object_ids, str):
             raise TypeError(f"HarvestOptions.object_ids is a tuple of object ids: ({self.object_ids!r},), "
                             f"not {self.object_ids!r}")
@@ -181,6 +198,7 @@ class Harvest:
         self.began = time.monotonic()
         self.checkpoint_held: str | None = None  # why a complete run leaves the checkpoint where it was
         self.listed: set[str] = set()  # objects this run has seen in the source
+        self.first_items: dict[str, str] = {}  # an object's first item, by object id: what a repeat is known by
         self.reached: datetime | None = None  # how far the listing got, for a source listing in modified order
         self.superseding = True  # the ledger may hold superseded keys of the pipeline (execute looks)
 
@@ -210,7 +228,7 @@ class Harvest:
         lists everything, as a first run does (unchanged items are skipped), and records its own checkpoint."""
         return self.ledger.listing_changed(self.pipeline.name, self.pipeline.listing_digest)
 
-    def objects(self, since: datetime | None, until: datetime) -> Iterator[SourceObject | UnreadableObject]:
+    def objects(self, since: datetime | None, until: datetime) -> Iterator[SourceObject | UnreadableObject | SharedId]:
         """The objects to harvest; a stop asked for while the source is waited for (before a retry: harvest sets
         connectors.retry.waits_end_when) ends them as a stop between two objects does."""
         try:
@@ -218,14 +236,17 @@ class Harvest:
         except RetryStopped:
             self.should_stop()
 
-    def _objects(self, since: datetime | None, until: datetime) -> Iterator[SourceObject | UnreadableObject]:
+    def _objects(self, since: datetime | None, until: datetime) -> Iterator[SourceObject | UnreadableObject | SharedId]:
         source = self.pipeline.source
         seen = self.listed
         # No upper bound: an object modified during the run (or stamped ahead by a skewed clock) is taken now;
         # the checkpoint stays at the run's start, so the next run sees it again and skips it as unchanged.
         listing = (self.options.described or described(source, dict.fromkeys(self.options.object_ids))
                    if self.options.object_ids else source.changes(since))
-        for obj in listing:
+        for obj in (_usable(obj, source.name) for obj in listing):
+            if not isinstance(obj, ListingMoved) and obj.id in seen and (other := self._other_object(obj)):
+                yield other
+                continue
             if isinstance(obj, ListingMoved) or obj.id in seen:
                 self._hold_checkpoint(obj.reason if isinstance(obj, ListingMoved) else
                                       f"{obj.id} was listed twice: the source's listing moved while it was paged "
@@ -236,6 +257,8 @@ class Harvest:
                     return
                 continue
             seen.add(obj.id)
+            if isinstance(obj, SourceObject) and obj.items:
+                self.first_items[obj.id] = obj.items[0].id
             self._reach(obj, until)
             yield obj
         self.reached = until  # the listing is exhausted (what comes next are revisits, asked for by id)
@@ -244,7 +267,20 @@ class Harvest:
         retry = sorted({r.object_id for r in self._failed_items("attempts<?")} - seen)
         if retry:
             self.progress.note(f"revisiting {len(retry)} objects with failed items")
-        yield from described(source, retry)
+        yield from (_usable(obj, source.name) for obj in described(source, retry))
+
+    def _other_object(self, obj: SourceObject | UnreadableObject) -> SharedId | None:
+        """A second object under an id listed already that is another object, not the same one listed again (a
+        paging repeat, or one edited during the run, keeps its first item): two files example.tif and example.jp2
+        that a folder source makes one id of. The first stays the id's; this one fails in this run alone, as a
+        defect of the source that holds no checkpoint (the next run finds them both again, as listed)."""
+        first = self.first_items.get(obj.id)
+        if first is None or not isinstance(obj, SourceObject) or not obj.items or \
+                any(item.id == first for item in obj.items):
+            return None
+        return SharedId(obj.id, f"the source lists two objects under the id {obj.id!r}, one of {first!r} and one "
+                                f"of {obj.items[0].id!r}: the first was taken, this one is left out until the "
+                                f"source gives each its own id")
 
     def _reach(self, obj: SourceObject | UnreadableObject, until: datetime) -> None:
         """The place in the listing of the last object listed, the one in hand included (a run stopping takes
@@ -320,7 +356,7 @@ class Harvest:
             self.cut_short = self._at_limit()
             if self.cut_short:
                 break
-            if isinstance(obj, UnreadableObject):
+            if isinstance(obj, (UnreadableObject, SharedId)):
                 planned.append(PlannedItem(obj.id, OBJECT, "fail", obj.reason))
                 continue
             for item, decision, task in self.plan(obj, self.records(obj.id)):
@@ -341,6 +377,9 @@ class Harvest:
         for obj in self.objects(since, until):
             if self.should_stop():
                 break
+            if isinstance(obj, SharedId):
+                self._fail_in_run(obj.id, obj.reason)
+                continue
             if isinstance(obj, UnreadableObject):
                 self.unreadable(obj, since)
                 continue
@@ -398,9 +437,7 @@ class Harvest:
             if not self.options.object_ids:
                 self.progress.note(f"not revisiting {obj.id}: {obj.reason}")
                 return
-            self._count(obj.id, OBJECT, Outcome.FAILED.value, obj.reason)
-            self.ledger.record_unprocessed(self.run_id, [Unprocessed(obj.id, OBJECT, Outcome.FAILED.value,
-                                                                     obj.reason)])
+            self._fail_in_run(obj.id, obj.reason)
             return
         reason = f"the source cannot describe it: {obj.reason}"
         self.ledger.record(self.run_id, ItemResult(name, obj.id, OBJECT, 0, Outcome.FAILED, "", self.recipe.name,
@@ -408,6 +445,11 @@ class Harvest:
         self._count(obj.id, OBJECT, Outcome.FAILED.value, reason)
         if self.ledger.item(name, obj.id, OBJECT).attempts < self.pipeline.settings.max_attempts:
             self.unsettled.append(listed_at(obj) or since)
+
+    def _fail_in_run(self, object_id: str, reason: str) -> None:
+        """The object fails in this run's report alone: the ledger keeps no item of it, and no attempt."""
+        self._count(object_id, OBJECT, Outcome.FAILED.value, reason)
+        self.ledger.record_unprocessed(self.run_id, [Unprocessed(object_id, OBJECT, Outcome.FAILED.value, reason)])
 
     def _forget_unreadable(self, object_id: str) -> None:
         if self.ledger.item(self.pipeline.name, object_id, OBJECT) is not None:
@@ -480,10 +522,10 @@ class Harvest:
             elif known is None or known.manifest_fingerprint != digest or self.options.force:
                 try:
                     published = manifests.publish(obj, images)
-                except ManifestError as exc:  # the object's metadata: it waits for the source to change
-                    reason = f"manifest not published: {exc}"
-                    self._count(obj.id, MANIFEST, Outcome.REJECTED.value, reason)
-                    self.ledger.reject_manifest(self.run_id, self.pipeline.name, obj.id, reason)
+                except (ManifestError, StoreError) as exc:
+                    if isinstance(exc, STOPS_RUN):
+                        raise
+                    self._manifest_not_published(obj, exc)
                     return  # its deposited manifest still shows the superseded keys
                 for warning in published.warnings:
                     log.warning("%s/%s: %s", self.pipeline.name, obj.id, warning,
@@ -496,6 +538,18 @@ class Harvest:
             return
         for retired in retire_superseded(self.ledger, self.pipeline, obj.id, self.options.keep_superseded):
             self.progress.retired(retired)
+
+    def _manifest_not_published(self, obj: SourceObject, exc: ManifestError | StoreError) -> None:
+        """One of the object's manifests is invalid (its metadata: it waits for the source to change), or the store
+        would not take its key (a folder or an immutable file in its place): the other objects and the collection
+        go on. For the store's refusal the object holds the checkpoint, so that the next runs list it again and
+        publish it once its key is put right (a store refusing everything stops the run: STOPS_RUN)."""
+        retried = isinstance(exc, StoreError)
+        reason = f"manifest not published: {exc}" + ("; the next run tries again" if retried else "")
+        self._count(obj.id, MANIFEST, Outcome.REJECTED.value, reason)
+        self.ledger.reject_manifest(self.run_id, self.pipeline.name, obj.id, reason)
+        if retried:
+            self.unsettled.append(listed_at(obj))
 
     def _touched_only(self, obj: SourceObject, images: list[DepositedImage], known: ObjectRecord) -> bool:
         """Whether the object differs from what its manifests were published for in its modified time alone, which
@@ -510,23 +564,32 @@ class Harvest:
         """The manifests' settings as a manifest's fingerprint holds them: the same all the run."""
         return self.pipeline.manifests.settings.model_dump_json()
 
-    def abandon(self, executor: Executor, exc: BaseException) -> None:
+    def abandon(self, executor: Executor, exc: BaseException, checkpoint: datetime | None = None) -> None:
         """The run ends on `exc`: the items in flight are recorded, then the run as failed (its source, store,
-        ledger or workers failed as a whole, and said why) or crashed (a bug). A ledger that cannot be written
+        ledger or workers failed as a whole, and said why) or crashed (a bug), with the checkpoint it set before
+        `exc` came (the collection's writing, last, failed). A ledger that cannot be written
         is what the command reports, whatever else went wrong (it must be put right before anything can run),
         and the run's note: when even that cannot be recorded (its disk full), the run stays 'running', which
         `status` shows as ended without finishing once the lock is free. What the items in flight deposited,
-        the next run finds in the store."""
+        the next run finds in the store. A manifest that an item in flight completes and that cannot be published
+        (the store full: what `exc` may be) is logged, not raised: it would leave the run 'running'."""
         unwritable = exc if isinstance(exc, LedgerUnwritable) else None
         try:
             for result in executor.drain():
-                self.settle(result)
+                try:
+                    self.settle(result)
+                except LedgerUnwritable:
+                    raise
+                except Exception as failure:  # publishing its object's manifest: the next run, listing it, does
+                    log.warning("%s: %s: left to the next run, this one having ended on an error: %s",
+                                self.pipeline.name, result.object_id, failure,
+                                extra={"pipeline": self.pipeline.name, "object_id": result.object_id})
         except LedgerUnwritable as failure:
             unwritable = unwritable or failure
         ended = unwritable or exc
         status, note = "failed" if isinstance(ended, GcisError) else "crashed", f"{type(ended).__name__}: {ended}"
         try:
-            self.ledger.finish_run(self.run_id, status, self.counts, self.manifests_published, None, note)
+            self.ledger.finish_run(self.run_id, status, self.counts, self.manifests_published, checkpoint, note)
         except LedgerUnwritable as failure:
             unwritable = unwritable or failure
         self.progress.ended(self.in_memory(status, note))
@@ -638,19 +701,22 @@ def harvest(config: Config, name: str, options: HarvestOptions = HarvestOptions(
             try:
                 with stop.in_flight(), waits_end_when(stop.is_set):
                     run.execute(executor, since, until)
-                run.update_collection()
                 checkpoint = run.next_checkpoint(since, until)
                 if checkpoint is not None:
                     ledger.set_checkpoint(name, checkpoint, run.run_id, pipeline.listing_digest)
                 elif relisting := run.relisting():
                     log.warning("%s: %s", name, relisting)
+                # After the checkpoint: the collection lists what the ledger holds, not what the run listed, so a
+                # collection the store will not take (its key a folder) stops this run without holding every later
+                # run's listing back; the next run writes it.
+                run.update_collection()
             except Interrupted:  # what is in flight finishes unseen, or dies with the process: not waited for
                 run.cut_short = ABANDONED
                 if own:  # a library caller's process lives on: its workers go once their items are done
                     threading.Thread(target=executor.close, name="gcis-abandoned", daemon=True).start()
                     own = False
             except BaseException as exc:
-                run.abandon(executor, exc)
+                run.abandon(executor, exc, checkpoint)
                 raise
             finally:
                 if own:
@@ -694,7 +760,10 @@ def harvest_pipelines(config: Config, names: Sequence[str] = (), options: Harves
     sets it); a ConfigError is raised. `progress_for(name)`: what shows a pipeline's run
     (gcis_etl.progress.progress_for on a terminal; none by default). `stop` may be the caller's own Event, as for
     harvest(): set, it stops the runs as a signal would, and they exit 1 as a report of a run that did not
-    complete does (there is no signal to report)."""
+    complete does (there is no signal to report). `names` is a sequence of names: a str alone is refused, as
+    HarvestOptions.object_ids refuses one (it would be read as one name per character)."""
+    if isinstance(names, str):
+        raise TypeError(f"harvest_pipelines' names are a sequence of pipeline names: ({names!r},), not {names!r}")
     names = list(names) or sorted(config.pipelines)
     stop = as_stop(stop)
     open_sources(config, names)
@@ -746,6 +815,31 @@ def _abort_uploads(config: Config, pipeline: Pipeline, run_id: int, which: str, 
     if aborted:
         progress.note(f"aborted {len(aborted)} incomplete uploads left by run {run_id}, {which}: "
                       f"{', '.join(aborted)}")
+
+
+def _usable(obj: SourceObject | UnreadableObject | ListingMoved, source: str
+            ) -> SourceObject | UnreadableObject | ListingMoved:
+    """An object the run cannot take as its source describes it, in its place as one the source cannot describe
+    (it fails before any of its items is sent, holding the checkpoint until its attempts are spent): two of its
+    items under one id, of which the ledger keeps one record (the second master was neither deposited nor
+    failed, and its manifest showed the first twice); a time with no timezone, which no other time compares with
+    (connectors.base.Source)."""
+    if not isinstance(obj, SourceObject):
+        return obj
+    times = [("its modified time", obj.modified), ("its listed_at", obj.listed_at),
+             *((f"the modified time of its item {item.id}", item.modified) for item in obj.items)]
+    naive = next(((what, at) for what, at in times if at is not None and at.utcoffset() is None), None)
+    if naive is not None:
+        return UnreadableObject(obj.id, None, f"{source} gave {naive[0]} with no timezone "
+                                              f"({naive[1].isoformat()}): a source's times must have one")
+    if len({item.id for item in obj.items}) < len(obj.items):
+        sequences: dict[str, list[int]] = {}
+        for item in obj.items:
+            sequences.setdefault(item.id, []).append(item.sequence)
+        shared = next((item_id, n) for item_id, n in sequences.items() if len(n) > 1)
+        return UnreadableObject(obj.id, listed_at(obj), f"its items {', '.join(map(str, shared[1]))} share the id "
+                                                        f"{shared[0]!r}: each item needs its own")
+    return obj
 
 
 def _manifest_fingerprint(obj: SourceObject, images: list[DepositedImage], settings: str) -> str:

@@ -2,6 +2,10 @@
 run (a raw traceback, the later pipelines never started); a dry run ignored --limit; HarvestOptions took a limit of
 0 or a str of ids; an object moved into the source with an old modification time, left waiting on an item by a
 run cut short, held the checkpoint back at that old time; the Celery executor worded one task left as several.
+And of what a run cannot publish or take as listed: a manifest or collection key the store would not write stopped
+every run; an object whose items share an id crashed the run, one with a time with no timezone too; a second object
+listed under an id was taken for a listing that moved while paged; HarvestOptions took a since of "7d", and
+harvest_pipelines a str of names.
 
 The sources are connectors of this module, declared in the `gcis_etl.connectors` entry points of a distribution
 written into tmp_path (the `declare` fixture), as tests/test_custom_connector.py declares one.
@@ -10,11 +14,13 @@ from __future__ import annotations
 
 import builtins
 import hashlib
+import json
 import logging
 import os
 import re
 import shutil
 import subprocess
+from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -24,6 +30,7 @@ import yaml
 
 from connectors.base import FetchedFile, SourceItem, SourceObject
 from gcis_etl.config import load_config
+from gcis_etl.errors import StoreFull
 from gcis_etl.harvesting import AT_LIMIT, HarvestOptions, harvest, harvest_pipelines
 from gcis_etl.ledger import Ledger
 from gcis_etl.settings import Settings
@@ -39,6 +46,7 @@ MOVED_IN = datetime(2024, 1, 1, tzinfo=timezone.utc)  # when they were moved int
 class MovedInSettings(Settings):
     folder: Path
     raises: str | None = None  # a builtin exception's name: the listing raises it, as a bug would
+    quirk: str | None = None   # a connector's slip in what the listing gives: see MovedIn.changes
 
 
 class MovedIn:
@@ -55,7 +63,17 @@ class MovedIn:
         if self.settings.raises:
             raise getattr(builtins, self.settings.raises)("a bug in the listing")
         if since is None or MOVED_IN >= since:
-            yield from self.get(sorted(p.name for p in self.settings.folder.iterdir()))
+            objects = list(self.get(sorted(p.name for p in self.settings.folder.iterdir())))
+            first, quirk = objects[0] if objects else None, self.settings.quirk
+            if quirk == "naive":  # o0's modified time with no timezone
+                objects[0] = replace(first, modified=first.modified.replace(tzinfo=None))
+            elif quirk == "shared-item":  # o0's items all under the id of its first
+                objects[0] = replace(first, items=tuple(replace(i, id=first.items[0].id) for i in first.items))
+            elif quirk == "twin":  # o1 under o0's id, as a folder source makes "o0" of o0.tif and o0.jp2
+                objects[1] = replace(objects[1], id=first.id)
+            elif quirk == "repeat":  # o0 again at the end, as a listing paged while o0 was edited gives it
+                objects.append(first)
+            yield from objects
 
     def get(self, object_ids: Iterable[str]) -> Iterator[SourceObject]:
         for object_id in object_ids:
@@ -162,6 +180,10 @@ def test_a_dry_run_plans_what_a_run_with_the_same_limit_processes_skips_not_coun
     ({"max_run_minutes": 0}, ValueError, "HarvestOptions.max_run_minutes must be more than 0"),
     ({"max_run_minutes": -1.5}, ValueError, "HarvestOptions.max_run_minutes must be more than 0"),
     ({"object_ids": "o1"}, TypeError, "HarvestOptions.object_ids is a tuple of object ids: ('o1',), not 'o1'"),
+    ({"since": "7d"}, TypeError, "HarvestOptions.since is a datetime with a timezone (or None for the checkpoint), "
+                                 "not '7d'"),
+    ({"since": datetime(2024, 1, 1)}, ValueError, "HarvestOptions.since needs a timezone (tzinfo=timezone.utc for "
+                                                  "UTC), not the naive 2024-01-01T00:00:00"),
 ])
 def test_harvest_options_a_run_would_read_wrongly_are_refused(options, error, message):
     with pytest.raises(error) as raised:
@@ -190,3 +212,157 @@ def test_one_celery_task_left_in_its_queue_is_worded_as_one(tmp_path, minio, red
     assert done.returncode == 0, done.stderr
     assert "1 task not started yet stays in its queue: a worker runs it, and the next run takes its outcome " \
            "(kept 72 hours)" in done.stderr
+
+
+@pytest.fixture
+def with_manifests(tmp_path, declare):
+    """with_manifests(folder, quirk=None, **keys): the config of pipeline p, a moved-in source of `folder` (with
+    the `quirk` of MovedIn.changes), its images and manifests in the local store tmp_path/store (under the
+    store.keys templates `keys`)."""
+    declare("moved-in-source", **{"moved-in": f"{__name__}:MovedIn"})
+
+    def write(folder: Path, quirk: str | None = None, **keys: str):
+        config = tmp_path / "config.yaml"
+        config.write_text(yaml.safe_dump({"state_dir": str(tmp_path / "state"), "pipelines": {"p": {
+            "source": {"kind": "moved-in", "folder": str(folder), "quirk": quirk},
+            "store": {"kind": "local", "root": str(tmp_path / "store"), **({"keys": keys} if keys else {})},
+            "manifests": {"manifest_base_url": "http://localhost/store",
+                          "image_service_base_url": "http://localhost/iiif"}}}}))
+        return load_config(config)
+    return write
+
+
+def collected(store: Path) -> list[str]:
+    """The manifest ids the pipeline's IIIF 3 collection lists."""
+    return [item["id"] for item in json.loads((store / "collections" / "p-v3.json").read_text())["items"]]
+
+
+def test_a_manifest_key_the_store_will_not_take_fails_that_object_alone_and_the_next_run_publishes_it(
+        with_manifests, tmp_path):
+    """A folder in the place of o1's manifest stopped every run: later objects got no manifest, the collection
+    and the checkpoint never moved. The others are published now, and o1 holds the checkpoint at its place in
+    the listing, so that the next run, the folder gone, publishes it."""
+    config = with_manifests(masters(tmp_path / "masters", 3, 1))
+    store = tmp_path / "store"
+    blocked = store / "p" / "o1" / "manifest-v3.json"
+    blocked.mkdir(parents=True)
+
+    report = harvest(config, "p")
+
+    assert (report.status, report.exit_code, report.manifests) == ("completed", 1, 2)
+    assert report.counts == {"deposited": 3, "skipped": 0, "rejected": 1, "failed": 0}
+    assert collected(store) == ["http://localhost/store/p/o0/manifest-v3.json",
+                                "http://localhost/store/p/o2/manifest-v3.json"]
+    with Ledger.open(config, read_only=True) as ledger:
+        [problem] = ledger.manifest_problems("p")
+        assert ledger.checkpoint("p") == MOVED_IN
+    assert problem.object_id == "o1"
+    assert problem.reason.startswith(f"manifest not published: {blocked}: cannot write: Is a directory")
+    assert problem.reason.endswith("; the next run tries again")
+
+    blocked.rmdir()
+    again = harvest(config, "p")
+    assert (again.exit_code, again.manifests, again.counts["skipped"]) == (0, 1, 3)
+    assert json.loads(blocked.read_text())["id"] == "http://localhost/store/p/o1/manifest-v3.json"
+    assert len(collected(store)) == 3
+    with Ledger.open(config, read_only=True) as ledger:
+        assert ledger.manifest_problems("p") == []
+        assert ledger.checkpoint("p") > MOVED_IN
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs for the manifests needs root")
+def test_a_full_store_still_stops_the_run_at_a_manifest_and_the_run_is_recorded_as_failed(with_manifests, tmp_path):
+    config = with_manifests(masters(tmp_path / "masters", 2, 1), manifest="manifests/{pipeline}/{object_id}.json")
+    full = tmp_path / "store" / "manifests"
+    full.mkdir(parents=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(full)], check=True)
+    try:
+        with open(full / "filler", "wb", buffering=0) as filler, pytest.raises(OSError):
+            while True:
+                filler.write(b"\0" * 4096)
+        with pytest.raises(StoreFull, match="cannot write: No space left on device"):
+            harvest(config, "p")
+    finally:
+        subprocess.run(["umount", str(full)], check=True)
+    with Ledger.open(config, read_only=True) as ledger:
+        assert ledger.runs("p")[0].status == "failed" and ledger.checkpoint("p") is None
+
+
+def test_a_collection_key_the_store_will_not_take_stops_the_run_once_the_checkpoint_moved(with_manifests, tmp_path):
+    """The collection lists what the ledger holds: the next run writes it, though it lists nothing new."""
+    config = with_manifests(masters(tmp_path / "masters", 2, 1))
+    store = tmp_path / "store"
+    blocked = store / "collections" / "p-v3.json"
+    blocked.mkdir(parents=True)
+
+    [outcome] = harvest_pipelines(config)
+
+    assert outcome.exit_code == 1
+    assert outcome.message.startswith(f"p: run stopped: {blocked}: cannot write: Is a directory")
+    assert outcome.message.endswith("(everything settled so far is recorded; run again)")
+    with Ledger.open(config, read_only=True) as ledger:
+        run, checkpoint = ledger.runs("p")[0], ledger.checkpoint("p")
+    assert run.status == "failed" and checkpoint > MOVED_IN and run.checkpoint_after == checkpoint.isoformat()
+    assert (store / "p" / "o1" / "manifest-v3.json").is_file()
+
+    blocked.rmdir()
+    again = harvest(config, "p")
+    assert (again.exit_code, again.counts["deposited"] + again.counts["skipped"]) == (0, 0)
+    assert collected(store) == [f"http://localhost/store/p/{o}/manifest-v3.json" for o in ("o0", "o1")]
+
+
+def test_an_object_whose_items_share_an_id_fails_naming_it_before_any_item_is_sent(with_manifests, tmp_path):
+    """Run 1 crashed in settle after publishing a manifest of the first master twice; later runs deposited one and
+    skipped the other, which was never deposited nor failed."""
+    config = with_manifests(masters(tmp_path / "masters", 2, 2), quirk="shared-item")
+    reason = "its items 1, 2 share the id 'o0/p0.tif': each item needs its own"
+    assert [(p.object_id, p.item_id, p.action, p.reason) for p in harvest(config, "p", HarvestOptions(
+        dry_run=True)).planned if p.object_id == "o0"] == [("o0", "(object)", "fail", reason)]
+
+    report = harvest(config, "p")
+
+    assert report.counts == {"deposited": 2, "skipped": 0, "rejected": 0, "failed": 1}
+    with Ledger.open(config, read_only=True) as ledger:
+        assert [(i.object_id, i.item_id, i.reason) for i in ledger.run_items(report.run_id, "failed")] == [
+            ("o0", "(object)", f"the source cannot describe it: {reason}")]
+        assert {i.object_id for i in ledger.items("p") if i.status == "deposited"} == {"o1"}
+    assert not (tmp_path / "store" / "p" / "o0").exists()
+
+
+def test_a_time_with_no_timezone_fails_its_object_naming_the_time(with_manifests, tmp_path):
+    """It crashed the run: "can't compare offset-naive and offset-aware datetimes"."""
+    config = with_manifests(masters(tmp_path / "masters", 2, 1), quirk="naive")
+
+    report = harvest(config, "p")
+
+    assert report.counts == {"deposited": 1, "skipped": 0, "rejected": 0, "failed": 1}
+    with Ledger.open(config, read_only=True) as ledger:
+        assert [(i.object_id, i.reason) for i in ledger.run_items(report.run_id, "failed")] == [
+            ("o0", "the source cannot describe it: p gave its modified time with no timezone "
+                   "(2020-01-01T00:00:00): a source's times must have one")]
+
+
+def test_a_second_object_under_a_listed_id_fails_in_that_run_where_the_same_one_listed_again_holds_the_checkpoint(
+        with_manifests, tmp_path):
+    """Two objects under one id (a folder source's o0.tif and o0.jp2) were taken for a listing that moved while
+    it was paged: the second dropped silently, the checkpoint held for ever."""
+    folder = masters(tmp_path / "masters", 2, 1)
+    twin = harvest(with_manifests(folder, quirk="twin"), "p")
+    assert twin.counts == {"deposited": 1, "skipped": 0, "rejected": 0, "failed": 1}
+    assert twin.note is None and datetime.fromisoformat(twin.checkpoint_after) > MOVED_IN
+    with Ledger.open(load_config(tmp_path / "config.yaml"), read_only=True) as ledger:
+        assert [(i.object_id, i.item_id, i.reason) for i in ledger.run_items(twin.run_id, "failed")] == [
+            ("o0", "(object)", "the source lists two objects under the id 'o0', one of 'o0/p0.tif' and one of "
+                               "'o1/p0.tif': the first was taken, this one is left out until the source gives each "
+                               "its own id")]
+
+    repeat = harvest(with_manifests(folder, quirk="repeat"), "p")
+    assert repeat.counts == {"deposited": 1, "skipped": 1, "rejected": 0, "failed": 0}
+    assert "; o0 was listed twice: " in repeat.note and repeat.checkpoint_after is None  # after: listing changed
+
+
+def test_harvest_pipelines_refuses_a_str_of_names(configure, tmp_path):
+    config = load_config(configure(library=masters(tmp_path / "masters", 1, 1)))
+    with pytest.raises(TypeError, match=re.escape("names are a sequence of pipeline names: ('library',), not "
+                                                  "'library'")):
+        list(harvest_pipelines(config, "library"))
