@@ -3,7 +3,8 @@
 
 One conversion of a big master takes minutes, during which nothing settles: so that a working run can be told
 from a hung one, a timer redraws the live line with the items in flight and the age of the oldest, and where
-there is no terminal (cron) logs the oldest once per QUIET_SECONDS without an item settled."""
+there is no terminal (cron) logs the oldest once per QUIET_SECONDS without an item settled. A move of a store's
+keys (migrations/move_store.py) shows the same kind of line, and nothing without a terminal."""
 from __future__ import annotations
 
 import logging
@@ -11,6 +12,7 @@ import shutil
 import sys
 import threading
 import time
+from typing import Callable, Hashable
 
 import click
 
@@ -25,25 +27,122 @@ QUIET_SECONDS = 60.0  # without an item settled, a log line names the oldest ite
 TICK_SECONDS = 1.0    # how often the live line is redrawn while items are in flight
 
 
-class TerminalProgress(Progress):
+def fitted(head: str, parts: list[tuple[str, ...]], shrink: tuple[int, ...], width: int) -> str:
+    """`head` then the parts joined with ", ", each in one of its forms (longest first; "" drops the part): while
+    the line is wider than `width`, the part `shrink` names next (the least important first) takes its next form,
+    so what tells a working run from a hung one goes last. What still does not fit is cut."""
+    chosen = [0] * len(parts)
+
+    def line() -> str:
+        return head + ", ".join(form for part, n in zip(parts, chosen) if (form := part[n]))
+
+    for index in shrink:
+        if len(line()) <= width:
+            break
+        chosen[index] += 1
+    return line()[:width]
+
+
+class LiveLine:
+    """One line rewritten in place on a terminal (a wrapped line cannot be), redrawn by a timer while work is in
+    flight so that its ages and elapsed time move on. Subclasses say what the line holds (_line) under the lock."""
+
+    def __init__(self, name: str, live: bool, tick_seconds: float = TICK_SECONDS):
+        self.name = name
+        self.live = live
+        self.tick_seconds = tick_seconds
+        self.began = time.monotonic()
+        self.in_flight: dict[Hashable, float] = {}  # what is under way: when it started, oldest first
+        self._drawn = 0.0
+        self._shown = 0  # the length of the line on screen: a shorter one is padded over it
+        self._lock = threading.Lock()  # the timer's thread draws (and logs) too
+        self._timer: threading.Thread | None = None
+        self._halt = threading.Event()
+
+    def clear(self) -> None:
+        """Before other output, and once the run is over: the live line goes and the timer stops, even with
+        work left in flight (a broker gone), until more starts."""
+        with self._lock:
+            self._take_down()
+            timer, self._timer = self._timer, None
+            self._halt.set()
+        if timer is not None:
+            timer.join()  # outside the lock, which its last tick may be waiting for
+
+    def _start(self, key: Hashable) -> None:
+        """Under the lock: `key` is under way; the timer runs while anything is."""
+        self.in_flight[key] = time.monotonic()
+        self._draw()
+        if self._timer is None and self._timed():
+            self._halt = threading.Event()
+            self._timer = threading.Thread(target=self._tick, args=(self._halt,), daemon=True,
+                                           name=f"gcis-progress-{self.name}")
+            self._timer.start()
+
+    def _timed(self) -> bool:
+        return self.live
+
+    def _tick(self, halt: threading.Event) -> None:
+        """The timer's thread: it ends when nothing is in flight, or clear() stops it."""
+        while not halt.wait(self.tick_seconds):
+            with self._lock:
+                if halt.is_set():
+                    return
+                if not self.in_flight:
+                    self._timer = None
+                    return
+                self._ticked()
+
+    def _ticked(self) -> None:
+        self._draw(force=True)
+
+    def _line(self, seconds: float, width: int) -> str: ...
+
+    def _draw(self, force: bool = False) -> None:
+        if not self.live or (not force and time.monotonic() - self._drawn < 0.2):
+            return
+        self._drawn = time.monotonic()
+        width = shutil.get_terminal_size().columns - 1  # a wrapped line cannot be redrawn in place
+        line = self._line(self._drawn - self.began, width)
+        click.echo(f"\r{line.ljust(min(self._shown, width))}", nl=False, err=True)
+        self._shown = len(line)
+
+    def _in_flight(self) -> tuple[str, ...]:
+        """How much is in flight and the oldest one's age (no part without any)."""
+        return (f"{len(self.in_flight)} in flight, oldest {elapsed(self._oldest()[1])}" if self.in_flight else "",)
+
+    def _oldest(self) -> tuple[Hashable, float]:
+        """What has been in flight the longest (started first), and for how many seconds."""
+        key, since = next(iter(self.in_flight.items()))
+        return key, time.monotonic() - since
+
+    def _take_down(self) -> None:
+        if self.live and self._drawn:
+            self._draw(force=True)
+            click.echo("", err=True)
+            self._drawn = 0.0
+            self._shown = 0
+
+
+def _broken_down(what: str, counts: dict[str, int]) -> tuple[str, ...]:
+    """`what` with its breakdown: every count, then those that are not 0, then none."""
+    every = " ".join(f"{name} {n}" for name, n in counts.items())
+    nonzero = " ".join(f"{name} {n}" for name, n in counts.items() if n)
+    return f"{what} ({every})", f"{what} ({nonzero})" if nonzero else what, what
+
+
+class TerminalProgress(LiveLine, Progress):
     """Counts and throughput on one rewritten line (the total is unknown while the source is still listing)."""
 
     def __init__(self, pipeline: str, live: bool, quiet_seconds: float = QUIET_SECONDS,
                  tick_seconds: float = TICK_SECONDS, log_end: bool = True):
+        super().__init__(pipeline, live, tick_seconds if live else min(tick_seconds, quiet_seconds))
         self.pipeline = pipeline
-        self.live = live
         self.log_end = log_end
         self.quiet_seconds = quiet_seconds
-        self.tick_seconds = tick_seconds if live else min(tick_seconds, quiet_seconds)
         self.counts = {name: 0 for name in COUNTED}
         self.objects = 0
-        self.began = time.monotonic()
-        self.in_flight: dict[tuple[str, str], float] = {}  # (object id, item id): when it started, oldest first
-        self._drawn = 0.0
         self._heard = self.began  # quiet since: the last item settled, quiet line logged, or work begun
-        self._lock = threading.Lock()  # the timer's thread draws and logs too
-        self._timer: threading.Thread | None = None
-        self._halt = threading.Event()
 
     def planned(self, obj: SourceObject, tasks: int) -> None:
         with self._lock:
@@ -54,13 +153,7 @@ class TerminalProgress(Progress):
         with self._lock:
             if not self.in_flight:
                 self._heard = time.monotonic()  # quiet since now, not since an item settled before a long listing
-            self.in_flight[object_id, item_id] = time.monotonic()
-            self._draw()
-            if self._timer is None:
-                self._halt = threading.Event()
-                self._timer = threading.Thread(target=self._tick, args=(self._halt,), daemon=True,
-                                               name=f"gcis-progress-{self.pipeline}")
-                self._timer.start()
+            self._start((object_id, item_id))
 
     def item(self, object_id: str, item_id: str, outcome: str, reason: str | None,
              warnings: tuple[str, ...] = ()) -> None:
@@ -98,29 +191,14 @@ class TerminalProgress(Progress):
                            "counts": report.counts, "manifests": report.manifests, "seconds": report.seconds,
                            "checkpoint": report.checkpoint_after, "note": report.note})
 
-    def clear(self) -> None:
-        """Before other output, and once the run is over: the live line goes and the timer stops, even with
-        items left in flight (a broker gone), until another item starts."""
-        with self._lock:
-            self._take_down()
-            timer, self._timer = self._timer, None
-            self._halt.set()
-        if timer is not None:
-            timer.join()  # outside the lock, which its last tick may be waiting for
+    def _timed(self) -> bool:
+        return True  # without a terminal, the timer logs the oldest item of a quiet run
 
-    def _tick(self, halt: threading.Event) -> None:
-        """The timer's thread: it ends when nothing is in flight, or clear() stops it."""
-        while not halt.wait(self.tick_seconds):
-            with self._lock:
-                if halt.is_set():
-                    return
-                if not self.in_flight:
-                    self._timer = None
-                    return
-                if self.live:
-                    self._draw(force=True)
-                elif time.monotonic() - self._heard >= self.quiet_seconds:
-                    self._log_oldest()
+    def _ticked(self) -> None:
+        if self.live:
+            self._draw(force=True)
+        elif time.monotonic() - self._heard >= self.quiet_seconds:
+            self._log_oldest()
 
     def _log_oldest(self) -> None:
         (object_id, item_id), age = self._oldest()
@@ -131,28 +209,61 @@ class TerminalProgress(Progress):
                  extra={"pipeline": self.pipeline, "object_id": object_id, "item_id": item_id,
                         "in_flight": count, "seconds": round(age)})
 
-    def _draw(self, force: bool = False) -> None:
-        if not self.live or (not force and time.monotonic() - self._drawn < 0.2):
-            return
-        self._drawn = time.monotonic()
+    def _line(self, seconds: float, width: int) -> str:
+        """What tells a working run from a hung one (items in flight, the oldest's age, the time elapsed) goes
+        last: first the counts that are 0, then the objects, the rate, the rest of the breakdown."""
         done = sum(self.counts.values())
-        rate = done / (self._drawn - self.began) * 60 if self._drawn > self.began else 0
-        counts = " ".join(f"{name} {n}" for name, n in self.counts.items())
-        oldest = f", {len(self.in_flight)} in flight, oldest {elapsed(self._oldest()[1])}" if self.in_flight else ""
-        line = f"{self.pipeline}: {self.objects} objects, {done} items ({counts}) {rate:.0f}/min{oldest}   "
-        width = shutil.get_terminal_size().columns - 1  # a wrapped line cannot be redrawn in place
-        click.echo(f"\r{line[:width]}", nl=False, err=True)
+        parts = [(f"{self.objects} objects", ""), _broken_down(f"{done} items", self.counts), _rate(done, seconds),
+                 self._in_flight(), (f"{elapsed(seconds)} elapsed",)]
+        return fitted(f"{self.pipeline}: ", parts, (1, 0, 2, 1), width)
 
-    def _oldest(self) -> tuple[tuple[str, str], float]:
-        """The item in flight the longest (started first), and for how many seconds."""
-        key, since = next(iter(self.in_flight.items()))
-        return key, time.monotonic() - since
 
-    def _take_down(self) -> None:
-        if self.live and self._drawn:
-            self._draw(force=True)
-            click.echo("", err=True)
-            self._drawn = 0.0
+class MoveProgress(LiveLine):
+    """Keys moved from one store to another (migrations/move_store.py): how many of the ledger's are done, copied,
+    kept (already there, or newer there) and failed (or missing), deleted from the source, the rate, the keys in
+    flight and the oldest one's age (a big master takes minutes to copy), the time elapsed."""
+
+    GROUPS = {"copied": ("copied", "replaced", "would copy"), "kept": ("present", "newer in the target"),
+              "failed": ("failed", "missing"), "deleted": ("deleted from the source", "would delete from the source")}
+
+    def __init__(self, pipeline: str, total: int, live: bool, deleting: bool, tick_seconds: float = TICK_SECONDS):
+        super().__init__(pipeline, live, tick_seconds)
+        self.total = total
+        self.done = 0
+        self.counts = {group: 0 for group in self.GROUPS if deleting or group != "deleted"}
+        self._group = {outcome: group for group, outcomes in self.GROUPS.items() for outcome in outcomes
+                       if group in self.counts}
+
+    def started(self, key: str) -> None:
+        with self._lock:
+            self._start(key)
+
+    def settled(self, key: str, outcomes: list[str] | None) -> None:
+        """`key` is done with what the report counted of it (nothing: it need not exist, and does not); None: it
+        is no longer under way, but not done (its store went down)."""
+        with self._lock:
+            self.in_flight.pop(key, None)
+            self.done += outcomes is not None
+            for outcome in outcomes or ():
+                if outcome in self._group:
+                    self.counts[self._group[outcome]] += 1
+            self._draw()
+
+    def _line(self, seconds: float, width: int) -> str:
+        parts = [_broken_down(f"{self.done} of {self.total} keys", self.counts), _rate(self.done, seconds),
+                 self._in_flight(), (f"{elapsed(seconds)} elapsed",)]
+        return fitted(f"{self.name}: ", parts, (0, 1, 0), width)
+
+
+def _rate(done: int, seconds: float) -> tuple[str, ...]:
+    return f"{done / seconds * 60 if seconds else 0:.0f}/min", ""
+
+
+def move_progress(pipeline: str, count: Callable[[], int], deleting: bool) -> MoveProgress:
+    """Live on a terminal, as a harvest's line, unless each key is logged (-v, --log-json), which the line would
+    break into. `count()` says how many keys the move will look at: a pass over the ledger, made only then."""
+    live = sys.stderr.isatty() and not logging.getLogger("gcis_etl.migration").isEnabledFor(logging.INFO)
+    return MoveProgress(pipeline, count() if live else 0, live, deleting)
 
 
 def progress_for(pipeline: str, log_end: bool = False) -> TerminalProgress:

@@ -43,8 +43,9 @@ is a problem and stays in the source. A dry run does not read them.
 
 --delete-source refuses to delete from the store the pipeline is configured with, or from the target, however
 the source is written: only the S3 server, bucket and prefix count (not the region, addressing style, ...), or
-the local root's real path (symlinks followed). Before deleting anything it also puts a small object in both
-and refuses if it shows in the source (one server under two host names, a directory mounted twice).
+the local root's real path (symlinks followed). Before deleting anything it also puts a small object in the
+source, and refuses if it shows in either of them (one server under two host names, a directory mounted twice);
+the object is deleted from the source at once. Nothing is written to, or deleted from, the pipeline's store.
 
 Both stores must place objects alike (the same keys: templates). Manifests are copied byte for byte: their ids
 and image service URLs come from the pipeline's manifests: settings, not from the store.
@@ -76,6 +77,7 @@ from gcis_etl.ledger import Ledger
 from gcis_etl.manifests import DepositedImage, collection_items, painted_images
 from gcis_etl.migration import Budget, MigrationContext, migration, same_store, shows_through, store_settings
 from gcis_etl.pipelines import Pipeline
+from gcis_etl.progress import MoveProgress, move_progress
 from gcis_etl.reports import counted
 from gcis_etl.stores import Store, StoredObject, open_store
 
@@ -116,11 +118,18 @@ def main(ctx: MigrationContext, name: str, to_spec: str | None, from_spec: str |
             move.target.check(create=None if authoritative else True)
             move.clean_up(pipeline)
             if delete_source:
-                check_apart(move.source, {"the target": move.target,
-                                          f"the store pipeline {name!r} uses": open_store(configured)})
+                kept = {"the target": move.target}
+                if not authoritative:
+                    kept[f"the store pipeline {name!r} uses"] = open_store(configured)
+                check_apart(move.source, kept)
         keys = pipeline_keys(ledger, pipeline)
         budget = Budget(minutes=max_minutes)
-        cut = move.run(islice(keys, limit), concurrency, budget)
+        progress = move_progress(name, lambda: sum(1 for _ in islice(pipeline_keys(ledger, pipeline), limit)),
+                                 delete_source)
+        try:
+            cut = move.run(islice(keys, limit), concurrency, budget, progress)
+        finally:
+            progress.clear()  # before the summary
         stopped = None
         if cut and not ctx.stop.is_set():
             stopped = f"stopped: {budget.exhausted()}: run again to go on"
@@ -143,11 +152,13 @@ def main(ctx: MigrationContext, name: str, to_spec: str | None, from_spec: str |
 
 
 def check_apart(source: Store, kept: dict[str, Store]) -> None:
-    """Before --delete-source deletes anything: an object put in each store that keeps the keys must not show in
-    the source. Settings cannot tell one S3 server under two host names, or one directory mounted twice."""
+    """Before --delete-source deletes anything: an object put in the source must not show in a store that keeps
+    the keys. Settings cannot tell one S3 server under two host names, or one directory mounted twice. Put in the
+    source, which --delete-source deletes from anyway: the pipeline's store need not let us delete (superseded
+    masters then wait in the ledger), and must not collect check objects."""
     for what, store in kept.items():
-        if shows_through(store, source):
-            raise click.UsageError(f"--delete-source: an object written to {what} shows in the source: the source "
+        if shows_through(source, store):
+            raise click.UsageError(f"--delete-source: an object written to the source shows in {what}: the source "
                                    f"is that store, reached another way; nothing was deleted")
 
 
@@ -217,7 +228,7 @@ class Move:
             self.ctx.report.notes.append(f"aborted {len(aborted)} incomplete uploads to the target left by a "
                                          f"killed run: {', '.join(aborted)}")
 
-    def run(self, keys: Iterator[StoreKey], concurrency: int, budget: Budget) -> bool:
+    def run(self, keys: Iterator[StoreKey], concurrency: int, budget: Budget, progress: MoveProgress) -> bool:
         """A bounded window of keys in flight: millions of keys never sit in memory at once. True when it stopped
         with keys left (on request, or the budget's time spent). Each key checks as it starts, since the pool
         holds up to a window of them queued: once stopped, none starts, and those under way finish. A store that
@@ -231,10 +242,14 @@ class Move:
         def start(item: StoreKey) -> bool:
             if stopping():
                 return False
+            progress.started(item.key)
+            outcomes: list[str] | None = None  # None: not settled (the store went down, or an error escaped)
             try:
-                self.move(item)
+                outcomes = self.move(item)
             except StoreUnavailable as exc:
                 halted.append(exc)
+            finally:
+                progress.settled(item.key, outcomes)
             return True
 
         cut = False
@@ -253,12 +268,13 @@ class Move:
             raise halted[0]
         return cut
 
-    def move(self, item: StoreKey) -> None:
+    def move(self, item: StoreKey) -> list[str]:
+        """What the report counted of the key."""
         report = self.ctx.report
         try:
             step = self.copy(item)
             if step is None:
-                return
+                return []
             deleting = self.delete_source and step.in_source
             if deleting and not self.ctx.dry_run:
                 self.verify(item.key, step.sha256)
@@ -266,14 +282,18 @@ class Move:
             raise
         except GcisError as exc:  # this key fails, and stays in the source; the others go on
             report.event(item.key, "failed", str(exc))
-            return
+            return ["failed"]
         report.event(item.key, step.outcome, step.reason, listed=step.outcome in LISTED)
         if not deleting:
-            return
+            return [step.outcome]
         if self.ctx.dry_run:
-            report.event(item.key, "would delete from the source", listed=False)
+            deleted, where = "would delete from the source", ""
         elif self.source.delete(item.key):
-            report.event(item.key, "deleted from the source", self.source.describe(item.key))
+            deleted, where = "deleted from the source", self.source.describe(item.key)
+        else:
+            return [step.outcome]
+        report.event(item.key, deleted, where, listed=not self.ctx.dry_run)
+        return [step.outcome, deleted]
 
     def copy(self, item: StoreKey) -> Step | None:
         """copied, replaced (other content was there), present (already there, same SHA-256), newer in the
@@ -311,8 +331,9 @@ class Move:
                                  f"{stored and stored.sha256} after the copy, not {actual}")
         if there is None:
             return Step("copied", "", actual, True)
-        stale = f", stale: {current}" if current else ""
-        return Step("replaced", f"the target held SHA-256 {there.sha256}{stale}", actual, True)
+        held = f"the target held SHA-256 {there.sha256}" if there.sha256 else \
+            "the target's copy had no SHA-256 recorded (not deposited by gcis-etl)"
+        return Step("replaced", f"{held}, stale: {current}" if current else held, actual, True)
 
     def kept(self, item: StoreKey, here: StoredObject, there: StoredObject) -> Step | str:
         """The target is the pipeline's store: what it holds is kept unless the ledger shows the source's copy is

@@ -504,7 +504,7 @@ def test_delete_source_refuses_the_live_s3_store_however_it_is_written(site, min
     proc = site.migrate("move_store", "--pipeline", PIPELINE, "--from-store", json.dumps(aliased),
                         "--delete-source")
     assert proc.returncode == 2, proc.stdout
-    assert "an object written to the target shows in the source" in proc.stderr
+    assert "an object written to the source shows in the target" in proc.stderr
     assert "nothing was deleted" in proc.stderr
     assert bucket_objects(minio, s3_bucket) == stored  # every key still there, and no check object left behind
     with site.ledger() as ledger:
