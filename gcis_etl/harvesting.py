@@ -384,8 +384,7 @@ class Harvest:
                 self.unreadable(obj, since)
                 continue
             records = self.records(obj.id)
-            if records.pop(OBJECT, None) is not None:  # the source describes it now
-                self.ledger.forget_item(self.pipeline.name, obj.id, OBJECT)
+            self._forget_unsettled(obj.id, records, {item.id for item in obj.items})  # OBJECT: described now
             pending = self.pending.setdefault(obj.id, _PendingObject(obj, records))
             tasks, unprocessed = 0, []
             for item, decision, task in self.plan(obj, records):
@@ -433,7 +432,7 @@ class Harvest:
         does not have is a failure of this run only; one revisited for its failed items (withdrawn since) a note."""
         name = self.pipeline.name
         if obj.gone:
-            self._forget_unreadable(obj.id)
+            self._forget_unsettled(obj.id, self.records(obj.id), set())
             if not self.options.object_ids:
                 self.progress.note(f"not revisiting {obj.id}: {obj.reason}")
                 return
@@ -451,9 +450,14 @@ class Harvest:
         self._count(object_id, OBJECT, Outcome.FAILED.value, reason)
         self.ledger.record_unprocessed(self.run_id, [Unprocessed(object_id, OBJECT, Outcome.FAILED.value, reason)])
 
-    def _forget_unreadable(self, object_id: str) -> None:
-        if self.ledger.item(self.pipeline.name, object_id, OBJECT) is not None:
-            self.ledger.forget_item(self.pipeline.name, object_id, OBJECT)
+    def _forget_unsettled(self, object_id: str, records: dict[str, ItemRecord], listed: set[str]) -> None:
+        """Failed or rejected items the source no longer lists in the object (a master deleted or renamed since,
+        the object gone), and its failure to be described (OBJECT) once it is, are forgotten (and taken out of
+        `records`): they stayed failed in `status` for ever, and their object was revisited on every run.
+        Deposited ones stay: their access masters are in the store (withdrawals do not reach it)."""
+        for item_id in [i for i, r in records.items() if i not in listed and r.status in ("failed", "rejected")]:
+            self.ledger.forget_item(self.pipeline.name, object_id, item_id)
+            del records[item_id]
 
     def report_exhausted(self) -> None:
         """Items out of attempts count as failed in every run, so cron keeps seeing exit 1 until someone runs

@@ -111,3 +111,20 @@ def test_a_chmod_relists_a_master_that_is_skipped_as_unchanged(tmp_path):
     cfg = site(tmp_path)
     (tmp_path / "masters" / "objB" / "p1.tif").chmod(0o600)
     assert run(cfg) == ({("objB", "objB/p1.tif"): "skipped (unchanged)"}, 0)  # nor is its manifest published again
+
+
+def test_a_rejected_master_deleted_from_its_object_leaves_the_ledger(tmp_path):
+    """Its record stayed 'rejected' in status for ever (and a failed one's object was revisited on every run),
+    for a master that is no longer there."""
+    cfg = site(tmp_path)
+    (tmp_path / "masters" / "objA" / "p3.tif").write_bytes(b"II*\x00" + b"\x00" * 100)  # no image in it
+    tick()
+    outcomes, _ = run(cfg)
+    assert outcomes[("objA", "objA/p3.tif")] == "rejected"
+    (tmp_path / "masters" / "objA" / "p3.tif").unlink()
+    tick()
+    outcomes, _ = run(cfg)
+    assert ("objA", "objA/p3.tif") not in outcomes
+    with Ledger.open(cfg) as ledger:
+        assert ledger.counts("fs") == {"deposited": 3, "skipped": 0, "rejected": 0, "failed": 0}
+        assert [r.item_id for r in ledger.items("fs", "objA")] == ["objA/p1.tif", "objA/p2.tif"]
