@@ -1,8 +1,12 @@
 """Shared fixtures: the corpus, and real servers (MinIO) started once per session."""
 from __future__ import annotations
 
+import contextlib
 import csv
 import importlib
+import os
+import pty
+import subprocess
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +20,20 @@ from tests.servers import MinioServer, free_port  # noqa: E402
 MiB = 1024 * 1024
 
 CORPUS = Path(__file__).parent / "corpus"
+
+
+def run_on_a_terminal(argv: list[str], **popen) -> tuple[subprocess.Popen, str]:
+    """`argv` run with its stderr on a pseudo-terminal (as a live line needs) and its stdout piped: the process,
+    ended but not waited for, and all the terminal showed."""
+    main, terminal = pty.openpty()
+    run = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=terminal, **popen)
+    os.close(terminal)
+    shown = b""
+    with contextlib.suppress(OSError):  # EIO once the run has closed the terminal
+        while chunk := os.read(main, 65536):
+            shown += chunk
+    os.close(main)
+    return run, shown.decode()
 
 
 @dataclass(frozen=True)

@@ -1,12 +1,10 @@
 """`gcis-etl harvest` on a filesystem source into a local store: the embedded default's shape, end to end."""
 from __future__ import annotations
 
-import contextlib
 import csv
 import hashlib
 import json
 import os
-import pty
 import shutil
 import subprocess
 import sys
@@ -24,6 +22,7 @@ from gcis_etl.ledger import Ledger
 from gcis_etl.locks import pipeline_lock
 from gcis_etl.reports import pipeline_status
 from gcis_etl.verification import verify
+from tests.conftest import run_on_a_terminal
 
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS = ROOT / "tests" / "corpus"
@@ -259,17 +258,10 @@ def test_each_item_is_logged_once_and_a_rejected_one_as_a_warning_with_its_field
 
 
 def test_on_a_terminal_each_logged_line_stands_apart_from_the_live_line(site):
-    main, terminal = pty.openpty()
-    run = subprocess.Popen([sys.executable, "-m", "gcis_etl.cli", "--config", str(site / "config.yaml"), "harvest"],
-                           stdout=subprocess.PIPE, stderr=terminal, cwd=site)
-    os.close(terminal)
-    shown = b""
-    with contextlib.suppress(OSError):  # EIO once the run has closed the terminal
-        while chunk := os.read(main, 65536):
-            shown += chunk
-    os.close(main)
+    run, shown = run_on_a_terminal([sys.executable, "-m", "gcis_etl.cli", "--config", str(site / "config.yaml"),
+                                "harvest"], cwd=site)
     assert run.wait(300) == 1
-    lines = shown.decode().replace("\r\n", "\n").split("\n")
+    lines = shown.replace("\r\n", "\n").split("\n")
     warnings = [line for line in lines if "WARNING" in line]
     assert len(warnings) == 3 and all(line.startswith("WARNING rejected ") for line in warnings), lines
     assert any(line.startswith("\rmuseum: ") and "items (deposited" in line for line in lines), lines

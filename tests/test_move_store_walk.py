@@ -5,14 +5,11 @@ columns; a replaced key's reason read "SHA-256 None". Real MinIO (restricted cre
 tests/test_store_hostile.py), local stores, gcis-migrate in a subprocess (on a pseudo-terminal for the line)."""
 from __future__ import annotations
 
-import contextlib
 import csv
 import json
 import logging
 import os
-import pty
 import re
-import subprocess
 
 import boto3
 import pytest
@@ -20,7 +17,7 @@ import pytest
 from gcis_etl.migration import shows_through
 from gcis_etl.progress import TerminalProgress
 from gcis_etl.stores import LocalStoreSettings, open_store
-from tests.conftest import s3_settings
+from tests.conftest import run_on_a_terminal, s3_settings
 from tests.test_migrations import BIN, PIPELINE, bucket_objects, folder_site, ok, report_of, s3_store
 
 DEPOSIT_ONLY = ["s3:GetObject", "s3:PutObject", "s3:AbortMultipartUpload", "s3:ListMultipartUploadParts"]
@@ -75,18 +72,11 @@ def test_a_check_object_that_cannot_be_deleted_is_a_warning_naming_it(tmp_path, 
 def on_a_terminal(site, *args: str, columns: int = 80) -> tuple[str, list[str]]:
     """gcis-migrate with its stderr on a pseudo-terminal `columns` wide: its stdout, and what the terminal
     showed, split at carriage returns and newlines."""
-    main, terminal = pty.openpty()
-    run = subprocess.Popen([str(BIN / "gcis-migrate"), *args], stdout=subprocess.PIPE, stderr=terminal, text=True,
-                           cwd=site.root, env={**os.environ, "GCIS_CONFIG": str(site.config), "COLUMNS": str(columns)})
-    os.close(terminal)
-    shown = b""
-    with contextlib.suppress(OSError):  # EIO once the run has closed the terminal
-        while chunk := os.read(main, 65536):
-            shown += chunk
-    os.close(main)
+    run, shown = run_on_a_terminal([str(BIN / "gcis-migrate"), *args], text=True, cwd=site.root,
+                               env={**os.environ, "GCIS_CONFIG": str(site.config), "COLUMNS": str(columns)})
     out = run.stdout.read()
-    assert run.wait(180) == 0, out + shown.decode()
-    return out, [line for line in re.split(r"[\r\n]+", shown.decode()) if line.strip()]
+    assert run.wait(180) == 0, out + shown
+    return out, [line for line in re.split(r"[\r\n]+", shown) if line.strip()]
 
 
 def test_move_store_shows_a_live_line_on_a_terminal_and_nothing_without_one(tmp_path):
