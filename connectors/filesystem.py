@@ -151,14 +151,17 @@ class FilesystemSource(GroupedSource):
                     folder_changed: datetime) -> _UnreadableFile | None:
         """A file the walk found but cannot stat, listed as such (its object unreadable); None for a file deleted
         since its folder was read, which is gone."""
+        where = f"{_printable(path)} under {self.root}"
         try:
             own = entry.stat(follow_symlinks=False)
             target = os.readlink(entry.path) if stats.S_ISLNK(own.st_mode) else None
-        except OSError:  # gone (or replaced by a file) since its folder was read
+        except FileNotFoundError:  # gone since its folder was read
             return None
+        except OSError as err:  # a folder that may be read but not searched (r without x): none of its files
+            return _UnreadableFile(path, 0, folder_changed, folder_listed_at=folder_changed,
+                                   reason=f"{where} cannot be read: {err.strerror}")
         if target is None and isinstance(exc, FileNotFoundError):
             return None
-        where = f"{_printable(path)} under {self.root}"
         if target is None:
             reason = f"{where} cannot be read: {exc.strerror}"
         elif exc.errno == errno.ENOENT:

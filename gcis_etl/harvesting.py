@@ -197,8 +197,8 @@ class Harvest:
         self.halted: str | None = None  # why a worker could not work at all (RunHalted)
         self.began = time.monotonic()
         self.checkpoint_held: str | None = None  # why a complete run leaves the checkpoint where it was
-        self.listed: set[str] = set()  # objects this run has seen in the source
-        self.first_items: dict[str, str] = {}  # an object's first item, by object id: what a repeat is known by
+        # the objects this run has seen in the source, with their first items' ids: what a repeat is known by
+        self.listed: dict[str, str | None] = {}
         self.reached: datetime | None = None  # how far the listing got, for a source listing in modified order
         self.superseding = True  # the ledger may hold superseded keys of the pipeline (execute looks)
 
@@ -244,10 +244,10 @@ class Harvest:
         listing = (self.options.described or described(source, dict.fromkeys(self.options.object_ids))
                    if self.options.object_ids else source.changes(since))
         for obj in (_usable(obj, source.name) for obj in listing):
-            if not isinstance(obj, ListingMoved) and obj.id in seen and (other := self._other_object(obj)):
-                yield other
-                continue
             if isinstance(obj, ListingMoved) or obj.id in seen:
+                if (other := self._other_object(obj)) is not None:
+                    yield other
+                    continue
                 self._hold_checkpoint(obj.reason if isinstance(obj, ListingMoved) else
                                       f"{obj.id} was listed twice: the source's listing moved while it was paged "
                                       "(an object edited during the run) and may have passed over others")
@@ -256,27 +256,26 @@ class Harvest:
                 if self.should_stop():
                     return
                 continue
-            seen.add(obj.id)
-            if isinstance(obj, SourceObject) and obj.items:
-                self.first_items[obj.id] = obj.items[0].id
+            seen[obj.id] = obj.items[0].id if isinstance(obj, SourceObject) and obj.items else None
             self._reach(obj, until)
             yield obj
         self.reached = until  # the listing is exhausted (what comes next are revisits, asked for by id)
         if self.options.object_ids:
             return
-        retry = sorted({r.object_id for r in self._failed_items("attempts<?")} - seen)
+        retry = sorted({r.object_id for r in self._failed_items("attempts<?")} - seen.keys())
         if retry:
             self.progress.note(f"revisiting {len(retry)} objects with failed items")
         yield from (_usable(obj, source.name) for obj in described(source, retry))
 
-    def _other_object(self, obj: SourceObject | UnreadableObject) -> SharedId | None:
+    def _other_object(self, obj: SourceObject | UnreadableObject | ListingMoved) -> SharedId | None:
         """A second object under an id listed already that is another object, not the same one listed again (a
         paging repeat, or one edited during the run, keeps its first item): two files example.tif and example.jp2
         that a folder source makes one id of. The first stays the id's; this one fails in this run alone, as a
         defect of the source that holds no checkpoint (the next run finds them both again, as listed)."""
-        first = self.first_items.get(obj.id)
-        if first is None or not isinstance(obj, SourceObject) or not obj.items or \
-                any(item.id == first for item in obj.items):
+        if not isinstance(obj, SourceObject) or not obj.items:
+            return None
+        first = self.listed.get(obj.id)
+        if first is None or any(item.id == first for item in obj.items):
             return None
         return SharedId(obj.id, f"the source lists two objects under the id {obj.id!r}, one of {first!r} and one "
                                 f"of {obj.items[0].id!r}: the first was taken, this one is left out until the "
@@ -568,7 +567,7 @@ class Harvest:
         """The manifests' settings as a manifest's fingerprint holds them: the same all the run."""
         return self.pipeline.manifests.settings.model_dump_json()
 
-    def abandon(self, executor: Executor, exc: BaseException, checkpoint: datetime | None = None) -> None:
+    def abandon(self, executor: Executor, exc: BaseException, checkpoint: datetime | None) -> None:
         """The run ends on `exc`: the items in flight are recorded, then the run as failed (its source, store,
         ledger or workers failed as a whole, and said why) or crashed (a bug), with the checkpoint it set before
         `exc` came (the collection's writing, last, failed). A ledger that cannot be written
@@ -584,7 +583,7 @@ class Harvest:
                     self.settle(result)
                 except LedgerUnwritable:
                     raise
-                except Exception as failure:  # publishing its object's manifest: the next run, listing it, does
+                except GcisError as failure:  # publishing its object's manifest: the next run, listing it, does
                     log.warning("%s: %s: left to the next run, this one having ended on an error: %s",
                                 self.pipeline.name, result.object_id, failure,
                                 extra={"pipeline": self.pipeline.name, "object_id": result.object_id})

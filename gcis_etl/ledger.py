@@ -114,9 +114,9 @@ _DAMAGED = ("the file is damaged: move it aside (to {name}.damaged, say, with an
             "it; without either, a harvest starts a fresh ledger, which knows no checkpoint, run or superseded key: it "
             "lists every source in full, looks up every item in the store (one there from the same source version "
             "and recipe is not converted again) and publishes every manifest again")
+_DAMAGED_CODES = ("CORRUPT", "NOTADB")
 _TROUBLE = {  # SQLite's primary result codes for a ledger that cannot be used, and what to do
-    "CORRUPT": _DAMAGED,
-    "NOTADB": _DAMAGED,
+    **dict.fromkeys(_DAMAGED_CODES, _DAMAGED),
     "FULL": "free space on its filesystem",
     "IOERR": "check its filesystem (full, read-only, unmounted?)",
     "CANTOPEN": "check that its folder is there and writable",
@@ -465,7 +465,7 @@ class Ledger:
         except sqlite3.DatabaseError as exc:
             if _code(exc) not in _TROUBLE:
                 raise
-            settled = "" if _code(exc) in ("CORRUPT", "NOTADB") else \
+            settled = "" if _code(exc) in _DAMAGED_CODES else \
                 ", then run again (what was settled is recorded; what was deposited since is found in the store)"
             raise LedgerUnwritable(_trouble(self.path, exc, self.busy_timeout_seconds) + settled) from None
 

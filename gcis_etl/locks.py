@@ -47,15 +47,14 @@ class RunLock:
         """The lock file, created if need be, locked and holding our pid."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 64, 0).decode(errors="replace").strip()
-            os.close(fd)
-            where = f"pid {holder}; lock {self.path}" if holder else \
-                f"lock {self.path}, held by a process that did not record its pid"
-            raise LockHeld(f"{self.what} is already running ({where}): nothing was done") from None
-        try:
+        try:  # the file is closed however taking it fails (held, or a filesystem without locks)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.pread(fd, 64, 0).decode(errors="replace").strip()
+                where = f"pid {holder}; lock {self.path}" if holder else \
+                    f"lock {self.path}, held by a process that did not record its pid"
+                raise LockHeld(f"{self.what} is already running ({where}): nothing was done") from None
             os.ftruncate(fd, 0)
             os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         except BaseException:

@@ -12,7 +12,7 @@ import shutil
 import sys
 import threading
 import time
-from typing import Callable, Hashable
+from typing import Callable, Hashable, Mapping
 
 import click
 
@@ -47,8 +47,8 @@ class LiveLine:
     """One line rewritten in place on a terminal (a wrapped line cannot be), redrawn by a timer while work is in
     flight so that its ages and elapsed time move on. Subclasses say what the line holds (_line) under the lock."""
 
-    def __init__(self, name: str, live: bool, tick_seconds: float = TICK_SECONDS):
-        self.name = name
+    def __init__(self, pipeline: str, live: bool, tick_seconds: float = TICK_SECONDS):
+        self.pipeline = pipeline
         self.live = live
         self.tick_seconds = tick_seconds
         self.began = time.monotonic()
@@ -76,7 +76,7 @@ class LiveLine:
         if self._timer is None and self._timed():
             self._halt = threading.Event()
             self._timer = threading.Thread(target=self._tick, args=(self._halt,), daemon=True,
-                                           name=f"gcis-progress-{self.name}")
+                                           name=f"gcis-progress-{self.pipeline}")
             self._timer.start()
 
     def _timed(self) -> bool:
@@ -137,7 +137,6 @@ class TerminalProgress(LiveLine, Progress):
     def __init__(self, pipeline: str, live: bool, quiet_seconds: float = QUIET_SECONDS,
                  tick_seconds: float = TICK_SECONDS, log_end: bool = True):
         super().__init__(pipeline, live, tick_seconds if live else min(tick_seconds, quiet_seconds))
-        self.pipeline = pipeline
         self.log_end = log_end
         self.quiet_seconds = quiet_seconds
         self.counts = {name: 0 for name in COUNTED}
@@ -226,44 +225,44 @@ class MoveProgress(LiveLine):
     GROUPS = {"copied": ("copied", "replaced", "would copy"), "kept": ("present", "newer in the target"),
               "failed": ("failed", "missing"), "deleted": ("deleted from the source", "would delete from the source")}
 
-    def __init__(self, pipeline: str, total: int, live: bool, deleting: bool, tick_seconds: float = TICK_SECONDS):
+    def __init__(self, pipeline: str, total: int, live: bool, deleting: bool, counted: Mapping[str, int],
+                 tick_seconds: float = TICK_SECONDS):
+        """`counted`: the migration report's counts by outcome, which the line shows by GROUPS (read, never
+        copied: the report is what counts)."""
         super().__init__(pipeline, live, tick_seconds)
         self.total = total
         self.done = 0
-        self.counts = {group: 0 for group in self.GROUPS if deleting or group != "deleted"}
-        self._group = {outcome: group for group, outcomes in self.GROUPS.items() for outcome in outcomes
-                       if group in self.counts}
+        self.counted = counted
+        self.groups = {group: outcomes for group, outcomes in self.GROUPS.items() if deleting or group != "deleted"}
 
     def started(self, key: str) -> None:
         with self._lock:
             self._start(key)
 
-    def settled(self, key: str, outcomes: list[str] | None) -> None:
-        """`key` is done with what the report counted of it (nothing: it need not exist, and does not); None: it
-        is no longer under way, but not done (its store went down)."""
+    def settled(self, key: str, done: bool) -> None:
+        """`key` is no longer under way; `done`: settled (not: its store went down)."""
         with self._lock:
             self.in_flight.pop(key, None)
-            self.done += outcomes is not None
-            for outcome in outcomes or ():
-                if outcome in self._group:
-                    self.counts[self._group[outcome]] += 1
+            self.done += done
             self._draw()
 
     def _line(self, seconds: float, width: int) -> str:
-        parts = [_broken_down(f"{self.done} of {self.total} keys", self.counts), _rate(self.done, seconds),
+        counts = {group: sum(self.counted.get(outcome, 0) for outcome in outcomes)
+                  for group, outcomes in self.groups.items()}
+        parts = [_broken_down(f"{self.done} of {self.total} keys", counts), _rate(self.done, seconds),
                  self._in_flight(), (f"{elapsed(seconds)} elapsed",)]
-        return fitted(f"{self.name}: ", parts, (0, 1, 0), width)
+        return fitted(f"{self.pipeline}: ", parts, (0, 1, 0), width)
 
 
 def _rate(done: int, seconds: float) -> tuple[str, ...]:
     return f"{done / seconds * 60 if seconds else 0:.0f}/min", ""
 
 
-def move_progress(pipeline: str, count: Callable[[], int], deleting: bool) -> MoveProgress:
+def move_progress(pipeline: str, count: Callable[[], int], deleting: bool, counted: Mapping[str, int]) -> MoveProgress:
     """Live on a terminal, as a harvest's line, unless each key is logged (-v, --log-json), which the line would
     break into. `count()` says how many keys the move will look at: a pass over the ledger, made only then."""
     live = sys.stderr.isatty() and not logging.getLogger("gcis_etl.migration").isEnabledFor(logging.INFO)
-    return MoveProgress(pipeline, count() if live else 0, live, deleting)
+    return MoveProgress(pipeline, count() if live else 0, live, deleting, counted)
 
 
 def progress_for(pipeline: str, log_end: bool = False) -> TerminalProgress:

@@ -190,9 +190,9 @@ class Worker:
         except GcisError as exc:
             result = replace(base, reason=str(exc))
         except OSError as exc:
-            refused = disk_refusal(exc, self.scratch)  # only scratch is written here: a store's are StoreErrors
-            if refused is not None:
-                return self._scratch_full(base, "fetching", str(refused), self.scratch)
+            stopped = self._scratch_refused(base, exc)  # only scratch is written here: a store's are StoreErrors
+            if stopped is not None:
+                return stopped
             result = replace(base, reason=f"{type(exc).__name__}: {exc}", transient=True)
         except Exception as exc:  # a bug must cost one item, never the batch or the worker
             log.exception("internal error on %s/%s", task.object_id, task.item.id)
@@ -211,6 +211,11 @@ class Worker:
         return _stops_run(base, f"{step}: {refusal.replace(str(folder), self._scratch_named)}", "then run again",
                           transient=False)
 
+    def _scratch_refused(self, base: ItemResult, exc: OSError) -> ItemResult | None:
+        """The run's stop when a full or read-only disk refused a write into the scratch space; None otherwise."""
+        refused = disk_refusal(exc, self.scratch)
+        return None if refused is None else self._scratch_full(base, "fetching", str(refused), self.scratch)
+
     @property
     def _scratch_named(self) -> str:
         return f"{self.scratch} (the scratch space: state_dir sets where it is)"
@@ -218,9 +223,9 @@ class Worker:
     def _unusable_scratch(self, base: ItemResult, exc: OSError) -> ItemResult:
         """The scratch space's folder cannot be made or written into: every item would fail alike, so the run
         stops, naming what is in the way (a file where a folder should be) or what to check."""
-        refused = disk_refusal(exc, self.scratch)
-        if refused is not None:
-            return self._scratch_full(base, "fetching", str(refused), self.scratch)
+        stopped = self._scratch_refused(base, exc)
+        if stopped is not None:
+            return stopped
         blocker = next(path for path in (self.scratch, *self.scratch.parents) if path.exists())
         remedy = (f"{blocker} is a file, where a folder should be: remove it" if not blocker.is_dir() else
                   f"check the permissions and attributes (lsattr) of {self.scratch} and its folders")

@@ -125,7 +125,7 @@ def main(ctx: MigrationContext, name: str, to_spec: str | None, from_spec: str |
         keys = pipeline_keys(ledger, pipeline)
         budget = Budget(minutes=max_minutes)
         progress = move_progress(name, lambda: sum(1 for _ in islice(pipeline_keys(ledger, pipeline), limit)),
-                                 delete_source)
+                                 delete_source, ctx.report.counts)
         try:
             cut = move.run(islice(keys, limit), concurrency, budget, progress)
         finally:
@@ -243,13 +243,14 @@ class Move:
             if stopping():
                 return False
             progress.started(item.key)
-            outcomes: list[str] | None = None  # None: not settled (the store went down, or an error escaped)
+            done = False  # not settled: the store went down, or an error escaped
             try:
-                outcomes = self.move(item)
+                self.move(item)
+                done = True
             except StoreUnavailable as exc:
                 halted.append(exc)
             finally:
-                progress.settled(item.key, outcomes)
+                progress.settled(item.key, done)
             return True
 
         cut = False
@@ -268,13 +269,12 @@ class Move:
             raise halted[0]
         return cut
 
-    def move(self, item: StoreKey) -> list[str]:
-        """What the report counted of the key."""
+    def move(self, item: StoreKey) -> None:
         report = self.ctx.report
         try:
             step = self.copy(item)
             if step is None:
-                return []
+                return
             deleting = self.delete_source and step.in_source
             if deleting and not self.ctx.dry_run:
                 self.verify(item.key, step.sha256)
@@ -282,18 +282,14 @@ class Move:
             raise
         except GcisError as exc:  # this key fails, and stays in the source; the others go on
             report.event(item.key, "failed", str(exc))
-            return ["failed"]
+            return
         report.event(item.key, step.outcome, step.reason, listed=step.outcome in LISTED)
         if not deleting:
-            return [step.outcome]
+            return
         if self.ctx.dry_run:
-            deleted, where = "would delete from the source", ""
+            report.event(item.key, "would delete from the source", listed=False)
         elif self.source.delete(item.key):
-            deleted, where = "deleted from the source", self.source.describe(item.key)
-        else:
-            return [step.outcome]
-        report.event(item.key, deleted, where, listed=not self.ctx.dry_run)
-        return [step.outcome, deleted]
+            report.event(item.key, "deleted from the source", self.source.describe(item.key))
 
     def copy(self, item: StoreKey) -> Step | None:
         """copied, replaced (other content was there), present (already there, same SHA-256), newer in the

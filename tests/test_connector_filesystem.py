@@ -402,13 +402,14 @@ def test_a_harvest_fails_the_objects_with_broken_links_and_the_pipeline_whose_ro
                     reason="needs root's setpriv to drop the capabilities that let root read any folder")
 def test_a_folder_that_cannot_be_listed_fails_its_object_alone(tmp_path):
     """One folder without read permission stopped every run ("cannot list …: Permission denied"), nothing of
-    the other objects harvested. The harvest runs without the capabilities that let root read any folder."""
+    the other objects harvested; the files of one without search permission were left out without a word. The harvest runs without the capabilities that let root read any folder."""
     root = tmp_path / "masters"
-    for name in ("o1", "o2", "o3"):
+    for name in ("o1", "o2", "o3", "o4"):
         (root / name).mkdir(parents=True)
         shutil.copy(CORPUS / "gray8/gray.tif", root / name / "p1.tif")
     (root / "o2" / "sub").mkdir()
     (root / "o2").chmod(0)
+    (root / "o4").chmod(0o644)  # its names can be read, its files not reached (no search permission)
     (tmp_path / "config.yaml").write_text(yaml.safe_dump({"state_dir": str(tmp_path / "state"), "pipelines": {
         "perm": {"source": {"kind": "filesystem", "root": str(root)},
                  "store": {"kind": "local", "root": str(tmp_path / "store")},
@@ -420,11 +421,14 @@ def test_a_folder_that_cannot_be_listed_fails_its_object_alone(tmp_path):
                               str(tmp_path / "config.yaml"), "harvest"], capture_output=True, text=True, timeout=300)
     finally:
         (root / "o2").chmod(0o755)
+        (root / "o4").chmod(0o755)
     assert run.returncode == 1 and "Traceback" not in run.stderr + run.stdout, run.stderr
     with Ledger.open(load_config(tmp_path / "config.yaml")) as ledger:
         items = {(r.object_id, r.item_id): (r.status, r.reason) for r in ledger.items("perm")}
     assert {key: status for key, (status, _) in items.items()} == {
-        ("o1", "o1/p1.tif"): "deposited", ("o2", OBJECT): "failed", ("o3", "o3/p1.tif"): "deposited"}
+        ("o1", "o1/p1.tif"): "deposited", ("o2", OBJECT): "failed", ("o3", "o3/p1.tif"): "deposited",
+        ("o4", OBJECT): "failed"}
+    assert items["o4", OBJECT][1].endswith(f"o4/p1.tif under {root} cannot be read: Permission denied")
     assert items["o2", OBJECT][1] == (f"the source cannot describe it: perm: o2/ under {root} cannot be listed: "
                                       f"Permission denied (its files, and the objects of its subfolders, are not "
                                       f"harvested until it can be)")

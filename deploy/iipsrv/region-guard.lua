@@ -63,9 +63,8 @@ local function number(s)  -- a plain decimal: what a region holds (iipsrv's atof
 end
 
 -- The region cropped to a width x height image, as pixels; `false` when it is wholly outside, nil when
--- malformed. Unchanged (the same string) when it lies within the image or is `full` / `square`.
+-- malformed. Unchanged (the same string) when it lies within the image.
 local function cropped(region, width, height)
-  if region == "full" or region == "square" then return region end
   local pct = region:sub(1, 4) == "pct:"
   local v, n = {}, 0
   for token in ((pct and region:sub(5) or region) .. ","):gmatch("([^,]*),") do
@@ -100,6 +99,7 @@ if argument:match("/info[^/]*$") then return 0 end  -- iipsrv: a last segment st
 local identifier, region, rest = argument:match("^(.+)/([^/]*)(/[^/]*/[^/]*/[^/]*)$")
 if not identifier or not identifier:lower():match("%.tiff?$") then return 0 end
 if ("/" .. identifier .. "/"):find("/../", 1, true) then return 400 end
+if region:lower() == "full" or region:lower() == "square" then return 0 end  -- no size needed: no file read
 local width, height = tiff_size(images .. identifier)
 if not width then return 0 end  -- not a TIFF iipsrv can read: its 404 or error stands
 local region_as_cropped = cropped(region:lower(), width, height)
