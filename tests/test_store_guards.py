@@ -193,7 +193,7 @@ from pathlib import Path
 from gcis_etl.stores import LocalStore, LocalStoreSettings
 rename = os.replace
 renames = []
-def dies_before_the_second(src, dst):  # a put renames its sidecar, then its data
+def dies_before_the_second(src, dst):  # a put renames its data, then its sidecar
     renames.append(dst)
     if len(renames) == 2:
         os._exit(9)
@@ -203,9 +203,9 @@ LocalStore(LocalStoreSettings(root=sys.argv[1])).put(sys.argv[2], Path(sys.argv[
 """
 
 
-def test_a_sidecar_a_crash_left_describing_the_new_file_is_ignored_in_the_store_and_its_copy(tmp_path):
-    """Killed between the put's two renames, at once after the first put and with content of the same size:
-    the sidecar describes bytes that never reached the key, in the store and in a copy of it."""
+def test_a_sidecar_a_crash_left_describing_the_old_file_is_ignored_in_the_store_and_its_copy(tmp_path):
+    """Killed between the put's two renames, at once after the first put and with content of the same size: the
+    old sidecar describes bytes no longer under the key, in the store and in a copy of it."""
     store = LocalStore(LocalStoreSettings(root=tmp_path / "store"))
     put_file(store, "p/o/a.tif", b"old content", tmp_path)
     (tmp_path / "new").write_bytes(b"new content")
@@ -213,8 +213,8 @@ def test_a_sidecar_a_crash_left_describing_the_new_file_is_ignored_in_the_store_
                            cwd=REPO, capture_output=True, text=True, timeout=60)
     assert child.returncode == 9, child.stderr
     assert json.loads((store.root / ".meta/p/o/a.tif.json").read_text())["sha256"] == \
-        hashlib.sha256(b"new content").hexdigest()
-    assert store.get_bytes("p/o/a.tif") == b"old content"
+        hashlib.sha256(b"old content").hexdigest()
+    assert store.get_bytes("p/o/a.tif") == b"new content"
 
     shutil.copytree(store.root, tmp_path / "copy", copy_function=shutil.copy2)
     copy = LocalStore(LocalStoreSettings(root=tmp_path / "copy"))
