@@ -74,6 +74,10 @@ def cache() -> None:
     Settings: config.yaml `cache:` (where the cache is, which pipelines it mirrors, prune limits, and the
     lighttpd/iipsrv settings). The web server configuration is deploy/iipsrv/lighttpd.conf.
 
+    Exit codes of sync, prune and purge: 0 done; 1 an image or a store failed; 2 configuration error, or
+    the cache folder cannot be used (its lock cannot be made: read-only, full); 3 another cache command
+    holds the lock.
+
     \b
     Example (cron, after harvest; with cache.max_bytes and max_age set, `cache prune` alone):
       */10 * * * *  gcis-etl --config /etc/gcis/config.yaml cache sync --purge
