@@ -813,8 +813,7 @@ def _abort_uploads(config: Config, pipeline: Pipeline, run_id: int, which: str, 
         keys += [pipeline.manifests.collection_key(version) for version in pipeline.manifests.settings.versions]
     older_than = timedelta(0) if pipeline.settings.executor == "local" else timedelta(
         seconds=config.celery.limits_for(pipeline.recipe).hard_seconds)
-    aborted = [key for prefix in keys
-               for key in pipeline.store.abort_incomplete_uploads(older_than=older_than, keys=prefix)]
+    aborted = pipeline.store.abort_incomplete_uploads(older_than=older_than, keys=tuple(keys))
     if aborted:
         progress.note(f"aborted {len(aborted)} incomplete uploads left by run {run_id}, {which}: "
                       f"{', '.join(aborted)}")

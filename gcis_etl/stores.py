@@ -12,6 +12,7 @@ import base64
 import errno
 import hashlib
 import io
+import itertools
 import json
 import logging
 import os
@@ -138,9 +139,10 @@ class Store(Protocol):
     def list(self, prefix: str = "") -> Iterator[ListedObject]:
         """Objects whose key starts with `prefix`, in key order."""
 
-    def abort_incomplete_uploads(self, older_than: timedelta = timedelta(days=1), keys: str = "") -> list[str]:
-        """Remove what uploads of keys starting with `keys`, begun more than `older_than` ago, left behind
-        when their process was killed; return those keys."""
+    def abort_incomplete_uploads(self, older_than: timedelta = timedelta(days=1),
+                                 keys: str | tuple[str, ...] = "") -> list[str]:
+        """Remove what uploads of keys starting with `keys` (a prefix, or several: one listing serves them all),
+        begun more than `older_than` ago, left behind when their process was killed; return those keys."""
 
     def describe(self, key: str) -> str:
         """Where `key` lives, for messages (never carries credentials)."""
@@ -431,14 +433,15 @@ class LocalStore:
             dirnames[:] = [d for d in dirnames if not d.startswith(".")]
             yield from (Path(dirpath, name) for name in filenames if not name.startswith("."))
 
-    def abort_incomplete_uploads(self, older_than: timedelta = timedelta(days=1), keys: str = "") -> list[str]:
+    def abort_incomplete_uploads(self, older_than: timedelta = timedelta(days=1),
+                                 keys: str | tuple[str, ...] = "") -> list[str]:
         """The hidden temporary files (".<name>.<random>.tmp", of objects and of sidecars) that writes killed
         before their rename leave behind."""
-        _check_list_prefix(keys)
+        prefixes = _list_prefixes(keys)
         cutoff = time.time() - older_than.total_seconds()
-        folder = keys.rpartition("/")[0]
+        folders = {prefix.rpartition("/")[0] for prefix in prefixes}
         aborted = set()
-        for top, suffix in ((self.root, ""), (self.root / self.META, ".json")):
+        for (top, suffix), folder in itertools.product(((self.root, ""), (self.root / self.META, ".json")), folders):
             for dirpath, dirnames, filenames in os.walk(top / folder):
                 dirnames[:] = [d for d in dirnames if not d.startswith(".")]
                 for name in filenames:
@@ -446,7 +449,7 @@ class LocalStore:
                     if not (name.startswith(".") and name.endswith(".tmp")) or temporary.stat().st_mtime > cutoff:
                         continue
                     key = Path(dirpath, name[1:].rsplit(".", 2)[0]).relative_to(top).as_posix().removesuffix(suffix)
-                    if key.startswith(keys):
+                    if key.startswith(prefixes):
                         temporary.unlink(missing_ok=True)
                         aborted.add(key)
         return sorted(aborted)
@@ -623,7 +626,6 @@ class S3Store:
         self._base = f"{settings.prefix}/" if settings.prefix else ""
         self._pool = threads * (settings.max_concurrency + 1)
         self._client_lock = threading.Lock()
-        self._housekeeping_refused = False  # abort_incomplete_uploads warned of its refusal
         self._client_pid: int | None = None
         self._client = None
 
@@ -841,17 +843,19 @@ class S3Store:
         for o in self._paginate("list_objects_v2", "Contents", Prefix=self._base + prefix):
             yield ListedObject(o["Key"][len(self._base):], o["Size"], o["LastModified"])
 
-    def abort_incomplete_uploads(self, older_than: timedelta = timedelta(days=1), keys: str = "") -> list[str]:
+    def abort_incomplete_uploads(self, older_than: timedelta = timedelta(days=1),
+                                 keys: str | tuple[str, ...] = "") -> list[str]:
         """Abort the multipart uploads of keys starting with `keys` started more than `older_than` ago, and
         return their keys. A process killed mid-upload leaves its parts behind (invisible, but billed); on AWS
         a bucket lifecycle rule (AbortIncompleteMultipartUpload) does the same. This is housekeeping, not what
         a deposit needs: a policy granting only that (the README's) refuses the listing or the abort, which is a
-        warning (once per store), never an error: a run after a kill -9 stopped on it, every time."""
+        warning, never an error: a run after a kill -9 stopped on it, every time."""
         cutoff = datetime.now(timezone.utc) - older_than
+        prefixes = tuple(self._base + key for key in _list_prefixes(keys))
         aborted: list[str] = []
         try:
             stale = [u for u in self._paginate("list_multipart_uploads", "Uploads")  # MinIO ignores partial Prefixes
-                     if u["Key"].startswith(self._base + keys) and u["Initiated"] <= cutoff]
+                     if u["Key"].startswith(prefixes) and u["Initiated"] <= cutoff]
             for upload in stale:
                 key = upload["Key"][len(self._base):]
                 try:
@@ -861,12 +865,9 @@ class S3Store:
                     raise self._error(key, "abort", exc) from None
                 aborted.append(key)
         except StoreRefused as exc:
-            if not self._housekeeping_refused:
-                self._housekeeping_refused = True
-                log.warning("%s; the parts of uploads a killed run left stay in the bucket (invisible, billed) until "
-                            "a lifecycle rule (AbortIncompleteMultipartUpload) removes them, or grant "
-                            "s3:ListBucketMultipartUploads on the bucket and s3:AbortMultipartUpload on <prefix>/*",
-                            exc)
+            log.warning("%s; the parts of uploads a killed run left stay in the bucket (invisible, billed) until "
+                        "a lifecycle rule (AbortIncompleteMultipartUpload) removes them, or grant "
+                        "s3:ListBucketMultipartUploads on the bucket and s3:AbortMultipartUpload on <prefix>/*", exc)
         return aborted
 
 
@@ -883,6 +884,13 @@ class _KnownSize(BaseSubscriber):
 def _check_list_prefix(prefix: str) -> None:
     if prefix.rstrip("/"):
         check_key(prefix.rstrip("/"))
+
+
+def _list_prefixes(keys: str | tuple[str, ...]) -> tuple[str, ...]:
+    prefixes = (keys,) if isinstance(keys, str) else keys
+    for prefix in prefixes:
+        _check_list_prefix(prefix)
+    return prefixes
 
 
 StoreSettings = Annotated[Union[LocalStoreSettings, S3StoreSettings], Field(discriminator="kind")]

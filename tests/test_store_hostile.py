@@ -231,6 +231,6 @@ def test_a_policy_without_the_multipart_listing_makes_the_clean_up_after_a_kille
     restricted(rig, monkeypatch, DEPOSIT)
     run = rig.cli("harvest")
     stderr = ok(run)
-    assert "list_multipart_uploads refused by the server: AccessDenied" in stderr, stderr
+    assert stderr.count("list_multipart_uploads refused by the server: AccessDenied") == 1, stderr  # one listing
     assert "grant s3:ListBucketMultipartUploads on the bucket and s3:AbortMultipartUpload on <prefix>/*" in stderr
     assert "completed: 1 deposited" in run.stdout, run.stdout

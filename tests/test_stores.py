@@ -403,6 +403,34 @@ def test_a_killed_local_write_leaves_only_a_temporary_that_abort_removes(tmp_pat
     assert [p for p in store.root.rglob("*") if p.is_file()] == []
 
 
+def test_abort_takes_several_prefixes_in_one_listing(s3_store, minio, s3_bucket, tmp_path):
+    """A run's clean-up covers its images and each collection it publishes: one listing of the bucket's uploads
+    serves them all (it was one per prefix), and another pipeline's uploads are left alone."""
+    client = minio.client()
+    for key in ("demo/IE1/a.tif", "collections/demo-v3.json", "other/IE9/b.tif", "collections/other-v3.json"):
+        client.create_multipart_upload(Bucket=s3_bucket, Key=f"iiif/access/{key}")
+    listings = []
+    s3_store.client.meta.events.register("before-call.s3.ListMultipartUploads", lambda **kw: listings.append(1))
+    aborted = s3_store.abort_incomplete_uploads(older_than=timedelta(0),
+                                                keys=("demo/", "collections/demo-v3.json"))
+    assert sorted(aborted) == ["collections/demo-v3.json", "demo/IE1/a.tif"]
+    assert len(listings) == 1
+    left = sorted(u["Key"] for u in client.list_multipart_uploads(Bucket=s3_bucket).get("Uploads", []))
+    assert left == ["iiif/access/collections/other-v3.json", "iiif/access/other/IE9/b.tif"]
+
+
+def test_a_local_store_aborts_under_several_prefixes(tmp_path):
+    store = LocalStore(LocalStoreSettings(root=tmp_path / "store"))
+    left = {"demo/IE1/a.tif": store.root / "demo" / "IE1" / ".a.tif.k2x_9q.tmp",
+            "collections/demo-v3.json": store.root / "collections" / ".demo-v3.json.k2x_9q.tmp",
+            "other/IE9/b.tif": store.root / "other" / "IE9" / ".b.tif.k2x_9q.tmp"}
+    for path in left.values():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("partial")
+    assert store.abort_incomplete_uploads(older_than=timedelta(0), keys=("demo/", "collections/demo-v3.json")) \
+        == ["collections/demo-v3.json", "demo/IE1/a.tif"]
+    assert [key for key, path in left.items() if path.exists()] == ["other/IE9/b.tif"]
+
 def test_an_outage_mid_upload_is_retried_and_the_upload_succeeds(minio, s3_bucket, aws_env, tmp_path):
     path, sha = random_file(tmp_path / "big.tif", 32 * MiB)
     store = S3Store(s3_settings(minio, s3_bucket, max_bandwidth=16 * MiB, max_concurrency=2,
