@@ -42,7 +42,8 @@ class ServerSettings(Settings):
     prefix: str = Field("/iiif", pattern=r"^(/[A-Za-z0-9._~-]+)+$", description="URL path of the Image API")
     base_url: str | None = Field(None, description="BASE_URL: the public URL of `prefix` when a proxy or CDN "
                                                    "is in front; by default iipsrv uses the request's Host")
-    processes: int = Field(1, ge=1, le=64, description="iipsrv processes lighttpd spawns")
+    processes: int = Field(2, ge=1, le=64, description="iipsrv processes lighttpd spawns: more than one, so that "
+                                                       "a request iipsrv crashes on fails only what waits on its process")
     cors: str = "*"                                       # CORS (Access-Control-Allow-Origin)
     cache_control: str = "max-age=86400"                  # CACHE_CONTROL
     info_cache_control: str = Field("max-age=600", description="Cache-Control of info.json: a replaced image keeps "
