@@ -79,6 +79,15 @@ class SruSettings(Settings):
                                                 "it, holds the run's checkpoint (an IE deleted or leaving the query "
                                                 "moves the later ones back)")
 
+    @field_validator("query")
+    @classmethod
+    def _query(cls, query: str) -> str:
+        """SRU requires a query: an empty one failed every first run (no date clause), which recorded no checkpoint,
+        so every run was a first run."""
+        if not query.strip():
+            raise ValueError("SRU needs a CQL query selecting the IEs, e.g. IE.generalIECharacteristics.status=ACTIVE")
+        return query
+
     @model_validator(mode="after")
     def _ascending(self) -> "SruSettings":
         """Order is promised for a sort on the index the incremental query uses, ascending (CQL's default unless
@@ -182,6 +191,10 @@ class RosettaSource:
     transport_settings = ("username", "institution_code", "auth_scheme", "soap_action", "ie_service_path",
                           "delivery_path", "delivery_params", "oai.shift_check", "sru.page_size", "sru.max_records",
                           "sru.shift_check", "sru.auth_local")
+
+    # A file PID is unique in the repository but a file belongs to its IE for life (moved content is deposited
+    # again, under new PIDs): no file can turn up in another IE, so no run looks for one in the ledger.
+    item_ids_unique = False
 
     def __init__(self, settings: RosettaSettings, name: str = "rosetta"):
         self.name = name
@@ -309,7 +322,7 @@ class RosettaSource:
         """Paged by startRecord: a numberOfRecords that changes between pages says the result moved under it, and
         an empty page short of it that the rest went unserved; both hold the checkpoint."""
         sru = self.settings.sru
-        clauses = [f"({sru.query})"] if sru.query else []
+        clauses = [f"({sru.query})"]
         if since:
             clauses.append(f'{sru.modified_index}>="{since.astimezone(self._zone).strftime(sru.modified_format)}"')
         if until:

@@ -461,6 +461,11 @@ def test_settings_are_validated_with_the_key_named():
     with pytest.raises(ConfigError, match=r"sources.main.sru.modified_index: Field required"):
         open_source("rosetta", {"base_url": "http://x", "username": "u", "password": "p", "discovery": "sru",
                                 "sru": {}}, "main", prefix="sources.main")
+    for blank in ("", "  "):  # SRU requires a query: a first run (no date clause) failed, so every run was a first
+        with pytest.raises(ConfigError, match=r"sources.main.sru.query: Value error, SRU needs a CQL query selecting the IEs"):
+            open_source("rosetta", {"base_url": "http://x", "username": "u", "password": "p", "discovery": "sru",
+                                    "sru": {"modified_index": "IE.modified", "query": blank}}, "main",
+                        prefix="sources.main")
     with pytest.raises(ConfigError, match=r"passwd: unknown key \(did you mean 'password'\?\)"):
         open_source("rosetta", {"base_url": "http://x", "username": "u", "password": "p", "passwd": "p",
                                 "oai": {"set": "s"}}, "main")
