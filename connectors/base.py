@@ -164,6 +164,12 @@ class Source(Protocol):
     """Where lists_in_modified_order is False: the settings under the pipeline's `source:` that sort the listing
     oldest first and say so ("search.sort: asc_<id> and search.modified_order: true"), for a run cut short to
     advise; None when this source's listing cannot be so sorted (an OAI set, a list of ids, a folder walk)."""
+    item_ids_unique: bool = False
+    """True when an item id is the source's own name for one master wherever it is listed, never another
+    object's item (an OTMM asset id in a grouped pipeline): an item the ledger records under another object has
+    then moved from it, and the run revisits that object to take the item out of its manifest
+    (Harvest._note_moves). Optional: a source without the attribute is taken as False (its ids may be per-object
+    names, which two objects share), and the run asks nothing of the ledger for it (items_unique)."""
 
     def changes(self, since: datetime | None,
                 until: datetime | None = None) -> Iterator[SourceObject | UnreadableObject | ListingMoved]:
@@ -186,6 +192,11 @@ class Source(Protocol):
     # be reached now, cheaply: what source_down asks.
     # Optional: `described(object_ids) -> Iterator[SourceObject | UnreadableObject]`, what `described` below makes
     # of `get`, for a source that can do it in one pass.
+
+
+def items_unique(source: Source) -> bool:
+    """Source.item_ids_unique, False for a source that does not say (a custom connector written before it)."""
+    return getattr(source, "item_ids_unique", False) is True
 
 
 def source_down(source: Source, object_id: str, what: str) -> bool:

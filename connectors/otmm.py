@@ -163,6 +163,9 @@ class OtmmSource:
         field = settings.search.modified_field_id or "<search.modified_field_id>"
         self.modified_order_setting = (f"search.sort: asc_{field} and search.modified_order: true"
                                        if settings.discovery == "search" and settings.group is None else None)
+        # an asset id is the asset's wherever it is grouped: one whose group field changed has moved (alone, each
+        # asset is its own object and never moves)
+        self.item_ids_unique = settings.group is not None
 
     # --- the Source protocol ----------------------------------------------------------------------------
 

@@ -23,7 +23,7 @@ from functools import cached_property
 from typing import Callable, Iterator, Sequence
 
 from connectors.base import (LangValue, ListingMoved, SourceItem, SourceObject, UnreadableObject, described,
-                             listed_at)
+                             items_unique, listed_at)
 from connectors.errors import RetryStopped
 from connectors.retry import waits_end_when
 from gcis_etl.commands import EXIT_ITEM_FAILED, EXIT_LOCKED, EXIT_OK, EXIT_USAGE, Interrupted, Stop, as_stop
@@ -168,7 +168,9 @@ class Progress:
     def note(self, message: str) -> None: ...
 
     def retired(self, retired: Retired) -> None:  # an old access master deleted (or kept), as it happens
-        self.note(f"{'kept' if retired.kept else 'deleted'} {retired.key}, superseded by {retired.replaced_by}")
+        by = (f"superseded by {retired.replaced_by}" if retired.replaced_by else
+              "its item has no other access master recorded")
+        self.note(f"{'kept' if retired.kept else 'deleted'} {retired.key}, {by}")
 
     def ended(self, report: RunReport) -> None: ...  # the run is over (failed ones too), recorded or not
     def clear(self) -> None: ...  # the run is over, or ended without starting: what was drawn goes
@@ -201,6 +203,8 @@ class Harvest:
         self.listed: dict[str, str | None] = {}
         self.reached: datetime | None = None  # how far the listing got, for a source listing in modified order
         self.superseding = True  # the ledger may hold superseded keys of the pipeline (execute looks)
+        # items listed in another object than the one the ledger records them under: {that object: {item: now in}}
+        self.moved: dict[str, dict[str, str]] = {}
 
     # ------------------------------------------------------------------------------------ listing
 
@@ -258,6 +262,7 @@ class Harvest:
                 continue
             seen[obj.id] = obj.items[0].id if isinstance(obj, SourceObject) and obj.items else None
             self._reach(obj, until)
+            self._note_moves(obj)
             yield obj
         self.reached = until  # the listing is exhausted (what comes next are revisits, asked for by id)
         if self.options.object_ids:
@@ -265,7 +270,29 @@ class Harvest:
         retry = sorted({r.object_id for r in self._failed_items("attempts<?")} - seen.keys())
         if retry:
             self.progress.note(f"revisiting {len(retry)} objects with failed items")
-        yield from (_usable(obj, source.name) for obj in described(source, retry))
+        for obj in (_usable(obj, source.name) for obj in described(source, retry)):
+            self._note_moves(obj)
+            yield obj
+        # one listed settles without its moved items (_moved_away), unless it did before they were seen: then the
+        # next run that lists it or their new object does
+        left = sorted(self.moved.keys() - seen.keys() - set(retry))
+        for object_id in left:
+            self.progress.note(f"revisiting {object_id}: {_moves(self.moved[object_id])}")
+        yield from (_usable(obj, source.name) for obj in described(source, left))
+
+    @cached_property
+    def unique_items(self) -> bool:
+        return items_unique(self.pipeline.source)
+
+    def _note_moves(self, obj: SourceObject | UnreadableObject) -> None:
+        """An item of `obj` that the ledger records under another object has moved from that one (the source's
+        item ids being its own, Source.item_ids_unique): that object is revisited after the listing, described
+        again without it, so that its manifests go out again without the item (no item of it changed, so it is not
+        listed). One query an object, for such a source only."""
+        if not self.unique_items or not isinstance(obj, SourceObject) or not obj.items:
+            return
+        for record in self.ledger.elsewhere(self.pipeline.name, obj.id, [item.id for item in obj.items]):
+            self.moved.setdefault(record.object_id, {})[record.item_id] = obj.id
 
     def _other_object(self, obj: SourceObject | UnreadableObject | ListingMoved) -> SharedId | None:
         """A second object under an id listed already that is another object, not the same one listed again (a
@@ -428,10 +455,13 @@ class Harvest:
     def unreadable(self, obj: UnreadableObject, since: datetime | None) -> None:
         """The object's failure, under the item id OBJECT: it has attempts like an item's, holds the checkpoint
         until they are spent, and `gcis-etl retry` starts them again. An object asked for by id that the source
-        does not have is a failure of this run only; one revisited for its failed items (withdrawn since) a note."""
+        does not have is a failure of this run only; one revisited (for its failed items, or items that moved to
+        another object: _moved_away) that is gone since, a note."""
         name = self.pipeline.name
         if obj.gone:
-            self._forget_unsettled(obj.id, self.records(obj.id), set())
+            records = self.records(obj.id)
+            self._forget_unsettled(obj.id, records, set())
+            self._moved_away(obj.id, records, set())
             if not self.options.object_ids:
                 self.progress.note(f"not revisiting {obj.id}: {obj.reason}")
                 return
@@ -457,6 +487,26 @@ class Harvest:
         for item_id in [i for i, r in records.items() if i not in listed and r.status in ("failed", "rejected")]:
             self.ledger.forget_item(self.pipeline.name, object_id, item_id)
             del records[item_id]
+
+    def _moved_away(self, object_id: str, records: dict[str, ItemRecord], listed: set[str]) -> None:
+        """Items of the object in the ledger (`records`) that the source no longer lists in it (`listed`) but in
+        another object (this run saw it, _note_moves, or the ledger records them there), once its manifests no
+        longer show them (republished without them), or the object is gone (its manifests stay, as a withdrawal's
+        do): they are forgotten here, so that no later run revisits the object for them, and an access master of
+        theirs here that is not the one they now have is superseded, retired once no manifest of the object shows
+        it. An item not listed anywhere else was withdrawn: it stays (withdrawals never reach the store)."""
+        moved = self.moved.pop(object_id, {})
+        away = [record for item_id, record in records.items() if item_id not in listed]
+        if not self.unique_items or not away:
+            return
+        now_in: dict[str, set[str | None]] = {item_id: set() for item_id in moved}
+        for record in self.ledger.elsewhere(self.pipeline.name, object_id, [r.item_id for r in away]):
+            now_in.setdefault(record.item_id, set()).add(record.output_key)
+        for record in (r for r in away if r.item_id in now_in):
+            if record.output_key and record.output_key not in now_in[record.item_id]:
+                self.ledger.supersede(self.pipeline.name, object_id, record.item_id, record.output_key, self.run_id)
+                self.superseding = True
+            self.ledger.forget_item(self.pipeline.name, object_id, record.item_id)
 
     def report_exhausted(self) -> None:
         """Items out of attempts count as failed in every run, so cron keeps seeing exit 1 until someone runs
@@ -537,6 +587,7 @@ class Harvest:
                 self.ledger.record_manifest(self.run_id, self.pipeline.name, obj.id, obj.modified, label, digest,
                                             published.warnings)
                 self.manifests_published += 1
+        self._moved_away(obj.id, records, {item.id for item in obj.items})
         if not self.superseding:  # nothing to retire: not a query an object
             return
         for retired in retire_superseded(self.ledger, self.pipeline, obj.id, self.options.keep_superseded):
@@ -842,6 +893,16 @@ def _usable(obj: SourceObject | UnreadableObject | ListingMoved, source: str
         return UnreadableObject(obj.id, listed_at(obj), f"its items {', '.join(map(str, shared[1]))} share the id "
                                                         f"{shared[0]!r}: each item needs its own")
     return obj
+
+
+def _moves(moved: dict[str, str]) -> str:
+    """{item id: the object it is now listed in} in words: "its item A is now listed in G2; ..."."""
+    by_object: dict[str, list[str]] = {}
+    for item_id, object_id in moved.items():
+        by_object.setdefault(object_id, []).append(item_id)
+    return "; ".join(f"its item {ids[0]} is now listed in {object_id}" if len(ids) == 1 else
+                     f"its items {', '.join(ids)} are now listed in {object_id}"
+                     for object_id, ids in by_object.items())
 
 
 def _manifest_fingerprint(obj: SourceObject, images: list[DepositedImage], settings: str) -> str:

@@ -63,6 +63,7 @@ CREATE TABLE IF NOT EXISTS items (
     PRIMARY KEY (pipeline, object_id, item_id)
 );
 CREATE INDEX IF NOT EXISTS items_by_status ON items (pipeline, status, object_id, item_id);
+CREATE INDEX IF NOT EXISTS items_by_item ON items (pipeline, item_id);
 CREATE TABLE IF NOT EXISTS objects (
     pipeline TEXT NOT NULL, object_id TEXT NOT NULL, modified TEXT NOT NULL,
     label TEXT NOT NULL DEFAULT '[]', manifest_fingerprint TEXT, published TEXT,
@@ -574,6 +575,13 @@ class Ledger:
         if status is not None:
             sql, args = sql + " AND status=?", args + [status]
         return self._all(ItemRecord, sql + " ORDER BY object_id, sequence, item_id LIMIT ?", *args, limit)
+
+    def elsewhere(self, pipeline: str, object_id: str, item_ids: Sequence[str]) -> list[ItemRecord]:
+        """The records of these items under the pipeline's other objects (Source.item_ids_unique: they were there
+        before): one probe of items_by_item an id, in one query however many ids."""
+        return self._all(ItemRecord, "items WHERE pipeline=? AND item_id IN (SELECT value FROM json_each(?)) "
+                                     "AND object_id!=? ORDER BY object_id, item_id",
+                         pipeline, json.dumps(list(item_ids)), object_id)
 
     def iter_items(self, pipeline: str, where: str = "1", args: tuple = (), page: int = 1000) -> Iterator[ItemRecord]:
         """The pipeline's items matching the SQL condition `where`, in (object_id, item_id) order."""

@@ -58,5 +58,6 @@ def retire_superseded(ledger: Ledger, pipeline: Pipeline, object_id: str, keep: 
                             extra={"pipeline": pipeline.name, "object_id": object_id})
                 continue
         ledger.forget_superseded(pipeline.name, old.key)
-        record = ledger.item(pipeline.name, old.object_id, old.item_id)
+        record = ledger.item(pipeline.name, old.object_id, old.item_id) or next(  # moved to another object
+            iter(ledger.elsewhere(pipeline.name, old.object_id, [old.item_id])), None)
         yield Retired(old.key, record.output_key if record else None, keep)

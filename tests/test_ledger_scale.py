@@ -124,7 +124,7 @@ def test_a_ledger_with_the_older_narrower_indexes_gets_the_new_ones_when_opened_
     with Ledger(path) as ledger:
         indexes = {row[0] for row in ledger.db.execute("SELECT name FROM sqlite_master WHERE type='index' AND "
                                                        "name NOT LIKE 'sqlite_autoindex%'")}
-        assert indexes == {"items_by_status", "superseded_by_object"}
+        assert indexes == {"items_by_status", "items_by_item", "superseded_by_object"}
         assert [r.item_id for r in ledger.items(P, status="failed")] == ["a/p1.tif"]
         found, [plan] = plans(ledger, lambda: ledger.superseded(P, "a"))
         assert [s.key for s in found] == [f"{P}/a/old.tif"] and "superseded_by_object" in plan
