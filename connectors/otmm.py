@@ -474,6 +474,9 @@ class OtmmSource:
         for _ in range(GROUP_SEARCHES):
             listed = list(self._search([condition]))
             if not any(isinstance(s, ListingMoved) for s in listed):
+                # a summary carrying the field (search.load_type: metadata) with another value is another group's
+                # asset that the operator matched (CONTAINS finds O1 in O10, O100...): it is not read to be told so
+                listed = [s for s in listed if self._group_value(s) in (None, value)]
                 members = [m for m in map(self._member, listed) if m is not None]
                 return [m for m in members if self._group_value(m) == value]
         raise SourceDataError(f"{self.name}: the members of group {value!r} ({group.field_id}) changed while they "

@@ -375,6 +375,17 @@ def test_a_group_whose_asset_comes_again_in_a_listing_that_moved_is_listed_again
     assert [o.id for o in source.changes(None)] == ["2019.M.1", "2019.M.10", "86.XM.2", "2019.M.1"]
 
 
+
+@pytest.mark.parametrize("load_type, reads_of_the_other_group", [("system", 1), ("metadata", 0)])
+def test_another_groups_asset_that_the_member_search_matches_is_read_only_when_the_results_cannot_tell(
+        emulator, load_type, reads_of_the_other_group):
+    """CONTAINS finds 2019.M.1 in 2019.M.10 too: without the field in the search's results each such asset is
+    read to be told apart (on a large catalogue, several reads per member); with it, it is left unread."""
+    other = asset_id(emulator, "2019_M_10.tif")
+    (obj,) = otmm(emulator.url, group=GROUP, search={"page_size": 2, "load_type": load_type}).get(["2019.M.1"])
+    assert names(emulator, [i.id for i in obj.items]) == NAMES[:3]
+    assert len(emulator.requests(rf"GET {API}/assets/{other}\b")) == reads_of_the_other_group
+
 def test_explicit_group_ids(emulator):
     (obj,) = otmm(emulator.url, group=GROUP).get(["2019.M.1"])
     assert len(obj.items) == 3
