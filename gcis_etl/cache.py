@@ -53,7 +53,7 @@ from urllib.parse import unquote, urlsplit
 from pydantic import ByteSize, field_validator
 
 from gcis_etl.durable import fsync_path, sha256_file
-from gcis_etl.errors import GcisError, IntegrityError, StoreError
+from gcis_etl.errors import ConfigError, GcisError, IntegrityError, StoreError
 from gcis_etl.iipsrv import ServerSettings, reload
 from gcis_etl.keys import UnsafeKey, check_key
 from gcis_etl.locks import RunLock
@@ -120,9 +120,18 @@ class CacheSource:
 
 def cache_sources(config: Config, names: Sequence[str] = ()) -> list[CacheSource]:
     """The sources of the pipelines named, by default those cache.pipelines names (all when it names none). A
-    pipeline config.yaml does not have is a ConfigError naming it."""
+    pipeline config.yaml does not have is a ConfigError naming it; so is one whose recipe writes an extension
+    cache.extensions does not list: the cache would copy none of its access masters, and say nothing (a sync saw
+    no key of it), while its manifests name them on the server."""
     selected = list(names) or list(config.cache.pipelines or sorted(config.pipelines))
     pipelines = [config.pipeline(name) for name in selected]
+    extensions = config.cache.extensions
+    for pipeline in pipelines:
+        if pipeline.recipe.extension not in extensions:
+            raise ConfigError(f"{config.source_file}: cache.extensions ({', '.join(extensions)}) does not list "
+                              f"{pipeline.recipe.extension}, what pipeline {pipeline.name}'s recipe "
+                              f"{pipeline.recipe.name} writes: the cache would copy none of its access masters; "
+                              "add it")
     return [CacheSource(p.name, p.store, p.settings.store.keys.image_prefix(p.name)) for p in pipelines]
 
 

@@ -516,6 +516,21 @@ def test_cli_prune_max_age_takes_the_spans_harvest_since_takes(configured):
     assert sorted(cached(load_config(config).cache)) == ["samples/o/a.tif", "samples/o/b.tif"]
 
 
+
+def test_a_pipeline_whose_recipe_writes_what_the_cache_does_not_copy_is_a_configuration_error(configured):
+    """A JP2 recipe with .jp2 left out of cache.extensions: every sync copied nothing of it, said nothing and
+    exited 0, while its manifests named the images on the server."""
+    config, store = configured
+    text = config.read_text().replace("store: {kind: local, root: store}",
+                                      "store: {kind: local, root: store}\n    recipe: jp2-openjpeg-lossy")
+    config.write_text(text.replace("  max_bytes: 1500", "  max_bytes: 1500\n  extensions: [.tif, .tiff]"))
+    put(store, "samples/o/c.jp2", b"C" * 1000)
+    refused = gcis(config, "sync")
+    assert refused.returncode == 2, refused.stderr
+    assert ("cache.extensions (.tif, .tiff) does not list .jp2, what pipeline samples's recipe jp2-openjpeg-lossy "
+            "writes") in refused.stderr
+    assert not (load_config(config).cache.images_dir / "samples").exists()
+
 def test_cli_usage_errors_and_exit_codes(configured):
     config, store = configured
     bad = gcis(config, "prune", "--max-bytes", "lots")
