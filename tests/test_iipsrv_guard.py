@@ -1,5 +1,6 @@
-"""deploy/iipsrv/region-guard.lua in front of the real lighttpd + iipsrv 1.1: regions that extend beyond a TIFF's
-right and bottom edges, which crash iipsrv, are cropped to the image first; valid requests are served as before."""
+"""deploy/iipsrv/region-guard.lua in front of the real lighttpd + iipsrv 1.1: regions that extend beyond an image's
+right and bottom edges, which crash iipsrv on a TIFF and make it send an error text as a JPEG from a JP2, are cropped
+to the image first; valid requests are served as before."""
 from __future__ import annotations
 
 import io
@@ -9,11 +10,20 @@ import pyvips
 from PIL import Image
 
 from gcis_etl.iipsrv import Consumer, ServerSettings
+from gcis_etl.jp2 import build_command, run_encoder
+from gcis_etl.recipes import load_recipe
 from tests.consumer import get
 
 pytestmark = pytest.mark.slow
 
 W, H = 1000, 700  # a libvips pyramid (1000x700, 500x350, 250x175) with a white 8x8 block in its bottom-right corner
+JP2_W, JP2_H = 768, 512  # the same picture as JP2s made by our recipes
+JP2_RECIPES = ("jp2-openjpeg-lossy", "jp2-grok-lossy", "jp2-grok-htj2k")
+
+
+def white_corner(width: int, height: int) -> pyvips.Image:
+    return pyvips.Image.black(width, height, bands=3).draw_rect([255, 255, 255], width - 8, height - 8, 8, 8,
+                                                                fill=True)
 
 
 @pytest.fixture(scope="module")
@@ -21,16 +31,20 @@ def consumer(tmp_path_factory):
     root = tmp_path_factory.mktemp("guard")
     images = root / "images"
     images.mkdir()
-    corner = pyvips.Image.black(W, H, bands=3).draw_rect([255, 255, 255], W - 8, H - 8, 8, 8, fill=True)
-    corner.tiffsave(str(images / "corner.tif"), tile=True, pyramid=True, compression="jpeg",
-                    tile_width=256, tile_height=256)
+    white_corner(W, H).tiffsave(str(images / "corner.tif"), tile=True, pyramid=True, compression="jpeg",
+                                tile_width=256, tile_height=256)
+    reference = root / "reference.tif"
+    white_corner(JP2_W, JP2_H).tiffsave(str(reference), compression="none", strip=True)
+    for name in JP2_RECIPES:
+        command = build_command(load_recipe(name), reference, images / f"{name}.jp2", size=(JP2_W, JP2_H))
+        run_encoder(command.argv, timeout=60)
     server = ServerSettings(port=0, run_dir=root / "run", access_log=root / "run" / "access.log")
     with Consumer(server, images) as running:
         yield running
 
 
-def image(consumer, path: str) -> Image.Image:
-    r = get(f"{consumer.iiif_url}/corner.tif/{path}")
+def image(consumer, path: str, identifier: str = "corner.tif") -> Image.Image:
+    r = get(f"{consumer.iiif_url}/{identifier}/{path}")
     assert r.status == 200, (path, r.status)
     return Image.open(io.BytesIO(r.body)).convert("L")
 
@@ -83,3 +97,29 @@ def test_info_json_is_cached_for_less_time_than_images(consumer):
     assert get(f"{consumer.iiif_url}/corner.tif/info.json").headers["cache-control"] == "max-age=600"
     assert get(f"{consumer.iiif_url}/corner.tif/0,0,256,256/256,/0/default.jpg").headers["cache-control"] \
         == "max-age=86400"
+
+
+@pytest.mark.parametrize("recipe", JP2_RECIPES)
+@pytest.mark.parametrize("region, expected", [
+    (f"{JP2_W - 1},{JP2_H - 1},10,10", (1, 1)),
+    (f"0,{JP2_H - 1},10,10", (10, 1)),  # over one edge: iipsrv crops a region's width, not its height
+    ("pct:99.9,99.9,5,5", (1, 1)),
+])
+def test_a_region_over_a_jp2s_edge_is_cropped_and_served_as_a_jpeg(consumer, recipe, region, expected):
+    # uncropped, iipsrv 1.1 answers 200 image/jpeg with OpenJPEG's error text as the body
+    assert image(consumer, f"{region}/full/0/default.jpg", f"{recipe}.jp2").size == expected
+
+
+def test_a_jp2s_corner_keeps_its_pixels(consumer):
+    corner = image(consumer, f"{JP2_W - 16},{JP2_H - 16},32,32/full/0/default.jpg", "jp2-openjpeg-lossy.jp2")
+    assert corner.size == (16, 16)
+    assert max(corner.crop((0, 0, 6, 6)).getdata()) < 50 and min(corner.crop((10, 10, 16, 16)).getdata()) > 200
+
+
+@pytest.mark.parametrize("identifier, width, height", [("corner.tif", W, H), ("jp2-openjpeg-lossy.jp2", JP2_W, JP2_H)])
+def test_a_pct_region_starting_in_the_last_pixel_is_that_pixel(consumer, identifier, width, height):
+    # 99.95% of the width lies in its last pixel, though it rounds to the width: the region is not outside
+    served = image(consumer, "pct:99.95,99.95,1,1/full/0/default.jpg", identifier)
+    assert served.size == (1, 1) and served.getpixel((0, 0)) > 128
+    assert get(f"{consumer.iiif_url}/{identifier}/pct:100,0,1,1/full/0/default.jpg").status == 400
+    assert get(f"{consumer.iiif_url}/{identifier}/0,{height},1,1/full/0/default.jpg").status == 400

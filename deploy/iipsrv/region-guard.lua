@@ -1,12 +1,14 @@
--- lighttpd mod_magnet (Lua) guard in front of iipsrv 1.1: crops an IIIF region that extends beyond a TIFF's
+-- lighttpd mod_magnet (Lua) guard in front of iipsrv 1.1: crops an IIIF region that extends beyond an image's
 -- right or bottom edge to the image, as the Image API asks, before iipsrv sees it.
 --
 -- Why: iipsrv 1.1 picks the pyramid level from the region as asked, not as cropped. `W-1,H-1,10,10/full` (W,H the
 -- image's size) asks for the cropped 1x1 pixels "at full size", which iipsrv reads as a 10x downscale: it picks a
--- level 4 or 8 times smaller, where the region's left (top) rounds to the level's width (height), the region is
--- 0x0 and TileManager::getRegion crashes the process (SIGSEGV). The guard reads the image's size from the
--- TIFF's first directory (a few hundred bytes, per request; JP2s are not affected and left alone) and rewrites
--- the region to the cropped one; a region wholly outside the image is a 400, as the Image API says.
+-- level 4 or 8 times smaller, where the region's left (top) rounds to the level's width (height) and the region is
+-- 0x0. On a TIFF, TileManager::getRegion then crashes the process (SIGSEGV); on a JP2, OpenJPEG fails after iipsrv
+-- has sent its 200 and image/jpeg headers, so the error text goes out as a JPEG to be cached for a day (and a JP2
+-- needs overhang on one axis only: iipsrv does not crop a region's height). The guard reads the image's size
+-- from the file (a TIFF's first directory, a JP2's ihdr box: a few hundred bytes, per request) and rewrites the
+-- region to the cropped one; a region wholly outside the image is a 400, as the Image API says.
 --
 -- The request is read as iipsrv reads it (percent-decoded, split from its end), so an encoded `/` or `,` does not
 -- get past; a malformed region is a 400, and /iipsrv.fcgi is a 404 unless reached through the IIIF prefix.
@@ -23,13 +25,9 @@ local function encode(s)  -- so that iipsrv's own decoding gives back s
 end
 
 -- Width and height from the first directory of a classic or BigTIFF file; nil if it is not one.
-local function tiff_size(path)
-  local f = io.open(path, "rb")
-  if not f then return nil end
-  local head = f:read(16)
-  if not head or #head < 16 then f:close(); return nil end
+local function tiff_size(f, head)
   local order = ({II = "<", MM = ">"})[head:sub(1, 2)]
-  if not order then f:close(); return nil end
+  if not order then return nil end
   local magic = string.unpack(order .. "I2", head, 3)
   local count_fmt, entry_len, value_at, offset
   if magic == 42 then
@@ -37,13 +35,12 @@ local function tiff_size(path)
   elseif magic == 43 then
     offset, count_fmt, entry_len, value_at = string.unpack(order .. "I8", head, 9), "I8", 20, 13
   else
-    f:close(); return nil
+    return nil
   end
   f:seek("set", offset)
   local raw = f:read(string.packsize(count_fmt))
   local n = raw and #raw == string.packsize(count_fmt) and string.unpack(order .. count_fmt, raw)
   local entries = n and n < 4096 and f:read(n * entry_len)
-  f:close()
   if not entries or #entries < n * entry_len then return nil end
   local size = {}
   for i = 0, n - 1 do
@@ -57,13 +54,50 @@ local function tiff_size(path)
   return nil
 end
 
+-- Width and height from a JP2's header box (jp2h), whose first box is the image header (ihdr: height, width, ...);
+-- nil if it is not one. The boxes before jp2h (signature, file type, maybe others) are skipped by their lengths.
+local function jp2_size(f, head)
+  if head:sub(1, 12) ~= "\0\0\0\12jP  \r\n\x87\n" then return nil end
+  local at = 12
+  for _ = 1, 16 do
+    f:seek("set", at)
+    local box = f:read(24)
+    if not box or #box < 8 then return nil end
+    local length, kind = string.unpack(">I4c4", box)
+    if kind == "jp2h" then
+      if #box < 24 or box:sub(13, 16) ~= "ihdr" then return nil end
+      local height, width = string.unpack(">I4I4", box, 17)
+      return width, height
+    end
+    if length == 1 and #box >= 16 then length = string.unpack(">I8", box, 9) end
+    if length < 8 then return nil end  -- 0: the last box, running to the end of the file
+    at = at + length
+  end
+  return nil
+end
+
+-- Width and height of the TIFF or JP2 at `path`; nil if it is neither (iipsrv's own 404 or error stands).
+local function image_size(path)
+  local f = io.open(path, "rb")
+  if not f then return nil end
+  local head = f:read(16)
+  local width, height
+  if head and #head == 16 then
+    width, height = tiff_size(f, head)
+    if not width then width, height = jp2_size(f, head) end
+  end
+  f:close()
+  return width, height
+end
+
 local function number(s)  -- a plain decimal: what a region holds (iipsrv's atof would also take hex, inf, "10abc")
   if s:match("^%d+$") or s:match("^%d*%.%d+$") or s:match("^%d+%.$") then return tonumber(s) end
   return nil
 end
 
--- The region cropped to a width x height image, as pixels; `false` when it is wholly outside, nil when
--- malformed. Unchanged (the same string) when it lies within the image.
+-- The region cropped to a width x height image, as pixels (from the pixel its start lies in to the one its end lies
+-- in, so that it covers what was asked); `false` when it is wholly outside, nil when malformed. Unchanged (the same
+-- string) when it lies within the image.
 local function cropped(region, width, height)
   local pct = region:sub(1, 4) == "pct:"
   local v, n = {}, 0
@@ -76,14 +110,13 @@ local function cropped(region, width, height)
   if pct then
     if v[1] + v[3] <= 100 and v[2] + v[4] <= 100 then return region end
     v = {v[1] * width / 100, v[2] * height / 100, v[3] * width / 100, v[4] * height / 100}
-    for i = 1, 4 do v[i] = math.floor(v[i] + 0.5) end
   elseif v[1] + v[3] <= width and v[2] + v[4] <= height then
     return region
   end
   if v[1] >= width or v[2] >= height then return false end
-  return string.format("%d,%d,%d,%d", math.floor(v[1]), math.floor(v[2]),
-                       math.max(1, math.floor(math.min(v[3], width - v[1]))),
-                       math.max(1, math.floor(math.min(v[4], height - v[2]))))
+  local x, y = math.floor(v[1]), math.floor(v[2])
+  return string.format("%d,%d,%d,%d", x, y, math.min(math.ceil(v[1] + v[3]), width) - x,
+                       math.min(math.ceil(v[2] + v[4]), height) - y)
 end
 
 -- mod_rewrite has already run: the request is what iipsrv is given, /iipsrv.fcgi?IIIF=<as sent below the prefix>
@@ -97,11 +130,12 @@ local argument = decode(query:sub(6))
 if argument:match("/info[^/]*$") then return 0 end  -- iipsrv: a last segment starting with "info" asks for info.json
 -- as iipsrv splits it: the last segment is the format, the three before it are region, size and rotation
 local identifier, region, rest = argument:match("^(.+)/([^/]*)(/[^/]*/[^/]*/[^/]*)$")
-if not identifier or not identifier:lower():match("%.tiff?$") then return 0 end
+local suffix = identifier and identifier:lower():match("%.(%w+)$")
+if suffix ~= "tif" and suffix ~= "tiff" and suffix ~= "jp2" then return 0 end
 if ("/" .. identifier .. "/"):find("/../", 1, true) then return 400 end
 if region:lower() == "full" or region:lower() == "square" then return 0 end  -- no size needed: no file read
-local width, height = tiff_size(images .. identifier)
-if not width then return 0 end  -- not a TIFF iipsrv can read: its 404 or error stands
+local width, height = image_size(images .. identifier)
+if not width then return 0 end
 local region_as_cropped = cropped(region:lower(), width, height)
 if not region_as_cropped then return 400 end
 if region_as_cropped ~= region:lower() then
