@@ -39,6 +39,8 @@ _MAIN_HEADER_BYTES, _TILE_PART_BYTES, _PACKET_BYTES = 300, 14, 9
 # least 4x their markers' bytes stay within 1-4 dB of the interior (37.9-39.6 dB against 40.7-42.1); at 2-3x they
 # fall to 34-36 dB, at 1.2x to 29-34.
 EDGE_TILE_MARGIN = 4
+# iipsrv 1.1 (OpenJPEG) makes up levels below a JP2's smallest one until it fits in 256x256, and fails on them
+IIPSRV_TILE = 256
 
 
 @dataclass(frozen=True)
@@ -120,18 +122,29 @@ def build_command(recipe: Recipe, source: Path, output: Path, binary: str | None
 
 def fit_to_image(recipe: Recipe, size: tuple[int, int] | None) -> Jp2Fit:
     """The recipe's levels, tiles and compression ratios for an image of `size` (None: the recipe's own).
-    No more levels than halve its shorter side to one pixel. With layer rates, no edge or corner tile too
-    small for its share of them (_edge_free_tiles), and no layer budget below twice the marker overhead: the
-    rates are raised (ratios floored at 1: such a layer holds everything coded)."""
+    More levels than the recipe's where its smallest level would be over IIPSRV_TILE pixels (iipsrv 1.1 makes up
+    the levels below it and fails on them: deploy/iipsrv/README.md), and no more than halve its shorter side to
+    one pixel (OpenJPEG refuses more); a note when the smallest level is still too large. With layer rates, no
+    edge or corner tile too small for its share of them (_edge_free_tiles), and no layer budget below twice the
+    marker overhead: the rates are raised (ratios floored at 1: such a layer holds everything coded)."""
     jp2 = recipe.jp2
     ratios = tuple(INPUT_BITS_PER_PIXEL / r for r in sorted(jp2.rates))
     if size is None:
         return Jp2Fit(jp2.levels, jp2.tiles, ratios)
     width, height = size
-    levels = min(jp2.levels, max(1, min(width, height).bit_length() - 1))
+    served = ((max(width, height) - 1) // IIPSRV_TILE).bit_length()  # the fewest halvings to IIPSRV_TILE or less
+    levels = min(max(jp2.levels, served), max(1, min(width, height).bit_length() - 1))
     notes = []
-    if levels < jp2.levels:
-        notes.append(f"{width}x{height} image: {levels} wavelet levels instead of {jp2.levels}")
+    if levels != jp2.levels:
+        notes.append(f"{width}x{height} image: {levels} wavelet levels instead of {jp2.levels}"
+                     + (f", so that iipsrv's smallest level is at most {IIPSRV_TILE} pixels" if levels > jp2.levels
+                        else ""))
+    smallest = (-(-width >> levels), -(-height >> levels))  # a level's size rounds up
+    if max(smallest) > IIPSRV_TILE:
+        notes.append(f"{width}x{height} image: its smallest level ({_pair(smallest, 'x')}, {levels} "
+                     f"wavelet levels) is over {IIPSRV_TILE} pixels: iipsrv 1.1 lists sizes below it that it cannot "
+                     f"render (it makes up levels for them, and sends an error text as a JPEG or crashes); a PTIFF "
+                     f"recipe serves every size")
     resolutions = levels + 1
     tile_overhead = resolutions * ((_TILE_PART_BYTES if jp2.tile_parts else 0) + 3 * jp2.layers * _PACKET_BYTES)
     tiles = jp2.tiles

@@ -495,6 +495,20 @@ def test_small_images_get_fewer_levels_and_layer_budgets_above_the_markers():
     assert list(big.argv) == EXPECTED["jp2-grok-lossy"] and big.levels == 6  # edges of 416 and 440: the recipe's
 
 
+@pytest.mark.parametrize("size, levels, noted", [
+    ((20001, 37), 5, True), ((37, 20001), 5, True),  # the shorter side's 5 levels: smallest levels 626x2, 2x626
+    ((16385, 100), 6, True),  # 6 levels (100 allows no more): 257x2
+    ((16500, 300), 7, False), ((20000, 15000), 7, False),  # 6 levels would leave 258x5, 313x235: one more
+    ((16000, 300), 6, False), ((16384, 16384), 6, False),  # 250x5, 256x256: the recipe's 6
+])
+def test_a_jp2_gets_the_levels_that_bring_its_smallest_within_iipsrvs_tiles_or_a_note(size, levels, noted):
+    """iipsrv 1.1 makes up levels below a JP2's smallest one until it fits in 256x256, and fails on them (a 16500x300
+    JP2 of 6 levels crashed it on full/128,): more levels where the shorter side allows them, else a note."""
+    fit = fit_to_image(load_recipe("jp2-openjpeg-lossy"), size)
+    assert fit.levels == levels
+    assert any("iipsrv 1.1 lists sizes below it that it cannot render" in note for note in fit.notes) == noted
+
+
 @pytest.mark.parametrize("size, tiles", [
     ((594, 522), (512, 522)),      # a 10-row bottom edge: its tiles grow; the 82-column right edge is kept
     ((1030, 1030), (515, 515)),    # edges of 6: two tiles a side, three pixels larger
