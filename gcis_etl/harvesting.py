@@ -342,7 +342,7 @@ class Harvest:
                               self.options.force, self.options.redo_rejected, self.options.reencode)
             attempt = record.attempts + 1 if record and record.status == "failed" else 1
             task = ItemTask(self.pipeline.name, obj.id, item, self.recipe.name, self.recipe.digest, attempt,
-                            self.options.force)
+                            self.options.force, self.pipeline.worker_digests)
             yield item, decision, (task if decision.process else None)
 
     def should_stop(self, listed_all: bool = False) -> bool:

@@ -30,6 +30,11 @@ TRANSPORT = ("retry", "verify_tls", "user_agent")
 """Keys under any source: that change how the source is reached, never what it lists (Pipeline.listing_digest).
 A connector names its own others in the class attribute `transport_settings` (a nested key dotted:
 "search.page_size"); credentials, as `config` output masks them, never count."""
+PER_HOST = {"store": {"profile", "retry", "multipart_threshold", "multipart_chunksize", "max_concurrency",
+                      "max_bandwidth", "addressing_style"}}
+"""Keys of the sections a worker agrees on (Pipeline.worker_digests) that may differ from host to host without
+changing where objects go or what they hold: the profile that picks a machine's credentials, how it transfers.
+Left out of the digests."""
 
 
 class SourceSettings(Settings):
@@ -160,8 +165,24 @@ class Pipeline:
             return None
         hidden = EnvironmentValues()
         hidden.secrets = environment_values(options).secrets  # a password put inside another value: masked
-        shown = json.dumps(masked(options, hidden), sort_keys=True, default=str)
-        return hashlib.sha256(shown.encode()).hexdigest()[:16]
+        return _digest(masked(options, hidden))
+
+    @cached_property
+    def worker_digests(self) -> dict[str, str]:
+        """Digests of what a worker takes from its own config.yaml to do an item beside the recipe: the `store:`
+        (where it deposits: root, or bucket, prefix and endpoint; the key templates) and the `imaging:` and
+        `isolation:` a conversion runs under. The harvest sends its own with each task; a worker whose differ
+        refuses it (work.Worker), or it would deposit where the harvest's manifests do not look, or convert
+        otherwise. Credentials and transfer tuning (PER_HOST) are left out, and the secret-named keys' values
+        masked."""
+        sections = {"store": self.settings.store, "imaging": self.settings.imaging,
+                    "isolation": self.settings.isolation}
+        return {what: _digest(masked(section.model_dump(mode="json", exclude=PER_HOST.get(what))))
+                for what, section in sections.items()}
+
+
+def _digest(data: Any) -> str:
+    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def _drop(options: dict, path: list[str]) -> None:

@@ -49,6 +49,8 @@ class ItemTask:
     recipe_digest: str
     attempt: int = 1
     force: bool = False  # harvest --force: convert and deposit again, whatever the store says it holds
+    # the harvest's Pipeline.worker_digests; None from a harvest older than them (a task still in the queue)
+    settings: dict[str, str] | None = field(default=None, hash=False)
 
     @property
     def fingerprint(self) -> str:
@@ -248,6 +250,12 @@ class Worker:
         if recipe.digest != task.recipe_digest:
             return _stops_run(base, f"recipe {task.recipe!r} on the worker on {socket.gethostname()} has digest "
                                     f"{recipe.digest}, the task was planned with {task.recipe_digest}", redeploy,
+                              transient=False)
+        differ = [what for what, digest in (task.settings or {}).items()
+                  if pipeline.worker_digests.get(what) != digest]
+        if differ:
+            return _stops_run(base, f"the {' and '.join(differ)} settings of pipeline {task.pipeline!r} on the worker "
+                                    f"on {socket.gethostname()} are not those the task was planned with", redeploy,
                               transient=False)
         store = pipeline.store
         try:
