@@ -20,6 +20,7 @@ QUEUE_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$"
 _BROKER_SCHEMES = ("redis", "rediss", "sentinel", "amqp", "amqps", "pyamqp")
 _RESULT_SCHEMES = ("redis", "rediss", "sentinel")
 OUTAGE_RETRY_CEILING_SECONDS = 10  # the longest wait between two retries of an unreachable broker or backend
+WORKER_OUTAGE_RETRIES = 120  # a worker's tries at recording an outcome, at least (about 9 minutes)
 
 
 def _checked(url: str, schemes: tuple[str, ...], what: str) -> str:
@@ -101,6 +102,11 @@ class CelerySettings(Settings):
                                        "before the run stops (40: sending a task waits 0, 1, 2 ... s, at most "
                                        "10, about 6 minutes; reading outcomes, Celery's random backoff doubling "
                                        "from 10 ms to at most 10 s, about 2.5 minutes)")
+    worker_outage_retries: int | None = Field(
+        None, ge=0, le=30000, description="a worker's retries of recording a task's outcome in an unreachable result "
+                                          "backend (Celery's random backoff, about 9 minutes for 120), within the "
+                                          "task's time limits; at least 3 x outage_retries; by default that, and at "
+                                          "least 120")
 
     @field_validator("broker_url")
     @classmethod
@@ -138,6 +144,13 @@ class CelerySettings(Settings):
             raise ValueError("time_limits: needs a 'default' entry")
         if self.default_queue in self.queues:
             raise ValueError(f"queues: {self.default_queue!r} is the default_queue")
+        # The workers must outlast the orchestrator, so that a task finished during an outage that stopped the run
+        # records its outcome for the next run: a try of theirs waits 5 s on average (random, at most 10 s), a
+        # send's waits up to 10 s.
+        if self.worker_outage_retries is not None and self.worker_outage_retries < 3 * self.outage_retries:
+            raise ValueError(f"worker_outage_retries ({self.worker_outage_retries}) must be at least 3 x "
+                             f"outage_retries ({self.outage_retries}): a worker would give up recording an outcome "
+                             f"before the orchestrator gives up reading it")
         # A task is unacknowledged from its delivery to its end: retries and their backoffs run inside it, and
         # with one task prefetched per pool process it starts as it is delivered.
         longest = max(limits.hard_seconds for limits in self.time_limits.values())
@@ -159,11 +172,20 @@ class CelerySettings(Settings):
                 return name
         return self.default_queue
 
+    @property
+    def worker_retries(self) -> int:
+        """worker_outage_retries, by default the larger of 120 and 3 x outage_retries (Celery's backoff starts at
+        10 ms: a few tries last well under a second)."""
+        if self.worker_outage_retries is not None:
+            return self.worker_outage_retries
+        return max(WORKER_OUTAGE_RETRIES, 3 * self.outage_retries)
+
     def limits_for(self, recipe: Recipe) -> TimeLimits:
         return self.time_limits.get(recipe.name, self.time_limits["default"])
 
-    def celery_conf(self) -> dict[str, Any]:
-        """The Celery configuration shared by workers and orchestrators (queues are declared by the app)."""
+    def celery_conf(self, worker: bool = False) -> dict[str, Any]:
+        """The Celery configuration shared by workers and orchestrators (queues are declared by the app); a
+        worker rides out a result backend's outage longer than an orchestrator."""
         transport = {"visibility_timeout": self.visibility_timeout_seconds,
                      "unacked_restore_interval": self.restore_check_seconds, "unacked_restore_throttle": 1}
         sentinel = {"master_name": self.sentinel_master_name}
@@ -192,7 +214,7 @@ class CelerySettings(Settings):
             "worker_max_memory_per_child": self.worker_max_memory_per_child_mb * 1024,  # KiB
             "result_expires": int(self.result_expires_hours * 3600),
             "result_backend_always_retry": True,
-            "result_backend_max_retries": self.outage_retries,
+            "result_backend_max_retries": self.worker_retries if worker else self.outage_retries,
             "result_backend_max_sleep_between_retries_ms": OUTAGE_RETRY_CEILING_SECONDS * 1000,
         }
 

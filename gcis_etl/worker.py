@@ -55,7 +55,7 @@ _CHECK_RETRIES = 2  # the broker's connection before a run: a restart of a few s
 _T = TypeVar("_T")
 
 
-def celery_app(settings: CelerySettings):
+def celery_app(settings: CelerySettings, worker: bool = False):
     """A Celery app for these settings, with the item task registered (orchestrators only send it)."""
     from celery import Celery
     from kombu import Exchange, Queue
@@ -64,7 +64,7 @@ def celery_app(settings: CelerySettings):
     retries = logging.getLogger("celery.backends.base")
     if not any(isinstance(f, _OneLineRetries) for f in retries.filters):
         retries.addFilter(_OneLineRetries())
-    app.conf.update(settings.celery_conf())
+    app.conf.update(settings.celery_conf(worker))
     app.conf.task_queues = [Queue(name, Exchange(name), routing_key=name)
                             for name in (settings.default_queue, *settings.queues)]
 
@@ -229,7 +229,7 @@ def _worker_app():
     except ConfigError as exc:  # a worker that cannot read its configuration says so, without a traceback
         fail_config(exc)
     _connect_signals()
-    return celery_app(settings)
+    return celery_app(settings, worker=True)
 
 
 def __getattr__(name: str) -> Any:
@@ -345,6 +345,8 @@ class CeleryExecutor:
                 self._flights[task_id] = _InFlight(task, _progress(meta), time.monotonic())
             elif meta["status"] == "PENDING":
                 self._send(task_id, _InFlight(task, (SENT, "None"), 0.0))
+            elif unrecorded := _unrecorded(meta):  # by a worker while the result backend was down
+                self._resend(task_id, _InFlight(task, (SENT, "None"), 0.0), unrecorded, item_failed=False)
             else:
                 done.append((task_id, self._outcome(task, meta)))
         if time.monotonic() - self._last_poll >= self.settings.poll_seconds:
@@ -466,6 +468,8 @@ class CeleryExecutor:
             if status in self._RUNNING or status == "PENDING":
                 ended(task_id, self._resend(task_id, flight, "lost by the broker" if status == "PENDING" else
                                             f"no progress for {patience} s"))
+            elif unrecorded := _unrecorded(meta):
+                ended(task_id, self._resend(task_id, flight, unrecorded, item_failed=False))
             else:
                 ended(task_id, self._outcome(flight.task, meta))
         for task_id, why in self._unheld(quiet, now).items():
@@ -517,10 +521,16 @@ class CeleryExecutor:
             time.sleep(min(retries, OUTAGE_RETRY_CEILING_SECONDS))
             retries += 1
 
-    def _resend(self, task_id: str, flight: _InFlight, why: str) -> ItemResult | None:
+    def _resend(self, task_id: str, flight: _InFlight, why: str, item_failed: bool = True) -> ItemResult | None:
+        """The task sent again under its id (a deposit it made is found in the store, not made again), or, after
+        max_resends, its failure: the item's, or, when the result backend failed it (_unrecorded), one that stops
+        the run and counts no attempt."""
         task = flight.task
         if flight.sends > self.settings.max_resends:
-            return ItemResult.failed(task, f"task {why}, after {flight.sends} sends")
+            failed = ItemResult.failed(task, f"task {why}, after {flight.sends} sends")
+            return failed if item_failed else replace(
+                failed, transient=True, stops_run=True, reason=f"{failed.reason}: not the item's failure, the "
+                                                               f"result backend's (no attempt counted)")
         log.warning("%s/%s: task %s; sending it again", task.object_id, task.item.id, why)
         self._send(task_id, flight)
         return None
@@ -572,6 +582,19 @@ def _sending_retried(task: ItemTask, exc: BaseException, interval: float) -> Non
 def _queue_names(answers: dict[str, list[dict]] | None) -> set[str] | None:
     """The queues consumed by the workers that answered active_queues; None when none answered."""
     return {queue["name"] for queues in answers.values() for queue in queues} if answers else None
+
+
+def _unrecorded(meta: dict[str, Any]) -> str | None:
+    """Why a failed task failed in the result backend rather than on its item, or None. A worker that cannot
+    record an outcome (SUCCESS, or STARTED before the item) records instead, once the backend is back, the
+    backend's error as the task's FAILURE (celery.exceptions.BackendError, or Redis' own error when it is not one
+    Celery retries): the item may well be deposited, and the task sent again finds that deposit."""
+    from celery.exceptions import BackendError
+    from redis.exceptions import RedisError
+    error = meta["result"]
+    if meta["status"] != "FAILURE" or not isinstance(error, (BackendError, RedisError)):
+        return None
+    return f"whose outcome the result backend failed to record ({type(error).__name__}: {scrub(str(error))})"
 
 
 def _progress(meta: dict[str, Any]) -> tuple[str, str]:
