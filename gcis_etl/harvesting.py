@@ -495,9 +495,11 @@ class Harvest:
         do): they are forgotten here, so that no later run revisits the object for them, and an access master of
         theirs here that is not the one they now have is superseded, retired once no manifest of the object shows
         it. An item not listed anywhere else was withdrawn: it stays (withdrawals never reach the store)."""
+        if not self.unique_items:
+            return
         moved = self.moved.pop(object_id, {})
         away = [record for item_id, record in records.items() if item_id not in listed]
-        if not self.unique_items or not away:
+        if not away:
             return
         now_in: dict[str, set[str | None]] = {item_id: set() for item_id in moved}
         for record in self.ledger.elsewhere(self.pipeline.name, object_id, [r.item_id for r in away]):

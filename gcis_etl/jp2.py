@@ -19,7 +19,7 @@ from typing import Callable
 from gcis_etl import isolation
 from gcis_etl.errors import ConversionFailed
 from gcis_etl.metadata import RESOLUTION_TAGS, carrier_copy, exiftool_run, kept_tag_values, write_carrier
-from gcis_etl.recipes import Recipe
+from gcis_etl.recipes import Recipe, max_levels
 
 KDU_ENV = "GCIS_KDU_COMPRESS"
 TOOLS = {"kakadu": "kdu_compress", "openjpeg": "opj_compress", "grok": "grk_compress"}
@@ -123,8 +123,9 @@ def build_command(recipe: Recipe, source: Path, output: Path, binary: str | None
 def fit_to_image(recipe: Recipe, size: tuple[int, int] | None) -> Jp2Fit:
     """The recipe's levels, tiles and compression ratios for an image of `size` (None: the recipe's own).
     More levels than the recipe's where its smallest level would be over IIPSRV_TILE pixels (iipsrv 1.1 makes up
-    the levels below it and fails on them: deploy/iipsrv/README.md), and no more than halve its shorter side to
-    one pixel (OpenJPEG refuses more); a note when the smallest level is still too large. With layer rates, no
+    the levels below it and fails on them: deploy/iipsrv/README.md), within what its tiles and precincts allow
+    (recipes.max_levels), and no more than halve its shorter side to one pixel (OpenJPEG refuses more); a note
+    when the smallest level is still too large. With layer rates, no
     edge or corner tile too small for its share of them (_edge_free_tiles), and no layer budget below twice the
     marker overhead: the rates are raised (ratios floored at 1: such a layer holds everything coded)."""
     jp2 = recipe.jp2
@@ -133,14 +134,16 @@ def fit_to_image(recipe: Recipe, size: tuple[int, int] | None) -> Jp2Fit:
         return Jp2Fit(jp2.levels, jp2.tiles, ratios)
     width, height = size
     served = ((max(width, height) - 1) // IIPSRV_TILE).bit_length()  # the fewest halvings to IIPSRV_TILE or less
-    levels = min(max(jp2.levels, served), max(1, min(width, height).bit_length() - 1))
+    ceiling = max_levels(jp2)
+    wanted = served if ceiling is None else min(served, ceiling)
+    levels = min(max(jp2.levels, wanted), max(1, min(width, height).bit_length() - 1))
     notes = []
     if levels != jp2.levels:
         notes.append(f"{width}x{height} image: {levels} wavelet levels instead of {jp2.levels}"
                      + (f", so that iipsrv's smallest level is at most {IIPSRV_TILE} pixels" if levels > jp2.levels
                         else ""))
-    smallest = (-(-width >> levels), -(-height >> levels))  # a level's size rounds up
-    if max(smallest) > IIPSRV_TILE:
+    if levels < served:
+        smallest = (-(-width >> levels), -(-height >> levels))  # a level's size rounds up
         notes.append(f"{width}x{height} image: its smallest level ({_pair(smallest, 'x')}, {levels} "
                      f"wavelet levels) is over {IIPSRV_TILE} pixels: iipsrv 1.1 lists sizes below it that it cannot "
                      f"render (it makes up levels for them, and sends an error text as a JPEG or crashes); a PTIFF "

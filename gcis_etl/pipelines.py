@@ -30,11 +30,6 @@ TRANSPORT = ("retry", "verify_tls", "user_agent")
 """Keys under any source: that change how the source is reached, never what it lists (Pipeline.listing_digest).
 A connector names its own others in the class attribute `transport_settings` (a nested key dotted:
 "search.page_size"); credentials, as `config` output masks them, never count."""
-PER_HOST = {"store": {"profile", "retry", "multipart_threshold", "multipart_chunksize", "max_concurrency",
-                      "max_bandwidth", "addressing_style"}}
-"""Keys of the sections a worker agrees on (Pipeline.worker_digests) that may differ from host to host without
-changing where objects go or what they hold: the profile that picks a machine's credentials, how it transfers.
-Left out of the digests."""
 
 
 class SourceSettings(Settings):
@@ -173,11 +168,11 @@ class Pipeline:
         (where it deposits: root, or bucket, prefix and endpoint; the key templates) and the `imaging:` and
         `isolation:` a conversion runs under. The harvest sends its own with each task; a worker whose differ
         refuses it (work.Worker), or it would deposit where the harvest's manifests do not look, or convert
-        otherwise. Credentials and transfer tuning (PER_HOST) are left out, and the secret-named keys' values
-        masked."""
+        otherwise. What a store's settings say may differ by host (S3StoreSettings.per_host: its credentials'
+        profile, its transfer tuning) is left out, and the secret-named keys' values masked."""
         sections = {"store": self.settings.store, "imaging": self.settings.imaging,
                     "isolation": self.settings.isolation}
-        return {what: _digest(masked(section.model_dump(mode="json", exclude=PER_HOST.get(what))))
+        return {what: _digest(masked(section.model_dump(mode="json", exclude=getattr(section, "per_host", None))))
                 for what, section in sections.items()}
 
 

@@ -183,17 +183,33 @@ def _check_kdu_args(jp2: Jp2Parameters) -> None:
                          f"jp2.tiles: {list(jp2.tiles) if jp2.tiles else None}")
 
 
+def max_levels(jp2: Jp2Parameters) -> int | None:
+    """The most wavelet levels opj_compress and grk_compress make right with these tiles and precincts (None: they
+    set no bound), which _check_opj_grk holds a recipe to and gcis_etl.jp2 holds the levels it fits to an image to."""
+    bounds = ([_tile_levels(jp2.tiles)] if jp2.tiles else []) + (
+        [_precinct_levels(jp2.precincts)] if jp2.precincts else [])
+    return min(bounds, default=None)
+
+
+def _tile_levels(tiles: tuple[int, int]) -> int:
+    return min(tiles).bit_length() - 1
+
+
+def _precinct_levels(precincts: tuple[tuple[int, int], ...]) -> int:
+    return len(precincts) - 1 + min(precincts[-1]).bit_length() - 1
+
+
 def _check_opj_grk(encoder: str, jp2: Jp2Parameters) -> None:
     """What opj_compress (2.5) and grk_compress (10.0) cannot make although the fields validate: every
     conversion would fail, in the encoder or in verification."""
     if jp2.ht and encoder == "openjpeg":
         raise ValueError("jp2.ht: opj_compress cannot write HTJ2K; use encoder grok or kakadu")
-    if jp2.tiles and min(jp2.tiles) < 2 ** jp2.levels:
+    if jp2.tiles and jp2.levels > _tile_levels(jp2.tiles):
         # opj_compress: "Number of resolutions is too high in comparison to the size of tiles"; grk_compress
         # writes a file whose reductions are wrong (17 dB where 30 are asked)
         raise ValueError(f"jp2.tiles: {encoder} needs tiles of at least 2^levels = {2 ** jp2.levels} a side for "
                          f"{jp2.levels} levels, got {list(jp2.tiles)}: use larger tiles or at most "
-                         f"{min(jp2.tiles).bit_length() - 1} levels")
+                         f"{_tile_levels(jp2.tiles)} levels")
     if jp2.ht and jp2.layers > 1:
         raise ValueError(f"jp2.ht: {encoder} writes one quality layer with the HT block coder, not "
                          f"{jp2.layers} (verification would fail): set layers: 1")
@@ -202,8 +218,8 @@ def _check_opj_grk(encoder: str, jp2: Jp2Parameters) -> None:
         # Part 1 allows a precinct of 1 only at resolution 0 (jpylyzer: precinctSizeXIsValid)
         last, listed = jp2.precincts[-1], len(jp2.precincts)
         smallest = 2 ** (jp2.levels - listed + 1)  # what is still 2 at resolution 1
-        if min(last) < smallest:
-            reaches = jp2.levels - (listed - 1 + min(last).bit_length() - 1)
+        if jp2.levels > _precinct_levels(jp2.precincts):
+            reaches = jp2.levels - _precinct_levels(jp2.precincts)
             raise ValueError(f"jp2.precincts: {encoder} halves the last size, {list(last)}, at each lower "
                              f"resolution: with {jp2.levels} levels it reaches 1 at resolution {reaches}, where "
                              f"JPEG 2000 allows 1 only at resolution 0 (the file would be invalid): make the last "

@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from datetime import datetime, timedelta, timezone
 from functools import partial
 from pathlib import Path
-from typing import IO, Annotated, Iterable, Iterator, Literal, Protocol, Union
+from typing import IO, Annotated, ClassVar, Iterable, Iterator, Literal, Protocol, Union
 from urllib.parse import quote, unquote, urlsplit
 
 import boto3
@@ -440,6 +440,7 @@ class LocalStore:
         prefixes = _list_prefixes(keys)
         cutoff = time.time() - older_than.total_seconds()
         folders = {prefix.rpartition("/")[0] for prefix in prefixes}
+        folders = {f for f in folders if not any(o != f and (o == "" or f.startswith(o + "/")) for o in folders)}
         aborted = set()
         for (top, suffix), folder in itertools.product(((self.root, ""), (self.root / self.META, ".json")), folders):
             for dirpath, dirnames, filenames in os.walk(top / folder):
@@ -471,6 +472,12 @@ class RetryPolicy(Settings):
 class S3StoreSettings(Settings):
     """An S3 bucket (AWS or any S3-compatible server). Credentials come from boto3's chain (environment,
     shared profile, instance or task role): there is deliberately no setting for them."""
+
+    per_host: ClassVar[frozenset[str]] = frozenset({
+        "profile", "retry", "multipart_threshold", "multipart_chunksize", "max_concurrency", "max_bandwidth",
+        "addressing_style"})
+    """What may differ from host to host without changing where objects go or what they hold: the profile that
+    picks a machine's credentials, how it transfers (Pipeline.worker_digests leaves them out)."""
 
     kind: Literal["s3"] = "s3"
     bucket: str = Field(pattern=r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")

@@ -244,9 +244,11 @@ def __getattr__(name: str) -> Any:
 
 
 def celery_task_id(task: ItemTask) -> str:
-    """The same work always gets the same id: a resubmission after a restart finds its outcome or its task."""
+    """The same work always gets the same id: a resubmission after a restart finds its outcome or its task. The
+    settings it was planned with count: an outcome deposited under another store prefix is not this work's."""
     key = "\0".join((task.pipeline, task.object_id, task.item.id, task.fingerprint, task.recipe_digest,
-                     str(task.attempt), *(("force",) if task.force else ())))  # forced: not an earlier outcome
+                     str(task.attempt), *(("force",) if task.force else ()),  # forced: not an earlier outcome
+                     *(f"{what}={digest}" for what, digest in sorted((task.settings or {}).items()))))
     return "gcis-" + hashlib.sha256(key.encode()).hexdigest()[:40]
 
 
@@ -345,10 +347,8 @@ class CeleryExecutor:
                 self._flights[task_id] = _InFlight(task, _progress(meta), time.monotonic())
             elif meta["status"] == "PENDING":
                 self._send(task_id, _InFlight(task, (SENT, "None"), 0.0))
-            elif unrecorded := _unrecorded(meta):  # by a worker while the result backend was down
-                self._resend(task_id, _InFlight(task, (SENT, "None"), 0.0), unrecorded, item_failed=False)
-            else:
-                done.append((task_id, self._outcome(task, meta)))
+            elif (result := self._finished(task_id, _InFlight(task, (SENT, "None"), 0.0), meta)) is not None:
+                done.append((task_id, result))
         if time.monotonic() - self._last_poll >= self.settings.poll_seconds:
             done += self._poll()
         self._handed += [task_id for task_id, _ in done]
@@ -468,10 +468,8 @@ class CeleryExecutor:
             if status in self._RUNNING or status == "PENDING":
                 ended(task_id, self._resend(task_id, flight, "lost by the broker" if status == "PENDING" else
                                             f"no progress for {patience} s"))
-            elif unrecorded := _unrecorded(meta):
-                ended(task_id, self._resend(task_id, flight, unrecorded, item_failed=False))
             else:
-                ended(task_id, self._outcome(flight.task, meta))
+                ended(task_id, self._finished(task_id, flight, meta))
         for task_id, why in self._unheld(quiet, now).items():
             ended(task_id, self._resend(task_id, self._flights[task_id], why))
         return done
@@ -520,6 +518,14 @@ class CeleryExecutor:
                                 self.settings.outage_retries - retries, type(cause).__name__, scrub(str(cause)))
             time.sleep(min(retries, OUTAGE_RETRY_CEILING_SECONDS))
             retries += 1
+
+    def _finished(self, task_id: str, flight: _InFlight, meta: dict[str, Any]) -> ItemResult | None:
+        """A finished task's outcome; a task whose outcome a worker could not record while the result backend was
+        down (_unrecorded) is sent again instead (None)."""
+        unrecorded = _unrecorded(meta)
+        if unrecorded:
+            return self._resend(task_id, flight, unrecorded, item_failed=False)
+        return self._outcome(flight.task, meta)
 
     def _resend(self, task_id: str, flight: _InFlight, why: str, item_failed: bool = True) -> ItemResult | None:
         """The task sent again under its id (a deposit it made is found in the store, not made again), or, after

@@ -16,6 +16,7 @@ from gcis_etl.settings import parse
 from gcis_etl.work import Outcome
 from gcis_etl.worker import CeleryExecutor, celery_app, celery_task_id
 from tests.broker import Pool, make_masters, received, run_all, slow_master, tasks_of
+from tests.harvests import wait_for
 
 GAVE_UP = "Exception raised outside body: BackendStoreError"  # a pool process could not record its outcome
 
@@ -41,13 +42,6 @@ def test_workers_retry_recording_outcomes_longer_than_the_orchestrator_reads_the
         parse(CelerySettings, {"outage_retries": 41, "worker_outage_retries": 120}, "config.yaml", "celery")
 
 
-def _wait(what: str, done, seconds: float = 120) -> None:
-    deadline = time.monotonic() + seconds
-    while not done():
-        assert time.monotonic() < deadline, f"not {what} within {seconds} s"
-        time.sleep(0.02)
-
-
 @pytest.mark.parametrize("worker_outage_retries, recorded", [(10, "FAILURE"), (None, "SUCCESS")],
                          ids=["worker-gives-up", "worker-outlasts-the-orchestrator"])
 def test_an_outcome_a_worker_could_not_record_is_not_the_items_failure(pool, worker_outage_retries, recorded,
@@ -69,18 +63,19 @@ def test_an_outcome_a_worker_could_not_record_is_not_the_items_failure(pool, wor
 
     first = CeleryExecutor({"demo": pipeline}, 4, Path("unused"), settings.celery)
     assert first.submit(slow) == []
-    _wait("started", lambda: watcher.backend.get_task_meta(slow_id, cache=False)["status"] == "STARTED")
+    wait_for(lambda: watcher.backend.get_task_meta(slow_id, cache=False)["status"] == "STARTED", "started",
+             timeout=120)
     pool.redis.stop()
     with pytest.raises(GcisError, match="cannot be reached"):
         list(first.drain())
     first.close()
     if worker_outage_retries is None:
-        _wait("retrying", lambda: "Failed operation _store_result" in worker.log_text())
+        wait_for(lambda: "Failed operation _store_result" in worker.log_text(), "retrying", timeout=120)
         time.sleep(1)
     else:
-        _wait("given up", lambda: GAVE_UP in worker.log_text())
+        wait_for(lambda: GAVE_UP in worker.log_text(), "given up", timeout=120)
     pool.redis.start()
-    _wait("recorded", lambda: watcher.backend.get_task_meta(slow_id, cache=False)["status"] != "PENDING", 60)
+    wait_for(lambda: watcher.backend.get_task_meta(slow_id, cache=False)["status"] != "PENDING", "recorded")
     meta = watcher.backend.get_task_meta(slow_id, cache=False)
     watcher.close()
     assert meta["status"] == recorded, meta

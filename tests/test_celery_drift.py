@@ -99,3 +99,15 @@ def test_the_store_digest_counts_where_objects_go_not_the_hosts_credentials_or_t
         assert digests[changed]["store"] != digests["same"]["store"], changed
         assert {k: v for k, v in digests[changed].items() if k != "store"} == \
             {k: v for k, v in digests["same"].items() if k != "store"}
+
+
+def test_an_outcome_planned_under_other_settings_is_not_taken_for_this_work(tmp_path):
+    """A task's id is how a run finds an earlier run's outcome in the result backend: one deposited under another
+    store prefix (the settings changed between the runs) must not be taken as this task's."""
+    from gcis_etl.worker import celery_task_id
+    masters = make_masters(tmp_path / "masters", objects=1, per_object=1)
+    pipeline = load_config(pool_config(tmp_path / "config.yaml", masters=masters, broker_url="redis://127.0.0.1:1/0",
+                                       store={"kind": "local", "root": str(tmp_path / "store")})).pipeline("demo")
+    (task,) = (replace(t, settings=pipeline.worker_digests) for t in tasks_of(pipeline))
+    moved = replace(task, settings={**task.settings, "store": "0" * 16})
+    assert celery_task_id(moved) != celery_task_id(task) == celery_task_id(replace(task))

@@ -500,6 +500,7 @@ def test_small_images_get_fewer_levels_and_layer_budgets_above_the_markers():
     ((16385, 100), 6, True),  # 6 levels (100 allows no more): 257x2
     ((16500, 300), 7, False), ((20000, 15000), 7, False),  # 6 levels would leave 258x5, 313x235: one more
     ((16000, 300), 6, False), ((16384, 16384), 6, False),  # 250x5, 256x256: the recipe's 6
+    ((140000, 2000), 9, True),  # 10 would be wanted: its 512 tiles and last 128 precincts allow 9 (-n 11 failed)
 ])
 def test_a_jp2_gets_the_levels_that_bring_its_smallest_within_iipsrvs_tiles_or_a_note(size, levels, noted):
     """iipsrv 1.1 makes up levels below a JP2's smallest one until it fits in 256x256, and fails on them (a 16500x300
