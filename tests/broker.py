@@ -275,10 +275,11 @@ def minio_env(minio, tmp: Path) -> dict[str, str]:
 
 
 def tasks_of(pipeline) -> list:
-    """One ItemTask per item the pipeline's source lists, in listing order."""
+    """One ItemTask per item the pipeline's source lists, in listing order, as a harvest plans it (its settings
+    digests are part of its Celery task id)."""
     from gcis_etl.work import ItemTask
     recipe = pipeline.recipe
-    return [ItemTask(pipeline.name, obj.id, item, recipe.name, recipe.digest)
+    return [ItemTask(pipeline.name, obj.id, item, recipe.name, recipe.digest, settings=pipeline.worker_digests)
             for obj in pipeline.source.changes(None) for item in obj.items]
 
 
