@@ -343,11 +343,12 @@ class CeleryExecutor:
         if not self.stopping():  # once stopping, no task is sent: the next run does it
             task_id = celery_task_id(task)
             meta = self.app.backend.get_task_meta(task_id)
+            unsent = _InFlight(task, (SENT, "None"), 0.0)  # a task this run sends, or sends again
             if meta["status"] in self._RUNNING:
                 self._flights[task_id] = _InFlight(task, _progress(meta), time.monotonic())
             elif meta["status"] == "PENDING":
-                self._send(task_id, _InFlight(task, (SENT, "None"), 0.0))
-            elif (result := self._finished(task_id, _InFlight(task, (SENT, "None"), 0.0), meta)) is not None:
+                self._send(task_id, unsent)
+            elif (result := self._finished(task_id, unsent, meta)) is not None:
                 done.append((task_id, result))
         if time.monotonic() - self._last_poll >= self.settings.poll_seconds:
             done += self._poll()
