@@ -425,10 +425,10 @@ class Harvest:
                 pending.waiting.add(task.item.id)
                 tasks += 1
                 self.submitted += 1
-                results = executor.submit(task)  # may hold this item's own: an earlier run's, still recorded
-                self.progress.started(obj.id, task.item.id)
-                for result in results:
+                for result in executor.submit(task):  # may hold this item's own: an earlier run's, still recorded
                     self.settle(result)
+                if task.item.id in pending.waiting:  # after the items whose slot it took: in flight, never one too many
+                    self.progress.started(obj.id, task.item.id)
             else:
                 pending.complete = True
             self.ledger.record_unprocessed(self.run_id, unprocessed)

@@ -150,3 +150,32 @@ def test_the_live_line_fits_the_terminal(capsys, monkeypatch):
     lines = [d.rstrip("\n") for d in capsys.readouterr().err.split("\r") if d]
     assert lines and all(len(line) <= 39 for line in lines), lines
     assert lines[0].startswith("museum: 0 items, 1 in flight, oldest ")  # counts of 0 and the objects go first
+
+
+class Counting(TerminalProgress):
+    """How many items the progress held in flight at most: what the live line and the quiet log count."""
+    most = 0
+
+    def started(self, object_id: str, item_id: str) -> None:
+        super().started(object_id, item_id)
+        self.most = max(self.most, len(self.in_flight))
+
+
+def test_no_more_items_are_counted_in_flight_than_the_executor_runs_at_once(tmp_path, monkeypatch):
+    """One slot (concurrency 1, no transfer slots): the item finished when the next one takes its slot is settled
+    before the next is counted as started."""
+    for name, value in SECRETS.items():
+        monkeypatch.setenv(name, value)
+    catalogue = RosettaCatalogue([ie(7000 + 10 * n, f"2024-01-0{n + 1} 10:00:00", "gray8/gray.tif")
+                                  for n in range(4)])
+    config = tmp_path / "config.yaml"
+    progress = Counting("dam", live=False)
+    with serving(RosettaEmulator(catalogue)) as emulator:
+        config.write_text(yaml.safe_dump({
+            "state_dir": "state", "defaults": {"concurrency": 1, "transfer_slots": 0},
+            "pipelines": {"dam": {"source": rosetta_source(emulator.url),
+                                  "store": {"kind": "local", "root": str(tmp_path / "store")}}}}))
+        report = harvest(load_config(config), "dam", progress=progress)
+    progress.clear()
+
+    assert report.counts["deposited"] == 4 and progress.most == 1 and not progress.in_flight
