@@ -20,6 +20,7 @@ import time
 from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
 from datetime import datetime, timedelta
 from functools import cached_property
+from pathlib import PurePosixPath
 from typing import Callable, Iterator, Sequence
 
 from connectors.base import (LangValue, ListingMoved, SourceItem, SourceObject, UnreadableObject, described,
@@ -30,6 +31,7 @@ from gcis_etl.commands import EXIT_ITEM_FAILED, EXIT_LOCKED, EXIT_OK, EXIT_USAGE
 from gcis_etl.config import Config
 from gcis_etl.errors import ConfigError, GcisError, ManifestError, StoreError, StoreRefused, StoreUnavailable
 from gcis_etl.executors import Executor, open_executor
+from gcis_etl.keys import UnsafeKey
 from gcis_etl.ledger import (ABANDONED, COUNTED, MANIFEST, STOPPED_BY_SIGNAL, STOPPED_ON_REQUEST, ItemRecord, Ledger,
                              LedgerUnwritable, ObjectRecord, Unprocessed, now)
 from gcis_etl.locks import LockHeld, pipeline_lock
@@ -125,8 +127,11 @@ class Decision:
 
 
 def decide(record: ItemRecord | None, item_fingerprint: str, recipe_digest: str, max_attempts: int,
-           force: bool = False, redo_rejected: bool = False, reencode: str | None = None) -> Decision:
-    """Whether an item needs work, from what the ledger knows of it."""
+           force: bool = False, redo_rejected: bool = False, reencode: str | None = None,
+           placed: str | None = None) -> Decision:
+    """Whether an item needs work, from what the ledger knows of it. `placed`: the key the store's keys give
+    its access master now; another than the one deposited when the item moved within its object (`{sequence}`
+    keys: a page inserted, removed or reordered), where its old key names another page's image now."""
     if record is None:
         return Decision(True, "new")
     if record.fingerprint != item_fingerprint:
@@ -142,6 +147,8 @@ def decide(record: ItemRecord | None, item_fingerprint: str, recipe_digest: str,
                                f"`gcis-etl retry` tries again", Outcome.FAILED)
     if record.status == "rejected":
         return Decision(False, f"rejected before ({record.reason}); waits for the source to change")
+    if placed is not None and record.output_key is not None and placed != record.output_key:
+        return Decision(True, f"moved within its object: its access master goes from {record.output_key} to {placed}")
     if record.recipe_digest != recipe_digest:
         if record.recipe == reencode:
             return Decision(True, f"deposited with recipe {record.recipe} ({record.recipe_digest}); re-deriving")
@@ -339,11 +346,23 @@ class Harvest:
         for item in obj.items:
             record = records.get(item.id)
             decision = decide(record, fingerprint(item), self.recipe.digest, settings.max_attempts,
-                              self.options.force, self.options.redo_rejected, self.options.reencode)
+                              self.options.force, self.options.redo_rejected, self.options.reencode,
+                              self._placed(obj.id, item, record))
             attempt = record.attempts + 1 if record and record.status == "failed" else 1
             task = ItemTask(self.pipeline.name, obj.id, item, self.recipe.name, self.recipe.digest, attempt,
                             self.options.force, self.pipeline.worker_digests)
             yield item, decision, (task if decision.process else None)
+
+    def _placed(self, object_id: str, item: SourceItem, record: ItemRecord | None) -> str | None:
+        """The key the item's deposited access master has now, for the extension it was deposited with (a recipe
+        switched is the reencode migration's to act on, not this); None when it has none or cannot be named."""
+        if record is None or record.output_key is None:
+            return None
+        try:
+            return self.pipeline.store.keys.image_key(self.pipeline.name, object_id, item.id, item.sequence,
+                                                      PurePosixPath(record.output_key).suffix.lstrip("."))
+        except UnsafeKey:  # the worker says so, with the item's failure
+            return None
 
     def should_stop(self, listed_all: bool = False) -> bool:
         """`listed_all`: asked once the listing is over (a break set cut_short already): the time limit, which

@@ -607,7 +607,7 @@ class Ledger:
         those of the one before; an item that fails or is rejected keeps those of the deposit it still has).
         A deposit under another key than the item's last one (a recipe with another extension) supersedes that
         key: it stays in the store, where manifests may still show it, until it is retired; a key deposited
-        again (a reencode reversed) is no longer superseded."""
+        again (a reencode reversed) is no longer superseded, nor is one another item of the object has."""
         previous = self.item(result.pipeline, result.object_id, result.item_id)
         same_version = previous is not None and previous.fingerprint == result.fingerprint \
             and previous.recipe_digest == result.recipe_digest
@@ -638,11 +638,18 @@ class Ledger:
                  warnings if result.outcome is Outcome.DEPOSITED else None))
             if result.outcome is Outcome.DEPOSITED and result.key:
                 self._execute("DELETE FROM superseded WHERE pipeline=? AND key=?", (result.pipeline, result.key))
-                if previous is not None and previous.output_key and previous.output_key != result.key:
+                if previous is not None and previous.output_key and previous.output_key != result.key \
+                        and not self._holds(result, previous.output_key):
                     self._supersede(result.pipeline, result.object_id, result.item_id, previous.output_key, run_id,
                                     stamp)
             self._run_item(run_id, result.object_id, result.item_id, result.outcome.value, result.reason,
                            result.seconds, stamp, warnings)
+
+    def _holds(self, result: ItemResult, key: str) -> bool:
+        """Whether another item of the object has `key` as its access master: with `{sequence}` keys, pages that
+        moved take each other's keys (the one whose key another took is redone: harvesting.decide)."""
+        return self._row("SELECT 1 FROM items WHERE pipeline=? AND object_id=? AND output_key=? AND item_id<>? "
+                         "LIMIT 1", (result.pipeline, result.object_id, key, result.item_id)) is not None
 
     def record_unprocessed(self, run_id: int, items: Sequence[Unprocessed]) -> None:
         """Items the run decided not to process (unchanged, rejected before, out of attempts), in one transaction:

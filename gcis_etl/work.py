@@ -264,8 +264,10 @@ class Worker:
         except UnsafeKey as exc:  # the same on every attempt, before anything is fetched: not worth retrying soon
             return replace(base, reason=f"cannot be named in the store: {exc}")
         done = None if task.force else store.head(key)  # a damaged copy keeps its provenance
+        # this item's own: with `{sequence}` keys, the key of a page that moved holds another page's until redone
         reusable = done is not None and bool(done.sha256) and not done.doubt \
-            and done.provenance.recipe_digest == recipe.digest and bool(done.provenance.width)
+            and done.provenance.recipe_digest == recipe.digest and bool(done.provenance.width) \
+            and done.provenance.source_id == _source_id(task)
         if reusable and done.provenance.source_checksum == task.fingerprint:
             return _already(base, key, done, "already in the store from the same source version and recipe")
         try:
@@ -305,7 +307,7 @@ class Worker:
                 return replace(base, reason=reason, **common)
             # put HEADs the key to leave identical bytes alone: worth it only when `done` holds these bytes
             stored = store.put(key, output, sha256=converted.sha256, provenance=Provenance(
-                source_id=f"{task.object_id}/{task.item.id}", source_checksum=task.fingerprint,
+                source_id=_source_id(task), source_checksum=task.fingerprint,
                 master_sha256=fetched.sha256,
                 recipe=recipe.name, recipe_digest=recipe.digest, width=converted.width, height=converted.height),
                 overwrite=done is None or bool(done.doubt) or done.sha256 != converted.sha256)
@@ -334,6 +336,11 @@ def _stops_run(base: ItemResult, failure: str, then: str, transient: bool) -> It
     `transient`: a Celery worker retries it first."""
     return replace(base, reason=f"{failure}: {then} (no item's attempt was counted)", transient=transient,
                    stops_run=True)
+
+
+def _source_id(task: ItemTask) -> str:
+    """The item an access master was made from, in its provenance."""
+    return f"{task.object_id}/{task.item.id}"
 
 
 def _already(base: ItemResult, key: str, done: StoredObject, why: str) -> ItemResult:

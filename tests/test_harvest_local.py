@@ -410,7 +410,7 @@ def test_demo_on_the_shipped_config_harvests_the_samples_then_has_nothing_to_do(
 class _Record:
     def __init__(self, **values):
         defaults = dict(fingerprint="md5:1", recipe="r", recipe_digest="d1", status="deposited", attempts=0,
-                        reason=None)
+                        reason=None, output_key="p/o/1.tif")
         self.__dict__.update(defaults | values)
 
 
@@ -420,6 +420,8 @@ class _Record:
     (_Record(), {}, False, "unchanged"),
     (_Record(recipe_digest="d0"), {}, False, "--force or the reencode migration"),
     (_Record(), {"force": True}, True, "forced"),
+    (_Record(), {"placed": "p/o/1.tif"}, False, "unchanged"),
+    (_Record(recipe_digest="d0"), {"placed": "p/o/2.tif"}, True, "goes from p/o/1.tif to p/o/2.tif"),
     (_Record(status="rejected", reason="bad"), {}, False, "waits for the source to change"),
     (_Record(status="rejected"), {"redo_rejected": True}, True, "asked to try again"),
     (_Record(status="failed", attempts=2), {}, True, "retry 3 of 3"),
