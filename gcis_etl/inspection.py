@@ -263,7 +263,10 @@ def structure_warning(complaint: str) -> str:
 
 def _read_tiff(path: str) -> _Header:
     with tifffile_complaints() as complaints:
-        header = _read_tiff_tags(path)
+        try:
+            header = _read_tiff_tags(path)
+        except _Unreadable as exc:  # what tifffile skipped says why (a first directory past the end: cut short)
+            raise _Unreadable("; ".join(dict.fromkeys([*complaints, str(exc)]))) from None
     header.notes.extend(structure_warning(m) for m in complaints)
     return header
 
@@ -273,6 +276,8 @@ def _read_tiff_tags(path: str) -> _Header:
     try:
         with tifffile.TiffFile(path) as tf:
             pages = list(tf.pages)
+            if not pages:
+                raise _Unreadable(f"no image directory in its {tf.filehandle.size} bytes")
             p = pages[0]
             whole_slide = any(getattr(tf, f"is_{k}", False) for k in ("svs", "ndpi", "scn", "bif", "philips"))
             full_res = 1 if whole_slide else sum(1 for q in pages if _is_image(q))

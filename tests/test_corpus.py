@@ -70,3 +70,20 @@ def test_every_accepted_master_converts_with_the_lossy_jp2_recipes(entry, recipe
     report = verify_jp2_alone(tmp_path / "access.jp2", load_recipe(recipe).jp2)
     assert report.ok, report.errors
     assert (report.width, report.height) == (result.width, result.height)
+
+
+def test_a_tiff_cut_short_before_its_directory_is_rejected_saying_so(worker, tmp_path):
+    """libvips writes a TIFF's directory after its pixels: a half-finished upload has none left to read."""
+    import pyvips
+    whole = tmp_path / "whole.tif"
+    pyvips.Image.black(300, 200, bands=3).tiffsave(str(whole))
+    data = whole.read_bytes()
+    cut = tmp_path / "cut.tif"
+    cut.write_bytes(data[:len(data) * 7 // 10])
+
+    info = check_decoding(cut, worker=worker)
+
+    offset = int.from_bytes(data[4:8], "little")
+    assert info.verdict is Verdict.REJECT and info.reasons == (
+        f"corrupt or truncated TIFF header: invalid offset to first page {offset}; no image directory in its "
+        f"{cut.stat().st_size} bytes",), info.reasons
