@@ -55,3 +55,8 @@ class SourceError(GcisError):
 
 class ManifestError(GcisError):
     """A IIIF manifest could not be built or failed validation; the message names what is wrong."""
+
+
+class VersionSkew(GcisError):
+    """A task or an outcome written by another version of gcis-etl than the one reading it (a pool half upgraded):
+    not the item's failure; the message names the fields that differ."""

@@ -13,7 +13,7 @@ import shutil
 import socket
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from datetime import datetime
 from enum import Enum
 from pathlib import Path
@@ -22,7 +22,8 @@ from typing import Any
 from connectors.base import FetchedFile, Fixity, Source, SourceItem, source_down
 from connectors.errors import AuthenticationFailed, PermissionDenied, SourceUnavailable
 from connectors.fetching import fetch_warnings
-from gcis_etl.errors import ConfigError, GcisError, SourceError, StoreError, StoreFull, StoreRefused, StoreUnavailable
+from gcis_etl.errors import (ConfigError, GcisError, SourceError, StoreError, StoreFull, StoreRefused, StoreUnavailable,
+                             VersionSkew)
 from gcis_etl.isolation import ChildPool, disk_refusal
 from gcis_etl.keys import UnsafeKey
 from gcis_etl.models import Status
@@ -64,9 +65,15 @@ class ItemTask:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ItemTask:
+        """Raises VersionSkew for a task of another version of gcis-etl, rather than a TypeError that would pass
+        for the item's failure."""
+        item = data.get("item")
+        fixity = item.get("fixity") if isinstance(item, dict) else None
+        _readable((cls, data, ""), *([(SourceItem, item, "item.")] if isinstance(item, dict) else []),
+                  *([(Fixity, fixity, "item.fixity.")] if isinstance(fixity, dict) else []))
         item = dict(data["item"])
         item["modified"] = datetime.fromisoformat(item["modified"]) if item["modified"] else None
-        item["fixity"] = Fixity(**item["fixity"]) if item["fixity"] else None
+        item["fixity"] = Fixity(**item["fixity"]) if item.get("fixity") else None
         return cls(**{**data, "item": SourceItem(**item)})
 
 
@@ -103,6 +110,8 @@ class ItemResult:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ItemResult:
+        """Raises VersionSkew for the outcome of a worker of another version of gcis-etl."""
+        _readable((cls, data, ""))
         return cls(**{**data, "outcome": Outcome(data["outcome"]), "warnings": tuple(data.get("warnings", ()))})
 
     @classmethod
@@ -110,6 +119,21 @@ class ItemResult:
         """What a task that failed for `reason` gives; Worker.process starts from it and fills in what happened."""
         return cls(task.pipeline, task.object_id, task.item.id, task.item.sequence, Outcome.FAILED,
                    task.fingerprint, task.recipe, task.recipe_digest, task.attempt, reason=reason)
+
+
+def _readable(*parts: tuple[type, dict[str, Any], str]) -> None:
+    """Raises VersionSkew naming the keys of each (dataclass, dict, where) no field of it takes and the fields it
+    needs no key gives: the dicts were written by another version of gcis-etl."""
+    unknown: list[str] = []
+    missing: list[str] = []
+    for cls, data, where in parts:
+        known = {f.name: f for f in fields(cls)}
+        unknown += [where + key for key in data if key not in known]
+        missing += [where + name for name, f in known.items()
+                    if name not in data and f.default is MISSING and f.default_factory is MISSING]
+    if unknown or missing:
+        raise VersionSkew("; ".join(f"{what} {', '.join(names)}" for what, names in
+                                    (("unknown fields", unknown), ("missing fields", missing)) if names))
 
 
 def fingerprint(item: SourceItem) -> str:

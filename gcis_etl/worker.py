@@ -25,6 +25,7 @@ import functools
 import hashlib
 import logging
 import os
+import re
 import shutil
 import signal
 import socket
@@ -36,15 +37,16 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator, TypeVar
 
+from connectors.base import Fixity, SourceItem
 from connectors.redaction import scrub
 from gcis_etl import logs
 from gcis_etl.commands import fail_config
 from gcis_etl.config import Config, load_config
 from gcis_etl.distributed import OUTAGE_RETRY_CEILING_SECONDS, TASK_NAME, CelerySettings, TaskRetry, redacted
-from gcis_etl.errors import ConfigError, GcisError
+from gcis_etl.errors import ConfigError, GcisError, VersionSkew
 from gcis_etl.pipelines import Pipeline
 from gcis_etl.reports import counted
-from gcis_etl.work import ItemResult, ItemTask, Outcome, RecipeCache, Worker
+from gcis_etl.work import ItemResult, ItemTask, Outcome, RecipeCache, Worker, _stops_run
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +54,8 @@ UNMARK_SECONDS = 5.0  # for taking a SENT marker back after a failed send (Celer
 SENT = "SENT"  # our own state: written before a task is published, so that its disappearance shows a loss
 WORKER_PING_SECONDS = 2.0  # for a worker to answer, before a run or when asked about a quiet task
 _CHECK_RETRIES = 2  # the broker's connection before a run: a restart of a few seconds is ridden out
+UPGRADE = ("upgrade the workers first, then the harvests; or stop the harvests, let the queues drain and upgrade all "
+           "(README: Worker pool, Upgrading); then run again")
 _T = TypeVar("_T")
 
 
@@ -73,7 +77,11 @@ def celery_app(settings: CelerySettings, worker: bool = False):
     # _PoolProcess.process).
     @app.task(name=TASK_NAME, max_retries=settings.retry.max_retries, default_retry_delay=0)
     def process_item(payload: dict[str, Any]) -> dict[str, Any]:
-        return _pool_process().process(ItemTask.from_dict(payload), settings.retry).to_dict()
+        try:
+            task = ItemTask.from_dict(payload)
+        except VersionSkew as exc:
+            return _unreadable(payload, exc).to_dict()
+        return _pool_process().process(task, settings.retry).to_dict()
 
     return app
 
@@ -172,6 +180,24 @@ def _pool_process() -> _PoolProcess:
     return _PoolProcess(_config(), _pipelines())
 
 
+def _unreadable(payload: dict[str, Any], skew: VersionSkew) -> ItemResult:
+    """The stop for a task of another version of gcis-etl: an outcome, which orchestrators of any version read as
+    one (a failure would be the item's to those older than VersionSkew). Its item is named as far as the task
+    names it: the orchestrator knows the task it sent."""
+    from celery import current_task
+    item = payload.get("item") if isinstance(payload.get("item"), dict) else {}
+    named = ItemResult(str(payload.get("pipeline")), str(payload.get("object_id")), str(item.get("id")),
+                       item.get("sequence") or 0, Outcome.FAILED, "", str(payload.get("recipe")),
+                       str(payload.get("recipe_digest")), payload.get("attempt") or 1)
+    return _skewed(named, f"the worker {current_task.request.hostname} cannot read the task ({skew})")
+
+
+def _skewed(base: ItemResult, unread: str) -> ItemResult:
+    """Not the item's failure: every task would meet the same versions."""
+    return _stops_run(base, f"{unread}: the harvest and the worker run different versions of gcis-etl", UPGRADE,
+                      transient=False)
+
+
 def _refuse_libvips(where: str) -> None:
     """Exits (70) rather than raises: Celery logs what a signal's receiver raises, and goes on to fork or run
     tasks in a process that would deadlock."""
@@ -260,6 +286,7 @@ class _InFlight:
     sends: int = 0
     asked: float = 0.0         # when its worker was last asked whether it runs the task (monotonic)
     unheld: int = 0            # answers in a row that it does not (no answer counts as one)
+    host: str | None = None    # the worker that started it, once seen
 
 
 class CeleryExecutor:
@@ -462,6 +489,7 @@ class CeleryExecutor:
                 if _progress(meta) != flight.progress:
                     flight.progress, flight.since, flight.unheld = _progress(meta), now, 0
                 holder = status == "STARTED" and isinstance(meta["result"], dict) and meta["result"].get("hostname")
+                flight.host = holder or flight.host
                 if holder and now - flight.asked >= self.settings.worker_check_seconds:
                     quiet.setdefault(holder, []).append(task_id)
                 if now - flight.since < patience:
@@ -526,7 +554,7 @@ class CeleryExecutor:
         unrecorded = _unrecorded(meta)
         if unrecorded:
             return self._resend(task_id, flight, unrecorded, item_failed=False)
-        return self._outcome(flight.task, meta)
+        return self._outcome(task_id, flight, meta)
 
     def _resend(self, task_id: str, flight: _InFlight, why: str, item_failed: bool = True) -> ItemResult | None:
         """The task sent again under its id (a deposit it made is found in the store, not made again), or, after
@@ -542,10 +570,19 @@ class CeleryExecutor:
         self._send(task_id, flight)
         return None
 
-    def _outcome(self, task: ItemTask, meta: dict[str, Any]) -> ItemResult:
+    def _outcome(self, task_id: str, flight: _InFlight, meta: dict[str, Any]) -> ItemResult:
+        """A task or an outcome one side cannot read stops the run (VersionSkew): the pool runs two versions."""
+        task = flight.task
+        worker = f"the worker {flight.host}" if flight.host else f"the worker that logged task {task_id}"
         if meta["status"] == "SUCCESS":
-            return ItemResult.from_dict(meta["result"])
+            try:
+                return ItemResult.from_dict(meta["result"])
+            except VersionSkew as exc:
+                return _skewed(ItemResult.failed(task), f"the harvest cannot read the outcome of {worker} ({exc})")
         error = meta["result"]
+        unread = _undecoded(error)
+        if unread:
+            return _skewed(ItemResult.failed(task), f"{worker} cannot read the task ({unread})")
         name = type(error).__name__
         if name == "TimeLimitExceeded":
             limit = self.settings.limits_for(self._recipes.of(task)).hard_seconds
@@ -602,6 +639,22 @@ def _unrecorded(meta: dict[str, Any]) -> str | None:
     if meta["status"] != "FAILURE" or not isinstance(error, (BackendError, RedisError)):
         return None
     return f"whose outcome the result backend failed to record ({type(error).__name__}: {scrub(str(error))})"
+
+
+_DECODED = {ItemTask.__name__: "", SourceItem.__name__: "item.", Fixity.__name__: "item.fixity."}
+_UNDECODED = re.compile(rf"({'|'.join(_DECODED)})\.__init__\(\) (?:got an (unexpected) keyword argument '\w+'|"
+                        r"missing \d+ required (?:positional|keyword-only) arguments?: .+)")
+
+
+def _undecoded(error: Any) -> str | None:
+    """The fields of a task that a worker older than VersionSkew could not read, as VersionSkew names them, from
+    the TypeError its ItemTask.from_dict raised building the task's dataclasses from its keys; None for any other
+    failure."""
+    match = _UNDECODED.fullmatch(str(error)) if type(error) is TypeError else None
+    if match is None:
+        return None
+    names = ", ".join(_DECODED[match[1]] + name for name in re.findall(r"'(\w+)'", str(error)))
+    return f"{'unknown' if match[2] else 'missing'} fields {names}"
 
 
 def _progress(meta: dict[str, Any]) -> tuple[str, str]:
