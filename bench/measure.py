@@ -3,7 +3,6 @@ process, and the table both are reported in."""
 from __future__ import annotations
 
 import importlib.util
-import resource
 import shutil
 import subprocess
 import sys
@@ -68,8 +67,8 @@ def conversion_process(recipe: str, out: Path, memory_limit_mb: int | None = Non
     """A fresh conversion process, warmed up first on a small master with the same recipe (imports,
     exiftool), that converts masters to `out` one call at a time: wall time of the call; CPU of the process
     and everything it ran (encoders, exiftool) during the call; peak RSS of the largest of them over the
-    process's life. `memory_limit_mb` replaces the conversion process's address-space limit (which the
-    encoders it runs inherit); `vips_concurrency` is the threads it may use (isolation.vips_concurrency)."""
+    process's life (the conversion process's or an encoder's: ru_maxrss would carry the parent's across the
+    exec). `memory_limit_mb` replaces the conversion process's address-space limit; `vips_concurrency` is the threads it may use (isolation.vips_concurrency)."""
     import psutil
 
     from gcis_etl.conversion import convert
@@ -90,8 +89,7 @@ def conversion_process(recipe: str, out: Path, memory_limit_mb: int | None = Non
             cpu = _cpu(child) - before
             if not result.ok:
                 raise RuntimeError(f"{label} failed: {result.reason}")
-            encoders_kb = worker.call("resource.getrusage", resource.RUSAGE_CHILDREN).ru_maxrss
-            return Run(name, label, seconds, cpu, max(result.peak_rss_mb, encoders_kb / 1024), result.bytes, mp)
+            return Run(name, label, seconds, cpu, result.peak_rss_mb, result.bytes, mp)  # encoders' included
 
         yield convert_one
 

@@ -54,7 +54,7 @@ class EncodeOutcome:
     bytes: int
     sha256: str
     notes: tuple[str, ...]
-    peak_rss_mb: float  # of the conversion process over its life so far (it is reused across masters)
+    peak_rss_mb: float  # of the conversion process or an encoder it ran, over its life so far (it is reused)
 
 
 def convert(src: str | Path, dst: str | Path, recipe: Recipe | str | None = None,
@@ -274,6 +274,12 @@ def encode_in_child(job: EncodeJob) -> EncodeOutcome:
 
 
 def _peak_rss_mb() -> float:
+    """The high-water RSS of this process or of the largest encoder it ran: an external JPEG 2000 encoder holds
+    many times what the conversion process does."""
+    return max(_own_peak_rss_mb(), isolation.encoders_peak_mb())
+
+
+def _own_peak_rss_mb() -> float:
     """This process's high-water RSS. Not ru_maxrss: Linux carries that across exec, so a child started from
     a large parent would report the parent's size; VmHWM belongs to the address space exec created."""
     for line in Path("/proc/self/status").read_text().splitlines():

@@ -29,7 +29,8 @@ import tempfile
 import threading
 import time
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -41,6 +42,7 @@ from gcis_etl.policy import IsolationSettings
 _log = logging.getLogger(__name__)
 _conn: Connection | None = None  # set in the child: where stage() reports to
 _memory_limit_mb: int | None = None  # set in the child: its isolation.memory_limit_mb
+_encoder_limit_mb: int | None = None  # set in the child: its isolation.encoder_memory_limit_mb
 SCRATCH_PREFIX = "gcis-scratch-"
 _CHILD_ENTRY = ("import sys, json; from multiprocessing.connection import Connection; "
                 "from gcis_etl.isolation import _child_main; "
@@ -124,8 +126,11 @@ _OUT_OF_MEMORY = re.compile(r"out of memory|insufficient memory|not enough memor
 
 
 def refused_allocation(exc: BaseException) -> bool:
-    """Whether `exc` is an allocation refused (under the child's limit) rather than the job's own failure."""
-    return isinstance(exc, MemoryError) or bool(_OUT_OF_MEMORY.search(str(exc)))
+    """Whether `exc` is an allocation refused (under the child's limit) rather than the job's own failure: also
+    an OSError ENOMEM (mmap refused: verification maps the reference TIFF), which a caller would otherwise take
+    for its files' ("cannot write <output>: Cannot allocate memory")."""
+    return isinstance(exc, MemoryError) or (isinstance(exc, OSError) and exc.errno == errno.ENOMEM) or \
+        bool(_OUT_OF_MEMORY.search(str(exc)))
 
 
 def out_of_memory() -> ConversionFailed:
@@ -248,8 +253,9 @@ def _process_exists(pid: int) -> bool:
 
 
 def _child_main(conn: Connection, settings: dict) -> None:
-    global _conn, _threads, _memory_limit_mb
+    global _conn, _threads, _memory_limit_mb, _encoder_limit_mb
     _conn, _threads, _memory_limit_mb = conn, settings["vips_concurrency"], settings["memory_limit_mb"]
+    _encoder_limit_mb = settings["encoder_memory_limit_mb"]
     limit = settings["memory_limit_mb"] * 1024 * 1024
     resource.setrlimit(resource.RLIMIT_AS, (limit, resource.getrlimit(resource.RLIMIT_AS)[1]))  # soft only
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when the child stops
@@ -305,6 +311,89 @@ def encoder_address_space() -> Iterator[None]:
             _lifted -= 1
             if not _lifted:
                 resource.setrlimit(resource.RLIMIT_AS, (_kept_soft, hard))
+
+
+WATCH_SECONDS = 0.1  # how often an encoder's resident memory is read
+ENCODER_OOM_SCORE_ADJ = 1000  # the most: of all processes, the kernel's OOM killer takes an encoder first
+_encoders_peak = 0  # the high-water resident bytes of the largest encoder this process ran
+_peak_lock = threading.Lock()
+
+
+@dataclass(frozen=True)
+class Finished:
+    returncode: int  # negative: the signal that ended it
+    stdout: str
+    stderr: str
+
+
+def run_encoder_process(argv, timeout: float, pixels: int | None = None) -> Finished:
+    """Run an external encoder and wait for it, dying with this thread (dying_with_thread), the address-space
+    limit lifted (encoder_address_space): its resident memory is what is held under a limit instead,
+    isolation.encoder_memory_limit_mb (in a conversion child), read every WATCH_SECONDS from its VmHWM and
+    killed above it. That is the limit's failure, not the master's (ConversionFailed: a harvest retries it),
+    naming the size reached and the master's `pixels`: left unchecked, an encoder's blow-up (grk_compress holds
+    ~35 bytes a pixel) meets the kernel's OOM killer, which may take the harvest or a neighbour instead. Its
+    high-water is kept for peak_rss_mb (encoders_peak_mb): the kernel's ru_maxrss of a child is no measure, as
+    Linux carries the parent's across the exec. Should the host still run out of memory (concurrency x the limit
+    is more than it has), the OOM killer takes an encoder first (ENCODER_OOM_SCORE_ADJ). Raises ConversionFailed
+    also on time-out or when it cannot start."""
+    global _encoders_peak
+    tool, peak = Path(argv[0]).name, 0
+    deadline = time.monotonic() + timeout
+    with encoder_address_space():
+        try:
+            proc = subprocess.Popen(dying_with_thread(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True, errors="replace")
+        except OSError as exc:
+            raise ConversionFailed(f"{tool} could not be started: {exc.strerror}") from None
+        with suppress(OSError):  # raising it needs no privilege; the exec keeps it
+            Path(f"/proc/{proc.pid}/oom_score_adj").write_text(str(ENCODER_OOM_SCORE_ADJ))
+        try:
+            while True:
+                try:
+                    stdout, stderr = proc.communicate(timeout=WATCH_SECONDS)  # output kept across time-outs
+                    return Finished(proc.returncode, stdout, stderr)
+                except subprocess.TimeoutExpired:
+                    pass
+                peak = max(peak, _high_water(proc.pid))
+                if _encoder_limit_mb is not None and peak > _encoder_limit_mb << 20:
+                    size = f" on a {pixels / 1e6:.0f} Mpx image" if pixels else ""
+                    raise ConversionFailed(f"out of memory under isolation.encoder_memory_limit_mb "
+                                           f"({_encoder_limit_mb} MB): {tool} reached {peak / 2 ** 20:.0f} MB"
+                                           f"{size}; raise it for masters this size")
+                if time.monotonic() > deadline:
+                    raise ConversionFailed(f"{tool} timed out after {timeout:.0f} s")
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                proc.communicate()
+            with _peak_lock:
+                _encoders_peak = max(_encoders_peak, peak)
+
+
+def encoder_fits(tool: str, pixels: int, bytes_per_pixel: float) -> None:
+    """Fail at once, not after minutes of encoding, when an encoder needing `bytes_per_pixel` (measured: a
+    floor) cannot encode `pixels` under isolation.encoder_memory_limit_mb (in a conversion child)."""
+    needs = pixels * bytes_per_pixel
+    if _encoder_limit_mb is not None and needs > _encoder_limit_mb << 20:
+        raise ConversionFailed(f"out of memory under isolation.encoder_memory_limit_mb ({_encoder_limit_mb} MB): "
+                               f"{tool} needs about {needs / 2 ** 20:.0f} MB ({bytes_per_pixel:g} bytes a pixel) "
+                               f"on a {pixels / 1e6:.0f} Mpx image; raise it for masters this size")
+
+
+def encoders_peak_mb() -> float:
+    """The high-water resident memory of the largest encoder this process ran (run_encoder_process), in MB."""
+    return _encoders_peak / 2 ** 20
+
+
+def _high_water(pid: int) -> int:
+    """The high-water resident bytes of a running process (of its threads together), 0 once it has ended."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return 0
+    found = re.search(r"^VmHWM:\s+(\d+) kB", status, re.MULTILINE)
+    return int(found.group(1)) << 10 if found else 0
 
 
 def _die_with_parent() -> None:

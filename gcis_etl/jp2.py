@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -39,6 +38,11 @@ _MAIN_HEADER_BYTES, _TILE_PART_BYTES, _PACKET_BYTES = 300, 14, 9
 # least 4x their markers' bytes stay within 1-4 dB of the interior (37.9-39.6 dB against 40.7-42.1); at 2-3x they
 # fall to 34-36 dB, at 1.2x to 29-34.
 EDGE_TILE_MARGIN = 4
+# The encoders' high-water resident memory per pixel of their input, a floor of what was measured (VmHWM; OpenJPEG
+# 2.5.0 and Grok 10.0.5 on 2 cores, the shipped recipes): opj_compress 15.3 and 15.2 bytes a pixel on 20 and 40 Mpx
+# (lossy and lossless alike), 14.6-15.7 on 300 and 800 Mpx; grk_compress 36.9-39.6 on 20-40 Mpx, 34-36 on 200-300 Mpx.
+# kdu_compress is not measured (not installed here): only its watcher holds it to the limit.
+RESIDENT_BYTES_PER_PIXEL = {"openjpeg": 14, "grok": 33}
 # iipsrv 1.1 (OpenJPEG) makes up levels below a JP2's smallest one until it fits in 256x256, and fails on them
 IIPSRV_TILE = 256
 
@@ -70,6 +74,7 @@ class Jp2Plan:
     reference: Path  # the uncompressed sRGB TIFF the encoder reads, kept in scratch for verification
     encoded: Path
     timeout: float
+    pixels: int
 
 
 def kdu_compress_path() -> str | None:
@@ -211,14 +216,17 @@ def plan_jp2(image, recipe: Recipe, scratch: Path) -> Jp2Plan:
             raise ConversionFailed(f"{KDU_ENV} is {configured}, which is not an executable file")
         where = f" (set {KDU_ENV} to its path)" if recipe.encoder == "kakadu" else ""
         raise ConversionFailed(f"{TOOLS[recipe.encoder]} not installed{where}")
+    pixels = image.width * image.height
+    if recipe.encoder in RESIDENT_BYTES_PER_PIXEL:  # before seconds of writing its input and minutes of encoding
+        isolation.encoder_fits(TOOLS[recipe.encoder], pixels, RESIDENT_BYTES_PER_PIXEL[recipe.encoder])
     reference, encoded = scratch / "normalised-srgb.tif", scratch / "encoded.jp2"
     try:
         image.tiffsave(str(reference), compression="none", strip=True,
-                       bigtiff=image.width * image.height * 3 > 2 ** 32 - 2 ** 26)
+                       bigtiff=pixels * 3 > 2 ** 32 - 2 ** 26)
     except pyvips.Error as exc:  # corrupt data, or an allocation refused under the memory limit
         raise isolation.pixel_error(exc) from None
     return Jp2Plan(build_command(recipe, reference, encoded, binary, size=(image.width, image.height)),
-                   reference, encoded, _SECONDS_BASE + _SECONDS_PER_MEGAPIXEL * image.width * image.height / 1e6)
+                   reference, encoded, _SECONDS_BASE + _SECONDS_PER_MEGAPIXEL * pixels / 1e6, pixels)
 
 
 def encode_jp2(plan: Jp2Plan, out_path: Path, metadata: Callable[[], Jp2Metadata]) -> int:
@@ -226,28 +234,23 @@ def encode_jp2(plan: Jp2Plan, out_path: Path, metadata: Callable[[], Jp2Metadata
     `out_path` (not fsync'ed: the caller does that beside verification). `metadata` is asked for only then,
     so it can be made meanwhile. Returns its size."""
     isolation.stage(f"encoding with {Path(plan.command.argv[0]).name}")
-    run_encoder(plan.command.argv, timeout=plan.timeout)
+    run_encoder(plan.command.argv, timeout=plan.timeout, pixels=plan.pixels)
     with open(plan.encoded, "ab") as f:
         f.write(metadata().boxes)
     shutil.move(plan.encoded, out_path)
     return out_path.stat().st_size
 
 
-def run_encoder(argv: tuple[str, ...], timeout: float) -> None:
-    """Run the encoder; its crash, time-out or error is this master's ConversionFailed with the reason.
-    It dies with the thread that waits for it (isolation.dying_with_thread): the conversion child dies with its
-    parent, and a Celery pool process hard-killed at its time limit would otherwise leave the encoder burning
-    the cores for minutes."""
+def run_encoder(argv: tuple[str, ...], timeout: float, pixels: int | None = None) -> None:
+    """Run the encoder on an image of `pixels`; its crash, time-out, memory over isolation.encoder_memory_limit_mb
+    or error is this master's ConversionFailed with the reason. It dies with the thread that waits for it
+    (isolation.dying_with_thread): the conversion child dies with its parent, and a Celery pool process
+    hard-killed at its time limit would otherwise leave the encoder burning the cores for minutes."""
     tool = Path(argv[0]).name
-    try:
-        with isolation.encoder_address_space():
-            proc = subprocess.run(isolation.dying_with_thread(argv),
-                                  stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                                  errors="replace", timeout=timeout)
-    except subprocess.TimeoutExpired:
-        raise ConversionFailed(f"{tool} timed out after {timeout:.0f} s") from None
-    except OSError as exc:
-        raise ConversionFailed(f"{tool} could not be started: {exc.strerror}") from None
+    proc = isolation.run_encoder_process(argv, timeout, pixels)
+    if proc.returncode == -signal.SIGKILL:  # not by its watcher, which raises
+        raise ConversionFailed(f"{tool} was killed (SIGKILL): when the host runs out of memory, the kernel's OOM "
+                               f"killer takes an encoder first; lower concurrency or isolation.encoder_memory_limit_mb")
     if proc.returncode < 0:
         raise ConversionFailed(f"{tool} crashed: {signal.Signals(-proc.returncode).name}")
     # opj_compress reports some argument errors on stdout with exit status 0 and writes nothing

@@ -81,7 +81,7 @@ class ConversionResult:
     sha256: str | None = None
     seconds: float = 0.0
     decoder: str | None = None
-    peak_rss_mb: float | None = None  # of the (reused) conversion process so far
+    peak_rss_mb: float | None = None  # of the (reused) conversion process, or an encoder it ran, so far
     warnings: tuple[str, ...] = ()
     info: ImageInfo | None = None
     disk_full: bool = False

@@ -82,6 +82,8 @@ class IsolationSettings(Settings):
 
     timeout_seconds: float = Field(1800, gt=0)
     memory_limit_mb: int = Field(8192, gt=0, description="address-space limit of the conversion process")
+    encoder_memory_limit_mb: int = Field(16384, gt=0, description="resident memory an external JPEG 2000 encoder "
+                                                                  "may reach before it is killed")
     max_jobs_per_process: int = Field(200, gt=0, description="recycle the child after this many conversions")
     max_rss_mb: int = Field(2048, gt=0, description="recycle the child when its RSS grows past this")
     vips_concurrency: int = Field(1, ge=1, description="threads a conversion process uses: libvips', and above 1 "
