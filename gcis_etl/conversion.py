@@ -280,12 +280,8 @@ def _peak_rss_mb() -> float:
 
 
 def _own_peak_rss_mb() -> float:
-    """This process's high-water RSS. Not ru_maxrss: Linux carries that across exec, so a child started from
-    a large parent would report the parent's size; VmHWM belongs to the address space exec created."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    """This process's high-water RSS (isolation.high_water: not ru_maxrss, unless /proc has none)."""
+    return (isolation.high_water("self") or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss << 10) / 2 ** 20
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,6 @@ import threading
 import time
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -319,14 +318,7 @@ _encoders_peak = 0  # the high-water resident bytes of the largest encoder this 
 _peak_lock = threading.Lock()
 
 
-@dataclass(frozen=True)
-class Finished:
-    returncode: int  # negative: the signal that ended it
-    stdout: str
-    stderr: str
-
-
-def run_encoder_process(argv, timeout: float, pixels: int | None = None) -> Finished:
+def run_encoder_process(argv, timeout: float, pixels: int | None = None) -> subprocess.CompletedProcess:
     """Run an external encoder and wait for it, dying with this thread (dying_with_thread), the address-space
     limit lifted (encoder_address_space): its resident memory is what is held under a limit instead,
     isolation.encoder_memory_limit_mb (in a conversion child), read every WATCH_SECONDS from its VmHWM and
@@ -335,8 +327,8 @@ def run_encoder_process(argv, timeout: float, pixels: int | None = None) -> Fini
     ~35 bytes a pixel) meets the kernel's OOM killer, which may take the harvest or a neighbour instead. Its
     high-water is kept for peak_rss_mb (encoders_peak_mb): the kernel's ru_maxrss of a child is no measure, as
     Linux carries the parent's across the exec. Should the host still run out of memory (concurrency x the limit
-    is more than it has), the OOM killer takes an encoder first (ENCODER_OOM_SCORE_ADJ). Raises ConversionFailed
-    also on time-out or when it cannot start."""
+    is more than it has), the OOM killer takes an encoder first (ENCODER_OOM_SCORE_ADJ), and the SIGKILL that
+    ended it says so. Raises ConversionFailed also on time-out or when it cannot start."""
     global _encoders_peak
     tool, peak = Path(argv[0]).name, 0
     deadline = time.monotonic() + timeout
@@ -352,15 +344,11 @@ def run_encoder_process(argv, timeout: float, pixels: int | None = None) -> Fini
             while True:
                 try:
                     stdout, stderr = proc.communicate(timeout=WATCH_SECONDS)  # output kept across time-outs
-                    return Finished(proc.returncode, stdout, stderr)
+                    break
                 except subprocess.TimeoutExpired:
                     pass
-                peak = max(peak, _high_water(proc.pid))
-                if _encoder_limit_mb is not None and peak > _encoder_limit_mb << 20:
-                    size = f" on a {pixels / 1e6:.0f} Mpx image" if pixels else ""
-                    raise ConversionFailed(f"out of memory under isolation.encoder_memory_limit_mb "
-                                           f"({_encoder_limit_mb} MB): {tool} reached {peak / 2 ** 20:.0f} MB"
-                                           f"{size}; raise it for masters this size")
+                peak = max(peak, high_water(proc.pid))
+                _within_encoder_limit(peak, f"{tool} reached {peak / 2 ** 20:.0f} MB", pixels)
                 if time.monotonic() > deadline:
                     raise ConversionFailed(f"{tool} timed out after {timeout:.0f} s")
         finally:
@@ -369,16 +357,26 @@ def run_encoder_process(argv, timeout: float, pixels: int | None = None) -> Fini
                 proc.communicate()
             with _peak_lock:
                 _encoders_peak = max(_encoders_peak, peak)
+    if proc.returncode == -signal.SIGKILL:  # not by its watcher, which raises
+        raise ConversionFailed(f"{tool} was killed (SIGKILL): when the host runs out of memory, the kernel's OOM "
+                               f"killer takes an encoder first; lower concurrency or isolation.encoder_memory_limit_mb")
+    return subprocess.CompletedProcess(argv, proc.returncode, stdout, stderr)
 
 
 def encoder_fits(tool: str, pixels: int, bytes_per_pixel: float) -> None:
     """Fail at once, not after minutes of encoding, when an encoder needing `bytes_per_pixel` (measured: a
     floor) cannot encode `pixels` under isolation.encoder_memory_limit_mb (in a conversion child)."""
     needs = pixels * bytes_per_pixel
-    if _encoder_limit_mb is not None and needs > _encoder_limit_mb << 20:
+    _within_encoder_limit(needs, f"{tool} needs about {needs / 2 ** 20:.0f} MB ({bytes_per_pixel:g} bytes a pixel)",
+                          pixels)
+
+
+def _within_encoder_limit(nbytes: float, what: str, pixels: int | None) -> None:
+    """The watcher's and the estimate's one failure: `what` the encoder reached or needs, over the limit."""
+    if _encoder_limit_mb is not None and nbytes > _encoder_limit_mb << 20:
+        size = f" on a {pixels / 1e6:.0f} Mpx image" if pixels else ""
         raise ConversionFailed(f"out of memory under isolation.encoder_memory_limit_mb ({_encoder_limit_mb} MB): "
-                               f"{tool} needs about {needs / 2 ** 20:.0f} MB ({bytes_per_pixel:g} bytes a pixel) "
-                               f"on a {pixels / 1e6:.0f} Mpx image; raise it for masters this size")
+                               f"{what}{size}; raise it for masters this size")
 
 
 def encoders_peak_mb() -> float:
@@ -386,8 +384,10 @@ def encoders_peak_mb() -> float:
     return _encoders_peak / 2 ** 20
 
 
-def _high_water(pid: int) -> int:
-    """The high-water resident bytes of a running process (of its threads together), 0 once it has ended."""
+def high_water(pid: int | str) -> int:
+    """The high-water resident bytes of a running process (of its threads together; "self": this one), 0 once
+    it has ended. Not ru_maxrss: Linux carries that across exec, so a child started from a large parent would
+    report the parent's size; VmHWM belongs to the address space exec created."""
     try:
         status = Path(f"/proc/{pid}/status").read_text()
     except OSError:

@@ -248,9 +248,6 @@ def run_encoder(argv: tuple[str, ...], timeout: float, pixels: int | None = None
     hard-killed at its time limit would otherwise leave the encoder burning the cores for minutes."""
     tool = Path(argv[0]).name
     proc = isolation.run_encoder_process(argv, timeout, pixels)
-    if proc.returncode == -signal.SIGKILL:  # not by its watcher, which raises
-        raise ConversionFailed(f"{tool} was killed (SIGKILL): when the host runs out of memory, the kernel's OOM "
-                               f"killer takes an encoder first; lower concurrency or isolation.encoder_memory_limit_mb")
     if proc.returncode < 0:
         raise ConversionFailed(f"{tool} crashed: {signal.Signals(-proc.returncode).name}")
     # opj_compress reports some argument errors on stdout with exit status 0 and writes nothing
