@@ -69,8 +69,8 @@ class ItemTask:
         for the item's failure."""
         item = data.get("item")
         fixity = item.get("fixity") if isinstance(item, dict) else None
-        _readable((cls, data, ""), *([(SourceItem, item, "item.")] if isinstance(item, dict) else []),
-                  *([(Fixity, fixity, "item.fixity.")] if isinstance(fixity, dict) else []))
+        _readable(*((part, where, given) for (part, where), given in zip(TASK_PARTS, (data, item, fixity))
+                    if isinstance(given, dict)))
         item = dict(data["item"])
         item["modified"] = datetime.fromisoformat(item["modified"]) if item["modified"] else None
         item["fixity"] = Fixity(**item["fixity"]) if item.get("fixity") else None
@@ -111,7 +111,7 @@ class ItemResult:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ItemResult:
         """Raises VersionSkew for the outcome of a worker of another version of gcis-etl."""
-        _readable((cls, data, ""))
+        _readable((cls, "", data))
         return cls(**{**data, "outcome": Outcome(data["outcome"]), "warnings": tuple(data.get("warnings", ()))})
 
     @classmethod
@@ -121,19 +121,28 @@ class ItemResult:
                    task.fingerprint, task.recipe, task.recipe_digest, task.attempt, reason=reason)
 
 
-def _readable(*parts: tuple[type, dict[str, Any], str]) -> None:
-    """Raises VersionSkew naming the keys of each (dataclass, dict, where) no field of it takes and the fields it
+# the dataclasses a task's dict is read into, and where each one's fields sit in it
+TASK_PARTS: tuple[tuple[type, str], ...] = ((ItemTask, ""), (SourceItem, "item."), (Fixity, "item.fixity."))
+
+
+def _readable(*parts: tuple[type, str, dict[str, Any]]) -> None:
+    """Raises VersionSkew naming the keys of each (dataclass, where, dict) no field of it takes and the fields it
     needs no key gives: the dicts were written by another version of gcis-etl."""
     unknown: list[str] = []
     missing: list[str] = []
-    for cls, data, where in parts:
+    for cls, where, data in parts:
         known = {f.name: f for f in fields(cls)}
         unknown += [where + key for key in data if key not in known]
         missing += [where + name for name, f in known.items()
                     if name not in data and f.default is MISSING and f.default_factory is MISSING]
     if unknown or missing:
-        raise VersionSkew("; ".join(f"{what} {', '.join(names)}" for what, names in
-                                    (("unknown fields", unknown), ("missing fields", missing)) if names))
+        raise VersionSkew(skew_fields(unknown, missing))
+
+
+def skew_fields(unknown: list[str], missing: list[str]) -> str:
+    """How a VersionSkew names the fields that one version wrote and the other does not know, or needs."""
+    return "; ".join(f"{what} {', '.join(names)}" for what, names in
+                     (("unknown fields", unknown), ("missing fields", missing)) if names)
 
 
 def fingerprint(item: SourceItem) -> str:

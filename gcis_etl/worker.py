@@ -37,7 +37,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator, TypeVar
 
-from connectors.base import Fixity, SourceItem
 from connectors.redaction import scrub
 from gcis_etl import logs
 from gcis_etl.commands import fail_config
@@ -46,7 +45,7 @@ from gcis_etl.distributed import OUTAGE_RETRY_CEILING_SECONDS, TASK_NAME, Celery
 from gcis_etl.errors import ConfigError, GcisError, VersionSkew
 from gcis_etl.pipelines import Pipeline
 from gcis_etl.reports import counted
-from gcis_etl.work import ItemResult, ItemTask, Outcome, RecipeCache, Worker, _stops_run
+from gcis_etl.work import TASK_PARTS, ItemResult, ItemTask, Outcome, RecipeCache, Worker, _stops_run, skew_fields
 
 log = logging.getLogger(__name__)
 
@@ -446,7 +445,7 @@ class CeleryExecutor:
             self._unmark(task_id)
             raise
         flight.progress, flight.since, flight.sends = (SENT, "None"), time.monotonic(), flight.sends + 1
-        flight.asked, flight.unheld = flight.since, 0
+        flight.asked, flight.unheld, flight.host = flight.since, 0, None  # the worker of this send, once seen
         self._flights[task_id] = flight
 
     def _unmark(self, task_id: str) -> None:
@@ -641,7 +640,7 @@ def _unrecorded(meta: dict[str, Any]) -> str | None:
     return f"whose outcome the result backend failed to record ({type(error).__name__}: {scrub(str(error))})"
 
 
-_DECODED = {ItemTask.__name__: "", SourceItem.__name__: "item.", Fixity.__name__: "item.fixity."}
+_DECODED = {part.__name__: where for part, where in TASK_PARTS}
 _UNDECODED = re.compile(rf"({'|'.join(_DECODED)})\.__init__\(\) (?:got an (unexpected) keyword argument '\w+'|"
                         r"missing \d+ required (?:positional|keyword-only) arguments?: .+)")
 
@@ -653,8 +652,8 @@ def _undecoded(error: Any) -> str | None:
     match = _UNDECODED.fullmatch(str(error)) if type(error) is TypeError else None
     if match is None:
         return None
-    names = ", ".join(_DECODED[match[1]] + name for name in re.findall(r"'(\w+)'", str(error)))
-    return f"{'unknown' if match[2] else 'missing'} fields {names}"
+    names = [_DECODED[match[1]] + name for name in re.findall(r"'(\w+)'", str(error))]
+    return skew_fields(names, []) if match[2] else skew_fields([], names)
 
 
 def _progress(meta: dict[str, Any]) -> tuple[str, str]:
