@@ -20,7 +20,6 @@ import time
 from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
 from datetime import datetime, timedelta
 from functools import cached_property
-from pathlib import PurePosixPath
 from typing import Callable, Iterator, Sequence
 
 from connectors.base import (LangValue, ListingMoved, SourceItem, SourceObject, UnreadableObject, described,
@@ -147,7 +146,7 @@ def decide(record: ItemRecord | None, item_fingerprint: str, recipe_digest: str,
                                f"`gcis-etl retry` tries again", Outcome.FAILED)
     if record.status == "rejected":
         return Decision(False, f"rejected before ({record.reason}); waits for the source to change")
-    if placed is not None and record.output_key is not None and placed != record.output_key:
+    if placed is not None and placed != record.output_key:
         return Decision(True, f"moved within its object: its access master goes from {record.output_key} to {placed}")
     if record.recipe_digest != recipe_digest:
         if record.recipe == reencode:
@@ -163,6 +162,10 @@ class _PendingObject:
     records: dict[str, ItemRecord] | None  # its items in the ledger as planned; None once one was sent to be done
     waiting: set[str] = field(default_factory=set)
     complete: bool = False  # every item is planned (a stop or a limit can cut an object short)
+
+    @cached_property
+    def item_ids(self) -> frozenset[str]:
+        return frozenset(item.id for item in self.obj.items)
 
 
 class Progress:
@@ -354,15 +357,17 @@ class Harvest:
             yield item, decision, (task if decision.process else None)
 
     def _placed(self, object_id: str, item: SourceItem, record: ItemRecord | None) -> str | None:
-        """The key the item's deposited access master has now, for the extension it was deposited with (a recipe
-        switched is the reencode migration's to act on, not this); None when it has none or cannot be named."""
-        if record is None or record.output_key is None:
+        """The key the item's access master has now that its place in the object changed, where its key follows
+        its place (`{sequence}`); None when it did not move, its key does not say, or it cannot be named."""
+        if record is None or record.output_key is None or record.sequence == item.sequence:
             return None
+        keys, ext = self.pipeline.store.keys, self.recipe.extension.lstrip(".")
         try:
-            return self.pipeline.store.keys.image_key(self.pipeline.name, object_id, item.id, item.sequence,
-                                                      PurePosixPath(record.output_key).suffix.lstrip("."))
+            now, then = (keys.image_key(self.pipeline.name, object_id, item.id, sequence, ext)
+                         for sequence in (item.sequence, record.sequence))
         except UnsafeKey:  # the worker says so, with the item's failure
             return None
+        return now if now != then else None
 
     def should_stop(self, listed_all: bool = False) -> bool:
         """`listed_all`: asked once the listing is over (a break set cut_short already): the time limit, which
@@ -552,7 +557,7 @@ class Harvest:
             return
         pending = self.pending[result.object_id]
         item = next(i for i in pending.obj.items if i.id == result.item_id)
-        self.ledger.record(self.run_id, result, item.modified)
+        self.ledger.record(self.run_id, result, item.modified, pending.item_ids)
         self.superseding = self.superseding or result.outcome is Outcome.DEPOSITED  # under another key, maybe
         self._count(result.object_id, result.item_id, result.outcome.value, result.reason, result.warnings)
         pending.waiting.discard(result.item_id)

@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Collection, Iterator, Sequence
 
 from gcis_etl.errors import ConfigError
 from gcis_etl.work import ItemResult, Outcome
@@ -601,13 +601,15 @@ class Ledger:
                 return
             after = tuple(getattr(rows[-1], column) for column in order)
 
-    def record(self, run_id: int, result: ItemResult, source_modified: datetime | None) -> None:
+    def record(self, run_id: int, result: ItemResult, source_modified: datetime | None,
+               listed: Collection[str] = ()) -> None:
         """Store one result and what the run did; a failure counts an attempt of the current source version.
         Its warnings go with what the run did and, for a deposit, with the item (a deposit without any clears
         those of the one before; an item that fails or is rejected keeps those of the deposit it still has).
         A deposit under another key than the item's last one (a recipe with another extension) supersedes that
         key: it stays in the store, where manifests may still show it, until it is retired; a key deposited
-        again (a reencode reversed) is no longer superseded, nor is one another item of the object has."""
+        again (a reencode reversed) is no longer superseded, nor is one another item of the object `listed` now
+        has."""
         previous = self.item(result.pipeline, result.object_id, result.item_id)
         same_version = previous is not None and previous.fingerprint == result.fingerprint \
             and previous.recipe_digest == result.recipe_digest
@@ -639,17 +641,19 @@ class Ledger:
             if result.outcome is Outcome.DEPOSITED and result.key:
                 self._execute("DELETE FROM superseded WHERE pipeline=? AND key=?", (result.pipeline, result.key))
                 if previous is not None and previous.output_key and previous.output_key != result.key \
-                        and not self._holds(result, previous.output_key):
+                        and not self._holds(result, previous.output_key, listed):
                     self._supersede(result.pipeline, result.object_id, result.item_id, previous.output_key, run_id,
                                     stamp)
             self._run_item(run_id, result.object_id, result.item_id, result.outcome.value, result.reason,
                            result.seconds, stamp, warnings)
 
-    def _holds(self, result: ItemResult, key: str) -> bool:
-        """Whether another item of the object has `key` as its access master: with `{sequence}` keys, pages that
-        moved take each other's keys (the one whose key another took is redone: harvesting.decide)."""
-        return self._row("SELECT 1 FROM items WHERE pipeline=? AND object_id=? AND output_key=? AND item_id<>? "
-                         "LIMIT 1", (result.pipeline, result.object_id, key, result.item_id)) is not None
+    def _holds(self, result: ItemResult, key: str, listed: Collection[str]) -> bool:
+        """Whether another item of the object, among those `listed` (one withdrawn keeps its record), has `key`
+        as its access master: with `{sequence}` keys, pages that moved take each other's keys (the one whose key
+        another took is redone: harvesting.decide)."""
+        return any(row[0] in listed for row in self._rows(
+            "SELECT item_id FROM items WHERE pipeline=? AND object_id=? AND output_key=? AND item_id<>?",
+            (result.pipeline, result.object_id, key, result.item_id)))
 
     def record_unprocessed(self, run_id: int, items: Sequence[Unprocessed]) -> None:
         """Items the run decided not to process (unchanged, rejected before, out of attempts), in one transaction:

@@ -25,14 +25,14 @@ PAGES = {"p1.png": "png/png-rgb-64x56x8.png", "p2.tif": "rgb8-tiff-uncompressed/
          "p3.tif": "gray8/gray.tif"}  # told apart by their sizes
 
 
-def site(tmp_path: Path, pages: list[str], manifests: bool = True):
+def site(tmp_path: Path, pages: list[str], manifests: bool = True, image: str = "{pipeline}/{object_id}/{sequence}.{ext}"):
     book = tmp_path / "masters" / "book"
     book.mkdir(parents=True, exist_ok=True)
     for page in pages:
         shutil.copyfile(CORPUS / PAGES[page], book / page)
     pipeline = {"source": {"kind": "filesystem", "root": str(tmp_path / "masters")},
                 "store": {"kind": "local", "root": str(tmp_path / "store"),
-                          "keys": {"image": "{pipeline}/{object_id}/{sequence}.{ext}"}},
+                          "keys": {"image": image}},
                 "overlap_seconds": 0}
     if manifests:
         pipeline["manifests"] = {"manifest_base_url": "https://iiif.example.org/store",
@@ -102,6 +102,26 @@ def test_a_page_removed_moves_the_pages_after_it_back_and_retires_the_last_key(t
     assert outcomes == {"p2.tif": "deposited: None", "p3.tif": "deposited: None"}
     assert keys(tmp_path) == ["fs/book/1.tif", "fs/book/2.tif"]  # 3.tif, p3's old key, shown by no canvas now
     assert shown(tmp_path) == [size("p2.tif"), size("p3.tif")]
+
+
+def test_a_key_another_page_had_before_it_was_withdrawn_is_retired_all_the_same(tmp_path):
+    """A page deleted from the folder keeps its record (withdrawals are not acted on): not a holder of its key."""
+    cfg = site(tmp_path, sorted(PAGES))
+    (tmp_path / "masters" / "book" / "p2.tif").unlink()
+    run(cfg)  # p3 moves to 2.tif, where p2 was
+    (tmp_path / "masters" / "book" / "p1.png").unlink()
+
+    assert run(cfg) == {"p3.tif": "deposited: None"}  # p3 moves to 1.tif
+
+    assert keys(tmp_path) == ["fs/book/1.tif"] and shown(tmp_path) == [size("p3.tif")]
+
+
+def test_pages_that_only_change_places_under_item_id_keys_are_not_converted_again(tmp_path):
+    """Keys that do not follow the place (here also with {ext} not a file suffix) are not moved."""
+    cfg = site(tmp_path, ["p2.tif", "p3.tif"], image="{pipeline}/{object_id}/{item_id}_{ext}")
+    shutil.copyfile(CORPUS / PAGES["p1.png"], tmp_path / "masters" / "book" / "p1.png")
+
+    assert run(cfg) == {"p1.png": "deposited: None", "p2.tif": "skipped: unchanged", "p3.tif": "skipped: unchanged"}
 
 
 @pytest.mark.parametrize("manifests", [True, False], ids=["with manifests", "without manifests"])
