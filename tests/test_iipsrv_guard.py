@@ -1,6 +1,7 @@
 """deploy/iipsrv/region-guard.lua in front of the real lighttpd + iipsrv 1.1: regions that extend beyond an image's
 right and bottom edges, which crash iipsrv on a TIFF and make it send an error text as a JPEG from a JP2, are cropped
-to the image first; valid requests are served as before."""
+to the image first; sizes that leave one side to the server (`w,`, `,h`, `pct:n`), which iipsrv renders a few pixels
+off, are given as the exact `w,h`; valid requests are served as before."""
 from __future__ import annotations
 
 import io
@@ -19,6 +20,9 @@ pytestmark = pytest.mark.slow
 W, H = 1000, 700  # a libvips pyramid (1000x700, 500x350, 250x175) with a white 8x8 block in its bottom-right corner
 JP2_W, JP2_H = 768, 512  # the same picture as JP2s made by our recipes
 JP2_RECIPES = ("jp2-openjpeg-lossy", "jp2-grok-lossy", "jp2-grok-htj2k")
+# A panorama on which iipsrv 1.1 gets all three one-sided sizes wrong (600x100 only `w,`), as a PTIFF and a JP2
+PANO_W, PANO_H = 1000, 167
+PANORAMAS = ("panorama.tif", "panorama.jp2")
 
 
 def white_corner(width: int, height: int) -> pyvips.Image:
@@ -38,6 +42,13 @@ def consumer(tmp_path_factory):
     for name in JP2_RECIPES:
         command = build_command(load_recipe(name), reference, images / f"{name}.jp2", size=(JP2_W, JP2_H))
         run_encoder(command.argv, timeout=60)
+    panorama = white_corner(PANO_W, PANO_H)
+    panorama.tiffsave(str(images / "panorama.tif"), tile=True, pyramid=True, compression="jpeg", tile_width=256,
+                      tile_height=256)
+    panorama.tiffsave(str(reference), compression="none", strip=True)
+    command = build_command(load_recipe("jp2-openjpeg-lossy"), reference, images / "panorama.jp2",
+                            size=(PANO_W, PANO_H))
+    run_encoder(command.argv, timeout=60)
     server = ServerSettings(port=0, run_dir=root / "run", access_log=root / "run" / "access.log")
     with Consumer(server, images) as running:
         yield running
@@ -123,3 +134,46 @@ def test_a_pct_region_starting_in_the_last_pixel_is_that_pixel(consumer, identif
     assert served.size == (1, 1) and served.getpixel((0, 0)) > 128
     assert get(f"{consumer.iiif_url}/{identifier}/pct:100,0,1,1/full/0/default.jpg").status == 400
     assert get(f"{consumer.iiif_url}/{identifier}/0,{height},1,1/full/0/default.jpg").status == 400
+
+
+@pytest.mark.parametrize("identifier", PANORAMAS)
+@pytest.mark.parametrize("region, size, expected", [
+    ("full", "8,", (8, 1)),               # iipsrv 1.1 alone: 6x1 (the width from its rounded height)
+    ("full", "469,", (469, 78)),          # 469 * 167 / 1000 = 78.3
+    ("full", ",32", (192, 32)),           # 191.6 wide; alone: 192x31
+    ("full", ",100", (599, 100)),
+    ("full", "pct:2", (20, 3)),           # 3.34 high; alone: 18x3
+    ("full", "pct:10", (100, 17)),        # alone: 100x16
+    ("full", "PCT:10", (100, 17)),        # iipsrv reads sizes in any case
+    ("square", "8,", (8, 8)),
+    ("square", "pct:9", (15, 15)),
+    ("pct:0,0,50,50", "13,", (13, 2)),    # a 500x83.5 region; alone: 12x2
+    ("100,20,700,120", ",13", (76, 13)),
+    ("995,150,20,20", "pct:60", (3, 10)),  # of the region as cropped (5x17)
+    (f"{PANO_W - 1}%2C0%2C1%2C{PANO_H}", "1%2C", (1, PANO_H)),  # iipsrv decodes the commas itself
+])
+def test_a_one_sided_size_is_served_exactly(consumer, identifier, region, size, expected):
+    assert image(consumer, f"{region}/{size}/0/default.jpg", identifier).size == expected
+
+
+@pytest.mark.parametrize("identifier", PANORAMAS)
+def test_every_width_keeps_the_panoramas_aspect_ratio(consumer, identifier):
+    # whole-image sizes as a viewer asks for them: the height rounded to the nearest pixel (none of these is a half)
+    for width in range(7, 1200, 23):  # from the first with a height of 1
+        served = image(consumer, f"full/{width},/0/default.jpg", identifier)
+        assert served.size == (width, int(width * PANO_H / PANO_W + 0.5)), width
+
+
+@pytest.mark.parametrize("region, size", [("full", size) for size in (
+    "+235,", "235.5,", "^235,", ",1x", "pct:1e1", "pct:", ",", "0,", ",0", "pct:0")] + [
+    ("0,0,1,100", ",2")])  # 0.02 pixels wide
+def test_a_malformed_or_empty_one_sided_size_is_a_400(consumer, region, size):
+    assert get(f"{consumer.iiif_url}/panorama.tif/{region}/{size}/0/default.jpg").status == 400
+
+
+def test_sizes_the_guard_leaves_alone_are_served_as_iipsrv_serves_them(consumer):
+    assert image(consumer, "full/full/0/default.jpg", "panorama.tif").size == (PANO_W, PANO_H)
+    assert image(consumer, "full/300,40/0/default.jpg", "panorama.tif").size == (300, 40)
+    assert image(consumer, "full/!300,300/0/default.jpg", "panorama.tif").size == (300, 50)
+    assert image(consumer, "0,0,256,167/256,/0/default.jpg", "panorama.tif").size == (256, 167)
+    assert image(consumer, "full/pct:600/0/default.jpg", "panorama.tif").size == (5000, 835)  # over MAX_CVT: capped

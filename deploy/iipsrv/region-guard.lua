@@ -10,11 +10,21 @@
 -- from the file (a TIFF's first directory, a JP2's ihdr box: a few hundred bytes, per request) and rewrites the
 -- region to the cropped one; a region wholly outside the image is a 400, as the Image API says.
 --
+-- It also gives iipsrv a size that leaves one side to it (`w,`, `,h`, `pct:n`) as the exact `w,h` the Image API
+-- defines: iipsrv 1.1 seems to derive both sides from the aspect ratio of a pyramid level's rounded size (`full/469,`
+-- on a 6000x1000 image is 468x78, `full/8,` is 6x1), while a `w,h` size it renders as asked.
+-- The side left to the server keeps the aspect ratio of the region as cropped, rounded to the nearest pixel (the
+-- Image API leaves the rounding open; a half rounds up); a size with a side of 0 is a 400, and one over MAX_CVT is
+-- left to iipsrv, which caps it. Only requests with such a size or a region other than `full` and `square` read
+-- the file.
+--
 -- The request is read as iipsrv reads it (percent-decoded, split from its end), so an encoded `/` or `,` does not
--- get past; a malformed region is a 400, and /iipsrv.fcgi is a 404 unless reached through the IIIF prefix.
+-- get past; a malformed region, or a `w,`, `,h` or `pct:n` size that is not plain decimals, is a 400, and
+-- /iipsrv.fcgi is a 404 unless reached through the IIIF prefix.
 
 local prefix = os.getenv("GCIS_IIIF_PREFIX")  -- read per request: mod_magnet runs the script afresh
 local images = os.getenv("FILESYSTEM_PREFIX")
+local max_cvt = tonumber(os.getenv("MAX_CVT") or "") or 5000  -- iipsrv's default
 
 local function decode(s)
   return (s:gsub("%%(%x%x)", function(h) return string.char(tonumber(h, 16)) end))
@@ -90,15 +100,17 @@ local function image_size(path)
   return width, height
 end
 
-local function number(s)  -- a plain decimal: what a region holds (iipsrv's atof would also take hex, inf, "10abc")
+local function number(s)  -- a plain decimal, in a region or `pct:n` (iipsrv's atof would also take hex, inf, "10abc")
   if s:match("^%d+$") or s:match("^%d*%.%d+$") or s:match("^%d+%.$") then return tonumber(s) end
   return nil
 end
 
 -- The region cropped to a width x height image, as pixels (from the pixel its start lies in to the one its end lies
--- in, so that it covers what was asked); `false` when it is wholly outside, nil when malformed. Unchanged (the same
--- string) when it lies within the image.
+-- in, so that it covers what was asked), and its width and height in pixels; `false` when it is wholly outside, nil
+-- when malformed. Unchanged (the same string) when it lies within the image.
 local function cropped(region, width, height)
+  if region == "full" then return region, width, height end
+  if region == "square" then return region, math.min(width, height), math.min(width, height) end
   local pct = region:sub(1, 4) == "pct:"
   local v, n = {}, 0
   for token in ((pct and region:sub(5) or region) .. ","):gmatch("([^,]*),") do
@@ -108,15 +120,42 @@ local function cropped(region, width, height)
   end
   if n ~= 4 or v[3] <= 0 or v[4] <= 0 then return nil end
   if pct then
-    if v[1] + v[3] <= 100 and v[2] + v[4] <= 100 then return region end
+    if v[1] + v[3] <= 100 and v[2] + v[4] <= 100 then return region, v[3] * width / 100, v[4] * height / 100 end
     v = {v[1] * width / 100, v[2] * height / 100, v[3] * width / 100, v[4] * height / 100}
   elseif v[1] + v[3] <= width and v[2] + v[4] <= height then
-    return region
+    return region, v[3], v[4]
   end
   if v[1] >= width or v[2] >= height then return false end
   local x, y = math.floor(v[1]), math.floor(v[2])
-  return string.format("%d,%d,%d,%d", x, y, math.min(math.ceil(v[1] + v[3]), width) - x,
-                       math.min(math.ceil(v[2] + v[4]), height) - y)
+  local w, h = math.min(math.ceil(v[1] + v[3]), width) - x, math.min(math.ceil(v[2] + v[4]), height) - y
+  return string.format("%d,%d,%d,%d", x, y, w, h), w, h
+end
+
+-- A size that leaves one side to the server: `w,`, `,h` or `pct:n` (what iipsrv would read as one, `^` and `!`
+-- prefixes and `,` alone included, though it refuses some of them).
+local function one_sided(size)
+  return size:sub(-1) == "," or size:sub(1, 1) == "," or size:sub(1, 4) == "pct:"
+end
+
+-- A one-sided size as the exact `w,h` for a region of width x height pixels; nil when malformed or a side is 0,
+-- unchanged when it is over MAX_CVT (iipsrv caps it).
+local function exact(size, width, height)
+  local function round(x) return math.floor(x + 0.5) end
+  local w, h
+  if size:match("^%d+,$") then
+    w = tonumber(size:sub(1, -2))
+    h = round(w * height / width)
+  elseif size:match("^,%d+$") then
+    h = tonumber(size:sub(2))
+    w = round(h * width / height)
+  else
+    local n = size:sub(1, 4) == "pct:" and number(size:sub(5))
+    if not n then return nil end
+    w, h = round(width * n / 100), round(height * n / 100)
+  end
+  if w < 1 or h < 1 then return nil end
+  if w > max_cvt or h > max_cvt then return size end
+  return string.format("%d,%d", w, h)
 end
 
 -- mod_rewrite has already run: the request is what iipsrv is given, /iipsrv.fcgi?IIIF=<as sent below the prefix>
@@ -129,16 +168,23 @@ if query:sub(1, 5) ~= "IIIF=" then return 400 end
 local argument = decode(query:sub(6))
 if argument:match("/info[^/]*$") then return 0 end  -- iipsrv: a last segment starting with "info" asks for info.json
 -- as iipsrv splits it: the last segment is the format, the three before it are region, size and rotation
-local identifier, region, rest = argument:match("^(.+)/([^/]*)(/[^/]*/[^/]*/[^/]*)$")
+local identifier, region, size, rest = argument:match("^(.+)/([^/]*)/([^/]*)(/[^/]*/[^/]*)$")
 local suffix = identifier and identifier:lower():match("%.(%w+)$")
 if suffix ~= "tif" and suffix ~= "tiff" and suffix ~= "jp2" then return 0 end
 if ("/" .. identifier .. "/"):find("/../", 1, true) then return 400 end
-if region:lower() == "full" or region:lower() == "square" then return 0 end  -- no size needed: no file read
+region, size = region:lower(), size:lower()  -- as iipsrv reads them
+if (region == "full" or region == "square") and not one_sided(size) then return 0 end  -- nothing to compute
 local width, height = image_size(images .. identifier)
 if not width then return 0 end
-local region_as_cropped = cropped(region:lower(), width, height)
+local region_as_cropped, region_width, region_height = cropped(region, width, height)
 if not region_as_cropped then return 400 end
-if region_as_cropped ~= region:lower() then
-  lighty.r.req_attr["uri.query"] = "IIIF=" .. encode(identifier .. "/" .. region_as_cropped .. rest)
+local size_as_sent = size
+if one_sided(size) then
+  size_as_sent = exact(size, region_width, region_height)
+  if not size_as_sent then return 400 end
+end
+if region_as_cropped ~= region or size_as_sent ~= size then
+  lighty.r.req_attr["uri.query"] = "IIIF=" .. encode(identifier .. "/" .. region_as_cropped .. "/" .. size_as_sent
+                                                      .. rest)
 end
 return 0
