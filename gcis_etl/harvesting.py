@@ -20,7 +20,7 @@ import time
 from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
 from datetime import datetime, timedelta
 from functools import cached_property
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Collection, Iterator, Sequence
 
 from connectors.base import (LangValue, ListingMoved, SourceItem, SourceObject, UnreadableObject, described,
                              items_unique, listed_at)
@@ -512,7 +512,7 @@ class Harvest:
             self.ledger.forget_item(self.pipeline.name, object_id, item_id)
             del records[item_id]
 
-    def _moved_away(self, object_id: str, records: dict[str, ItemRecord], listed: set[str]) -> None:
+    def _moved_away(self, object_id: str, records: dict[str, ItemRecord], listed: Collection[str]) -> None:
         """Items of the object in the ledger (`records`) that the source no longer lists in it (`listed`) but in
         another object (this run saw it, _note_moves, or the ledger records them there), once its manifests no
         longer show them (republished without them), or the object is gone (its manifests stay, as a withdrawal's
@@ -613,7 +613,7 @@ class Harvest:
                 self.ledger.record_manifest(self.run_id, self.pipeline.name, obj.id, obj.modified, label, digest,
                                             published.warnings)
                 self.manifests_published += 1
-        self._moved_away(obj.id, records, {item.id for item in obj.items})
+        self._moved_away(obj.id, records, pending.item_ids)
         if not self.superseding:  # nothing to retire: not a query an object
             return
         for retired in retire_superseded(self.ledger, self.pipeline, obj.id, self.options.keep_superseded):

@@ -209,7 +209,7 @@ class Worker:
             if refused or self._source_down(task, exc):
                 then = ("fix the source's credentials, then run again" if refused
                         else "the source is unavailable: run again once it is back")
-                return _stops_run(base, f"fetching: {exc}", then, transient=not refused)
+                return halting(base, f"fetching: {exc}", then, transient=not refused)
             answered = " (the source answers otherwise)" if isinstance(exc, SourceUnavailable) else ""
             result = replace(base, reason=f"fetching: {exc}{answered}",
                              transient=not isinstance(exc, _PERMANENT_SOURCE_ERRORS))
@@ -217,9 +217,9 @@ class Worker:
             full = isinstance(exc, StoreFull)
             then = ("the store takes no more data; make room there, then run again" if full
                     else "run again once it is back")
-            return _stops_run(base, f"depositing: {exc}", then, transient=not full)
+            return halting(base, f"depositing: {exc}", then, transient=not full)
         except StoreRefused as exc:  # its message says what to check: until then every item would fail alike
-            return _stops_run(base, f"depositing: {exc}", "then run again", transient=False)
+            return halting(base, f"depositing: {exc}", "then run again", transient=False)
         except StoreError as exc:
             result = replace(base, reason=f"depositing: {exc}", transient=True)
         except GcisError as exc:
@@ -243,7 +243,7 @@ class Worker:
     def _scratch_full(self, base: ItemResult, step: str, refusal: str, folder: Path) -> ItemResult:
         """A disk refused a write into the scratch space (isolation.disk_refusal's words): every item would fail
         alike, so the run stops. The item's own folder is named as the scratch space, which config sets."""
-        return _stops_run(base, f"{step}: {refusal.replace(str(folder), self._scratch_named)}", "then run again",
+        return halting(base, f"{step}: {refusal.replace(str(folder), self._scratch_named)}", "then run again",
                           transient=False)
 
     def _scratch_refused(self, base: ItemResult, exc: OSError) -> ItemResult | None:
@@ -264,7 +264,7 @@ class Worker:
         blocker = next(path for path in (self.scratch, *self.scratch.parents) if path.exists())
         remedy = (f"{blocker} is a file, where a folder should be: remove it" if not blocker.is_dir() else
                   f"check the permissions and attributes (lsattr) of {self.scratch} and its folders")
-        return _stops_run(base, f"fetching: cannot write {self._scratch_named}: {exc.strerror}: {remedy}",
+        return halting(base, f"fetching: cannot write {self._scratch_named}: {exc.strerror}: {remedy}",
                           "then run again", transient=False)
 
     def _process(self, task: ItemTask, base: ItemResult) -> ItemResult:
@@ -274,20 +274,20 @@ class Worker:
         redeploy = "restart the workers with the config.yaml and recipes the harvest uses (a worker reads them when " \
                    "it starts), then run again"
         if pipeline is None:
-            return _stops_run(base, f"pipeline {task.pipeline!r} is not in the configuration of the worker on "
+            return halting(base, f"pipeline {task.pipeline!r} is not in the configuration of the worker on "
                                     f"{socket.gethostname()}", redeploy, transient=False)
         try:
             recipe = self._recipes.of(task)
         except ConfigError as exc:  # not found, or unreadable, where this worker looks
-            return _stops_run(base, f"the worker on {socket.gethostname()}: {exc}", redeploy, transient=False)
+            return halting(base, f"the worker on {socket.gethostname()}: {exc}", redeploy, transient=False)
         if recipe.digest != task.recipe_digest:
-            return _stops_run(base, f"recipe {task.recipe!r} on the worker on {socket.gethostname()} has digest "
+            return halting(base, f"recipe {task.recipe!r} on the worker on {socket.gethostname()} has digest "
                                     f"{recipe.digest}, the task was planned with {task.recipe_digest}", redeploy,
                               transient=False)
         differ = [what for what, digest in (task.settings or {}).items()
                   if pipeline.worker_digests.get(what) != digest]
         if differ:
-            return _stops_run(base, f"the {' and '.join(differ)} settings of pipeline {task.pipeline!r} on the worker "
+            return halting(base, f"the {' and '.join(differ)} settings of pipeline {task.pipeline!r} on the worker "
                                     f"on {socket.gethostname()} are not those the task was planned with", redeploy,
                               transient=False)
         store = pipeline.store
@@ -335,7 +335,7 @@ class Worker:
             if converted.disk_full:  # its scratch or output folder's disk
                 return self._scratch_full(base, "converting", reason, scratch)
             if converted.cannot_start:  # the machine's, not the master's: every item would fail alike
-                return _stops_run(base, f"converting: {reason}", "then run again", transient=True)
+                return halting(base, f"converting: {reason}", "then run again", transient=True)
             if converted.status is Status.FAILED:
                 return replace(base, reason=reason, **common)
             # put HEADs the key to leave identical bytes alone: worth it only when `done` holds these bytes
@@ -364,7 +364,7 @@ def _damaged_transfer(source: Source, fetched: FetchedFile, scratch: Path) -> st
             f"and the source gives no checksum to tell the right one: a damaged transfer, not a rejected master")
 
 
-def _stops_run(base: ItemResult, failure: str, then: str, transient: bool) -> ItemResult:
+def halting(base: ItemResult, failure: str, then: str, transient: bool) -> ItemResult:
     """Not the item's failure: no item can be done now (harvesting stops the run, and counts no attempt).
     `transient`: a Celery worker retries it first."""
     return replace(base, reason=f"{failure}: {then} (no item's attempt was counted)", transient=transient,

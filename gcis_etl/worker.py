@@ -45,7 +45,7 @@ from gcis_etl.distributed import OUTAGE_RETRY_CEILING_SECONDS, TASK_NAME, Celery
 from gcis_etl.errors import ConfigError, GcisError, VersionSkew
 from gcis_etl.pipelines import Pipeline
 from gcis_etl.reports import counted
-from gcis_etl.work import TASK_PARTS, ItemResult, ItemTask, Outcome, RecipeCache, Worker, _stops_run, skew_fields
+from gcis_etl.work import TASK_PARTS, ItemResult, ItemTask, Outcome, RecipeCache, Worker, halting, skew_fields
 
 log = logging.getLogger(__name__)
 
@@ -193,7 +193,7 @@ def _unreadable(payload: dict[str, Any], skew: VersionSkew) -> ItemResult:
 
 def _skewed(base: ItemResult, unread: str) -> ItemResult:
     """Not the item's failure: every task would meet the same versions."""
-    return _stops_run(base, f"{unread}: the harvest and the worker run different versions of gcis-etl", UPGRADE,
+    return halting(base, f"{unread}: the harvest and the worker run different versions of gcis-etl", UPGRADE,
                       transient=False)
 
 
