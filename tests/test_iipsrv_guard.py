@@ -1,10 +1,14 @@
 """deploy/iipsrv/region-guard.lua in front of the real lighttpd + iipsrv 1.1: regions that extend beyond an image's
 right and bottom edges, which crash iipsrv on a TIFF and make it send an error text as a JPEG from a JP2, are cropped
 to the image first; sizes that leave one side to the server (`w,`, `,h`, `pct:n`), which iipsrv renders a few pixels
-off, are given as the exact `w,h`; valid requests are served as before."""
+off, are given as the exact `w,h`, and so is `!w,h`; a computed side under a pixel is a 400 (iipsrv fails on such
+rows at an image's edge), or 1 on a TIFF region spanning the image; every response carries one
+Access-Control-Allow-Origin; valid requests are served as before."""
 from __future__ import annotations
 
 import io
+import urllib.error
+import urllib.request
 
 import pytest
 import pyvips
@@ -23,6 +27,10 @@ JP2_RECIPES = ("jp2-openjpeg-lossy", "jp2-grok-lossy", "jp2-grok-htj2k")
 # A panorama on which iipsrv 1.1 gets all three one-sided sizes wrong (600x100 only `w,`), as a PTIFF and a JP2
 PANO_W, PANO_H = 1000, 167
 PANORAMAS = ("panorama.tif", "panorama.jp2")
+# One row below the 512 grid: the bottom tile row at scale factor 2 is a 512x1 region, half a pixel high at 256,
+EDGE_W, EDGE_H = 769, 513
+EDGES = ("edge.tif", "edge.jp2")
+STRIP_W = 5000  # a 5000x1 PTIFF
 
 
 def white_corner(width: int, height: int) -> pyvips.Image:
@@ -49,6 +57,14 @@ def consumer(tmp_path_factory):
     command = build_command(load_recipe("jp2-openjpeg-lossy"), reference, images / "panorama.jp2",
                             size=(PANO_W, PANO_H))
     run_encoder(command.argv, timeout=60)
+    edge = white_corner(EDGE_W, EDGE_H)
+    edge.tiffsave(str(images / "edge.tif"), tile=True, pyramid=True, compression="jpeg", tile_width=256,
+                  tile_height=256)
+    edge.tiffsave(str(reference), compression="none", strip=True)
+    command = build_command(load_recipe("jp2-openjpeg-lossy"), reference, images / "edge.jp2", size=(EDGE_W, EDGE_H))
+    run_encoder(command.argv, timeout=60)
+    pyvips.Image.black(STRIP_W, 1, bands=3).tiffsave(str(images / "strip.tif"), tile=True, pyramid=True,
+                                                     compression="jpeg", tile_width=256, tile_height=256)
     server = ServerSettings(port=0, run_dir=root / "run", access_log=root / "run" / "access.log")
     with Consumer(server, images) as running:
         yield running
@@ -150,6 +166,9 @@ def test_a_pct_region_starting_in_the_last_pixel_is_that_pixel(consumer, identif
     ("pct:0,0,50,50", "13,", (13, 2)),    # a 500x83.5 region; alone: 12x2
     ("100,20,700,120", ",13", (76, 13)),
     ("995,150,20,20", "pct:60", (3, 10)),  # of the region as cropped (5x17)
+    ("full", "!300,18", (108, 18)),       # best fit: 107.8 wide; alone: 110x18
+    ("full", "!300,300", (300, 50)),
+    ("0,0,500,100", "!7,300", (7, 1)),    # 1.4 high
     (f"{PANO_W - 1}%2C0%2C1%2C{PANO_H}", "1%2C", (1, PANO_H)),  # iipsrv decodes the commas itself
 ])
 def test_a_one_sided_size_is_served_exactly(consumer, identifier, region, size, expected):
@@ -177,3 +196,69 @@ def test_sizes_the_guard_leaves_alone_are_served_as_iipsrv_serves_them(consumer)
     assert image(consumer, "full/!300,300/0/default.jpg", "panorama.tif").size == (300, 50)
     assert image(consumer, "0,0,256,167/256,/0/default.jpg", "panorama.tif").size == (256, 167)
     assert image(consumer, "full/pct:600/0/default.jpg", "panorama.tif").size == (5000, 835)  # over MAX_CVT: capped
+
+
+@pytest.mark.parametrize("identifier, expected", [("panorama.tif", (1, 1)), ("panorama.jp2", None)])
+def test_a_best_fit_under_a_pixel_is_one_on_a_whole_tiff_and_a_400_on_a_jp2(consumer, identifier, expected):
+    # 1x0.167; iipsrv alone answers 200 image/jpeg with its HTML error text as the body
+    r = get(f"{consumer.iiif_url}/{identifier}/full/!1,1/0/default.jpg")
+    if expected:
+        assert r.status == 200 and Image.open(io.BytesIO(r.body)).size == expected
+    else:
+        assert r.status == 400 and r.headers["content-type"] == "text/plain"
+
+
+@pytest.mark.parametrize("identifier", EDGES)
+@pytest.mark.parametrize("path", [
+    f"0,{EDGE_H - 1},512,1/256,/0/default.jpg",       # Mirador's bottom-row tile at half resolution (0.5 high)
+    f"{EDGE_W - 1},0,1,512/,256/0/default.jpg",       # its right-column tile
+    f"512,{EDGE_H - 1},257,1/pct:50/0/default.jpg",
+])
+def test_a_side_under_a_pixel_at_an_edge_is_a_400_not_a_crash_or_an_error_as_a_jpeg(consumer, identifier, path):
+    # rounded up to 1, iipsrv renders it from the half-size level, where that row is empty: a TIFF crashes its
+    # process, a JP2 gets OpenJPEG's error text as a JPEG cached for a day
+    before = crashes(consumer)
+    assert get(f"{consumer.iiif_url}/{identifier}/{path}").status == 400
+    assert crashes(consumer) == before
+
+
+@pytest.mark.parametrize("identifier", EDGES)
+def test_the_other_tiles_of_the_thin_edges_are_served(consumer, identifier):
+    assert image(consumer, f"0,{EDGE_H - 1},512,1/512,/0/default.jpg", identifier).size == (512, 1)
+    assert image(consumer, "512,0,257,513/129,/0/default.jpg", identifier).size == (129, 257)
+    assert image(consumer, "full/385,/0/default.jpg", identifier).size == (385, 257)
+
+
+@pytest.mark.parametrize("path, expected", [
+    ("full/157,/0/default.jpg", (157, 1)),            # in info.json's sizes, and what Mirador asks
+    ("0,0,4096,1/256,/0/default.jpg", (256, 1)),      # its tiles
+    ("4096,0,904,1/57,/0/default.jpg", (57, 1)),
+    ("full/!100,100/0/default.jpg", (100, 1)),
+])
+def test_a_one_pixel_strip_is_served_one_pixel_high(consumer, path, expected):
+    assert image(consumer, path, "strip.tif").size == expected
+
+
+def _cors(url: str) -> tuple[int, list[str]]:
+    """The status and every Access-Control-Allow-Origin header of a response (a dict would hide a second one)."""
+    try:
+        with urllib.request.urlopen(url, timeout=30) as r:
+            return r.status, r.headers.get_all("Access-Control-Allow-Origin") or []
+    except urllib.error.HTTPError as e:
+        return e.code, e.headers.get_all("Access-Control-Allow-Origin") or []
+
+
+@pytest.mark.parametrize("path, status", [
+    ("corner.tif/0,0,256,256/256,/0/default.jpg", 200),  # a tile
+    ("corner.tif/full/!200,200/0/default.jpg", 200),      # a size
+    ("corner.tif/full/full/0/default.jpg", 200),
+    ("edge.jp2/0,0,512,512/256,/0/default.jpg", 200),
+    ("corner.tif/info.json", 200),
+    ("corner.tif/full/full/0/bogus.jpg", 400),            # iipsrv's error
+    ("missing.tif/full/full/0/default.jpg", 404),
+    ("corner.tif/5000,0,5,5/full/0/default.jpg", 400),    # the guard's
+])
+def test_every_response_carries_one_access_control_allow_origin(consumer, path, status):
+    # iipsrv 1.1 sends it with info.json and errors only
+    assert _cors(f"{consumer.iiif_url}/{path}") == (status, ["*"])
+    assert _cors(f"{consumer.url}/iipsrv.fcgi?IIIF={path}") == (404, ["*"])

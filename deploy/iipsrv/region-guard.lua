@@ -10,13 +10,14 @@
 -- from the file (a TIFF's first directory, a JP2's ihdr box: a few hundred bytes, per request) and rewrites the
 -- region to the cropped one; a region wholly outside the image is a 400, as the Image API says.
 --
--- It also gives iipsrv a size that leaves one side to it (`w,`, `,h`, `pct:n`) as the exact `w,h` the Image API
--- defines: iipsrv 1.1 seems to derive both sides from the aspect ratio of a pyramid level's rounded size (`full/469,`
--- on a 6000x1000 image is 468x78, `full/8,` is 6x1), while a `w,h` size it renders as asked.
--- The side left to the server keeps the aspect ratio of the region as cropped, rounded to the nearest pixel (the
--- Image API leaves the rounding open; a half rounds up); a size with a side of 0 is a 400, and one over MAX_CVT is
--- left to iipsrv, which caps it. Only requests with such a size or a region other than `full` and `square` read
--- the file.
+-- It also gives iipsrv a size that leaves one side to it (`w,`, `,h`, `pct:n`) or a best fit (`!w,h`) as the exact
+-- `w,h` the Image API defines: iipsrv 1.1 seems to derive both sides from the aspect ratio of a pyramid level's
+-- rounded size (`full/469,` on a 6000x1000 image is 468x78, `full/8,` is 6x1), while a `w,h` size it renders as
+-- asked. The side left to the server keeps the aspect ratio of the region as cropped, rounded to the nearest pixel
+-- (the Image API leaves the rounding open; a half rounds up); a side under one pixel is a 400 (a viewer's last tile
+-- row at a reduced resolution: rounded up, iipsrv crashes on a TIFF or sends OpenJPEG's error as a JPEG), or 1 on a
+-- TIFF region spanning the image on that side (a 5000x1 strip); a size over MAX_CVT is left to iipsrv, which caps
+-- it. Only requests with such a size or a region other than `full` and `square` read the file.
 --
 -- The request is read as iipsrv reads it (percent-decoded, split from its end), so an encoded `/` or `,` does not
 -- get past; a malformed region, or a `w,`, `,h` or `pct:n` size that is not plain decimals, is a 400, and
@@ -131,57 +132,84 @@ local function cropped(region, width, height)
   return string.format("%d,%d,%d,%d", x, y, w, h), w, h
 end
 
--- A size that leaves one side to the server: `w,`, `,h` or `pct:n` (what iipsrv would read as one, `^` and `!`
--- prefixes and `,` alone included, though it refuses some of them).
-local function one_sided(size)
-  return size:sub(-1) == "," or size:sub(1, 1) == "," or size:sub(1, 4) == "pct:"
+-- A size the guard computes: `w,`, `,h`, `pct:n` (what iipsrv would read as one, `^` and `!` prefixes and `,`
+-- alone included, though it refuses some of them) or `!w,h`.
+local function computed(size)
+  return size:sub(-1) == "," or size:sub(1, 1) == "," or size:sub(1, 4) == "pct:" or size:sub(1, 1) == "!"
 end
 
--- A one-sided size as the exact `w,h` for a region of width x height pixels; nil when malformed or a side is 0,
--- unchanged when it is over MAX_CVT (iipsrv caps it).
-local function exact(size, width, height)
-  local function round(x) return math.floor(x + 0.5) end
-  local w, h
-  if size:match("^%d+,$") then
-    w = tonumber(size:sub(1, -2))
-    h = round(w * height / width)
-  elseif size:match("^,%d+$") then
-    h = tonumber(size:sub(2))
-    w = round(h * width / height)
-  else
-    local n = size:sub(1, 4) == "pct:" and number(size:sub(5))
-    if not n then return nil end
-    w, h = round(width * n / 100), round(height * n / 100)
+-- A computed size as the exact `w,h` for a region of width x height pixels; nil when malformed or a side is 0,
+-- unchanged when it is over MAX_CVT (iipsrv caps it). `!w,h` is the largest size within w,h: the side that binds
+-- is as asked, the other computed as for `w,` or `,h`. A computed side under one pixel is 0 (iipsrv renders a
+-- row or column at the image's edge from a level where it is empty), unless `whole_width` (`whole_height`): the
+-- region spans the image's width (height) in a TIFF, where it starts at 0 on every level, and is one pixel.
+local function exact(size, width, height, whole_width, whole_height)
+  local function side(x, whole)
+    if x >= 1 then return math.floor(x + 0.5) end
+    return whole and 1 or nil
   end
-  if w < 1 or h < 1 then return nil end
+  local one_side = size
+  local fit_width, fit_height = size:match("^!(%d+),(%d+)$")
+  if fit_width then
+    local binds = tonumber(fit_width) * height <= tonumber(fit_height) * width
+    one_side = binds and fit_width .. "," or "," .. fit_height
+  end
+  local w, h
+  if one_side:match("^%d+,$") then
+    w = tonumber(one_side:sub(1, -2))
+    h = w * height / width
+  elseif one_side:match("^,%d+$") then
+    h = tonumber(one_side:sub(2))
+    w = h * width / height
+  else
+    local n = one_side:sub(1, 4) == "pct:" and number(one_side:sub(5))
+    if not n then return nil end
+    w, h = width * n / 100, height * n / 100
+  end
+  if w == 0 or h == 0 then return nil end  -- asked for
+  w, h = side(w, whole_width), side(h, whole_height)
+  if not w or not h then return nil end
   if w > max_cvt or h > max_cvt then return size end
   return string.format("%d,%d", w, h)
+end
+
+-- An error of the guard's own, as text, with the Access-Control-Allow-Origin that lighttpd.conf gives every other
+-- response (mod_setenv has not run when a mod_magnet script on the raw URL answers; lighttpd drops the headers of a
+-- status without a body).
+local function refused(status, reason)
+  local cors = os.getenv("CORS") or ""
+  if cors ~= "" then lighty.r.resp_header["Access-Control-Allow-Origin"] = cors end
+  lighty.r.resp_header["Content-Type"] = "text/plain"
+  lighty.r.resp_body:set({reason, "\n"})
+  return status
 end
 
 -- mod_rewrite has already run: the request is what iipsrv is given, /iipsrv.fcgi?IIIF=<as sent below the prefix>
 local target = lighty.r.req_attr["request.uri"]
 if target:sub(1, 13) ~= "/iipsrv.fcgi?" then return 0 end
 local sent = lighty.r.req_attr["request.orig-uri"]
-if sent:sub(1, #prefix + 1) ~= prefix .. "/" then return 404 end  -- iipsrv only through the IIIF prefix
+if sent:sub(1, #prefix + 1) ~= prefix .. "/" then return refused(404, "not found") end  -- iipsrv only through the IIIF prefix
 local query = lighty.r.req_attr["uri.query"]  -- what iipsrv gets as QUERY_STRING (the rewrite encoded any '&')
-if query:sub(1, 5) ~= "IIIF=" then return 400 end
+if query:sub(1, 5) ~= "IIIF=" then return refused(400, "malformed request") end
 local argument = decode(query:sub(6))
 if argument:match("/info[^/]*$") then return 0 end  -- iipsrv: a last segment starting with "info" asks for info.json
 -- as iipsrv splits it: the last segment is the format, the three before it are region, size and rotation
 local identifier, region, size, rest = argument:match("^(.+)/([^/]*)/([^/]*)(/[^/]*/[^/]*)$")
 local suffix = identifier and identifier:lower():match("%.(%w+)$")
 if suffix ~= "tif" and suffix ~= "tiff" and suffix ~= "jp2" then return 0 end
-if ("/" .. identifier .. "/"):find("/../", 1, true) then return 400 end
+if ("/" .. identifier .. "/"):find("/../", 1, true) then return refused(400, "malformed identifier") end
 region, size = region:lower(), size:lower()  -- as iipsrv reads them
-if (region == "full" or region == "square") and not one_sided(size) then return 0 end  -- nothing to compute
+if (region == "full" or region == "square") and not computed(size) then return 0 end  -- nothing to compute
 local width, height = image_size(images .. identifier)
 if not width then return 0 end
 local region_as_cropped, region_width, region_height = cropped(region, width, height)
-if not region_as_cropped then return 400 end
+if not region_as_cropped then return refused(400, "malformed region, or outside the image") end
 local size_as_sent = size
-if one_sided(size) then
-  size_as_sent = exact(size, region_width, region_height)
-  if not size_as_sent then return 400 end
+if computed(size) then
+  local tiff = suffix ~= "jp2"
+  size_as_sent = exact(size, region_width, region_height, tiff and region_width == width,
+                       tiff and region_height == height)
+  if not size_as_sent then return refused(400, "malformed size, or a side of 0 pixels") end
 end
 if region_as_cropped ~= region or size_as_sent ~= size then
   lighty.r.req_attr["uri.query"] = "IIIF=" .. encode(identifier .. "/" .. region_as_cropped .. "/" .. size_as_sent
