@@ -156,10 +156,33 @@ def decide(record: ItemRecord | None, item_fingerprint: str, recipe_digest: str,
     return Decision(False, "unchanged")
 
 
+@dataclass(frozen=True)
+class _Manifests:
+    """An object's manifests as its settled items show them now, and what the run does with them: "publish",
+    "touched" (they differ from those published in the object's modified time alone, which none shows: the
+    same bytes) or "" (up to date)."""
+
+    images: list[DepositedImage]
+    digest: str
+    action: str
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What the run does with each item of an object (its task, if processed). `lost`: the items whose recorded
+    access master is not theirs in the store, looked for when its manifests go out again (Harvest.plan).
+    `manifests`: with no item to process, what object_settled does with its manifests."""
+
+    items: list[tuple[SourceItem, Decision, ItemTask | None]]
+    lost: frozenset[str] = frozenset()
+    manifests: _Manifests | None = None
+
+
 @dataclass
 class _PendingObject:
     obj: SourceObject
     records: dict[str, ItemRecord] | None  # its items in the ledger as planned; None once one was sent to be done
+    plan: _Plan
     waiting: set[str] = field(default_factory=set)
     complete: bool = False  # every item is planned (a stop or a limit can cut an object short)
 
@@ -343,18 +366,78 @@ class Harvest:
         """The object's items in the ledger, by id: one query an object, not one an item."""
         return {record.item_id: record for record in self.ledger.items(self.pipeline.name, object_id)}
 
-    def plan(self, obj: SourceObject, records: dict[str, ItemRecord]) -> Iterator[tuple[SourceItem, Decision,
-                                                                                         ItemTask | None]]:
+    def plan(self, obj: SourceObject, records: dict[str, ItemRecord]) -> _Plan:
+        """Each item decided from the ledger; then, if the object's manifests go out again (an item is processed,
+        or they are not up to date), the items to skip whose recorded access master is not theirs in the store
+        (Harvest._lost) are processed again, as a new item is; a rejected one's, whose last deposit its manifests
+        keep showing, is left out of them. An object with nothing to do costs no request to the store."""
         settings = self.pipeline.settings
+        decisions = {item.id: decide(records.get(item.id), fingerprint(item), self.recipe.digest,
+                                     settings.max_attempts, self.options.force, self.options.redo_rejected,
+                                     self.options.reencode, self._placed(obj.id, item, records.get(item.id)))
+                     for item in obj.items}
+        processed = any(d.process for d in decisions.values())
+        manifests = None if processed else self._manifests(obj, records)
+        lost = {}
+        if self.pipeline.manifests is not None and (processed or manifests and manifests.action == "publish"):
+            lost = self._lost(records, decisions)
+        for item_id, why in lost.items():
+            decisions[item_id] = (Decision(True, why) if records[item_id].status == "deposited" else
+                                  replace(decisions[item_id], reason=f"{decisions[item_id].reason}; {why}: not shown"))
+        planned = []
         for item in obj.items:
-            record = records.get(item.id)
-            decision = decide(record, fingerprint(item), self.recipe.digest, settings.max_attempts,
-                              self.options.force, self.options.redo_rejected, self.options.reencode,
-                              self._placed(obj.id, item, record))
+            record, decision = records.get(item.id), decisions[item.id]
             attempt = record.attempts + 1 if record and record.status == "failed" else 1
             task = ItemTask(self.pipeline.name, obj.id, item, self.recipe.name, self.recipe.digest, attempt,
                             self.options.force, self.pipeline.worker_digests)
-            yield item, decision, (task if decision.process else None)
+            planned.append((item, decision, task if decision.process else None))
+        return _Plan(planned, frozenset(lost), None if lost else manifests)  # lost: not what was planned
+
+    def _manifests(self, obj: SourceObject, records: dict[str, ItemRecord], lost: Collection[str] = ()
+                   ) -> _Manifests | None:
+        """What the object's manifests show from its items' `records` (the access masters recorded, bar those of
+        rejected items `lost`: Harvest.plan), and what the run does with them; None when it publishes none: no
+        manifests, an item unsettled or failed, no image."""
+        manifests = self.pipeline.manifests
+        items = [(item, records.get(item.id)) for item in obj.items]
+        if manifests is None or any(record is None or record.status == "failed" for _, record in items):
+            return None
+        images = [DepositedImage(item.sequence, record.output_key, record.width, record.height, item.label)
+                  for item, record in items
+                  if record.output_key and not (record.status == "rejected" and item.id in lost)]
+        if not images:
+            return None
+        digest = _manifest_fingerprint(obj, images, self.manifest_settings)
+        known = self.ledger.object(self.pipeline.name, obj.id)
+        if known is None or self.options.force:
+            action = "publish"
+        elif known.manifest_fingerprint == digest:
+            action = ""
+        else:
+            action = "touched" if self._touched_only(obj, images, known) else "publish"
+        return _Manifests(images, digest, action)
+
+    def _lost(self, records: dict[str, ItemRecord], decisions: dict[str, Decision]) -> dict[str, str]:
+        """{item id: why} for the items skipped whose recorded access master is not theirs in the store: another
+        item of the object deposited under its key since (`{sequence}` keys: a page withdrawn, its record kept,
+        then put back where another page went meanwhile), or the store no longer holds it (deleted by hand, or
+        retired by a run the ledger, put back from a backup, does not know), which one request a key asks. None
+        looked for when an item out of attempts keeps the manifests from going out. A store that cannot answer
+        stops the run (a StoreError), as at check_store."""
+        if any(not d.process and d.outcome is Outcome.FAILED for d in decisions.values()):
+            return {}
+        last: dict[str, ItemRecord] = {}  # of the records naming each key, the one written last: its deposit is there
+        for record in (r for r in records.values() if r.output_key):
+            if record.output_key not in last or record.updated > last[record.output_key].updated:
+                last[record.output_key] = record
+        lost = {}
+        for record in (records[i] for i, d in decisions.items() if not d.process and records[i].output_key):
+            key = record.output_key
+            if last[key] is not record:
+                lost[record.item_id] = f"{last[key].item_id} was deposited under its key {key} since"
+            elif not self.pipeline.store.exists(key):
+                lost[record.item_id] = f"its access master {key} is no longer in the store"
+        return lost
 
     def _placed(self, object_id: str, item: SourceItem, record: ItemRecord | None) -> str | None:
         """The key the item's access master has now that its place in the object changed, where its key follows
@@ -409,7 +492,7 @@ class Harvest:
             if isinstance(obj, (UnreadableObject, SharedId)):
                 planned.append(PlannedItem(obj.id, OBJECT, "fail", obj.reason))
                 continue
-            for item, decision, task in self.plan(obj, self.records(obj.id)):
+            for item, decision, task in self.plan(obj, self.records(obj.id)).items:
                 if task is not None:
                     self.cut_short = self._at_limit()
                     if self.cut_short:
@@ -435,9 +518,10 @@ class Harvest:
                 continue
             records = self.records(obj.id)
             self._forget_unsettled(obj.id, records, {item.id for item in obj.items})  # OBJECT: described now
-            pending = self.pending.setdefault(obj.id, _PendingObject(obj, records))
+            plan = self.plan(obj, records)
+            pending = self.pending.setdefault(obj.id, _PendingObject(obj, records, plan))
             tasks, unprocessed = 0, []
-            for item, decision, task in self.plan(obj, records):
+            for item, decision, task in plan.items:
                 if task is None:
                     self._count(obj.id, item.id, decision.outcome.value, decision.reason)
                     unprocessed.append(Unprocessed(obj.id, item.id, decision.outcome.value, decision.reason))
@@ -589,30 +673,26 @@ class Harvest:
                    for _, record in items):
                 self.unsettled.append(listed_at(obj))
             return
-        manifests = self.pipeline.manifests
-        images = [DepositedImage(item.sequence, record.output_key, record.width, record.height, item.label)
-                  for item, record in items if record.output_key]
-        if manifests is not None and images:
-            digest = _manifest_fingerprint(obj, images, self.manifest_settings)
-            known = self.ledger.object(self.pipeline.name, obj.id)
-            if (known is not None and known.manifest_fingerprint != digest and not self.options.force
-                    and self._touched_only(obj, images, known)):
-                self.ledger.record_touched(self.pipeline.name, obj.id, obj.modified, digest)
-            elif known is None or known.manifest_fingerprint != digest or self.options.force:
-                try:
-                    published = manifests.publish(obj, images)
-                except (ManifestError, StoreError) as exc:
-                    if isinstance(exc, STOPS_RUN):
-                        raise
-                    self._manifest_not_published(obj, exc)
-                    return  # its deposited manifest still shows the superseded keys
-                for warning in published.warnings:
-                    log.warning("%s/%s: %s", self.pipeline.name, obj.id, warning,
-                                extra={"pipeline": self.pipeline.name, "object_id": obj.id, "item_id": MANIFEST})
-                label = [[v.value, v.language] for v in manifests.label_of(obj)]
-                self.ledger.record_manifest(self.run_id, self.pipeline.name, obj.id, obj.modified, label, digest,
-                                            published.warnings)
-                self.manifests_published += 1
+        settled = pending.plan.manifests if pending.records is not None else None  # planned with these records
+        settled = settled or self._manifests(obj, records, pending.plan.lost)
+        if settled is not None and settled.action == "touched":
+            self.ledger.record_touched(self.pipeline.name, obj.id, obj.modified, settled.digest)
+        elif settled is not None and settled.action == "publish":
+            manifests = self.pipeline.manifests
+            try:
+                published = manifests.publish(obj, settled.images)
+            except (ManifestError, StoreError) as exc:
+                if isinstance(exc, STOPS_RUN):
+                    raise
+                self._manifest_not_published(obj, exc)
+                return  # its deposited manifest still shows the superseded keys
+            for warning in published.warnings:
+                log.warning("%s/%s: %s", self.pipeline.name, obj.id, warning,
+                            extra={"pipeline": self.pipeline.name, "object_id": obj.id, "item_id": MANIFEST})
+            label = [[v.value, v.language] for v in manifests.label_of(obj)]
+            self.ledger.record_manifest(self.run_id, self.pipeline.name, obj.id, obj.modified, label,
+                                        settled.digest, published.warnings)
+            self.manifests_published += 1
         self._moved_away(obj.id, records, pending.item_ids)
         if not self.superseding:  # nothing to retire: not a query an object
             return
