@@ -11,11 +11,11 @@ MINIO := $(TOOLS_BIN)/minio
 export GCIS_MINIO_BIN := $(MINIO)
 
 # Debian 12 packages: libvips + its headers (pyvips is built against them), exiftool, LittleCMS tools,
-# JPEG 2000 encoders, ImageMagick and libvips' CLI (benchmarks), Redis (Celery broker), iipsrv + lighttpd
+# JPEG 2000 encoders, ImageMagick and libvips' CLI (benchmarks), sqlite3 (the ledger recovery the README advises), Redis (Celery broker), iipsrv + lighttpd
 # (with mod_magnet, for deploy/iipsrv/region-guard.lua), Chromium (Mirador in the consumer tests), libmagic (the IIIF Image API validator).
 SYSTEM_PACKAGES := build-essential pkg-config python3-venv python3-dev libvips-dev libvips-tools \
 	libimage-exiftool-perl liblcms2-utils libopenjp2-tools grokj2k-tools imagemagick \
-	redis-server rabbitmq-server iipimage-server lighttpd lighttpd-modules-lua chromium libmagic1
+	sqlite3 redis-server rabbitmq-server iipimage-server lighttpd lighttpd-modules-lua chromium libmagic1
 
 .PHONY: demo test bench serve worker system-deps python-deps minio mirador clean
 

@@ -47,6 +47,7 @@ MANIFEST_WARNINGS = """CREATE TABLE IF NOT EXISTS manifest_warnings (
     run_id INTEGER NOT NULL, object_id TEXT NOT NULL, warnings TEXT NOT NULL, at TEXT NOT NULL,
     PRIMARY KEY (run_id, object_id)
 )"""
+LEDGER_TABLES = ("items", "objects", "runs", "run_items", "checkpoints")  # every version's ledger has them
 ADDED = (("items", "warnings"), ("run_items", "warnings"), ("objects", "warnings"), ("checkpoints", "listing"))
 """Columns added since the first ledgers (table, column), NULL in rows from before: no warnings recorded; a
 checkpoint taken as made under the source's listing settings of now (Ledger.checkpoint_listing)."""
@@ -111,10 +112,11 @@ class LedgerUnwritable(LedgerError):
 
 
 _DAMAGED = ("the file is damaged: move it aside (to {name}.damaged, say, with any {name}-wal, -shm or -journal "
-            "beside it) and put back a backup, or what `sqlite3 {name}.damaged .recover | sqlite3 {name}` can read of "
-            "it; without either, a harvest starts a fresh ledger, which knows no checkpoint, run or superseded key: it "
-            "lists every source in full, looks up every item in the store (one there from the same source version "
-            "and recipe is not converted again) and publishes every manifest again")
+            "beside it, renamed alike) and put back a backup (then run again any `gcis-migrate reencode` made since "
+            "it), or what `sqlite3 {name}.damaged .dump | sed '$s/^ROLLBACK; -- due to errors$/COMMIT;/' | sqlite3 "
+            "{name}` can read of it; without either, a harvest starts a fresh ledger, which knows no checkpoint, run "
+            "or superseded key: it lists every source in full, looks up every item in the store (one there from the "
+            "same source version and recipe is not converted again) and publishes every manifest again")
 _DAMAGED_CODES = ("CORRUPT", "NOTADB")
 _TROUBLE = {  # SQLite's primary result codes for a ledger that cannot be used, and what to do
     **dict.fromkeys(_DAMAGED_CODES, _DAMAGED),
@@ -391,10 +393,50 @@ def _read_only(path: Path, busy_timeout_seconds: float, recover: bool) -> sqlite
                       f"(what was committed is kept)")
 
 
+def _readable(db: sqlite3.Connection) -> None:
+    """A ledger made by an older version, read as _writable would make it (in TEMP tables and views: nothing on
+    disk changes)."""
+    for table, create in (("superseded", SUPERSEDED), ("manifest_warnings", MANIFEST_WARNINGS)):
+        if not db.execute("SELECT 1 FROM sqlite_master WHERE name=?", (table,)).fetchone():
+            db.execute(create.replace("CREATE TABLE", "CREATE TEMP TABLE"))
+    for table, columns in _missing(db).items():  # read as NULL, as _add_columns would make them
+        nulls = "".join(f", NULL AS {column}" for column in columns)
+        db.execute(f"CREATE TEMP VIEW {table} AS SELECT *{nulls} FROM main.{table}")
+
+
+def _writable(db: sqlite3.Connection, journal_mode: str) -> None:
+    """The ledger made, or one made by an older version brought up to date."""
+    db.execute(f"PRAGMA journal_mode={journal_mode}")
+    db.execute("PRAGMA synchronous=NORMAL")  # with WAL: consistent after any crash, durable per commit
+    db.executescript(SCHEMA)
+    _allow_failed_runs(db)
+    _add_columns(db)
+
+
+def _empty() -> sqlite3.Connection:
+    """What a read-only ledger that holds nothing reads as: no runs, no items (and nothing created on disk)."""
+    db = sqlite3.connect(":memory:")
+    db.executescript(SCHEMA)
+    return db
+
+
+def _is_ledger(path: Path, db: sqlite3.Connection) -> bool:
+    """Whether the file holds a ledger (False: no tables at all, as an empty file, which a harvest makes a fresh
+    ledger of, and a recovery that read nothing leaves); an SQLite database with tables but none of those every
+    version of the ledger has is another program's, which is neither read as nor made into a ledger."""
+    tables = sorted(row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type='table'"))
+    if tables and not set(LEDGER_TABLES) & set(tables):
+        shown = ", ".join(tables[:5]) + (", ..." if len(tables) > 5 else "")
+        raise LedgerError(f"ledger {path} is an SQLite database but not a gcis-etl ledger (its tables: {shown}; a "
+                          f"ledger has {', '.join(LEDGER_TABLES)}): is ledger.path the right file? nothing was done")
+    return bool(tables)
+
+
 class Ledger:
     """read_only: for commands that only look (status, report, dry runs), which must change nothing; a ledger
-    that does not exist yet reads as an empty one (no runs, no items) and is not created. recover: a read-only
-    ledger whose last write was cut short is rolled back (_read_only): for status and report, not dry runs."""
+    that does not exist yet, or holds nothing (_is_ledger), reads as an empty one (no runs, no items) and is not
+    created. recover: a read-only ledger whose last write was cut short is rolled back (_read_only): for status
+    and report, not dry runs."""
 
     def __init__(self, path: Path, journal_mode: str = "wal", busy_timeout_seconds: float = 30,
                  read_only: bool = False, skipped_history_runs: int = 30, recover: bool = False):
@@ -417,26 +459,20 @@ class Ledger:
     def _connect(path: Path, journal_mode: str, busy_timeout_seconds: float, read_only: bool,
                  recover: bool) -> sqlite3.Connection:
         if read_only and not path.exists():
-            db = sqlite3.connect(":memory:")
-            db.executescript(SCHEMA)
-            return db
+            return _empty()
         if read_only:
             db = _read_only(path, busy_timeout_seconds, recover)
-            for table, create in (("superseded", SUPERSEDED), ("manifest_warnings", MANIFEST_WARNINGS)):
-                if not db.execute("SELECT 1 FROM sqlite_master WHERE name=?", (table,)).fetchone():
-                    db.execute(create.replace("CREATE TABLE", "CREATE TEMP TABLE"))  # made by an older version
-            for table, columns in _missing(db).items():  # the same: read as NULL, as _add_columns would make them
-                nulls = "".join(f", NULL AS {column}" for column in columns)
-                db.execute(f"CREATE TEMP VIEW {table} AS SELECT *{nulls} FROM main.{table}")
-            return db
-        path.parent.mkdir(parents=True, exist_ok=True)
-        db = sqlite3.connect(path, timeout=busy_timeout_seconds)
+        else:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            db = sqlite3.connect(path, timeout=busy_timeout_seconds)
         try:
-            db.execute(f"PRAGMA journal_mode={journal_mode}")
-            db.execute("PRAGMA synchronous=NORMAL")  # with WAL: consistent after any crash, durable per commit
-            db.executescript(SCHEMA)
-            _allow_failed_runs(db)
-            _add_columns(db)
+            if not _is_ledger(path, db) and read_only:
+                db.close()
+                return _empty()
+            if read_only:
+                _readable(db)
+            else:
+                _writable(db, journal_mode)
         except BaseException:
             db.close()
             raise

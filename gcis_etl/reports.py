@@ -168,17 +168,28 @@ def report_files(report: RunReport, directory: Path) -> tuple[Path, Path]:
 
 def with_written_files(report: RunReport, directory: Path) -> RunReport:
     """A report rebuilt from the ledger, with the paths of the files its run wrote when it ended (a run that is
-    still going, or was killed, wrote none)."""
+    still going, or was killed, wrote none). Files under its number that tell of another start are not its: run
+    numbers restart when an older ledger is put back, and a lost run's files may still be there."""
     json_path, csv_path = report_files(report, directory)
-    report.json_path = str(json_path) if json_path.is_file() else None
-    report.csv_path = str(csv_path) if csv_path.is_file() else None
+    if _started(json_path) == report.started:
+        report.json_path = str(json_path)
+        report.csv_path = str(csv_path) if csv_path.is_file() else None
     return report
 
 
+def _started(json_path: Path) -> str | None:
+    """When the run whose report `json_path` is started (None: no such file, or not a report)."""
+    try:
+        return json.loads(json_path.read_text()).get("started")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
 def write_report(report: RunReport, directory: Path) -> RunReport:
-    """Write the report's files (report_files) atomically: the CSV only when the run has problems. Files that
-    cannot be written (a full disk) are a warning, not an error: the run is recorded, and `gcis-etl report`
-    rebuilds them from the ledger."""
+    """Write the report's files (report_files) atomically: the CSV only when the run has problems (one under its
+    name otherwise is a lost run's, from before an older ledger was put back: removed). Files that cannot be
+    written (a full disk) are a warning, not an error: the run is recorded, and `gcis-etl report` rebuilds them
+    from the ledger."""
     json_path, csv_path = report_files(report, directory)
     try:
         directory.mkdir(parents=True, exist_ok=True)
@@ -190,6 +201,8 @@ def write_report(report: RunReport, directory: Path) -> RunReport:
                 writer.writerow([item.object_id, item.item_id, item.outcome, item.reason, item.seconds, item.at])
             atomic_write(csv_path, text.getvalue())
             report.csv_path = str(csv_path)
+        else:
+            csv_path.unlink(missing_ok=True)
         report.json_path = str(json_path)
         atomic_write(json_path, json.dumps(report.to_dict(), indent=2) + "\n")
     except OSError as exc:
