@@ -676,6 +676,12 @@ class Ledger:
                  warnings if result.outcome is Outcome.DEPOSITED else None))
             if result.outcome is Outcome.DEPOSITED and result.key:
                 self._execute("DELETE FROM superseded WHERE pipeline=? AND key=?", (result.pipeline, result.key))
+                # a withdrawn item (its record kept, as withdrawals' are) whose key this deposit took ({sequence}
+                # keys: the page after it moved up) has no access master left: forgotten, so that status and
+                # move_store no longer count it, and it is new if it comes back
+                for item_id in set(self._others_under(result, result.key)) - set(listed):
+                    self._execute("DELETE FROM items WHERE pipeline=? AND object_id=? AND item_id=?",
+                                  (result.pipeline, result.object_id, item_id))
                 if previous is not None and previous.output_key and previous.output_key != result.key \
                         and not self._holds(result, previous.output_key, listed):
                     self._supersede(result.pipeline, result.object_id, result.item_id, previous.output_key, run_id,
@@ -687,9 +693,13 @@ class Ledger:
         """Whether another item of the object, among those `listed` (one withdrawn keeps its record), has `key`
         as its access master: with `{sequence}` keys, pages that moved take each other's keys (the one whose key
         another took is redone: harvesting.decide)."""
-        return any(row[0] in listed for row in self._rows(
+        return any(item_id in listed for item_id in self._others_under(result, key))
+
+    def _others_under(self, result: ItemResult, key: str) -> list[str]:
+        """The other items of the result's object whose record names `key` as their access master."""
+        return [row[0] for row in self._rows(
             "SELECT item_id FROM items WHERE pipeline=? AND object_id=? AND output_key=? AND item_id<>?",
-            (result.pipeline, result.object_id, key, result.item_id)))
+            (result.pipeline, result.object_id, key, result.item_id))]
 
     def record_unprocessed(self, run_id: int, items: Sequence[Unprocessed]) -> None:
         """Items the run decided not to process (unchanged, rejected before, out of attempts), in one transaction:

@@ -104,6 +104,19 @@ def test_a_page_removed_moves_the_pages_after_it_back_and_retires_the_last_key(t
     assert shown(tmp_path) == [size("p2.tif"), size("p3.tif")]
 
 
+def test_a_withdrawn_page_whose_key_another_page_took_leaves_the_ledger(tmp_path):
+    """Its access master is gone (written over): the ledger counts as deposited only what the store holds, one
+    item a key, as status and move_store read it."""
+    cfg = site(tmp_path, sorted(PAGES))
+    (tmp_path / "masters" / "book" / "p2.tif").unlink()
+
+    assert run(cfg) == {"p1.png": "skipped: unchanged", "p3.tif": "deposited: None"}  # p3 to 2.tif
+
+    with Ledger.open(cfg) as ledger:
+        records = {Path(r.item_id).name: r.output_key for r in ledger.items("fs", "book") if r.status == "deposited"}
+    assert records == {"p1.png": "fs/book/1.tif", "p3.tif": "fs/book/2.tif"} and keys(tmp_path) == sorted(records.values())
+
+
 def test_a_key_another_page_had_before_it_was_withdrawn_is_retired_all_the_same(tmp_path):
     """A page deleted from the folder keeps its record (withdrawals are not acted on): not a holder of its key."""
     cfg = site(tmp_path, sorted(PAGES))
