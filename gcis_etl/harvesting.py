@@ -107,12 +107,15 @@ class HarvestOptions:
 
 def retry_targets(ledger: Ledger, names: list[str], object_ids: tuple[str, ...], failed: bool,
                   rejected: bool) -> dict[str, tuple[str, ...]]:
-    """What `gcis-etl retry` processes again, by pipeline: the objects named, or else those with failed items
-    (`failed`) and rejected ones (`rejected`). A pipeline with none is left out."""
+    """What `gcis-etl retry` processes again, by pipeline: the objects with failed items (`failed`) and rejected
+    ones (`rejected`), of those named if any are. A pipeline with none is left out: a named object with nothing
+    to retry is not harvested (in every pipeline, when none is named)."""
     statuses = (["failed"] if failed else []) + (["rejected"] if rejected else [])
     targets = {}
     for name in names:
-        ids = set(object_ids) or {o for status in statuses for o in ledger.objects_with(name, status)}
+        ids = {o for status in statuses for o in ledger.objects_with(name, status)}
+        if object_ids:
+            ids &= set(object_ids)
         if ids:
             targets[name] = tuple(sorted(ids))
     return targets

@@ -247,11 +247,12 @@ class PipelineStatus:
     superseded: int = 0  # old access masters waiting until no manifest shows them (gcis_etl/supersession.py)
     problems_total: dict[str, int] = field(default_factory=dict)  # of each problem_kind: `problems` may be cut
     listing_changed: bool = False  # the checkpoint was taken under other listing settings: the next run lists all
+    max_attempts: int | None = None  # the pipeline's: a failed item that had them waits for `gcis-etl retry`
 
     def to_dict(self) -> dict:
         run = self.last_run
         return {"pipeline": self.pipeline, "checkpoint": self.checkpoint, "listing_changed": self.listing_changed,
-                "items": self.items,
+                "items": self.items, "max_attempts": self.max_attempts,
                 "superseded_waiting": self.superseded,
                 "last_run": {"run_id": run.run_id, "status": run.status, "process_gone": self.process_gone,
                              "started": run.started, "finished": run.finished, "note": run.note,
@@ -267,7 +268,8 @@ class PipelineStatus:
         if self.superseded:
             lines.append(f"  superseded access masters: {self.superseded} wait until their objects' manifests are "
                          f"republished without them (an item failed, a manifest was rejected, a run was cut short, "
-                         f"or the store refused their deletion: the harvest warns why)")
+                         f"the store refused their deletion: the harvest warns why; or their object left the "
+                         f"source, and its manifests stay, showing them)")
         if self.last_run:
             shown = ENDED_UNFINISHED if self.process_gone else self.last_run.status
             lines.append(f"  last run: {self.last_run.run_id} {shown}, started {self.last_run.started}, "
@@ -276,12 +278,21 @@ class PipelineStatus:
                 lines.append(f"    {self.last_run.note}")
         for kind, total in self.problems_total.items():
             listed = [p for p in self.problems if problem_kind(p) == kind]
-            lines += [f"  {p.status}: {p.object_id}/{p.item_id}"
-                      f"{f' (attempts {p.attempts})' if p.status == 'failed' else ''}: {p.reason}" for p in listed]
+            lines += [f"  {p.status}: {p.object_id}/{p.item_id}{self._attempts(p)}: {p.reason}" for p in listed]
             if total > len(listed):
                 lines.append(f"  ... and {total - len(listed)} more {kind.replace('_', ' ')} "
                              f"(gcis-etl status {self.pipeline} --all lists them all)")
         return "\n".join(lines)
+
+    def _attempts(self, problem: Problem) -> str:
+        """A failed item's attempts, and whether the harvest still tries it or it waits for `gcis-etl retry`."""
+        if problem.status != "failed":
+            return ""
+        if self.max_attempts is None:
+            return f" (attempts {problem.attempts})"
+        then = (f"waits for `gcis-etl retry {self.pipeline}`" if problem.attempts >= self.max_attempts
+                else "the next run tries again")
+        return f" (attempts {problem.attempts} of {self.max_attempts}: {then})"
 
 
 def problem_kind(problem: Problem) -> str:
@@ -290,11 +301,12 @@ def problem_kind(problem: Problem) -> str:
 
 
 def pipeline_status(ledger: Ledger, pipeline: str, lock: RunLock, shown: int | None = SHOWN,
-                    listing: str | None = None) -> PipelineStatus:
+                    listing: str | None = None, max_attempts: int | None = None) -> PipelineStatus:
     """Its problems: the first `shown` (None: all) failed items, rejected items and rejected manifests, each
     kept in the ledger until a later run settles them (a rejected manifest, until one is published), and how
     many there are of each. `lock`: as for report_from_ledger. `listing`: the pipeline's listing digest as
-    configured now (Pipeline.listing_digest; None: not compared), against the one the checkpoint was taken under."""
+    configured now (Pipeline.listing_digest; None: not compared), against the one the checkpoint was taken under.
+    `max_attempts`: the pipeline's, to tell the failed items that wait for `gcis-etl retry`."""
     checkpoint = ledger.checkpoint(pipeline)
     run = next(iter(ledger.runs(pipeline, limit=1)), None)
     run, gone = _unless_gone(ledger, run, lock) if run else (None, False)
@@ -308,7 +320,7 @@ def pipeline_status(ledger: Ledger, pipeline: str, lock: RunLock, shown: int | N
               "rejected_manifests": ledger.manifest_problems_count(pipeline)}
     return PipelineStatus(pipeline, checkpoint.isoformat() if checkpoint else None, items, run,
                           ledger.counts_so_far(run) if run else {}, problems, gone, ledger.superseded_count(pipeline),
-                          totals, ledger.listing_changed(pipeline, listing))
+                          totals, ledger.listing_changed(pipeline, listing), max_attempts)
 
 
 def counted(n: int, noun: str) -> str:

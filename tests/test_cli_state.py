@@ -145,10 +145,17 @@ def record_problems(ledger: Ledger, rejected: int, failed: int, finish: bool = T
 def test_status_says_how_many_problems_it_leaves_out_and_lists_them_all_with_all(site):
     with Ledger.open(load_config(site / "config.yaml")) as ledger:
         record_problems(ledger, rejected=12, failed=11)
+        for _ in range(2):  # o13 out of its 3 attempts (config.yaml's default max_attempts)
+            run_id = ledger.begin_run("p", None, None, {})
+            ledger.record(run_id, ItemResult("p", "o13", "m", 1, Outcome.FAILED, "sha256:13", "r", "d", 1,
+                                             "reason 13"), None)
+            ledger.finish_run(run_id, "completed", {"failed": 1}, 0, None)
     text = cli(site, "status").stdout
     assert text.count("  rejected: ") == text.count("  failed: ") == 10, text
     # attempts count toward max_attempts for failed items only: a rejected one is not tried again
-    assert "  rejected: o00/m: reason 0\n" in text and "  failed: o12/m (attempts 1): reason 12\n" in text
+    assert "  rejected: o00/m: reason 0\n" in text
+    assert "  failed: o12/m (attempts 1 of 3: the next run tries again): reason 12\n" in text
+    assert "  failed: o13/m (attempts 3 of 3: waits for `gcis-etl retry p`): reason 13\n" in text
     assert "  ... and 2 more rejected (gcis-etl status p --all lists them all)" in text
     assert "  ... and 1 more failed (gcis-etl status p --all lists them all)" in text
     shown = json.loads(cli(site, "status", "--json").stdout)

@@ -126,9 +126,15 @@ def test_a_failing_item_is_retried_max_attempts_times_then_waits_for_retry(rig):
         assert "failed: IE5010/FL5012: failed 2 times" in run.stdout
         assert len(emulator.requests("IE5010")) == asked
 
+        healthy = len(emulator.requests("IE5020"))
+        run = rig.cli("retry", "--object", "IE5020")  # nothing of it failed: not harvested, no run recorded
+        assert (run.returncode, run.stdout) == (0, "nothing to retry: no failed item in IE5020\n"), run.stderr
+        assert len(emulator.requests("IE5020")) == healthy
+
         run = rig.cli("retry")
         assert run.returncode == 0, run.stderr
         assert "dam: retrying 1 object" in run.stdout and "1 deposited" in run.stdout
+        assert "run 5 " in run.stdout
         rig.check_final_state(rosetta_expected(source))
 
         run = rig.cli("harvest")

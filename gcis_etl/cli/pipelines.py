@@ -204,7 +204,7 @@ def _ledger_to_read(cfg):
 @click.option("--failed/--no-failed", default=True, show_default=True,
               help="Retry failed items (their attempts start again).")
 @click.option("--rejected", is_flag=True, help="Also convert rejected items again (after a policy change).")
-@click.option("--object", "object_ids", multiple=True, metavar="ID", help="Only this object (repeatable).")
+@click.option("--object", "object_ids", multiple=True, metavar="ID", help="Only this object, if it has items to retry (repeatable).")
 @LOG_JSON
 @VERBOSE
 @click.pass_context
@@ -225,7 +225,9 @@ def retry(ctx: click.Context, pipelines: tuple[str, ...], failed: bool, rejected
     with _ledger_to_read(cfg) as ledger:
         targets = retry_targets(ledger, names, tuple(object_ids), failed, rejected)
     if not targets:
-        click.echo("nothing to retry")
+        which = " or ".join(status for status, asked in (("failed", failed), ("rejected", rejected)) if asked)
+        click.echo(f"nothing to retry: no {which or 'failed'} item in {', '.join(object_ids)}" if object_ids
+                   else "nothing to retry")
         sys.exit(EXIT_OK)
     for name, ids in targets.items():
         click.echo(f"{name}: retrying {counted(len(ids), 'object')}")
@@ -260,8 +262,9 @@ def status(ctx: click.Context, pipelines: tuple[str, ...], as_json: bool, every:
     names = _pipelines(cfg, pipelines)
     with _ledger_to_read(cfg) as ledger:
         for name in names:
+            pipeline = cfg.pipeline(name)
             state = pipeline_status(ledger, name, pipeline_lock(cfg.state_dir, name), None if every else SHOWN,
-                                    cfg.pipeline(name).listing_digest)
+                                    pipeline.listing_digest, pipeline.settings.max_attempts)
             click.echo(json.dumps(state.to_dict()) if as_json else state.summary())
 
 
