@@ -142,9 +142,14 @@ def get(url: str, headers: dict[str, str] | None = None, follow: bool = True) ->
     request = urllib.request.Request(url, headers=headers or {})
     try:
         with opener.open(request, timeout=30) as r:
-            return Response(r.status, {k.lower(): v for k, v in r.headers.items()}, r.read())
+            return Response(r.status, _headers(r.headers), r.read())
     except urllib.error.HTTPError as e:
-        return Response(e.code, {k.lower(): v for k, v in e.headers.items()}, e.read())
+        return Response(e.code, _headers(e.headers), e.read())
+
+
+def _headers(message) -> dict[str, str]:
+    """By lower-case name; a header sent twice reads as its values joined by ", " (a dict would hide one)."""
+    return {k.lower(): ", ".join(message.get_all(k)) for k in message.keys()}
 
 
 def wait_logged(access_log: Path, text: str, timeout: float = 10.0) -> None:

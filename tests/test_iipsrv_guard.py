@@ -7,8 +7,6 @@ Access-Control-Allow-Origin; valid requests are served as before."""
 from __future__ import annotations
 
 import io
-import urllib.error
-import urllib.request
 
 import pytest
 import pyvips
@@ -117,7 +115,8 @@ def test_valid_regions_at_the_edges_keep_their_pixels(consumer):
 def test_a_region_wholly_outside_is_a_400_and_iipsrv_is_reached_only_through_the_prefix(consumer):
     assert get(f"{consumer.iiif_url}/corner.tif/{W},0,5,5/full/0/default.jpg").status == 400
     assert get(f"{consumer.iiif_url}/corner.tif/{W - 1},{H - 1},1x,1/full/0/default.jpg").status == 400
-    assert get(f"{consumer.url}/iipsrv.fcgi?IIIF=corner.tif/{W - 1},{H - 1},10,10/full/0/default.jpg").status == 404
+    direct = get(f"{consumer.url}/iipsrv.fcgi?IIIF=corner.tif/{W - 1},{H - 1},10,10/full/0/default.jpg")
+    assert (direct.status, direct.headers.get("access-control-allow-origin")) == (404, "*")
 
 
 def test_info_json_is_cached_for_less_time_than_images(consumer):
@@ -193,7 +192,6 @@ def test_a_malformed_or_empty_one_sided_size_is_a_400(consumer, region, size):
 def test_sizes_the_guard_leaves_alone_are_served_as_iipsrv_serves_them(consumer):
     assert image(consumer, "full/full/0/default.jpg", "panorama.tif").size == (PANO_W, PANO_H)
     assert image(consumer, "full/300,40/0/default.jpg", "panorama.tif").size == (300, 40)
-    assert image(consumer, "full/!300,300/0/default.jpg", "panorama.tif").size == (300, 50)
     assert image(consumer, "0,0,256,167/256,/0/default.jpg", "panorama.tif").size == (256, 167)
     assert image(consumer, "full/pct:600/0/default.jpg", "panorama.tif").size == (5000, 835)  # over MAX_CVT: capped
 
@@ -239,15 +237,6 @@ def test_a_one_pixel_strip_is_served_one_pixel_high(consumer, path, expected):
     assert image(consumer, path, "strip.tif").size == expected
 
 
-def _cors(url: str) -> tuple[int, list[str]]:
-    """The status and every Access-Control-Allow-Origin header of a response (a dict would hide a second one)."""
-    try:
-        with urllib.request.urlopen(url, timeout=30) as r:
-            return r.status, r.headers.get_all("Access-Control-Allow-Origin") or []
-    except urllib.error.HTTPError as e:
-        return e.code, e.headers.get_all("Access-Control-Allow-Origin") or []
-
-
 @pytest.mark.parametrize("path, status", [
     ("corner.tif/0,0,256,256/256,/0/default.jpg", 200),  # a tile
     ("corner.tif/full/!200,200/0/default.jpg", 200),      # a size
@@ -260,5 +249,5 @@ def _cors(url: str) -> tuple[int, list[str]]:
 ])
 def test_every_response_carries_one_access_control_allow_origin(consumer, path, status):
     # iipsrv 1.1 sends it with info.json and errors only
-    assert _cors(f"{consumer.iiif_url}/{path}") == (status, ["*"])
-    assert _cors(f"{consumer.url}/iipsrv.fcgi?IIIF={path}") == (404, ["*"])
+    answer = get(f"{consumer.iiif_url}/{path}")  # a second header would read "*, *"
+    assert (answer.status, answer.headers.get("access-control-allow-origin")) == (status, "*")
