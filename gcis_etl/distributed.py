@@ -203,11 +203,11 @@ class CelerySettings(Settings):
             "task_acks_late": True,
             "task_reject_on_worker_lost": True,
             "task_retry_on_worker_lost": True,
-            "task_track_started": True,
             "task_send_sent_event": True,
             "worker_send_task_events": True,
             "worker_prefetch_multiplier": 1,
-            "worker_deduplicate_successful_tasks": True,
+            # not Celery's own STARTED and duplicate checks: the task's (worker._start) tell from our SENT marker
+            "worker_deduplicate_successful_tasks": False,
             "worker_cancel_long_running_tasks_on_connection_loss": False,
             "worker_concurrency": self.concurrency,
             "worker_max_tasks_per_child": self.worker_max_tasks_per_child,

@@ -51,6 +51,7 @@ log = logging.getLogger(__name__)
 
 UNMARK_SECONDS = 5.0  # for taking a SENT marker back after a failed send (CeleryExecutor._unmark)
 SENT = "SENT"  # our own state: written before a task is published, so that its disappearance shows a loss
+_RUNNING = frozenset({SENT, "RECEIVED", "STARTED", "RETRY"})  # a task somebody waits for
 WORKER_PING_SECONDS = 2.0  # for a worker to answer, before a run or when asked about a quiet task
 _CHECK_RETRIES = 2  # the broker's connection before a run: a restart of a few seconds is ridden out
 UPGRADE = ("upgrade the workers first, then the harvests; or stop the harvests, let the queues drain and upgrade all "
@@ -73,9 +74,10 @@ def celery_app(settings: CelerySettings, worker: bool = False):
 
     # A task whose pool process died is sent again (task_retry_on_worker_lost) up to max_retries times, at once:
     # with a countdown, the worker that took it would hold it, unacknowledged, behind its running tasks (see
-    # _PoolProcess.process).
+    # _PoolProcess.process). STARTED is recorded by _start, not by Celery (task_track_started is off).
     @app.task(name=TASK_NAME, max_retries=settings.retry.max_retries, default_retry_delay=0)
     def process_item(payload: dict[str, Any]) -> dict[str, Any]:
+        _start(payload)
         try:
             task = ItemTask.from_dict(payload)
         except VersionSkew as exc:
@@ -179,12 +181,41 @@ def _pool_process() -> _PoolProcess:
     return _PoolProcess(_config(), _pipelines())
 
 
+def _start(payload: dict[str, Any]) -> None:
+    """The task recorded STARTED (the worker and pool process the orchestrator asks about), or not run when nobody
+    waits for it (Ignore: its message is acknowledged, nothing recorded). The orchestrator records SENT before it
+    sends a task and forgets its outcome once it handed it over: a task PENDING is a late duplicate (Redis
+    redelivers a vanished worker's message after the visibility timeout, long after the task was sent again and
+    its outcome taken), or its send was taken back, or its marker expired (the orchestrator sends those again); a
+    task with an outcome is another message's, not yet taken. Run, it would convert against a state that moved on
+    (the item re-encoded to another recipe writing the same key; the key retired), and leave an outcome a later
+    submission of the same work would take for its own. Not Celery's track_started: it writes STARTED before the
+    task runs, over the state that tells, and putting that back would race with the orchestrator."""
+    from celery import current_task
+    from celery.exceptions import Ignore
+    request, backend = current_task.request, current_task.backend
+    status = backend.get_task_meta(request.id, cache=False)["status"]  # never an outcome cached before a forget
+    if status not in _RUNNING:
+        item = _item_of(payload)
+        why = ("nobody waits for it (no SENT marker: a late duplicate whose outcome was taken, a send taken back, "
+               "or a marker expired)" if status == "PENDING" else
+               f"a duplicate: its outcome ({status}) is recorded, not yet taken")
+        log.warning("%s/%s/%s: task %s not run, %s", payload.get("pipeline"),
+                    payload.get("object_id"), item.get("id"), request.id, why)
+        raise Ignore()
+    backend.store_result(request.id, {"pid": os.getpid(), "hostname": request.hostname}, "STARTED", request=request)
+
+
+def _item_of(payload: dict[str, Any]) -> dict[str, Any]:
+    return payload.get("item") if isinstance(payload.get("item"), dict) else {}
+
+
 def _unreadable(payload: dict[str, Any], skew: VersionSkew) -> ItemResult:
     """The stop for a task of another version of gcis-etl: an outcome, which orchestrators of any version read as
     one (a failure would be the item's to those older than VersionSkew). Its item is named as far as the task
     names it: the orchestrator knows the task it sent."""
     from celery import current_task
-    item = payload.get("item") if isinstance(payload.get("item"), dict) else {}
+    item = _item_of(payload)
     named = ItemResult(str(payload.get("pipeline")), str(payload.get("object_id")), str(item.get("id")),
                        item.get("sequence") or 0, Outcome.FAILED, "", str(payload.get("recipe")),
                        str(payload.get("recipe_digest")), payload.get("attempt") or 1)
@@ -295,18 +326,19 @@ class CeleryExecutor:
     waits for the orchestrator). A task whose outcome is already recorded is not sent again, one still
     running is waited for; an outcome is forgotten once handed over (the caller has recorded it), so that a
     deliberate re-run gets a fresh task. A task the broker lost is sent again under the same id: at once when
-    our SENT marker is gone too (a Redis restart without persistence empties queue and results alike), after
-    twice visibility_timeout_seconds without progress otherwise. A task STARTED by a worker that no longer runs
-    it is sent again once its worker, asked twice worker_check_seconds apart, did not answer or did not hold
-    it: Redis redelivers the task of a vanished worker only after visibility_timeout_seconds (2 h). A send that
-    raised takes its marker back, so the next run sends the task at once, also when the message went out all
-    the same. At worst a task runs twice, and the second run finds the first's output in the store. Once
-    `stopping()` (a stop asked for, the run's time up; never by default), no task is sent and those not started
-    yet are not waited for: they stay in their queue, and the next run takes their outcomes (with no worker
-    running, waiting for them would never end).
+    our SENT marker is gone too (a Redis restart without persistence empties queue and results alike; a result
+    backend of its own restarted empty loses the marker alone, and workers do not run a task without one),
+    after twice visibility_timeout_seconds without progress otherwise. A task STARTED by a worker that no longer
+    runs it is sent again once its worker, asked twice worker_check_seconds apart, did not answer or did not
+    hold it: Redis redelivers the task of a vanished worker only after visibility_timeout_seconds (2 h). A send
+    that raised takes its marker back, so the next run sends the task at once; a message that went out all the
+    same is not run. At worst a task runs twice while it is waited for, and the second run finds the first's
+    output in the store; a message that comes back once its outcome is recorded, or taken, is not run (_start).
+    Once `stopping()` (a stop asked for, the run's time up; never by default), no task is sent and those not
+    started yet are not waited for: they stay in their queue, and the next run takes their outcomes (with no
+    worker running, waiting for them would never end; their markers are kept result_expires_hours, after which
+    a worker no longer runs them and the next run sends them again).
     """
-
-    _RUNNING = frozenset({SENT, "RECEIVED", "STARTED", "RETRY"})
 
     def __init__(self, pipelines: dict[str, Pipeline], concurrency: int, scratch: Path,
                  settings: CelerySettings | None = None, stopping: Callable[[], bool] | None = None):
@@ -370,7 +402,7 @@ class CeleryExecutor:
             task_id = celery_task_id(task)
             meta = self.app.backend.get_task_meta(task_id)
             unsent = _InFlight(task, (SENT, "None"), 0.0)  # a task this run sends, or sends again
-            if meta["status"] in self._RUNNING:
+            if meta["status"] in _RUNNING:
                 self._flights[task_id] = _InFlight(task, _progress(meta), time.monotonic())
             elif meta["status"] == "PENDING":
                 self._send(task_id, unsent)
@@ -484,7 +516,7 @@ class CeleryExecutor:
         for task_id, flight in list(self._flights.items()):
             meta = self.app.backend.get_task_meta(task_id)
             status = meta["status"]
-            if status in self._RUNNING:
+            if status in _RUNNING:
                 if _progress(meta) != flight.progress:
                     flight.progress, flight.since, flight.unheld = _progress(meta), now, 0
                 holder = status == "STARTED" and isinstance(meta["result"], dict) and meta["result"].get("hostname")
@@ -493,7 +525,7 @@ class CeleryExecutor:
                     quiet.setdefault(holder, []).append(task_id)
                 if now - flight.since < patience:
                     continue
-            if status in self._RUNNING or status == "PENDING":
+            if status in _RUNNING or status == "PENDING":
                 ended(task_id, self._resend(task_id, flight, "lost by the broker" if status == "PENDING" else
                                             f"no progress for {patience} s"))
             else:
