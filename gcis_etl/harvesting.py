@@ -676,8 +676,7 @@ class Harvest:
                    for _, record in items):
                 self.unsettled.append(listed_at(obj))
             return
-        settled = pending.plan.manifests if pending.records is not None else None  # planned with these records
-        settled = settled or self._manifests(obj, records, pending.plan.lost)
+        settled = pending.plan.manifests or self._manifests(obj, records, pending.plan.lost)  # planned: nothing sent
         if settled is not None and settled.action == "touched":
             self.ledger.record_touched(self.pipeline.name, obj.id, obj.modified, settled.digest)
         elif settled is not None and settled.action == "publish":

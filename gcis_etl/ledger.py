@@ -680,8 +680,7 @@ class Ledger:
                 # keys: the page after it moved up) has no access master left: forgotten, so that status and
                 # move_store no longer count it, and it is new if it comes back
                 for item_id in set(self._others_under(result, result.key)) - set(listed):
-                    self._execute("DELETE FROM items WHERE pipeline=? AND object_id=? AND item_id=?",
-                                  (result.pipeline, result.object_id, item_id))
+                    self._forget_item(result.pipeline, result.object_id, item_id)
                 if previous is not None and previous.output_key and previous.output_key != result.key \
                         and not self._holds(result, previous.output_key, listed):
                     self._supersede(result.pipeline, result.object_id, result.item_id, previous.output_key, run_id,
@@ -749,8 +748,10 @@ class Ledger:
 
     def forget_item(self, pipeline: str, object_id: str, item_id: str) -> None:
         with self._writing():
-            self._execute("DELETE FROM items WHERE pipeline=? AND object_id=? AND item_id=?",
-                          (pipeline, object_id, item_id))
+            self._forget_item(pipeline, object_id, item_id)
+
+    def _forget_item(self, pipeline: str, object_id: str, item_id: str) -> None:
+        self._execute("DELETE FROM items WHERE pipeline=? AND object_id=? AND item_id=?", (pipeline, object_id, item_id))
 
     def reset_attempts(self, pipeline: str, object_id: str) -> int:
         """`gcis-etl retry`: the object's failed items get a fresh set of attempts."""

@@ -382,8 +382,9 @@ def test_status_shows_a_rejected_manifest_until_a_later_run_publishes_it(site):
     assert (problem["object_id"], problem["item_id"], problem["status"]) == ("print-2", "(manifest)", "rejected")
     assert f"rejected: print-2/(manifest): {problem['reason']}" in cli(site, "status").stdout
     with Ledger.open(cfg) as ledger:
-        assert pipeline_status(ledger, "museum", pipeline_lock(cfg.state_dir, "museum")).to_dict() \
-            == json.loads(status.stdout)
+        museum = cfg.pipeline("museum")  # as the CLI asks
+        assert pipeline_status(ledger, "museum", pipeline_lock(cfg.state_dir, "museum"), listing=museum.listing_digest,
+                               max_attempts=museum.settings.max_attempts).to_dict() == json.loads(status.stdout)
 
     sidecar.write_text(sidecar.read_text().replace("object_id,file", "object_id,file,title"))
     sidecar.write_text(sidecar.read_text().replace("p1-pil_sample_cmyk.jpg", "p1-pil_sample_cmyk.jpg,Print"))
