@@ -157,6 +157,13 @@ class CelerySettings(Settings):
         if self.visibility_timeout_seconds <= longest:
             raise ValueError(f"visibility_timeout_seconds must exceed the longest hard time limit ({longest}), "
                              f"or running tasks would be redelivered")
+        # A worker runs only a task whose SENT marker is there (worker._start), and the marker lasts as long as an
+        # outcome: the orchestrator, sending a task again after twice the visibility timeout without progress,
+        # must renew it before it expires, or a task waiting in a long queue would never run.
+        if self.result_expires_hours * 3600 <= 2 * self.visibility_timeout_seconds:
+            raise ValueError(f"result_expires_hours ({self.result_expires_hours:g}) must exceed twice "
+                             f"visibility_timeout_seconds ({2 * self.visibility_timeout_seconds} s), or a task "
+                             f"queued that long would lose its SENT marker and never run")
         return self
 
     @property

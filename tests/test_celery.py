@@ -53,6 +53,8 @@ def test_settings_are_validated_with_the_key_named():
     # retries wait out their backoff inside the task: it is held no longer than its hard limit
     assert parse(CelerySettings, {"visibility_timeout_seconds": 3601, "retry": {"backoff_max_seconds": 300}},
                  "config.yaml", "celery").visibility_timeout_seconds == 3601
+    with pytest.raises(ConfigError, match=r"result_expires_hours \(4\) must exceed twice visibility_timeout_seconds"):
+        parse(CelerySettings, {"result_expires_hours": 4}, "config.yaml", "celery")
     with pytest.raises(ConfigError, match=r"celery\.broker_url: .*Redis or RabbitMQ"):
         parse(CelerySettings, {"broker_url": "sqs://"}, "config.yaml", "celery")
 
