@@ -399,15 +399,17 @@ class Harvest:
     def _manifests(self, obj: SourceObject, records: dict[str, ItemRecord], lost: Collection[str] = ()
                    ) -> _Manifests | None:
         """What the object's manifests show from its items' `records` (the access masters recorded, bar those of
-        rejected items `lost`: Harvest.plan), and what the run does with them; None when it publishes none: no
-        manifests, an item unsettled or failed, no image."""
+        rejected items that are gone: `lost` from the store (Harvest.plan), or written over by another item's
+        deposit, maybe in this very run: _holders), and what the run does with them; None when it publishes none:
+        no manifests, an item unsettled or failed, no image."""
         manifests = self.pipeline.manifests
         items = [(item, records.get(item.id)) for item in obj.items]
         if manifests is None or any(record is None or record.status == "failed" for _, record in items):
             return None
+        holders = _holders(records)
         images = [DepositedImage(item.sequence, record.output_key, record.width, record.height, item.label)
-                  for item, record in items
-                  if record.output_key and not (record.status == "rejected" and item.id in lost)]
+                  for item, record in items if record.output_key and not (
+                      record.status == "rejected" and (item.id in lost or holders[record.output_key] is not record))]
         if not images:
             return None
         digest = _manifest_fingerprint(obj, images, self.manifest_settings)
@@ -429,15 +431,12 @@ class Harvest:
         stops the run (a StoreError), as at check_store."""
         if any(not d.process and d.outcome is Outcome.FAILED for d in decisions.values()):
             return {}
-        last: dict[str, ItemRecord] = {}  # of the records naming each key, the one written last: its deposit is there
-        for record in (r for r in records.values() if r.output_key):
-            if record.output_key not in last or record.updated > last[record.output_key].updated:
-                last[record.output_key] = record
+        holders = _holders(records)
         lost = {}
         for record in (records[i] for i, d in decisions.items() if not d.process and records[i].output_key):
             key = record.output_key
-            if last[key] is not record:
-                lost[record.item_id] = f"{last[key].item_id} was deposited under its key {key} since"
+            if holders[key] is not record:
+                lost[record.item_id] = f"{holders[key].item_id} was deposited under its key {key} since"
             elif not self.pipeline.store.exists(key):
                 lost[record.item_id] = f"its access master {key} is no longer in the store"
         return lost
@@ -1011,6 +1010,17 @@ def _moves(moved: dict[str, str]) -> str:
     return "; ".join(f"its item {ids[0]} is now listed in {object_id}" if len(ids) == 1 else
                      f"its items {', '.join(ids)} are now listed in {object_id}"
                      for object_id, ids in by_object.items())
+
+
+def _holders(records: dict[str, ItemRecord]) -> dict[str, ItemRecord]:
+    """Of the records naming each key, the one whose access master is there: a deposited one before a rejected
+    or failed one (which keeps its last key but wrote none), then the one written last."""
+    holders: dict[str, ItemRecord] = {}
+    for record in (r for r in records.values() if r.output_key):
+        held = holders.get(record.output_key)
+        if held is None or (record.status == "deposited", record.updated) > (held.status == "deposited", held.updated):
+            holders[record.output_key] = record
+    return holders
 
 
 def _manifest_fingerprint(obj: SourceObject, images: list[DepositedImage], settings: str) -> str:

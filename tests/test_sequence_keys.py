@@ -117,6 +117,24 @@ def test_a_withdrawn_page_whose_key_another_page_took_leaves_the_ledger(tmp_path
     assert records == {"p1.png": "fs/book/1.tif", "p3.tif": "fs/book/2.tif"} and keys(tmp_path) == sorted(records.values())
 
 
+def test_a_page_rejected_in_the_run_that_gave_its_key_to_another_page_is_not_shown_with_that_image(tmp_path):
+    """p1 inserted in front takes p2's key while p2's new version is rejected: p2's last deposit is written over,
+    so its canvas goes (its rejection is listed), rather than show p1's image twice, in this run and later ones."""
+    cfg = site(tmp_path, ["p2.tif", "p3.tif"])
+    book = tmp_path / "masters" / "book"
+    shutil.copyfile(CORPUS / PAGES["p1.png"], book / "p1.png")
+    (book / "p2.tif").write_bytes(b"II*\x00garbage" * 10)
+    time.sleep(0.05)
+    report = harvest(cfg, "fs", HarvestOptions())
+    assert (report.counts["deposited"], report.counts["rejected"]) == (2, 1), report  # p1 to 1.tif, p3 to 3.tif
+
+    assert shown(tmp_path) == [size("p1.png"), size("p3.tif")]
+    again = run(cfg, full=True)
+    assert again.pop("p2.tif").startswith("skipped: rejected before (")
+    assert again == {"p1.png": "skipped: unchanged", "p3.tif": "skipped: unchanged"}
+    assert shown(tmp_path) == [size("p1.png"), size("p3.tif")]
+
+
 def test_a_key_another_page_had_before_it_was_withdrawn_is_retired_all_the_same(tmp_path):
     """A page deleted from the folder keeps its record (withdrawals are not acted on): not a holder of its key."""
     cfg = site(tmp_path, sorted(PAGES))
