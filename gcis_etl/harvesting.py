@@ -105,12 +105,17 @@ class HarvestOptions:
             raise ValueError("HarvestOptions.described holds the objects of object_ids, one per id in order")
 
 
+def retry_statuses(failed: bool, rejected: bool) -> list[str]:
+    """The item statuses `gcis-etl retry` takes up: failed (`failed`), rejected (`rejected`)."""
+    return (["failed"] if failed else []) + (["rejected"] if rejected else [])
+
+
 def retry_targets(ledger: Ledger, names: list[str], object_ids: tuple[str, ...], failed: bool,
                   rejected: bool) -> dict[str, tuple[str, ...]]:
     """What `gcis-etl retry` processes again, by pipeline: the objects with failed items (`failed`) and rejected
     ones (`rejected`), of those named if any are. A pipeline with none is left out: a named object with nothing
     to retry is not harvested (in every pipeline, when none is named)."""
-    statuses = (["failed"] if failed else []) + (["rejected"] if rejected else [])
+    statuses = retry_statuses(failed, rejected)
     targets = {}
     for name in names:
         ids = {o for status in statuses for o in ledger.objects_with(name, status)}

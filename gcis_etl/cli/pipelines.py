@@ -218,15 +218,15 @@ def retry(ctx: click.Context, pipelines: tuple[str, ...], failed: bool, rejected
       gcis-etl retry museum --object IE12345    one object
       gcis-etl retry museum --rejected          after relaxing the imaging policy
     """
-    from gcis_etl.harvesting import HarvestOptions, retry_targets
+    from gcis_etl.harvesting import HarvestOptions, retry_statuses, retry_targets
     from gcis_etl.reports import counted
     cfg = _config(ctx)
     names = _pipelines(cfg, pipelines)
     with _ledger_to_read(cfg) as ledger:
         targets = retry_targets(ledger, names, tuple(object_ids), failed, rejected)
     if not targets:
-        which = " or ".join(status for status, asked in (("failed", failed), ("rejected", rejected)) if asked)
-        click.echo(f"nothing to retry: no {which or 'failed'} item in {', '.join(object_ids)}" if object_ids
+        which = " or ".join(retry_statuses(failed, rejected))
+        click.echo(f"nothing to retry: no {which} item in {', '.join(object_ids)}" if which and object_ids
                    else "nothing to retry")
         sys.exit(EXIT_OK)
     for name, ids in targets.items():
