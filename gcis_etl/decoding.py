@@ -6,6 +6,7 @@ pixels mean corrupt data and are a rejection: a lenient fallback must not launde
 """
 from __future__ import annotations
 
+import os
 import struct
 from dataclasses import dataclass
 
@@ -74,12 +75,28 @@ def _open_vips(info: ImageInfo, strict: bool) -> pyvips.Image:
         raise CannotOpen("libvips cannot read tiled planar-separate TIFF")
     access = "random" if info.orientation in _RANDOM_ACCESS_ORIENTATIONS else "sequential"
     try:
-        image = pyvips.Image.new_from_file(info.path, access=access, fail_on="warning" if strict else "none")
+        image = vips_file(info.path, access=access, fail_on="warning" if strict else "none")
     except pyvips.Error as exc:
         raise CannotOpen(_first_line(exc)) from None
     if info.interpretation == "lab" and image.interpretation == "multiband":
         return _icc_lab(image, info)
     return image
+
+
+def vips_file(path: str | os.PathLike, **options) -> pyvips.Image:
+    """The file at `path` opened by libvips with its loader's `options`. pyvips hands libvips a name as UTF-8 and
+    reads back libvips' messages, which quote it, as UTF-8: a name that is not (Latin-1 bytes on disk, in Python
+    a str with surrogate escapes) raised UnicodeEncodeError, and as bytes UnicodeDecodeError on its first error,
+    so a good master was rejected ("needs review") and its output failed. Such a file is given to libvips by
+    descriptor, which libvips duplicates and keeps for the image's life."""
+    name = os.fspath(path)
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        with open(name, "rb") as f:
+            source = pyvips.Source.new_from_descriptor(f.fileno())
+        return pyvips.Image.new_from_source(source, "", **options)
+    return pyvips.Image.new_from_file(name, **options)
 
 
 def _tiled_separate_planes(path: str) -> bool:

@@ -66,7 +66,7 @@ class LocalExecutor:
         self._stopped = None  # every task is answered: the next ones start afresh
 
     def close(self) -> None:
-        self._todo.join()  # no child is leased now; each dies with the thread that started it: close them first
+        self._todo.join()  # no child is leased now; each lives until closed: close them first
         self._children.close()
         for _ in self._threads:
             self._todo.put(None)

@@ -426,13 +426,17 @@ def _picklable(exc: Exception) -> bool:
 
 
 class IsolatedProcess:
-    """One reusable child process; call() runs `module.function(*args)` in it."""
+    """One reusable child process; call() runs `module.function(*args)` in it.
+
+    It serves one call at a time: threads sharing one wait for each other (their jobs and answers went over one
+    socket, each thread taking another's answer). Threads that want to convert in parallel make one each."""
 
     def __init__(self, settings: IsolationSettings | None = None):
         self.settings = settings or IsolationSettings()
         self._proc: subprocess.Popen | None = None
         self._conn: Connection | None = None
         self._jobs = 0
+        self._turn = threading.RLock()  # reentrant: call() closes the child it recycles
 
     def __enter__(self) -> "IsolatedProcess":
         return self
@@ -450,6 +454,10 @@ class IsolatedProcess:
         What the child's libraries log meanwhile (see _ToParent) is added to `notes`; without it, logged here."""
         if callable(target):
             target = f"{target.__module__}.{target.__qualname__}"
+        with self._turn:
+            return self._call(target, args, timeout, notes)
+
+    def _call(self, target: str, args: tuple, timeout: float | None, notes: list[str] | None) -> Any:
         self.start()
         setting = "" if timeout else " under isolation.timeout_seconds: raise it for masters this size"
         timeout = timeout or self.settings.timeout_seconds
@@ -489,15 +497,17 @@ class IsolatedProcess:
             self._recycle_if_needed()
 
     def close(self) -> None:
-        if self._alive():
-            try:
-                self._conn.send(None)
-                self._proc.wait(5)
-            except (OSError, subprocess.TimeoutExpired):
-                self._kill()
-        if self._conn is not None:
-            self._conn.close()
-        self._proc, self._conn = None, None
+        """After the call in flight, if any: the child would be killed under it."""
+        with self._turn:
+            if self._alive():
+                try:
+                    self._conn.send(None)
+                    self._proc.wait(5)
+                except (OSError, subprocess.TimeoutExpired):
+                    self._kill()
+            if self._conn is not None:
+                self._conn.close()
+            self._proc, self._conn = None, None
 
     def _alive(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
@@ -520,7 +530,7 @@ class IsolatedProcess:
         parent, child = socket.socketpair()
         with parent, child:
             try:
-                self._proc = subprocess.Popen(
+                self._proc = _kept_process(
                     [sys.executable, "-c", _CHILD_ENTRY, str(child.fileno()), json.dumps(self.settings.model_dump())],
                     pass_fds=(child.fileno(),), stdin=subprocess.DEVNULL, start_new_session=True)
             except OSError as exc:  # not the job's: a caller would take it for its own files' ("cannot write")
@@ -568,12 +578,31 @@ class IsolatedProcess:
             self.close()
 
 
+def _kept_process(argv: list[str], **popen: Any) -> subprocess.Popen:
+    """`argv` started from a thread of its own that waits for it: the child dies with the thread that started it
+    (_die_with_parent), and a worker shared by threads was killed mid-job when the thread that had started it
+    ended (SIGKILL, a false failure). It still dies with this process."""
+    started: Future = Future()
+
+    def keep() -> None:
+        try:
+            proc = subprocess.Popen(argv, **popen)
+        except Exception as exc:  # the caller's to judge (OSError: CannotStart), not this thread's to lose
+            started.set_exception(exc)
+            return
+        started.set_result(proc)
+        proc.wait()
+
+    threading.Thread(target=keep, name="gcis-conversion-process", daemon=True).start()
+    return started.result()
+
+
 class ChildPool:
     """At most `size` conversion children, shared by the threads that lease them, each only around a conversion
     (the cores and the memory budget: each child may grow to isolation.max_rss_mb), so that these threads can
     fetch and deposit other items meanwhile. A lease with other isolation settings than the idle children's
-    replaces one of them. A child is started in the thread that first calls it, and dies with that thread (see
-    _die_with_parent): lease from threads that outlive the pool."""
+    replaces one of them. A child is started from a thread of its own and dies with this process (or when
+    closed)."""
 
     def __init__(self, size: int):
         self._free = threading.Semaphore(size)

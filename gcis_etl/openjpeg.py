@@ -7,6 +7,7 @@ A decoder crash takes the calling process with it, so call this only in a conver
 from __future__ import annotations
 
 import ctypes as C
+import os
 from functools import cache
 from pathlib import Path
 
@@ -71,7 +72,7 @@ def decode_rgb(path: Path, reduce: int = 0, area: tuple[int, int, int, int] | No
     lib = _library()
     complaints: list[str] = []
     collect = _MESSAGE(lambda message, _: complaints.append(message.decode(errors="replace").strip()))
-    stream = lib.opj_stream_create_default_file_stream(str(path).encode(), 1)
+    stream = lib.opj_stream_create_default_file_stream(os.fsencode(path), 1)
     if not stream:
         raise DecodeError(f"cannot open {path}")
     codec = lib.opj_create_decompress(_CODEC_JP2)

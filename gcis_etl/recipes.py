@@ -13,7 +13,8 @@ import re
 from pathlib import Path
 from typing import Any, Literal, Mapping
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from gcis_etl.errors import ConfigError
 from gcis_etl.formats import names_of
@@ -109,44 +110,57 @@ class Recipe(Settings):
     @field_validator("chroma", mode="before")
     @classmethod
     def _sexagesimal_chroma(cls, value: object) -> object:
-        """YAML 1.1 reads an unquoted 4:2:0 as the base-60 number 14520 (4:4:4: 14644): take it as meant."""
-        return {14520: "4:2:0", 14644: "4:4:4"}.get(value, value) if isinstance(value, int) else value
+        """YAML 1.1 reads an unquoted 4:2:0 as the base-60 number 14520 (4:4:4: 14644): take it as meant. Any
+        other such number is told as written, not as the number ("got 14522" for 4:2:2)."""
+        if not isinstance(value, int) or isinstance(value, bool):
+            return value
+        meant = {14520: "4:2:0", 14644: "4:4:4"}.get(value)
+        written = _sexagesimal(value)
+        if meant is None and written.count(":") == 2:
+            raise PydanticCustomError("value_error", "YAML reads an unquoted {written} as the number {number}: "
+                                      "write it quoted, '{written}'; chroma is '4:2:0' or '4:4:4'",
+                                      {"written": written, "number": value})
+        return meant or value
 
     @model_validator(mode="after")
     def _fields_match_encoder(self) -> "Recipe":
+        try:
+            self._check_fields()
+        except _Misfit as misfit:
+            raise misfit.error(self) from None
+        return self
+
+    def _check_fields(self) -> None:
         # The scratch file and the store key end with it, and the cache copies only names ending with one of
         # its `extensions` (the same form): a path (/, ..) or a space in it would write elsewhere or go unseen.
         if not re.fullmatch(r"\.[a-z0-9]+", self.extension):
-            raise ValueError(f"extension must be a dot and lower-case letters or digits (.tif, .jp2), "
-                             f"got {self.extension!r}")
+            raise _Misfit("extension", "must be a dot and lower-case letters or digits (.tif, .jp2)")
         if self.encoder != "tifffile" and self.interpolation is not None:
-            raise ValueError(f"interpolation: applies only to encoder tifffile, not {self.encoder}")
+            raise _Misfit("interpolation", f"applies only to encoder tifffile, not {self.encoder}")
         if self.encoder in PTIFF_ENCODERS:
             if self.extension in names_of("JP2") | names_of("J2K"):
-                raise ValueError(f"extension {self.extension} names JPEG 2000, but encoder {self.encoder} writes "
-                                 f"TIFF (.tif)")
+                raise _Misfit("extension", f"names JPEG 2000, but encoder {self.encoder} writes TIFF (.tif)")
             if self.jp2 is not None:
-                raise ValueError("jp2: applies only to the encoders " + ", ".join(JP2_ENCODERS))
+                raise _Misfit("jp2", "applies only to the encoders " + ", ".join(JP2_ENCODERS))
             if self.encoder == "tifffile" and self.fast_dct:
-                raise ValueError("fast_dct: imagecodecs (encoder tifffile) has no fast DCT")
-            return self
+                raise _Misfit("fast_dct", "imagecodecs (encoder tifffile) has no fast DCT")
+            return
         misplaced = sorted(set(_PTIFF_ONLY) & self.model_fields_set)
         if misplaced:
-            raise ValueError(f"{', '.join(misplaced)}: apply only to encoder ptiff or tifffile, not {self.encoder}")
+            raise _Misfit(tuple(misplaced), f"applies only to encoder ptiff or tifffile, not {self.encoder}")
         if self.jp2 is None:
-            raise ValueError(f"jp2: parameters are required for encoder {self.encoder}")
+            raise _Misfit("jp2", f"parameters are required for encoder {self.encoder}")
         if self.extension != ".jp2":
-            raise ValueError(f"extension must be .jp2 for encoder {self.encoder}, got {self.extension!r}")
+            raise _Misfit("extension", f"must be .jp2 for encoder {self.encoder}")
         if self.encoder == "kakadu":
             _check_kdu_args(self.jp2)
         elif self.jp2.kdu_args:
-            raise ValueError(f"jp2.kdu_args: applies only to encoder kakadu, not {self.encoder}")
+            raise _Misfit("jp2.kdu_args", f"applies only to encoder kakadu, not {self.encoder}")
         elif self.jp2.layers > 1 and len(self.jp2.rates) != self.jp2.layers:
-            raise ValueError(f"jp2.rates: {self.encoder} needs one rate per layer ({self.jp2.layers}), "
-                             f"got {len(self.jp2.rates)}")
+            raise _Misfit("jp2.rates", f"{self.encoder} needs one rate per layer ({self.jp2.layers}), "
+                                       f"got {len(self.jp2.rates)}")
         else:
             _check_opj_grk(self.encoder, self.jp2)
-        return self
 
     @functools.cached_property
     def digest(self) -> str:
@@ -163,24 +177,59 @@ class Recipe(Settings):
         return copied
 
 
+class _Misfit(ValueError):
+    """Recipe keys whose values do not fit the others. Raised from the model's own check, pydantic's error named no
+    key ("<top>: Value error, extension must be ..."): it is raised as each key's error instead."""
+
+    def __init__(self, keys: str | tuple[str, ...], problem: str):
+        super().__init__(problem)
+        self.keys = (keys,) if isinstance(keys, str) else keys
+
+    def error(self, recipe: Recipe) -> ValidationError:
+        """The error at each key (jp2.tiles: inside the jp2 section). A top-level key's value is shown after the
+        problem, as for pydantic's own errors; a jp2 key's problem states the values it weighs, and the section is
+        given as the input, which is not shown again."""
+        details = []
+        for key in self.keys:
+            path = tuple(key.split("."))
+            value = getattr(recipe, path[0]) if len(path) == 1 else recipe.jp2
+            kind = "missing" if value is None else "value_error"  # as pydantic's own "Field required": no "got None"
+            shown = value.model_dump() if isinstance(value, Settings) else value
+            details.append(InitErrorDetails(type=PydanticCustomError(kind, "{problem}", {"problem": str(self)}),
+                                            loc=path, input=shown))
+        return ValidationError.from_exception_data(type(recipe).__name__, details)
+
+
+def _sexagesimal(number: int) -> str:
+    """`number` as YAML 1.1 reads an unquoted 4:2:2 (base 60, digit by digit): 14522 -> "4:2:2"."""
+    digits = []
+    while True:
+        number, digit = divmod(number, 60)
+        digits.append(str(digit))
+        if not number:
+            return ":".join(reversed(digits))
+
+
 def _check_kdu_args(jp2: Jp2Parameters) -> None:
     """The verbatim kdu_compress vector must say what the structured fields (used to verify) say."""
     if not jp2.kdu_args:
-        raise ValueError("jp2.kdu_args: the kdu_compress parameters are required for encoder kakadu")
+        raise _Misfit("jp2.kdu_args", "the kdu_compress parameters are required for encoder kakadu")
     given = dict(a.split("=", 1) for a in jp2.kdu_args if a.split("=", 1)[0] in _KDU_KEYS)
     for key, field in _KDU_KEYS.items():
         if key in given and given[key] != str(getattr(jp2, field)):
-            raise ValueError(f"jp2.kdu_args: {key}={given[key]} disagrees with jp2.{field}: {getattr(jp2, field)}")
+            raise _Misfit("jp2.kdu_args", f"{key}={given[key]} disagrees with jp2.{field}: "
+                                          f"{getattr(jp2, field)}")
     if jp2.ht != any(a.startswith("Cmodes=") and "HT" in a for a in jp2.kdu_args):
-        raise ValueError(f"jp2.kdu_args: Cmodes=HT {'missing' if jp2.ht else 'present'} but jp2.ht is {jp2.ht}")
+        raise _Misfit("jp2.kdu_args", f"Cmodes=HT {'missing' if jp2.ht else 'present'} but jp2.ht is "
+                                      f"{jp2.ht}")
     settings = dict(a.split("=", 1) for a in jp2.kdu_args if "=" in a)
     if (settings.get("Creversible") == "yes") != jp2.reversible:
-        raise ValueError(f"jp2.kdu_args: Creversible={settings.get('Creversible', 'no (default)')} disagrees "
-                         f"with jp2.reversible: {jp2.reversible}")
+        raise _Misfit("jp2.kdu_args", f"Creversible={settings.get('Creversible', 'no (default)')} disagrees "
+                                      f"with jp2.reversible: {jp2.reversible}")
     tiles = f"{{{jp2.tiles[1]},{jp2.tiles[0]}}}" if jp2.tiles else None  # Kakadu's order: {rows,columns}
     if settings.get("Stiles") != tiles:
-        raise ValueError(f"jp2.kdu_args: Stiles={settings.get('Stiles', 'none (one tile)')} disagrees with "
-                         f"jp2.tiles: {list(jp2.tiles) if jp2.tiles else None}")
+        raise _Misfit("jp2.kdu_args", f"Stiles={settings.get('Stiles', 'none (one tile)')} disagrees with "
+                                      f"jp2.tiles: {list(jp2.tiles) if jp2.tiles else None}")
 
 
 def max_levels(jp2: Jp2Parameters) -> int | None:
@@ -203,16 +252,16 @@ def _check_opj_grk(encoder: str, jp2: Jp2Parameters) -> None:
     """What opj_compress (2.5) and grk_compress (10.0) cannot make although the fields validate: every
     conversion would fail, in the encoder or in verification."""
     if jp2.ht and encoder == "openjpeg":
-        raise ValueError("jp2.ht: opj_compress cannot write HTJ2K; use encoder grok or kakadu")
+        raise _Misfit("jp2.ht", "opj_compress cannot write HTJ2K; use encoder grok or kakadu")
     if jp2.tiles and jp2.levels > _tile_levels(jp2.tiles):
         # opj_compress: "Number of resolutions is too high in comparison to the size of tiles"; grk_compress
         # writes a file whose reductions are wrong (17 dB where 30 are asked)
-        raise ValueError(f"jp2.tiles: {encoder} needs tiles of at least 2^levels = {2 ** jp2.levels} a side for "
-                         f"{jp2.levels} levels, got {list(jp2.tiles)}: use larger tiles or at most "
-                         f"{_tile_levels(jp2.tiles)} levels")
+        raise _Misfit("jp2.tiles", f"{encoder} needs tiles of at least 2^levels = {2 ** jp2.levels} a side for "
+                                   f"{jp2.levels} levels, got {list(jp2.tiles)}: use larger tiles or at most "
+                                   f"{_tile_levels(jp2.tiles)} levels")
     if jp2.ht and jp2.layers > 1:
-        raise ValueError(f"jp2.ht: {encoder} writes one quality layer with the HT block coder, not "
-                         f"{jp2.layers} (verification would fail): set layers: 1")
+        raise _Misfit("jp2.ht", f"{encoder} writes one quality layer with the HT block coder, not "
+                                f"{jp2.layers} (verification would fail): set layers: 1")
     if jp2.precincts:
         # the encoders halve the last listed size for each lower resolution (a size below 1 becomes 2); JPEG 2000
         # Part 1 allows a precinct of 1 only at resolution 0 (jpylyzer: precinctSizeXIsValid)
@@ -220,29 +269,30 @@ def _check_opj_grk(encoder: str, jp2: Jp2Parameters) -> None:
         smallest = 2 ** (jp2.levels - listed + 1)  # what is still 2 at resolution 1
         if jp2.levels > _precinct_levels(jp2.precincts):
             reaches = jp2.levels - _precinct_levels(jp2.precincts)
-            raise ValueError(f"jp2.precincts: {encoder} halves the last size, {list(last)}, at each lower "
-                             f"resolution: with {jp2.levels} levels it reaches 1 at resolution {reaches}, where "
-                             f"JPEG 2000 allows 1 only at resolution 0 (the file would be invalid): make the last "
-                             f"size at least {smallest} a side, list sizes for more resolutions, or use fewer levels")
+            raise _Misfit("jp2.precincts", f"{encoder} halves the last size, {list(last)}, at each lower "
+                                           f"resolution: with {jp2.levels} levels it reaches 1 at resolution "
+                                           f"{reaches}, where JPEG 2000 allows 1 only at resolution 0 (the file "
+                                           f"would be invalid): make the last size at least {smallest} a side, "
+                                           f"list sizes for more resolutions, or use fewer levels")
     if jp2.tile_parts == "L":
-        raise ValueError(f"jp2.tile_parts: L (by layer) fails with {encoder} from a few layers and levels on "
-                         f"(3 layers at 7 levels, 4 at 5, 6 at 3: the encoder fails or writes an invalid JP2): "
-                         f"use R or C")
+        raise _Misfit("jp2.tile_parts", f"L (by layer) fails with {encoder} from a few layers and levels on "
+                                        f"(3 layers at 7 levels, 4 at 5, 6 at 3: the encoder fails or writes an "
+                                        f"invalid JP2): use R or C")
     if encoder == "openjpeg" and jp2.tile_parts and jp2.precincts and jp2.progression in ("LRCP", "RLCP"):
-        raise ValueError(f"jp2.tile_parts: opj_compress cannot divide into tile-parts with precincts and "
-                         f"progression {jp2.progression} (\"Cannot encode tile\"): use RPCL, PCRL or CPRL, or "
-                         f"tile_parts: null")
+        raise _Misfit("jp2.tile_parts", f"opj_compress cannot divide into tile-parts with precincts and "
+                                        f"progression {jp2.progression} (\"Cannot encode tile\"): use RPCL, PCRL "
+                                        f"or CPRL, or tile_parts: null")
 
 
-def recipe_dirs(folder: Path | None = None) -> list[Path]:
+def recipe_dirs(folder: str | Path | None = None) -> list[Path]:
     """GCIS_RECIPES (colon-separated), then the recipes/ beside the config file (`folder`: its folder; ./recipes
     without one), then the recipes shipped beside the package: a cron job finds the recipes its config.yaml
     names whatever its working directory."""
     dirs = [Path(p) for p in os.environ.get("GCIS_RECIPES", "").split(os.pathsep) if p]
-    return dirs + [(folder or Path.cwd()) / "recipes", _REPO_RECIPES]
+    return dirs + [Path(folder or Path.cwd()) / "recipes", _REPO_RECIPES]
 
 
-def recipe_files(folder: Path | None = None) -> dict[str, Path]:
+def recipe_files(folder: str | Path | None = None) -> dict[str, Path]:
     """Each recipe that can be named (a recipe's name is its file's), by the first file of that name in
     recipe_dirs(folder) order: what load_recipe finds, recipe_names and `gcis-etl recipes` list."""
     found: dict[str, Path] = {}
@@ -253,7 +303,7 @@ def recipe_files(folder: Path | None = None) -> dict[str, Path]:
     return found
 
 
-def recipe_names(folder: Path | None = None) -> list[str]:
+def recipe_names(folder: str | Path | None = None) -> list[str]:
     """The recipes that can be named."""
     return sorted(recipe_files(folder))
 
@@ -263,7 +313,7 @@ def is_recipe_file(name_or_path: str | Path) -> bool:
     return Path(name_or_path).suffix in (".yaml", ".yml")
 
 
-def load_recipe(name_or_path: str | Path = DEFAULT_RECIPE, folder: Path | None = None) -> Recipe:
+def load_recipe(name_or_path: str | Path = DEFAULT_RECIPE, folder: str | Path | None = None) -> Recipe:
     """A recipe by name (searched in recipe_dirs(folder)) or by path to a YAML file."""
     path = Path(name_or_path)
     if not is_recipe_file(path):

@@ -225,7 +225,7 @@ class LocalStore:
     def __init__(self, settings: LocalStoreSettings):
         self.settings = settings
         self.keys = settings.keys
-        self.root = settings.root
+        self.root = settings.root.absolute()  # a relative root followed os.chdir: a second store beside the first
 
     def describe(self, key: str) -> str:
         return str(self.root / key)

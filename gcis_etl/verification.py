@@ -126,10 +126,12 @@ def _icc_errors(icc: bytes | None) -> list[str]:
 def _decode_errors(path: Path, levels: list[Level], tile: int) -> list[str]:
     """Decode the corner and centre tiles of every level, and the whole smallest level, through libtiff."""
     import pyvips
+
+    from gcis_etl.decoding import vips_file
     errors = []
     for i, lv in enumerate(levels):
         try:
-            page = pyvips.Image.new_from_file(str(path), page=i, fail_on="warning", access="random")
+            page = vips_file(path, page=i, fail_on="warning", access="random")
             spots = {(0, 0), (lv.width - 1, lv.height - 1), (lv.width // 2, lv.height // 2)}
             for x, y in spots:
                 x0, y0 = x // tile * tile, y // tile * tile

@@ -157,11 +157,11 @@ def test_an_unquoted_chroma_read_as_a_base_60_number_is_taken_as_written(tmp_pat
 
 
 @pytest.mark.parametrize("extension, message", [
-    ("./../../escaped", "extension must be a dot and lower-case letters or digits (.tif, .jp2), got './../../escaped'"),
-    (".", "extension must be a dot and lower-case letters or digits"),
+    ("./../../escaped", "extension: must be a dot and lower-case letters or digits (.tif, .jp2) (got './../../escaped')"),
+    (".", "extension: must be a dot and lower-case letters or digits"),
     ("'. tif'", "got '. tif'"),
     (".TIF", "got '.TIF'"),
-    (".jp2", "extension .jp2 names JPEG 2000, but encoder ptiff writes TIFF (.tif)"),
+    (".jp2", "extension: names JPEG 2000, but encoder ptiff writes TIFF (.tif) (got '.jp2')"),
 ])
 def test_a_recipe_extension_that_is_no_plain_suffix_or_names_another_format_is_refused(tmp_path, extension, message):
     """The scratch file and the store key end with it: "./../../escaped" wrote every item's output to one path

@@ -81,7 +81,7 @@ def test_kakadu_vectors_carry_the_seed_parameters_verbatim():
 
 
 @pytest.mark.parametrize("data, message", [
-    ({"encoder": "openjpeg", "quality": 80, "jp2": {"rates": [2]}}, "quality: apply only to encoder ptiff"),
+    ({"encoder": "openjpeg", "quality": 80, "jp2": {"rates": [2]}}, "quality: applies only to encoder ptiff"),
     ({"encoder": "grok"}, "jp2: parameters are required for encoder grok"),
     ({"encoder": "ptiff", "jp2": {"rates": [2]}}, "jp2: applies only to the encoders"),
     ({"encoder": "openjpeg", "jp2": {}}, "lossless coding (no rates) needs reversible: true"),
@@ -93,7 +93,7 @@ def test_kakadu_vectors_carry_the_seed_parameters_verbatim():
      "Stiles={1024,512} disagrees with jp2.tiles: [1024, 512]"),
     ({"encoder": "kakadu", "jp2": {"rates": [2], "kdu_args": ["Clevels=6"]}},
      "Stiles=none (one tile) disagrees with jp2.tiles: [512, 512]"),
-    ({"encoder": "openjpeg", "extension": ".tif", "jp2": {"rates": [2]}}, "extension must be .jp2"),
+    ({"encoder": "openjpeg", "extension": ".tif", "jp2": {"rates": [2]}}, "extension: must be .jp2 for encoder openjpeg (got '.tif')"),
     ({"encoder": "openjpeg", "jp2": {"rates": [2], "tiles": [0, 0]}}, "tiles must be positive sizes"),
     ({"encoder": "openjpeg", "jp2": {"rates": [2], "code_block": [128, 128]}}, "4096 in area, got [128, 128]"),
     ({"encoder": "openjpeg", "jp2": {"rates": [2], "code_block": [4, 2048]}}, "1024 a side and 4096 in area"),
