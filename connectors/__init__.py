@@ -15,16 +15,22 @@ Opening a source validates its settings and touches no network: the first reques
 """
 from __future__ import annotations
 
+import inspect
 import typing
 from dataclasses import dataclass
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any, Mapping
 
 from connectors.base import Source
+from connectors.redaction import register_environment, scrub
 from gcis_etl.errors import ConfigError
 from gcis_etl.settings import Settings, interpolate_env, parse
 
 ENTRY_POINT_GROUP = "gcis_etl.connectors"
+METHODS = tuple(name for name, member in vars(Source).items() if callable(member) and not name.startswith("_"))
+ATTRIBUTES = tuple(name for name in Source.__annotations__ if not hasattr(Source, name))
+"""What connectors.base.Source requires of a connector: its methods, on the class; its attributes (those with
+no default there), which a connector may set in __init__, on the source opened."""
 BUILT_IN: dict[str, str] = {
     "rosetta": "connectors.rosetta:RosettaSource",
     "otmm": "connectors.otmm:OtmmSource",
@@ -56,6 +62,16 @@ def connector(kind: str) -> Connector:
     if not (isinstance(model, type) and issubclass(model, Settings)):
         raise ConfigError(f"connector {kind!r} ({target}) is no class whose __init__(self, settings, name) annotates "
                           "`settings` with a gcis_etl.settings.Settings model")
+    signature = inspect.signature(source)
+    try:
+        signature.bind(None, name=kind)
+    except TypeError:
+        raise ConfigError(f"connector {kind!r} ({target}): its __init__(self, {', '.join(signature.parameters)}) "
+                          f"cannot be called as {source.__name__}(settings, name=...), as every connector is") from None
+    missing = [name for name in METHODS if not callable(getattr(source, name, None))]
+    if missing:
+        raise ConfigError(f"connector {kind!r} ({target}) lacks the method(s) {', '.join(missing)} of "
+                          f"connectors.base.Source")
     return Connector(source, model)
 
 
@@ -70,6 +86,9 @@ def open_source(kind: str, settings: Mapping[str, Any] | Settings, name: str, *,
 
     A ${VAR} still in `settings` is filled from the environment now: config.yaml leaves a source's unset
     ones to here, so that only commands opening the source need its secrets; an unset one is a ConfigError.
+    Every value the environment filled in is a secret from here on, whatever its key and whichever connector,
+    built-in or not, quotes it (connectors.redaction.register_environment). A connector whose __init__ raises,
+    or whose source lacks an attribute of connectors.base.Source, is a ConfigError naming `kind`.
     """
     found = connector(kind)
     if not isinstance(settings, Settings):
@@ -78,7 +97,20 @@ def open_source(kind: str, settings: Mapping[str, Any] | Settings, name: str, *,
         except ConfigError as exc:
             raise ConfigError(f"{config_file}: {exc}") from None
         settings = parse(found.settings, filled, config_file, prefix)
-    return found.source(settings, name=name)
+    register_environment(settings)
+    key = f"{config_file}: {prefix}.kind" if prefix else config_file
+    try:
+        source = found.source(settings, name=name)
+    except ConfigError:
+        raise
+    except Exception as exc:  # someone's connector, refusing its settings its own way (or a bug in it)
+        raise ConfigError(f"{key}: connector {kind!r} cannot be opened: its {found.source.__name__}(settings, "
+                          f"name=...) raised {type(exc).__name__}: {scrub(str(exc))}") from None
+    missing = [attribute for attribute in ATTRIBUTES if not hasattr(source, attribute)]
+    if missing:
+        raise ConfigError(f"{key}: connector {kind!r} gives a source without the attribute(s) {', '.join(missing)} "
+                          f"of connectors.base.Source")
+    return source
 
 
 def _declared(kind: str) -> str:

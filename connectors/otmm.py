@@ -29,7 +29,7 @@ from connectors.fetching import fetch_verified, fixity
 from connectors.grouping import natural_key
 from connectors.http import HttpSession, HttpSourceSettings
 from connectors.idlist import IdListSettings
-from connectors.redaction import Secret, register, register_environment
+from connectors.redaction import Secret, register
 from connectors.retry import RetryBudget
 from connectors.timestamps import as_utc, parse_timestamp, within
 from gcis_etl.settings import Settings
@@ -152,7 +152,6 @@ class OtmmSource:
         register(settings.password.get_secret_value(),
                                settings.client_secret.get_secret_value() if settings.client_secret else None)
         register(*settings.extra_headers.values())  # where a gateway's API key or Authorization header goes
-        register_environment(settings)  # a contents_params value, say: a ${VAR} is a secret whatever its key
         self.http.on_unauthorized = self._relogin
         self.http.relogin_statuses = settings.relogin_statuses
         self._token: str | None = None

@@ -81,14 +81,23 @@ def scrub_url(url: str) -> str:
 
 
 class ScrubbingFilter(logging.Filter):
-    """Log records with their message scrubbed (on a handler: every record it writes, whichever logger)."""
+    """Log records with their message and their traceback scrubbed (on a handler: every record it writes,
+    whichever logger): an exception's text quotes whatever its raiser put in it (a connector's KeyError, a
+    token). The traceback is formatted here, as logging.Formatter would, into the exc_text formatters write."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
         clean = scrub(message)
         if clean != message:
             record.msg, record.args = clean, ()
+        if record.exc_info and not record.exc_text:
+            record.exc_text = _FORMATTER.formatException(record.exc_info)
+        if record.exc_text:
+            record.exc_text = scrub(record.exc_text)
         return True
+
+
+_FORMATTER = logging.Formatter()
 
 
 logging.getLogger("urllib3.connectionpool").addFilter(ScrubbingFilter())

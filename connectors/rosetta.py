@@ -27,7 +27,7 @@ from connectors.errors import (DESCRIBE_ERRORS, ObjectNotFound, PermissionDenied
 from connectors.fetching import CHECKABLE_DIGESTS, fetch_verified, fixity, hashlib_name
 from connectors.http import BaseUrl, HttpSession, HttpSourceSettings
 from connectors.idlist import IdListSettings
-from connectors.redaction import Secret, register, register_environment, scrub
+from connectors.redaction import Secret, register, scrub
 from connectors.timestamps import as_utc, clock_window, parse_timestamp, within
 from gcis_etl.errors import SourceError
 from gcis_etl.settings import Settings
@@ -206,7 +206,6 @@ class RosettaSource:
         token = base64.b64encode(f"{login}:{password}".encode()).decode()
         self.http.auth = _SchemeAuth(f"{settings.auth_scheme} {token}")
         register(password, token)
-        register_environment(settings)
         self._zone = ZoneInfo(settings.timezone)
         # no credential in a locator (they travel in task messages): user-info is sent by the session, and
         # delivery_params are added when fetching

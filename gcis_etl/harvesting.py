@@ -25,6 +25,7 @@ from typing import Callable, Collection, Iterator, Sequence
 from connectors.base import (LangValue, ListingMoved, SourceItem, SourceObject, UnreadableObject, described,
                              items_unique, listed_at)
 from connectors.errors import RetryStopped
+from connectors.redaction import scrub
 from connectors.retry import waits_end_when
 from gcis_etl.commands import EXIT_ITEM_FAILED, EXIT_LOCKED, EXIT_OK, EXIT_USAGE, Interrupted, Stop, as_stop
 from gcis_etl.config import Config
@@ -86,7 +87,9 @@ class HarvestOptions:
     def __post_init__(self):
         """The CLI refuses these; a library caller's would be read wrongly: a limit of 0 as a run stopped at once,
         0 minutes as the pipeline's limit, a str of ids as one id per character; or crash the run: a since that is
-        not a datetime (the CLI's "7d" is its own), or one with no timezone, which no source's times compare with."""
+        not a datetime (the CLI's "7d" is its own), or one with no timezone, which no source's times compare with;
+        a recipe that is no name (a Recipe, which convert() takes): a run's tasks carry the recipe's name, which
+        the workers, in other processes or on other hosts, look up in their recipe_dirs."""
         if self.limit is not None and self.limit < 1:
             raise ValueError(f"HarvestOptions.limit must be at least 1 item (or None for no limit), not {self.limit}")
         if self.max_run_minutes is not None and not self.max_run_minutes > 0:
@@ -98,6 +101,12 @@ class HarvestOptions:
         if self.since is not None and self.since.utcoffset() is None:
             raise ValueError(f"HarvestOptions.since needs a timezone (tzinfo=timezone.utc for UTC), not the naive "
                              f"{self.since.isoformat()}")
+        for key, value in (("recipe", self.recipe), ("reencode", self.reencode)):
+            if value is not None and not isinstance(value, str):
+                named = getattr(value, "name", None)
+                instead = f" ({key}={named!r} for this one)" if isinstance(named, str) else ""
+                raise TypeError(f"HarvestOptions.{key} is the name of a recipe{instead}, which the run's workers look "
+                                f"up in their recipe_dirs, not an object of type {type(value).__name__}")
         if isinstance(self.object_ids, str):
             raise TypeError(f"HarvestOptions.object_ids is a tuple of object ids: ({self.object_ids!r},), "
                             f"not {self.object_ids!r}")
@@ -732,7 +741,8 @@ class Harvest:
 
     def abandon(self, executor: Executor, exc: BaseException, checkpoint: datetime | None) -> None:
         """The run ends on `exc`: the items in flight are recorded, then the run as failed (its source, store,
-        ledger or workers failed as a whole, and said why) or crashed (a bug), with the checkpoint it set before
+        ledger or workers failed as a whole, and said why), crashed (a bug) or, on a KeyboardInterrupt (a library
+        caller's Ctrl-C, which the caller sees raised), stopped on request, with the checkpoint it set before
         `exc` came (the collection's writing, last, failed). A ledger that cannot be written
         is what the command reports, whatever else went wrong (it must be put right before anything can run),
         and the run's note: when even that cannot be recorded (its disk full), the run stays 'running', which
@@ -753,7 +763,10 @@ class Harvest:
         except LedgerUnwritable as failure:
             unwritable = unwritable or failure
         ended = unwritable or exc
-        status, note = "failed" if isinstance(ended, GcisError) else "crashed", f"{type(ended).__name__}: {ended}"
+        if isinstance(ended, KeyboardInterrupt):  # a library caller's Ctrl-C: its items in flight are recorded
+            status, note = "stopped", STOPPED_ON_REQUEST
+        else:
+            status, note = "failed" if isinstance(ended, GcisError) else "crashed", _told(ended, typed=True)
         try:
             self.ledger.finish_run(self.run_id, status, self.counts, self.manifests_published, checkpoint, note)
         except LedgerUnwritable as failure:
@@ -797,7 +810,7 @@ class Harvest:
     def note(self, checkpoint: datetime | None) -> str | None:
         """Why the run stopped, or left the checkpoint where it was; for a run cut short, where the checkpoint
         is now; why it listed everything. A stop on request keeps its note alone: reports.py reads it for the
-        exit code."""
+        exit code. Scrubbed as _told scrubs an error: a connector words why the listing moved."""
         if self.cut_short in STOPPED_BY_SIGNAL:
             return self.cut_short
         if not self.cut_short:
@@ -807,7 +820,7 @@ class Harvest:
                      f"stopped", self.listing_note)
         else:
             parts = (self.cut_short, self.checkpoint_held, self.relisting(), self.listing_note)
-        return "; ".join(filter(None, parts)) or None
+        return scrub("; ".join(filter(None, parts))) or None
 
     def relisting(self) -> str | None:
         """What a run cut short over the checkpoint's window says when its source does not list in modified
@@ -944,25 +957,32 @@ def harvest_pipelines(config: Config, names: Sequence[str] = (), options: Harves
         try:
             report = harvest(config, name, options, progress, stop)
         except LockHeld as exc:
-            outcome = PipelineOutcome(name, EXIT_LOCKED, message=str(exc))
+            outcome = PipelineOutcome(name, EXIT_LOCKED, message=_told(exc))
         except LedgerUnwritable as exc:
             not_started = EXIT_USAGE
-            outcome = PipelineOutcome(name, EXIT_USAGE, message=f"{name}: run stopped: {exc}")
+            outcome = PipelineOutcome(name, EXIT_USAGE, message=f"{name}: run stopped: {_told(exc)}")
         except ConfigError:
             raise
         except GcisError as exc:
-            outcome = PipelineOutcome(name, EXIT_ITEM_FAILED, message=f"{name}: run stopped: {exc} (everything "
+            outcome = PipelineOutcome(name, EXIT_ITEM_FAILED, message=f"{name}: run stopped: {_told(exc)} (everything "
                                                                       f"settled so far is recorded; run again)")
         except Exception as exc:  # a bug (a connector's listing raising KeyError): the run is recorded as crashed
             log.exception("%s: run crashed", name, extra={"pipeline": name})
-            outcome = PipelineOutcome(name, EXIT_ITEM_FAILED, message=f"{name}: run crashed: {type(exc).__name__}: "
-                                                                      f"{exc} (its traceback is logged)")
+            outcome = PipelineOutcome(name, EXIT_ITEM_FAILED, message=f"{name}: run crashed: {_told(exc, typed=True)} "
+                                                                      f"(its traceback is logged)")
         else:
             stopped = stop.exit_code if report.note in STOPPED_BY_SIGNAL else EXIT_OK
             outcome = PipelineOutcome(name, max(report.exit_code, stopped), report)
         finally:
             progress.clear()
         yield outcome
+
+
+def _told(exc: BaseException, typed: bool = False) -> str:
+    """An error as a run records it (its note) or says it (PipelineOutcome.message): `typed`, after its type's
+    name. Scrubbed of the secrets the sources' settings hold (connectors.redaction), which whatever raised it,
+    someone's connector say, may have put in its text."""
+    return scrub(f"{type(exc).__name__}: {exc}" if typed else str(exc))
 
 
 def _abort_uploads(config: Config, pipeline: Pipeline, run_id: int, which: str, progress: Progress) -> None:

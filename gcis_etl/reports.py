@@ -88,6 +88,11 @@ class RunReport:
         return {name: value for name, value in asdict(self).items() if name != "problems_total"}
 
     def headline(self) -> str:
+        if self.status == "dry-run":  # its counts are those of PLANNED, its items in `planned`
+            unreadable = f", fail {self.counts['fail']} objects the source cannot describe" \
+                if self.counts.get("fail") else ""
+            return (f"{self.pipeline}: would process {self.counts.get('process', 0)} items, skip "
+                    f"{self.counts.get('skip', 0)}{unreadable} (since {self.since or 'the beginning'})")
         counts = ", ".join(f"{self.counts.get(name, 0)} {name}" for name in COUNTED)
         shown = ENDED_UNFINISHED if self.process_gone else self.status
         return f"{self.pipeline}: run {self.run_id} {shown}: {counts}; {counted(self.manifests, 'manifest')} published"
@@ -96,6 +101,10 @@ class RunReport:
         return None if self.seconds is None else f"took {elapsed(self.seconds)}"
 
     def summary(self) -> str:
+        """What a run did, in a few lines; what a dry run would do, in one (without its planned items, which
+        `gcis-etl harvest --dry-run` lists before it)."""
+        if self.status == "dry-run":
+            return "; ".join(filter(None, (self.headline(), self.note)))
         lines = [self.headline()]
         if self.status == "completed" and not any(self.counts.values()):
             lines.append(f"  nothing changed in the source since {self.since or 'the beginning'}")

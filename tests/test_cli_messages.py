@@ -97,6 +97,25 @@ def test_a_configuration_error_is_one_json_line_with_log_json(tmp_path):
     assert plain.returncode == 2 and plain.stderr == entry["message"] + "\n"
 
 
+def test_a_pipeline_not_configured_is_one_json_line_with_log_json(two_pipelines):
+    logged = gcis(two_pipelines, "harvest", "--log-json", "nosuchpipe")
+    assert logged.returncode == 2
+    [entry] = json_lines(logged.stderr)
+    assert entry["level"] == "error" and entry["message"].splitlines() == [
+        "configuration error:", f"{two_pipelines / 'config.yaml'}: no pipeline 'nosuchpipe' (pipelines: p, q)"]
+    plain = gcis(two_pipelines, "harvest", "nosuchpipe")
+    assert plain.returncode == 2 and plain.stderr == entry["message"] + "\n"
+
+
+def test_the_force_note_is_a_json_line_with_log_json(two_pipelines):
+    logged = gcis(two_pipelines, "harvest", "p", "--force", "--log-json", "--quiet")
+    assert logged.returncode == 0
+    notes = [e for e in json_lines(logged.stderr) if e["message"].startswith("note: --force")]
+    assert [e["level"] for e in notes] == ["warning"]
+    plain = gcis(two_pipelines, "harvest", "p", "--force", "--quiet")
+    assert plain.returncode == 0 and plain.stderr.splitlines() == [notes[0]["message"]]
+
+
 def test_the_signal_taken_is_a_json_line_with_log_json(tmp_path):
     """The Rosetta emulator holds the downloads at a Gate, so the run is certainly at work when SIGTERM comes."""
     catalogue = RosettaCatalogue([ie(7000, "2024-01-01 10:00:00", "rgb8-tiff-uncompressed/hopper.tif")])

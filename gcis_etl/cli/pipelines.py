@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import sys
 from contextlib import contextmanager
 from datetime import datetime, timezone
@@ -45,14 +46,15 @@ class When(click.ParamType):
 
 
 def _pipelines(cfg, names: tuple[str, ...]) -> list[str]:
-    """The pipelines named (all when none is): a name config.yaml does not have is a usage error (exit 2)."""
+    """The pipelines named (all when none is): a name config.yaml does not have is a configuration error (exit 2),
+    said as fail_config says one (a JSON line under --log-json, once the command configured its log)."""
     if not cfg.pipelines:
-        raise click.UsageError(f"{cfg.source_file} configures no pipelines")
+        fail_config(ConfigError(f"{cfg.source_file} configures no pipelines"))
     for name in names:
         try:
             cfg.pipeline(name)
         except ConfigError as exc:
-            raise click.UsageError(str(exc)) from None
+            fail_config(exc)
     return list(names) or sorted(cfg.pipelines)
 
 
@@ -62,12 +64,15 @@ def _logging(log_json: bool, verbose: int) -> None:
 
 
 def _run(ctx: click.Context, names: tuple[str, ...], options, log_json: bool, verbose: int,
-         stop: StopRequest, quiet: bool = False) -> None:
-    """`quiet`: no summary on stdout; each run's end is logged instead (with --log-json, as well)."""
+         stop: StopRequest, quiet: bool = False, note: str | None = None) -> None:
+    """`quiet`: no summary on stdout; each run's end is logged instead (with --log-json, as well). `note`: a
+    warning for whoever runs the command, said once the log is configured (a JSON line with --log-json)."""
     from gcis_etl.harvesting import harvest_pipelines
     from gcis_etl.logs import say
     from gcis_etl.progress import progress_for
     _logging(log_json, verbose)
+    if note:
+        say(note, logging.WARNING)
     cfg = _config(ctx)
     code = EXIT_OK
     try:
@@ -82,11 +87,7 @@ def _run(ctx: click.Context, names: tuple[str, ...], options, log_json: bool, ve
             elif options.dry_run:
                 for planned in report.planned:
                     click.echo(planned.line())
-                unreadable = f", fail {report.counts['fail']} objects the source cannot describe" \
-                    if report.counts["fail"] else ""
-                stopped = f"; {report.note}" if report.note else ""
-                click.echo(f"{outcome.name}: would process {report.counts['process']} items, skip "
-                           f"{report.counts['skip']}{unreadable} (since {report.since or 'the beginning'}){stopped}")
+                click.echo(report.summary())
             elif not quiet:
                 click.echo(report.summary())
     except ConfigError as exc:
@@ -153,12 +154,12 @@ def harvest(ctx: click.Context, pipelines: tuple[str, ...], dry_run: bool, since
     from gcis_etl.harvesting import HarvestOptions
     if full and (since is not None or object_ids):
         raise click.UsageError("--full lists the whole source: it cannot go with --since or --object")
-    if force and since is None and not object_ids and not full:
-        click.echo("note: --force reaches only what changed since the checkpoint; add --since or --object for "
-                   "older items (or use the reencode migration)", err=True)
+    from_checkpoint = since is None and not object_ids and not full
+    note = ("note: --force reaches only what changed since the checkpoint; add --since or --object for older "
+            "items (or use the reencode migration)") if force and from_checkpoint else None
     _run(ctx, pipelines, HarvestOptions(dry_run=dry_run, since=since, limit=limit, object_ids=tuple(object_ids),
                                         force=force, full=full, max_run_minutes=max_minutes), log_json, verbose,
-         stop_on_signals(), quiet)
+         stop_on_signals(), quiet, note)
 
 
 @main.command()

@@ -1,0 +1,154 @@
+"""A connector of one's own (declared in the `gcis_etl.connectors` entry points) is held to what the built-in ones
+are: every ${VARIABLE} value of its settings is a secret in the run's messages, note and logged traceback, whatever
+its key, with no code of its own; a class that cannot be one (its __init__ not taking (settings, name), a method
+or attribute of connectors.base.Source missing, an __init__ that raises) is a ConfigError naming
+`pipelines.<name>.source.kind` when the configuration is loaded or the source opened (exit 2), not a TypeError or
+an AttributeError in the middle of a run."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from connectors.errors import SourceUnavailable
+from gcis_etl.config import load_config
+from gcis_etl.errors import ConfigError
+from gcis_etl.harvesting import harvest_pipelines
+from gcis_etl.ledger import Ledger
+from gcis_etl.settings import Settings
+
+GCIS = str(Path(sys.executable).with_name("gcis-etl"))
+REPOSITORY = Path(__file__).resolve().parent.parent
+TOKEN = "Plugin-Token-5150"
+
+
+class TokenSettings(Settings):
+    token: str
+    fail: str = "down"  # down: the source refuses the listing; bug: the listing raises KeyError
+
+
+class Failing:
+    """A source whose every listing fails, quoting its token as a careless connector would; no listing order."""
+
+    def __init__(self, settings: TokenSettings, name: str):
+        self.settings, self.name = settings, name
+
+    def changes(self, since, until=None):
+        if self.settings.fail == "bug":
+            raise KeyError(f"no field for token {self.settings.token}")
+        raise SourceUnavailable(f"server refused https://api.example/?key={self.settings.token} "
+                                f"(token {self.settings.token})")
+
+    def get(self, object_ids):
+        return iter(())
+
+    def fetch(self, item, dest_dir):
+        raise NotImplementedError
+
+
+class TokenSource(Failing):
+    lists_in_modified_order = False
+    modified_order_setting = None
+
+
+class NoOrder(Failing):  # a run cut short would ask for lists_in_modified_order at its end
+    modified_order_setting = None
+
+
+class NoName(TokenSource):
+    def __init__(self, settings: TokenSettings):  # before connectors were given their pipeline's name
+        super().__init__(settings, "no-name")
+
+
+class NoGet(TokenSource):
+    get = None
+
+
+class Refusing(TokenSource):
+    def __init__(self, settings: TokenSettings, name: str):
+        raise ValueError(f"token {settings.token} is not one of ours")
+
+
+def write_config(folder: Path, kind: str, **source) -> Path:
+    path = folder / "config.yaml"
+    path.write_text(yaml.safe_dump({"state_dir": "state", "pipelines": {"photos": {
+        "source": {"kind": kind, "token": "${PLUGIN_TOKEN}", **source},
+        "store": {"kind": "local", "root": "store"}}}}))
+    return path
+
+
+def gcis(site: Path, cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(REPOSITORY)]), "PLUGIN_TOKEN": TOKEN}
+    env.pop("GCIS_CONFIG", None)
+    return subprocess.run([GCIS, *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=120)
+
+
+# ------------------------------------------------------------------------------------------------- secrets
+
+
+def test_a_plugin_sources_environment_values_stay_out_of_the_runs_message_and_note(declare, tmp_path, monkeypatch):
+    declare("token-connectors", tokened=f"{__name__}:TokenSource")
+    monkeypatch.setenv("PLUGIN_TOKEN", TOKEN)
+    config = load_config(write_config(tmp_path, "tokened"))
+    [outcome] = harvest_pipelines(config)
+    assert outcome.exit_code == 1
+    assert outcome.message == ("photos: run stopped: server refused https://api.example/?key=*** (token ***) "
+                               "(everything settled so far is recorded; run again)")
+    with Ledger.open(config, read_only=True) as ledger:
+        [run] = ledger.runs("photos")
+    assert run.status == "failed" and run.note == "SourceUnavailable: server refused https://api.example/?key=*** " \
+                                                  "(token ***)"
+
+
+def test_a_crashing_plugin_sources_traceback_is_logged_without_its_secret(declare, tmp_path):
+    site = declare("token-connectors", tokened=f"{__name__}:TokenSource")
+    write_config(tmp_path, "tokened", fail="bug")
+    crashed = gcis(site, tmp_path, "harvest")
+    assert crashed.returncode == 1
+    assert "Traceback (most recent call last)" in crashed.stderr
+    assert "KeyError: 'no field for token ***'" in crashed.stderr
+    assert "photos: run crashed: KeyError: 'no field for token ***' (its traceback is logged)" in crashed.stderr
+    assert TOKEN not in crashed.stderr
+    status = gcis(site, tmp_path, "status")
+    assert "KeyError: 'no field for token ***'" in status.stdout and TOKEN not in status.stdout
+
+
+# ---------------------------------------------------------------------------------------- wrong connectors
+
+
+@pytest.mark.parametrize("declared, message", [
+    ("NoName", "connector 'tokened' (tests.test_plugin_sources:NoName): its __init__(self, settings) cannot be "
+               "called as NoName(settings, name=...), as every connector is"),
+    ("NoGet", "connector 'tokened' (tests.test_plugin_sources:NoGet) lacks the method(s) get of "
+              "connectors.base.Source"),
+], ids=["no name parameter", "no get"])
+def test_a_class_that_cannot_be_a_source_is_a_config_error_naming_the_key_at_load(declare, tmp_path, declared,
+                                                                                  message):
+    declare("token-connectors", tokened=f"tests.test_plugin_sources:{declared}")
+    path = write_config(tmp_path, "tokened")
+    with pytest.raises(ConfigError) as raised:
+        load_config(path)
+    assert str(raised.value) == f"{path}: pipelines.photos.source.kind: {message}"
+
+
+@pytest.mark.parametrize("declared, message", [
+    ("Refusing", "connector 'tokened' cannot be opened: its Refusing(settings, name=...) raised ValueError: "
+                 "token *** is not one of ours"),
+    ("NoOrder", "connector 'tokened' gives a source without the attribute(s) lists_in_modified_order of "
+                "connectors.base.Source"),
+], ids=["__init__ raises", "no lists_in_modified_order"])
+def test_a_source_that_cannot_be_opened_is_a_config_error_naming_the_key(declare, tmp_path, monkeypatch, declared,
+                                                                         message):
+    site = declare("token-connectors", tokened=f"tests.test_plugin_sources:{declared}")
+    monkeypatch.setenv("PLUGIN_TOKEN", TOKEN)
+    path = write_config(tmp_path, "tokened")
+    config = load_config(path)
+    with pytest.raises(ConfigError) as raised:
+        list(harvest_pipelines(config))
+    assert str(raised.value) == f"{path}: pipelines.photos.source.kind: {message}"
+    checked = gcis(site, tmp_path, "config", "check")
+    assert checked.returncode == 2 and checked.stderr == f"configuration error:\n{raised.value}\n"
