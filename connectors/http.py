@@ -67,6 +67,15 @@ def tls_setting(value: object) -> object:
     return value if switch is None else switch
 
 
+def tls_bundle(value: bool | str) -> bool | str:
+    """A CA bundle that is not there is refused when the settings load (`config check`), not at the run's first
+    request (requests raises a bare OSError for it)."""
+    if isinstance(value, str) and not os.path.exists(value):
+        raise ValueError(f"no CA bundle at {value}: expected true, false, or the path of a CA bundle file "
+                         "(or of a c_rehash'ed directory of CA certificates)")
+    return value
+
+
 def _parsable(url: str) -> str:
     return checked_url(url, ("http", "https"), "must be an http:// or https:// URL")
 
@@ -89,6 +98,11 @@ class HttpSourceSettings(Settings):
     @classmethod
     def _switch_or_bundle(cls, value: object) -> object:
         return tls_setting(value)
+
+    @field_validator("verify_tls")
+    @classmethod
+    def _bundle_exists(cls, value: bool | str) -> bool | str:
+        return tls_bundle(value)
 
 
 class _Session(requests.Session):
@@ -117,13 +131,17 @@ class HttpSession:
         self.auth: requests.auth.AuthBase | None = None
         self.on_unauthorized: Callable[[requests.Response], None] | None = None
         self.relogin_statuses: frozenset[int] = frozenset({401})
-        self._session: requests.Session | None = None
+        self._clients: dict[bool, requests.Session] = {}
         self._pid = 0
         self._userinfo: dict[tuple[str, str | None, int | None], requests.auth.HTTPBasicAuth] = {}
         self.base_url = self.credential_free(settings.base_url).rstrip("/")
 
     def url(self, path: str) -> str:
         return self.base_url + "/" + path.lstrip("/")
+
+    def on_source(self, url: str) -> bool:
+        """Whether `url` is on the source's own origin (scheme, host and port of base_url)."""
+        return _origin(url) == _origin(self.base_url)
 
     def credential_free(self, url: str) -> str:
         """`url` without its user-info, which this session sends instead (Basic) with every request to that
@@ -139,14 +157,15 @@ class HttpSession:
             self._userinfo[_origin(url)] = requests.auth.HTTPBasicAuth(unquote(parts.username or ""), password)
         return urlunsplit((parts.scheme, parts.netloc.rpartition("@")[2], parts.path, parts.query, parts.fragment))
 
-    @property
-    def session(self) -> requests.Session:
-        """One requests.Session per process: pooled sockets must not be shared across a fork."""
-        if self._session is None or self._pid != os.getpid():
-            self._session = _Session()
-            self._session.verify = self.settings.verify_tls
-            self._pid = os.getpid()
-        return self._session
+    def _client(self, credentials: bool) -> requests.Session:
+        """One requests.Session per process (pooled sockets must not be shared across a fork), and another for
+        requests sent without credentials: its cookie jar holds none of the source's (a cookie is not scoped to a
+        port, so another service on the source's host would be sent the source's session cookie)."""
+        if self._pid != os.getpid():
+            self._clients, self._pid = {}, os.getpid()
+        if credentials not in self._clients:
+            self._clients[credentials] = _Session()
+        return self._clients[credentials]
 
     def describe(self, method: str, url: str, params: dict | None = None) -> str:
         prepared = requests.PreparedRequest()
@@ -160,25 +179,35 @@ class HttpSession:
     def request(self, method: str, url: str, *, params: dict | None = None, budget: RetryBudget | None = None,
                 accept_error: Callable[[requests.Response], bool] | None = None, relogin: bool = True,
                 stream: bool = False, headers: dict[str, str] | None = None, label: str | None = None,
-                **kwargs) -> requests.Response:
+                credentials: bool = True, **kwargs) -> requests.Response:
         """Send a request, retrying transient failures within `budget` (a fresh one per call by default).
 
         `accept_error(response)` lets the caller take an error response as its answer (a SOAP fault). `label`
         names what is asked where the URL does not (a SOAP call's object), in every message and retry line.
+        `credentials=False` sends none of the connector's headers or user-info (a URL on another host).
+
+        verify= goes with each request: requests lets REQUESTS_CA_BUNDLE/CURL_CA_BUNDLE override a session's
+        verify (requests#3829), and verify_tls: false or a bundle of its own must win over the environment.
+        A 401/403 from the host a redirect led to (an expired presigned URL) is no verdict on the configured
+        user: no re-login, and the request is sent once more for a fresh redirect before it fails.
         """
         counted = budget is not None  # a caller's budget has already counted this first attempt
         budget = budget or RetryBudget(self.policy)
         what = f"{label}: {self.describe(method, url, params)}" if label else self.describe(method, url, params)
         timeout = (self.policy.connect_timeout_seconds, self.policy.read_timeout_seconds)
-        relogged = False
+        relogged = reasked = False
+        auth = (self.auth or self._userinfo.get(_origin(url))) if credentials else None
         while True:
             if not counted:
                 budget.start_attempt()
             counted = False
+            sent_headers = {**self.headers, **(headers or {})}  # a re-login changes self.headers
+            if not credentials:
+                sent_headers = {k: v for k, v in sent_headers.items() if k.lower() in _PORTABLE_HEADERS}
             try:
-                response = self.session.request(
-                    method, url, params=params, headers={**self.headers, **(headers or {})},
-                    auth=self.auth or self._userinfo.get(_origin(url)), timeout=timeout, stream=True, **kwargs)
+                response = self._client(credentials).request(
+                    method, url, params=params, headers=sent_headers, auth=auth, timeout=timeout, stream=True,
+                    verify=self.settings.verify_tls, **kwargs)
             except requests.exceptions.SSLError as exc:
                 raise SourceRequestFailed(f"{what}: TLS failure ({_root_cause(exc)})") from None
             except _TRANSIENT as exc:
@@ -186,6 +215,9 @@ class HttpSession:
                 continue
             except requests.exceptions.RequestException as exc:
                 raise SourceRequestFailed(f"{what}: {type(exc).__name__}") from None
+            except OSError as exc:  # requests' own, setting up TLS: a CA bundle gone since the settings loaded
+                raise SourceRequestFailed(f"{what}: cannot set up TLS with verify_tls "
+                                          f"{self.settings.verify_tls!r}: {exc}") from None
             if not stream:  # what requests does for stream=False (its own fields), but at the policy's pace
                 try:
                     response._content, response._content_consumed = self._read(response, what), True
@@ -197,6 +229,16 @@ class HttpSession:
             if status < 400 or (accept_error and accept_error(response)):
                 return response
             reason = f"{what}: HTTP {status} {response.reason or ''}".rstrip()
+            elsewhere = _origin(response.url) != _origin(url)
+            if elsewhere and status in (401, 403):
+                response.close()
+                if not reasked:
+                    reasked = True
+                    continue
+                host = urlsplit(response.url).netloc
+                raise SourceRequestFailed(f"{reason} from {host}, where the source redirected it (twice, a fresh "
+                                          f"redirect the second time): {host} refused it, not the source (an "
+                                          "expired or invalid presigned URL?)", status)
             if status in self.relogin_statuses and relogin and self.on_unauthorized and not relogged:
                 response.close()
                 self.on_unauthorized(response)
@@ -225,7 +267,8 @@ class HttpSession:
             pass
 
     @contextmanager
-    def download(self, url: str, budget: RetryBudget, params: dict | None = None) -> Iterator[Body]:
+    def download(self, url: str, budget: RetryBudget, params: dict | None = None,
+                 credentials: bool = True) -> Iterator[Body]:
         """Open a streamed GET for fetching.fetch_verified; errors while reading become TransferInterrupted.
 
         Content-Length counts the bytes on the wire, which a Content-Encoding the server applies anyway
@@ -233,7 +276,7 @@ class HttpSession:
         """
         what = self.describe("GET", url, params)
         response = self.request("GET", url, params=params, budget=budget, stream=True,
-                                headers={"Accept-Encoding": "identity"})
+                                headers={"Accept-Encoding": "identity"}, credentials=credentials)
         try:
             length = response.headers.get("Content-Length", "")
             yield Body(self._chunks(response, what), int(length) if length.isdigit() else None,

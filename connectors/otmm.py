@@ -14,10 +14,11 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Literal
+from urllib.parse import urlsplit
 
 import requests
 from pydantic import Field, field_validator, model_validator
@@ -113,6 +114,10 @@ class OtmmSettings(HttpSourceSettings):
     expired: Literal["skip", "harvest"] = Field("skip", description="an asset whose `expired` is true: skipped as "
                                                                     "a deleted one is (as OpenText's pyxecm does), "
                                                                     "or harvested")
+    versions: Literal["latest", "all"] = Field("latest", description="latest: an asset whose latest_version is "
+                                               "false (a new version was checked in under another asset_id, same "
+                                               "original_asset_id) is passed over as a deleted one is; all: every "
+                                               "version is harvested, each as its own asset")
 
     @field_validator("source_url_template")
     @classmethod
@@ -137,6 +142,35 @@ class OtmmSettings(HttpSourceSettings):
                              "its newest asset's, ahead of its place in the listing), modified_field_id, and sort: "
                              "asc_<modified_field_id>")
         return self
+
+
+@dataclass
+class _Overlap:
+    """Paging by offset with shift_check: each page after the first is asked for from one item early, which must
+    be the last item of the page before. When it is not, the listing moved under the paging (one item gone and
+    another come between two pages move a later one back onto a page already read, with no count changing): the
+    page is taken whole (the item that moved back may be in it) and a ListingMoved comes with it. It takes a
+    stable order, which is not documented for a folder's children."""
+
+    enabled: bool
+    last: str | None = None  # the item ending the page before, asked for again at the start of the next
+
+    def window(self, after: int, size: int) -> tuple[int, int]:
+        """The `after` and `limit` to ask for the page at `after`."""
+        early = self.last is not None
+        return after - early, size + early
+
+    def split(self, page: list[dict], start: int, moved: str, item: str) -> tuple[list[dict], ListingMoved | None]:
+        """The page's new items, and whether the listing moved (`moved` says what moved, `item` what it lists)."""
+        if self.last is None:
+            return page, None
+        if page and page[0].get("asset_id") == self.last:
+            return page[1:], None
+        return page, ListingMoved(f"{moved} ({item} {self.last} is no longer at position {start}): one may have "
+                                  "been passed over")
+
+    def ended(self, page: list[dict]) -> None:
+        self.last = page[-1].get("asset_id") if self.enabled and page else None
 
 
 class OtmmSource:
@@ -220,10 +254,11 @@ class OtmmSource:
         """contents_params are added here, not to the locator, which a Celery task message carries: they may be
         credentials."""
         params = self.settings.contents_params if self.settings.content == "contents" else None
+        ours = self.http.on_source(item.locator)  # a content URL on another host goes without credentials
 
         def open_body(budget):
             self._ensure_login()
-            return self.http.download(item.locator, budget, params=params)
+            return self.http.download(item.locator, budget, params=params, credentials=ours)
 
         return fetch_verified(item, Path(dest_dir), open_body, self.settings.retry)
 
@@ -320,14 +355,15 @@ class OtmmSource:
         return conditions
 
     def _search(self, conditions: list[dict]) -> Iterator[dict | ListingMoved]:
-        """Paged by offset: a total_hit_count that changes between pages says the result moved under the listing.
+        """Paged by offset, each page after the first overlapping the one before (_Overlap): a total_hit_count
+        that changes between pages, or a page not starting with the last asset of the one before, says the result
+        moved under the listing (one deleted and one added between two pages leave the count as it was).
         The count alone does not end it (a capped or estimated count would pass over the rest): a full page is
         followed by another; a short one ends it once the count is reached (less means the server caps its
-        pages); without a count, only an empty page does. An empty page short of the count says the rest went
-        unserved (a deep-paging cap), which holds the checkpoint as a moved listing does."""
+        pages); without a count, only a page with nothing new does. Such a page short of the count says the rest
+        went unserved (a deep-paging cap), which holds the checkpoint as a moved listing does."""
         s = self.settings.search
-        base = {"keyword_query": s.keyword_query, "load_type": s.load_type, "level_of_detail": s.level_of_detail,
-                "limit": str(s.page_size)}
+        base = {"keyword_query": s.keyword_query, "load_type": s.load_type, "level_of_detail": s.level_of_detail}
         for name, value in (("folder_filter", s.folder_filter), ("search_config_id", s.search_config_id),
                             ("sort", s.sort)):
             if value:
@@ -335,33 +371,55 @@ class OtmmSource:
         if conditions:
             base["search_condition_list"] = json.dumps({"search_condition_list": {"search_condition": conditions}})
         after, total = 0, None
+        overlap = _Overlap(s.shift_check)
         previous: set[str] = set()
         while True:
             self._ensure_login()
-            params = {**base, "after": str(after)}
-            response = (self.http.request("POST", f"{self._api}/search/text", data=params) if s.method == "POST"
-                        else self.http.request("GET", f"{self._api}/search/text", params=params))
+            start, limit = overlap.window(after, s.page_size)
+            params = {**base, "after": str(start), "limit": str(limit)}
+            response = self._search_page(params)
             resource = _path(self._json(response, "search"), "search_result_resource")
             result = _path(resource, "search_result")
             assets = resource.get("asset_list") or [{"asset_id": i} for i in result.get("asset_id_list", [])]
             count = self._count(result, "total_hit_count", "paging on until a page comes back empty, and unable to "
                                                            "tell whether the search moved between pages")
+            # an empty page says nothing of its first asset: the counts tell a shrunk search or a deep-paging cap
+            new, moved = overlap.split(assets, start, "the search changed while it was paged", "asset") if assets \
+                else ([], None)
             if s.shift_check and None not in (total, count) and count != total:
-                yield ListingMoved(f"the search's total_hit_count went from {total} to {count} "
-                                   f"between two pages (at after={after}): assets left or joined it while it was "
-                                   "paged, and one may have been passed over")
+                moved = ListingMoved(f"the search's total_hit_count went from {total} to {count} between two pages "
+                                     f"(at after={after}): assets left or joined it while it was paged, and one may "
+                                     "have been passed over")
             total = count
-            previous = self._advancing(assets, previous, f"the search's page at after={after}")
-            yield from assets
+            previous = self._advancing(new, previous, f"the search's page at after={start}")
             hits = self._count(result, "hit_count", "counting the assets the page holds")
             hits = len(assets) if hits is None else hits
-            if hits == 0 and s.shift_check and total is not None and after < total:
-                yield ListingMoved(f"the server gave an empty search page at after={after} of total_hit_count "
-                                   f"{total}: the assets past it were not served (as by a server that caps how deep "
-                                   "it pages)")
-            after += hits
-            if hits == 0 or (hits < s.page_size and total is not None and after >= total):
+            served, after = after, start + hits  # served: the assets before this page
+            if not new and s.shift_check and total is not None and served < total:
+                moved = ListingMoved(f"the server gave no more assets at after={served} of total_hit_count {total}: "
+                                     "the assets past it were not served (as by a server that caps how deep it "
+                                     "pages)")
+            if moved:
+                yield moved
+            yield from new
+            if not new or (hits < limit and total is not None and after >= total):
                 return
+            overlap.ended(assets)
+
+    def _search_page(self, params: dict) -> requests.Response:
+        """A search the server refuses as a bad request (400) is refused for a search setting, whatever the run
+        does again: the message names the settings that make the search."""
+        method = self.settings.search.method
+        try:
+            return (self.http.request("POST", f"{self._api}/search/text", data=params) if method == "POST"
+                    else self.http.request("GET", f"{self._api}/search/text", params=params))
+        except SourceRequestFailed as exc:
+            if exc.status != 400:
+                raise
+            raise SourceRequestFailed(f"{exc}; the server refused the search itself: check the search settings "
+                                      "under source.search (modified_field_id, modified_operator_id, "
+                                      "modified_value_format, conditions, sort, search_config_id, folder_filter, "
+                                      "keyword_query, method); running again will not help", 400) from None
 
     def _advancing(self, page: list[dict], previous: set[str], where: str) -> set[str]:
         """The page's asset ids. A page holding only assets of the page before is the server not paging (it
@@ -387,20 +445,18 @@ class OtmmSource:
 
     def _walk(self, folder_id: str) -> Iterator[dict | ListingMoved]:
         folder = self.settings.folder
-        after, last = 0, None  # last: the child ending the page before, asked for again at the start of the next
+        after, overlap = 0, _Overlap(folder.shift_check)
         previous: set[str] = set()
         while True:
-            start, limit = after - (last is not None), folder.page_size + (last is not None)
+            start, limit = overlap.window(after, folder.page_size)
             page = _path(self._get(f"folders/{folder_id}/children", {
                 "after": str(start), "limit": str(limit), "load_type": "system",
                 "level_of_detail": "slim"}), "folder_children").get("asset_list", [])
-            new = page[1:] if last is not None and page and page[0].get("asset_id") == last else page
+            new, moved = overlap.split(page, start, f"folder {folder_id} changed while its children were paged",
+                                        "child")
             previous = self._advancing(new, previous, f"folder {folder_id}'s page of children at after={start}")
-            # a page not starting with `last` is taken whole: the child that moved back onto the page before is in it
-            if last is not None and new is page:
-                yield ListingMoved(f"folder {folder_id} changed while its children were paged "
-                                   f"(child {last} is no longer at position {start}): one may have been "
-                                   "passed over")
+            if moved:
+                yield moved
             for child in new:
                 if child.get("data_type") == "CONTAINER":
                     if folder.recursive:
@@ -409,17 +465,22 @@ class OtmmSource:
                     yield child
             if len(page) < limit:
                 return
-            after, last = start + len(page), page[-1].get("asset_id") if folder.shift_check else None
+            after = start + len(page)
+            overlap.ended(page)
 
     # --- objects ----------------------------------------------------------------------------------------
 
     def _withdrawn(self, asset: dict) -> str | None:
-        """Why an asset is not to be harvested: deleted, or expired unless `expired: harvest` (OpenText's own
-        pyxecm treats an expired asset as a deleted one, dam-apis.md 2.4)."""
+        """Why an asset is not to be harvested: deleted, expired unless `expired: harvest` (OpenText's own
+        pyxecm treats an expired asset as a deleted one, dam-apis.md 2.4), or an old version unless `versions:
+        all` (whether a search lists old versions is not documented: they are passed over wherever they come)."""
         if asset.get("deleted"):
             return "deleted"
         if asset.get("expired") and self.settings.expired == "skip":
             return "expired (expired: skip)"
+        if asset.get("latest_version") is False and self.settings.versions == "latest":
+            return (f"an old version of {asset.get('original_asset_id') or 'its original'}, not its latest "
+                    "(versions: latest)")
         return None
 
     def _left_out(self, asset: dict) -> bool:
@@ -515,18 +576,21 @@ class OtmmSource:
     def _item(self, asset: dict, sequence: int) -> SourceItem:
         s = self.settings
         asset_id = asset["asset_id"]
+        master = asset.get("master_content_info") or (asset.get("asset_content_info") or {}).get("master_content")
         if s.content == "rendition":
             info = (asset.get("rendition_content") or {}).get(f"{s.rendition}_content")
             if not info or not info.get("url"):
                 raise SourceDataError(f"{self.name}: asset {asset_id} has no {s.rendition} rendition")
+        elif s.content == "master" and not master:
+            raise SourceDataError(f"{self.name}: asset {asset_id} has no master content")
         else:
-            info = asset.get("master_content_info") or _path(asset, "asset_content_info", "master_content")
+            info = master or {}  # contents: the master's size and checksum when given, else none to check
         if s.content == "contents":
             locator = f"{self._api}/assets/{asset_id}/contents"
         else:
             if not info.get("url"):
                 raise SourceDataError(f"{self.name}: asset {asset_id}: the {s.content} content has no url")
-            locator = self.http.url(info["url"])
+            locator = self._content_url(info["url"])
         size = info.get("content_size")
         checksum = info.get("content_checksum")
         return SourceItem(
@@ -534,6 +598,11 @@ class OtmmSource:
             size=int(size) if isinstance(size, int) or str(size).isdigit() else None, modified=_updated(asset),
             fixity=fixity(s.content_checksum, checksum) if s.content_checksum != "none" and checksum else None,
             label=None, locator=locator)
+
+    def _content_url(self, url: str) -> str:
+        """A content field's url: a path on the API's host (as documented), or an absolute URL, used as it is
+        (without user-info, which the session sends itself)."""
+        return self.http.credential_free(url) if urlsplit(url).scheme else self.http.url(url)
 
     def _metadata(self, asset: dict) -> dict[str, list[LangValue]]:
         s = self.settings

@@ -168,12 +168,12 @@ def test_the_otmm_token_can_also_go_in_the_authorization_header(emulator):
 
 @pytest.mark.parametrize("method", ["POST", "GET"])
 def test_search_pages_with_after_and_limit_until_a_short_page(emulator, method):
-    """The last page is full: only the (empty) page after it shows that no asset is left."""
+    """The last page is full: only the page after it, holding nothing new, shows that no asset is left. Each page
+    after the first starts one asset early, at the last asset of the page before (shift_check)."""
     objects = list(otmm(emulator.url, search={"page_size": 2, "method": method}).changes(None))
     assert sorted(names(emulator, [o.id for o in objects])) == sorted(NAMES)
     pages = emulator.requests(f"{method} {API}/search/text")
-    assert [p.arg("after") for p in pages] == ["0", "2", "4", "6"]
-    assert all(p.arg("limit") == "2" for p in pages)
+    assert [(p.arg("after"), p.arg("limit")) for p in pages] == [("0", "2"), ("1", "3"), ("3", "3"), ("5", "3")]
 
 
 @pytest.mark.parametrize("reported", [lambda n: min(n, 2), lambda n: min(n, 5), lambda n: None],
@@ -182,14 +182,14 @@ def test_a_total_hit_count_capped_or_absent_does_not_end_the_search_early(emulat
     emulator.app.reported_total = reported
     listed = list(otmm(emulator.url).changes(None))
     assert sorted(names(emulator, [o.id for o in listed])) == sorted(NAMES)  # no ListingMoved: the cap holds still
-    assert [p.arg("after") for p in emulator.requests(f"POST {API}/search/text")] == ["0", "2", "4", "6"]
+    assert [p.arg("after") for p in emulator.requests(f"POST {API}/search/text")] == ["0", "1", "3", "5"]
 
 
 def test_a_server_that_serves_fewer_than_asked_is_paged_to_its_total(emulator):
     emulator.app.max_limit = 4
     listed = list(otmm(emulator.url, search={"page_size": 5}).changes(None))
     assert sorted(names(emulator, [o.id for o in listed])) == sorted(NAMES)
-    assert [p.arg("after") for p in emulator.requests(f"POST {API}/search/text")] == ["0", "4"]
+    assert [p.arg("after") for p in emulator.requests(f"POST {API}/search/text")] == ["0", "3"]
 
 
 @pytest.mark.parametrize("reported", ["many", "1,234", ""])
@@ -200,7 +200,7 @@ def test_a_total_hit_count_that_is_no_number_is_taken_as_absent_with_one_warning
     with caplog.at_level(logging.WARNING, logger="connectors.otmm"):
         listed = list(otmm(emulator.url).changes(None))
     assert sorted(names(emulator, [o.id for o in listed])) == sorted(NAMES)
-    assert [p.arg("after") for p in emulator.requests(f"POST {API}/search/text")] == ["0", "2", "4", "6"]
+    assert [p.arg("after") for p in emulator.requests(f"POST {API}/search/text")] == ["0", "1", "3", "5"]
     assert [r.getMessage() for r in caplog.records] == [
         f"otmm-test: the search's total_hit_count is {reported!r}, not a number; paging on until a page comes "
         "back empty, and unable to tell whether the search moved between pages"]
@@ -212,7 +212,7 @@ def test_a_hit_count_that_is_no_number_is_taken_as_the_assets_the_page_holds(emu
     with caplog.at_level(logging.WARNING, logger="connectors.otmm"):
         listed = list(otmm(emulator.url, search={"page_size": 5}).changes(None))
     assert sorted(names(emulator, [o.id for o in listed])) == sorted(NAMES)
-    assert [p.arg("after") for p in emulator.requests(f"POST {API}/search/text")] == ["0", "4"]
+    assert [p.arg("after") for p in emulator.requests(f"POST {API}/search/text")] == ["0", "3"]
     assert [r.getMessage() for r in caplog.records] == [
         "otmm-test: the search's hit_count is 'some', not a number; counting the assets the page holds"]
 
@@ -256,22 +256,25 @@ def test_folder_walk_with_paging_and_recursion(emulator):
 
 def test_a_search_that_shrinks_between_two_pages_says_so_in_the_listing(emulator):
     """Sorted by name, 2019_M_10 (first) leaves the folder once page 1 is read: 2019_M_1_recto moves back onto
-    page 1 and is never served. The changed total_hit_count comes as a ListingMoved, where the harvest learns it."""
+    page 1. The changed total_hit_count comes as a ListingMoved, where the harvest learns it; the second page,
+    not starting with the detail, is taken whole, the recto with it."""
     moved = emulator.app.catalogue.by_name("2019_M_10.tif")
     search = {"method": "GET", "page_size": 2, "folder_filter": ROOT, "sort": "asc_NAME"}
 
     def listing(**options) -> list:
         moved.folder = ROOT
-        emulator.before(r"GET /otmmapi/v6/search/text\?.*after=2", lambda: setattr(moved, "folder", ARCHIVE))
+        emulator.before(r"GET /otmmapi/v6/search/text\?.*after=[12](&|$)", lambda: setattr(moved, "folder", ARCHIVE))
         return list(otmm(emulator.url, search={**search, **options}).changes(None))
 
     listed = listing()
     (shift,) = [o for o in listed if isinstance(o, ListingMoved)]
     assert shift.reason.startswith("the search's total_hit_count went from 5 to 4 between two pages (at after=2)")
     served = names(emulator, [o.id for o in listed if not isinstance(o, ListingMoved)])
-    assert sorted(served) == ["2019_M_10.tif", "2019_M_1_detail.jpg", "2019_M_1_verso.tif", "84_PA_1.png"]
-    # shift_check off (for a server whose count is an estimate): the same listing, the loss unreported
-    assert [o.id for o in listing(shift_check=False)] == [o.id for o in listed if not isinstance(o, ListingMoved)]
+    assert sorted(served) == ["2019_M_10.tif", "2019_M_1_detail.jpg", "2019_M_1_recto.tif", "2019_M_1_verso.tif",
+                              "84_PA_1.png"]
+    # shift_check off (for a server whose count is an estimate): the recto passed over, the loss unreported
+    unchecked = listing(shift_check=False)
+    assert sorted(names(emulator, [o.id for o in unchecked])) == sorted(set(served) - {"2019_M_1_recto.tif"})
 
 
 def test_a_folder_whose_children_move_back_between_two_pages_says_so_and_serves_them_all(emulator):
@@ -290,11 +293,11 @@ def test_a_folder_whose_children_move_back_between_two_pages_says_so_and_serves_
 
 def test_a_search_server_that_ignores_after_ends_the_listing_with_an_error_instead_of_paging_for_ever(emulator):
     emulator.app.honours_after = False  # every page is the first one
-    with pytest.raises(SourceDataError, match=r"^otmm-test: the search's page at after=2 holds only assets of the "
+    with pytest.raises(SourceDataError, match=r"^otmm-test: the search's page at after=3 holds only assets of the "
                                               "page before, where the next ones were expected: the server does not page "
                                               "by `after`$"):
         list(itertools.islice(otmm(emulator.url).changes(None), 50))  # islice: the old loop never ended
-    assert [p.arg("after") for p in emulator.requests("search/text")] == ["0", "2"]
+    assert [p.arg("after") for p in emulator.requests("search/text")] == ["0", "1", "3"]
 
 
 def test_a_folder_that_ignores_after_ends_the_walk_with_an_error_instead_of_paging_for_ever(emulator):
@@ -309,11 +312,11 @@ def test_a_folder_that_ignores_after_ends_the_walk_with_an_error_instead_of_pagi
 def test_an_empty_search_page_short_of_the_total_holds_the_checkpoint(emulator, tmp_path, monkeypatch):
     """A server that stops serving past some depth while its total_hit_count still counts every match: the
     listing says so (a ListingMoved), so the run holds its checkpoint and the next one takes the rest."""
-    emulator.app.deepest = 4
+    emulator.app.deepest = 3
     listed = list(otmm(emulator.url).changes(None))
     (shift,) = [o for o in listed if isinstance(o, ListingMoved)]
-    assert shift.reason == ("the server gave an empty search page at after=4 of total_hit_count 6: the assets past "
-                            "it were not served (as by a server that caps how deep it pages)")
+    assert shift.reason == ("the server gave no more assets at after=4 of total_hit_count 6: the assets past it "
+                            "were not served (as by a server that caps how deep it pages)")
     assert len([o for o in listed if not isinstance(o, ListingMoved)]) == 4
     # shift_check off (the count an estimate): the empty page ends the listing as before
     assert not any(isinstance(o, ListingMoved) for o in otmm(emulator.url, search={"page_size": 2,
@@ -366,13 +369,18 @@ def test_a_changed_member_brings_its_whole_group(emulator):
 
 def test_a_group_whose_asset_comes_again_in_a_listing_that_moved_is_listed_again(emulator):
     """The listing is sorted by last modified and paged by offset: the recto, edited once the first page is read,
-    comes again at the end, and 84_PA_1 moves back onto that page, never served. Its group listed twice is how
-    the run learns that the listing moved and holds its checkpoint."""
+    comes again at the end, and 84_PA_1 moves back onto that page. The second page, not starting with the verso,
+    says the listing moved and is taken whole (84_PA_1 with it); the recto's group is listed again."""
     recto = asset_id(emulator, "2019_M_1_recto.tif")
-    listing_page_2 = r"GET /otmmapi/v6/search/text\?(?!.*search_condition_list).*after=2"  # not a group's members
+    listing_page_2 = r"GET /otmmapi/v6/search/text\?(?!.*search_condition_list).*after=1(&|$)"  # not a group's members
     emulator.before(listing_page_2, lambda: emulator.app.catalogue.touch(recto))
     source = otmm(emulator.url, group=GROUP, search={"page_size": 2, "method": "GET", "sort": f"asc_{MODIFIED_FIELD}"})
-    assert [o.id for o in source.changes(None)] == ["2019.M.1", "2019.M.10", "86.XM.2", "2019.M.1"]
+    listed = list(source.changes(None))
+    (shift,) = [o for o in listed if isinstance(o, ListingMoved)]
+    assert shift.reason == ("the search changed while it was paged (asset "
+                            f"{asset_id(emulator, '2019_M_1_verso.tif')} is no longer at position 1): one may have "
+                            "been passed over")
+    assert [o.id for o in listed if o is not shift] == ["2019.M.1", "84.PA.1", "2019.M.10", "86.XM.2", "2019.M.1"]
 
 
 
@@ -399,7 +407,7 @@ GROUP_IS = {**GROUP, "operator_id": "ARTESIA.OPERATOR.CHAR.IS"}
 RECTO_ONLY = {"method": "GET", "page_size": 2, "conditions": [{
     "type": "com.artesia.search.SearchScalarCondition", "metadata_field_id": "ARTESIA.FIELD.ASSET NAME",
     "relational_operator_id": "ARTESIA.OPERATOR.CHAR.CONTAINS", "value": "recto"}]}
-MEMBERS_PAGE_2 = r"GET /otmmapi/v6/search/text\?.*OBJECT\+NUMBER.*after=2"
+MEMBERS_PAGE_2 = r"GET /otmmapi/v6/search/text\?.*OBJECT\+NUMBER.*after=[12](&|$)"  # shift_check on, off
 
 
 def member_pages(server: EmulatorServer) -> list[str]:
@@ -428,8 +436,8 @@ def join_or_leave(server: EmulatorServer, change: str) -> None:
 
 @pytest.mark.parametrize("change, members, pages, unchecked_pages", [
     ("joins", ["2019_M_1_recto.tif", "2019_M_1_verso.tif", "2019_M_1_raking.tif", "2019_M_1_detail.jpg"],
-     ["0", "2", "4", "0", "2", "4"], ["0", "2", "4"]),  # a full last page, then the empty one
-    ("leaves", ["2019_M_1_verso.tif", "2019_M_1_detail.jpg"], ["0", "2", "0", "2"], ["0", "2"]),
+     ["0", "1", "3", "0", "1", "3"], ["0", "2", "4"]),  # a full last page, then one with nothing new
+    ("leaves", ["2019_M_1_verso.tif", "2019_M_1_detail.jpg"], ["0", "1", "0", "1"], ["0", "2"]),
 ])
 @pytest.mark.parametrize("path", ["changes", "get"])
 def test_a_group_whose_members_change_while_they_are_listed_is_searched_again(emulator, path, change, members,

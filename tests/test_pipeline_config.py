@@ -398,7 +398,8 @@ def test_the_recipes_beside_the_config_file_come_before_the_shipped_ones(tmp_pat
 
 def test_source_files_are_relative_to_the_config_file(tmp_path, monkeypatch):
     etc = tmp_path / "etc"
-    etc.mkdir()
+    (etc / "certs").mkdir(parents=True)
+    (etc / "certs" / "ca.pem").write_text("")  # a bundle path must name a file
     monkeypatch.chdir(tmp_path)
     rosetta = {"kind": "rosetta", "base_url": "https://rosetta.example.org", "username": "etl", "password": "pw-42",
                "discovery": "pids",

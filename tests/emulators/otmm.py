@@ -7,8 +7,10 @@
   An unknown or expired session answers 401 with an exception_body; a missing X-Requested-By answers 400.
 - `GET|POST /search/text`: keyword_query, after/limit paging (hit_count, total_hit_count, offset),
   search_condition_list of SearchScalarConditions, folder_filter, sort, load_type.
-- `GET /assets/{id}` (`expired`, `deleted` true for an Asset so marked), `GET /assets/{id}/contents`,
-  `GET /renditions/{content_id}` (bytes, streamed);
+- `GET /assets/{id}` (`expired`, `deleted` true for an Asset so marked; `original_asset_id`, `version` and
+  `latest_version` of a checked-in version; no master content info for one without a master),
+  `GET /assets/{id}/contents` (or a redirect to where `contents_redirect` says: a presigned storage URL),
+  `GET /renditions/{content_id}` (bytes, streamed; content urls absolute when `content_url_base` is set);
   downloads need the user's "download" right (403 otherwise, as Getty restricts "Download Original").
 - `GET /folders/rootfolders`, `/folders/{id}/folders`, `/folders/{id}/children` (after/limit).
 
@@ -62,6 +64,10 @@ class Asset:
     thumbnail: CorpusFile = CorpusFile("png/png-rgb-64x56x8.png")
     expired: bool = False  # past its expiration date: served, listed and downloadable all the same
     deleted: bool = False  # flagged deleted (in the recycle bin): served and listed all the same
+    original_asset_id: str | None = None  # a checked-in version's first asset (None: this one)
+    version: int = 1
+    latest_version: bool = True  # False once a newer version is checked in: listed and served all the same
+    has_master: bool = True  # False: a metadata-only asset (content_type NONE), without master content info
 
     @property
     def asset_id(self) -> str:
@@ -168,6 +174,9 @@ class OtmmEmulator:
         self.deepest: int | None = None  # a deep-paging cap: search pages from this offset on come back empty
         self.honours_after = True  # False: search and folder pages start at the first match whatever `after` asks
         self.echoed_headers: tuple[str, ...] = ()  # request headers an error body quotes (as a debug page does)
+        # /contents answers a redirect to where this says (a presigned storage URL) rather than the bytes
+        self.contents_redirect: Callable[[Asset], str] | None = None
+        self.content_url_base = ""  # prefixed to the content urls an asset gives (an absolute URL, on any host)
 
     def expire_sessions(self) -> None:
         """Invalidate every session and OAuth token, as a server-side timeout or restart would."""
@@ -221,6 +230,8 @@ class OtmmEmulator:
             if asset is None:
                 return _error(404, "Either the asset does not exist or you do not have permission to view the asset")
             if match.group(2):
+                if self.contents_redirect is not None:
+                    return Response(302, headers={"Location": self.contents_redirect(asset)})
                 return self._content(user, asset.master)
             detail = self._asset(asset, request.arg("load_type") != "system")
             return Response.json({"asset_resource": {"asset": detail}})
@@ -353,12 +364,14 @@ class OtmmEmulator:
                     "content_manager_id": "ARTESIA.CONTENT.DEFAULT", "content_checksum": source.digest("md5"),
                     "content_size": source.size, "mime_type": source.mime, "name": source.name,
                     "content_path": f"data/repository/{kind}/{source.name}", "unit_of_size": "BYTES",
-                    "height": -1, "width": -1, "url": f"{API}/renditions/{asset.content_id(kind)}"}
+                    "height": -1, "width": -1,
+                    "url": f"{self.content_url_base}{API}/renditions/{asset.content_id(kind)}"}
 
         data = {
-            "asset_id": asset.asset_id, "original_asset_id": asset.asset_id, "name": asset.name,
-            "mime_type": asset.master.mime, "content_type": "BITMAP", "content_size": asset.master.size,
-            "version": 1, "latest_version": True, "deleted": asset.deleted, "expired": asset.expired, "locked": False,
+            "asset_id": asset.asset_id, "original_asset_id": asset.original_asset_id or asset.asset_id,
+            "name": asset.name, "mime_type": asset.master.mime, "content_type": "BITMAP" if asset.has_master else "NONE",
+            "content_size": asset.master.size, "version": asset.version, "latest_version": asset.latest_version,
+            "deleted": asset.deleted, "expired": asset.expired, "locked": False,
             "checked_out": False, "asset_state": "NORMAL", "content_state": "NORMAL", "data_type": "ASSET",
             "date_imported": asset.imported.strftime(ISO), "date_last_updated": asset.updated.strftime(ISO),
             "metadata_model_id": "GTRUST.MODEL.MUSEUM", "legacy_model_id": 104,
@@ -368,6 +381,8 @@ class OtmmEmulator:
             "asset_content_info": {"master_content": content(asset.master, "master")},
             "thumbnail_content_id": asset.content_id("thumbnail"),
         }
+        if not asset.has_master:
+            del data["master_content_info"], data["asset_content_info"]
         if with_metadata:
             data["metadata"] = {"type": "com.artesia.metadata.MetadataModel", "id": "GTRUST.MODEL.MUSEUM",
                                 "name": "Museum asset", "has_multilingual_fields": False, "legacy_id": 104,
