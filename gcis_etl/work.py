@@ -22,6 +22,7 @@ from typing import Any
 from connectors.base import FetchedFile, Fixity, Source, SourceItem, source_down
 from connectors.errors import AuthenticationFailed, PermissionDenied, SourceUnavailable
 from connectors.fetching import fetch_warnings
+from connectors.redaction import scrub
 from gcis_etl.errors import (ConfigError, GcisError, SourceError, StoreError, StoreFull, StoreRefused, StoreUnavailable,
                              VersionSkew)
 from gcis_etl.isolation import ChildPool, disk_refusal
@@ -199,7 +200,13 @@ class Worker:
         self.close()
 
     def process(self, task: ItemTask) -> ItemResult:
-        """Never raises for a bad item or an outage: the result says what happened and why."""
+        """Never raises for a bad item or an outage: the result says what happened and why, scrubbed of the
+        sources' secrets (a plug-in connector's error may quote one; the built-in ones scrub their own)."""
+        result = self._told(task)
+        return replace(result, reason=result.reason and scrub(result.reason),
+                       warnings=tuple(scrub(warning) for warning in result.warnings))
+
+    def _told(self, task: ItemTask) -> ItemResult:
         started = time.monotonic()
         base = ItemResult.failed(task)
         try:

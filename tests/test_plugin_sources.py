@@ -11,10 +11,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+from datetime import datetime, timezone
+
 import pytest
 import yaml
 
-from connectors.errors import SourceUnavailable
+from connectors.base import SourceItem, SourceObject
+from connectors.errors import PermissionDenied, SourceUnavailable
 from gcis_etl.config import load_config
 from gcis_etl.errors import ConfigError
 from gcis_etl.harvesting import harvest_pipelines
@@ -73,6 +76,17 @@ class Refusing(TokenSource):
         raise ValueError(f"token {settings.token} is not one of ours")
 
 
+class RefusedItem(TokenSource):
+    """Lists one object whose master it is refused, quoting its token: the item fails, the run goes on."""
+
+    def changes(self, since, until=None):
+        now = datetime.now(timezone.utc)
+        yield SourceObject("o1", now, (SourceItem("i1", 1, "i1.tif", 10, now, locator="i1"),))
+
+    def fetch(self, item, dest_dir):
+        raise PermissionDenied(f"GET https://api.example/{item.id}?key={self.settings.token}: HTTP 403")
+
+
 def write_config(folder: Path, kind: str, **source) -> Path:
     path = folder / "config.yaml"
     path.write_text(yaml.safe_dump({"state_dir": "state", "pipelines": {"photos": {
@@ -102,6 +116,17 @@ def test_a_plugin_sources_environment_values_stay_out_of_the_runs_message_and_no
         [run] = ledger.runs("photos")
     assert run.status == "failed" and run.note == "SourceUnavailable: server refused https://api.example/?key=*** " \
                                                   "(token ***)"
+
+
+def test_a_plugin_sources_item_failure_is_recorded_without_its_secret(declare, tmp_path, monkeypatch):
+    declare("token-connectors", tokened=f"{__name__}:RefusedItem")
+    monkeypatch.setenv("PLUGIN_TOKEN", TOKEN)
+    config = load_config(write_config(tmp_path, "tokened"))
+    [outcome] = harvest_pipelines(config)
+    assert outcome.exit_code == 1 and outcome.report.counts["failed"] == 1
+    with Ledger.open(config, read_only=True) as ledger:
+        [item] = ledger.items("photos")
+    assert item.status == "failed" and item.reason == "fetching: GET https://api.example/i1?key=***: HTTP 403"
 
 
 def test_a_crashing_plugin_sources_traceback_is_logged_without_its_secret(declare, tmp_path):
