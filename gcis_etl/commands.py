@@ -147,6 +147,31 @@ def stop_on_signals() -> StopRequest:
     return stop
 
 
+def exit_on_signals() -> None:
+    """From a command line's start until the command installs its own handling (stop_on_signals,
+    raise_on_signals): a SIGINT or SIGTERM during the heavy imports or the reading of the configuration ends the
+    command at once, with one line (a JSON log line under --log-json) and 128 + the signal's number. It was a
+    KeyboardInterrupt traceback, a NameError from a module half imported or click's "Aborted!" (exit 1), and
+    for SIGTERM nothing at all. A command that installs no handling of its own (status, report) keeps it.
+    A signal sent twice at once (DOUBLED_SIGNAL_SECONDS) says it once."""
+    # imported now, not in the handler: the signal may come in the middle of importing what they import
+    from gcis_etl.logs import configure, say
+    left_at: list[float] = []
+
+    def leave(signum, frame):
+        if left_at and time.monotonic() - left_at[0] < DOUBLED_SIGNAL_SECONDS:
+            return
+        if not left_at:
+            if "--log-json" in sys.argv[1:] and not logging.getLogger().handlers:  # the command got no further
+                configure(True, 0)
+            say(f"stopped by {signal.Signals(signum).name}", logging.WARNING)
+        left_at[:] = [time.monotonic()]
+        sys.exit(EXIT_SIGNALLED + signum)
+
+    signal.signal(signal.SIGINT, leave)
+    signal.signal(signal.SIGTERM, leave)
+
+
 def raise_on_signals() -> None:
     """SIGTERM (`kill`, systemd, `timeout`) as well as SIGINT raise Interrupted, for a command whose cleanup must
     run (a partial output, a server's children): SIGTERM's default action ends the process on the spot,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import warnings
 from datetime import datetime, timezone
 
 import click
@@ -23,7 +24,7 @@ class JsonFormatter(logging.Formatter):
                  "level": record.levelname.lower(), "logger": record.name, "message": record.getMessage()}
         entry.update({k: v for k, v in record.__dict__.items() if k not in _STANDARD and not k.startswith("_")})
         if record.exc_info:
-            entry["exception"] = self.formatException(record.exc_info)
+            entry["exception"] = record.exc_text or self.formatException(record.exc_info)  # ScrubbingFilter scrubbed it
         return json.dumps(entry, default=str)
 
 
@@ -34,6 +35,18 @@ def configure(json_lines: bool, verbose: int) -> None:
     root.handlers[:] = [handler]
     root.setLevel(logging.DEBUG if verbose > 1 else logging.INFO if verbose or json_lines else logging.WARNING)
     guard(root)
+    # urllib3 shows its InsecureRequestWarning on every request ("always"); the operator chose verify_tls: false,
+    # so once per host (its message names the host) says it
+    warnings.filterwarnings("once", message="Unverified HTTPS request")
+    warnings.showwarning = _log_warning
+
+
+def _log_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int, file=None,
+                 line=None) -> None:
+    """A Python warning (a library's InsecureRequestWarning, DeprecationWarning...) as one log line: printed as
+    `warnings` prints it, two raw lines on stderr, it broke --log-json and made cron mail every run."""
+    logging.getLogger("py.warnings").warning("%s: %s", category.__name__, message,
+                                             extra={"warning": category.__name__})
 
 
 def guard(logger: logging.Logger, **_: object) -> None:

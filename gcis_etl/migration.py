@@ -116,9 +116,10 @@ class MigrationReport:
         self._lock = threading.Lock()
 
     def event(self, subject: str, outcome: str, reason: str = "", listed: bool = True) -> None:
-        """Count `outcome` for `subject` and log it; problems, and listed outcomes, also go to the CSV."""
-        log.info("%s %s%s", outcome, subject, f": {reason}" if reason else "",
-                 extra={"script": self.script, "subject": subject, "outcome": outcome})
+        """Count `outcome` for `subject` and log it (a problem at WARNING, as a harvest logs a rejected or failed
+        item); problems, and listed outcomes, also go to the CSV."""
+        log.log(logging.WARNING if outcome in PROBLEMS else logging.INFO, "%s %s%s", outcome, subject,
+                f": {reason}" if reason else "", extra={"script": self.script, "subject": subject, "outcome": outcome})
         with self._lock:
             self.counts[outcome] = self.counts.get(outcome, 0) + 1
             if outcome in PROBLEMS:
@@ -166,10 +167,22 @@ class MigrationReport:
                 "problems": [vars(p) for p in self.problems], "problems_total": self.problems_total,
                 "csv_path": str(self.csv_path) if self._csv else None}
 
-    def summary(self) -> str:
+    def headline(self) -> str:
         counts = ", ".join(_phrase(n, outcome) for outcome, n in self.counts.items() if n) or (
             "nothing done" if self.status.startswith("stopped") else "nothing to do")
-        lines = [f"{self.script}: {self.status}: {counts}"]
+        return f"{self.script}: {self.status}: {counts}"
+
+    def ended(self, exit_code: int) -> None:
+        """One log line at the end, as a harvest run's (--log-json): INFO when it exits 0, WARNING otherwise."""
+        note = "; ".join(self.notes) or None
+        log.log(logging.INFO if exit_code == EXIT_OK else logging.WARNING, "%s",
+                "; ".join(filter(None, (self.headline(), note))),
+                extra={"script": self.script, "status": self.status, "counts": self.counts, "note": note,
+                       "harvest_runs": self.runs, "problems_total": self.problems_total, "exit_code": exit_code,
+                       "report": str(self.json_path) if self.json_path and not self._unwritten else None})
+
+    def summary(self) -> str:
+        lines = [self.headline()]
         if self.runs:
             lines.append(f"  harvest runs {self.runs[0]}..{self.runs[-1]} (`gcis-etl report RUN` for each)"
                          if len(self.runs) > 1 else f"  harvest run {self.runs[0]} (`gcis-etl report {self.runs[0]}`)")
@@ -451,7 +464,7 @@ def migration(help_text: str, budget: bool = False) -> Callable[[Callable[..., N
         script = Path(inspect.getfile(function)).stem
 
         def callback(config_file: str | None, dry_run: bool, log_json: bool, verbose: int, **options: Any) -> int:
-            from gcis_etl.logs import configure
+            from gcis_etl.logs import configure, say
             configure(log_json, verbose)
             config = load_config(config_file)
             stop = stop_on_signals()
@@ -464,18 +477,23 @@ def migration(help_text: str, budget: bool = False) -> Callable[[Callable[..., N
                 function(ctx, **options)
             except LockHeld as exc:
                 ctx.report.stop("stopped", str(exc))
+                say(f"{script}: {exc}", script=script)
                 code = EXIT_LOCKED
             except ConfigError:
                 raise
             except GcisError as exc:
                 ctx.report.stop("stopped on an error", f"{type(exc).__name__}: {exc} (everything settled so far "
                                                         f"is recorded: remove the cause and run again)")
+                say(f"{script}: stopped on an error: {ctx.report.notes[-1]}", script=script)
             if ctx.stop.is_set() and ctx.report.status == "completed" and not ctx.stop_heeded:
                 ctx.report.stop("stopped", "stopped on request: run again to continue")
             ctx.report.finish()
             click.echo(ctx.report.summary())
             signalled = EXIT_OK if ctx.report.status == "completed" else stop.exit_code
-            return max(ctx.report.exit_code if code is None else code, signalled)
+            code = max(ctx.report.exit_code if code is None else code, signalled)
+            if log_json:  # otherwise the summary says it
+                ctx.report.ended(code)
+            return code
 
         params = _common_options() + list(reversed(getattr(function, "__click_params__", []))) + (
             [LIMIT.param(), MAX_MINUTES.param()] if budget else [])

@@ -222,7 +222,7 @@ class MoveProgress(LiveLine):
     kept (already there, or newer there) and failed (or missing), deleted from the source, the rate, the keys in
     flight and the oldest one's age (a big master takes minutes to copy), the time elapsed."""
 
-    GROUPS = {"copied": ("copied", "replaced", "would copy"), "kept": ("present", "newer in the target"),
+    GROUPS = {"copied": ("copied", "replaced", "would copy", "would replace"), "kept": ("present", "newer in the target"),
               "failed": ("failed", "missing"), "deleted": ("deleted from the source", "would delete from the source")}
 
     def __init__(self, pipeline: str, total: int, live: bool, deleting: bool, counted: Mapping[str, int],

@@ -12,7 +12,7 @@ into the old store meanwhile. A run starts by removing what a killed run left: i
 incomplete uploads to the target. A store that goes down or takes no more data stops the run (no key starts
 after it; every key would fail alike): run again once it is back, or has room.
 
-Once the pipeline uses the target (step 3), harvests went on there, but one may have run in the old store
+Once the pipeline uses the target (step 2), harvests went on there, but one may have run in the old store
 between the copy and the switch. An access master that differs is never replaced from the source: the ledger
 records its SHA-256. Of a manifest or a collection that differs, the ledger tells which copy is current: a
 manifest shows the access masters (keys and sizes) the ledger records for its object's items, a collection
@@ -26,9 +26,15 @@ is a problem and stays in the source (the message says how to put it right).
 A move, step by step:
   1. gcis-migrate move_store --pipeline museum --to-store new-store.yaml
      copy and verify (run again until it reports no problem)
-  2. point the pipeline's store: in config.yaml, and iipsrv, at the new store
-  3. gcis-migrate move_store --pipeline museum --from-store old-store.yaml --delete-source
+  2. point the pipeline's store: in config.yaml, and iipsrv, at the new store; where the manifests are
+     served from the store, set its manifests.manifest_base_url to the new store's URL
+  3. gcis-migrate initial_load --pipeline museum
+     after a new manifest_base_url: publishes every manifest and collection again under it (the copies name
+     the old store's, which step 4 empties; a harvest republishes only the objects it lists); converts nothing
+  4. gcis-migrate move_store --pipeline museum --from-store old-store.yaml --delete-source
      verify every key in the new store again, then delete it from the old one
+Once the pipeline uses the target, a run whose target's manifests name another base URL than
+manifest_base_url says so.
 
 \b
 A store is a YAML/JSON file or an inline mapping, written like a pipeline's store: section:
@@ -66,13 +72,12 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from itertools import islice
 from pathlib import Path
 from typing import Iterator
 
 import click
 
-from gcis_etl.errors import GcisError, IntegrityError, StoreUnavailable
+from gcis_etl.errors import GcisError, IntegrityError, StoreError, StoreUnavailable
 from gcis_etl.ledger import Ledger
 from gcis_etl.manifests import DepositedImage, collection_items, painted_images
 from gcis_etl.migration import Budget, MigrationContext, migration, same_store, shows_through, store_settings
@@ -91,7 +96,8 @@ from gcis_etl.stores import Store, StoredObject, open_store
 @click.option("--concurrency", type=click.IntRange(1, 64), default=4, show_default=True,
               help="Keys copied at once.")
 @click.option("--limit", type=click.IntRange(min=1),
-              help="Look at no more than this many keys (a trial: it stops at the limit; run again to go on).")
+              help="Copy, delete or fail no more than this many keys; keys found moved already do not count, so a "
+                   "run again goes on past them (a trial: it stops at the limit; run again to go on).")
 @click.option("--max-minutes", type=click.FloatRange(min=0, min_open=True),
               help="Start no new key after this many minutes (a night's window: run again to go on).")
 def main(ctx: MigrationContext, name: str, to_spec: str | None, from_spec: str | None, delete_source: bool,
@@ -122,33 +128,62 @@ def main(ctx: MigrationContext, name: str, to_spec: str | None, from_spec: str |
                 if not authoritative:
                     kept[f"the store pipeline {name!r} uses"] = open_store(configured)
                 check_apart(move.source, kept)
-        keys = pipeline_keys(ledger, pipeline)
         budget = Budget(minutes=max_minutes)
-        progress = move_progress(name, lambda: sum(1 for _ in islice(pipeline_keys(ledger, pipeline), limit)),
-                                 delete_source, ctx.report.counts)
+        progress = move_progress(name, lambda: sum(1 for _ in pipeline_keys(ledger, pipeline)), delete_source,
+                                 ctx.report.counts)
         try:
-            cut = move.run(islice(keys, limit), concurrency, budget, progress)
+            cut = move.run(pipeline_keys(ledger, pipeline), concurrency, budget, progress, limit)
         finally:
             progress.clear()  # before the summary
         stopped = None
-        if cut and not ctx.stop.is_set():
+        if cut == "limit" and not ctx.stop.is_set():
+            stopped = (f"stopped at the limit of {counted(limit, 'key')} copied, deleted or failed (keys moved "
+                       f"already do not count): run again to go on")
+        elif cut and not ctx.stop.is_set():
             stopped = f"stopped: {budget.exhausted()}: run again to go on"
-        elif limit is not None and not ctx.stop.is_set() and next(keys, None) is not None:
-            stopped = f"stopped at the limit of {counted(limit, 'key')}: run again to go on"
         if stopped:
             if ctx.dry_run:
                 ctx.report.notes.append(stopped)
             else:
                 ctx.report.stop("stopped", stopped)
+        stale = stale_base_url(ledger, pipeline, move.target) if authoritative else None
     newer = ctx.report.counts.get("newer in the target")
     if newer:
-        ctx.report.notes.append(f"{counted(newer, 'key')} newer in the target, the store pipeline {name!r} uses "
-                                f"(deposited there after the switch): kept; the source's copies are stale")
+        ctx.report.notes.append(f"{counted(newer, 'key')} newer in the target, the store pipeline {name!r} uses: "
+                                f"its copies are the ones the ledger shows current, the source's differ from them: "
+                                f"kept; the source's copies are stale (the CSV lists them)")
+    if stale:
+        ctx.report.notes.append(stale)
     if ctx.report.status == "completed" and ctx.report.exit_code == 0 and not ctx.stop.is_set() \
             and not authoritative:
         ctx.report.notes.append(f"next: point pipelines.{name}.store in {ctx.config.source_file} (and iipsrv) at "
-                                f"the new store, {move.target.describe('')} (a relative root as resolved), then "
-                                f"run with --from-store OLD --delete-source")
+                                f"the new store, {move.target.describe('')} (a relative root as resolved), and its "
+                                f"manifests.manifest_base_url at the new store's URL if the manifests are served "
+                                f"from it; then `gcis-migrate initial_load --pipeline {name}` (after a new "
+                                f"manifest_base_url: publishes the manifests again under it); then run with "
+                                f"--from-store OLD --delete-source")
+
+
+def stale_base_url(ledger: Ledger, pipeline: Pipeline, target: Store) -> str | None:
+    """Why the manifests in the pipeline's store need publishing again, or None: they were copied from a store
+    published elsewhere, and name its base URL, not manifest_base_url (which the operator changed at the switch).
+    One manifest read tells; --delete-source empties the store they name, and a harvest republishes only the
+    objects it lists."""
+    manifests = pipeline.manifests
+    object_id = next(iter(ledger.published(pipeline.name)), None) if manifests else None
+    if object_id is None:
+        return None
+    version = manifests.settings.versions[0]
+    try:
+        document = _document(target, manifests.manifest_key(object_id, version))
+    except StoreError:  # not there (a problem the run reported), or unreadable
+        return None
+    named = (document.get("id") or document.get("@id")) if isinstance(document, dict) else None
+    expected = manifests.manifest_id(object_id, version)
+    if not isinstance(named, str) or named == expected:
+        return None
+    return (f"the manifests in the target name {named}, not {expected} (manifest_base_url): "
+            f"`gcis-migrate initial_load --pipeline {pipeline.name}` publishes them again under it")
 
 
 def check_apart(source: Store, kept: dict[str, Store]) -> None:
@@ -191,7 +226,9 @@ def pipeline_keys(ledger: Ledger, pipeline: Pipeline) -> Iterator[StoreKey]:
         yield StoreKey(manifests.collection_key(version), None, published, version=version)
 
 
-LISTED = ("replaced", "newer in the target")  # in the CSV: the target's content changed, or the source's is stale
+LISTED = ("replaced", "would replace", "newer in the target")  # in the CSV: the target's content changed (or would),
+# or the source's is stale
+SETTLED = ("present", "newer in the target")  # nothing to copy: what --limit does not count (without a deletion)
 
 
 @dataclass(frozen=True)
@@ -228,53 +265,73 @@ class Move:
             self.ctx.report.notes.append(f"aborted {len(aborted)} incomplete uploads to the target left by a "
                                          f"killed run: {', '.join(aborted)}")
 
-    def run(self, keys: Iterator[StoreKey], concurrency: int, budget: Budget, progress: MoveProgress) -> bool:
-        """A bounded window of keys in flight: millions of keys never sit in memory at once. True when it stopped
-        with keys left (on request, or the budget's time spent). Each key checks as it starts, since the pool
-        holds up to a window of them queued: once stopped, none starts, and those under way finish. A store that
-        goes down or takes no more data stops it too (every key would fail alike, each after its retries): the
-        first such error is raised once the keys under way have ended."""
+    def run(self, keys: Iterator[StoreKey], concurrency: int, budget: Budget, progress: MoveProgress,
+            limit: int | None = None) -> str | None:
+        """A bounded window of keys in flight: millions of keys never sit in memory at once. Why it stopped with
+        keys left: "limit" once `limit` keys were copied, deleted or failed (keys moved already do not count, so
+        a run again goes on past them; no more keys are under way than the limit leaves), "stopped" on request or
+        with the budget's time spent; None when it looked at every key. Each key checks as it starts, since the
+        pool holds up to a window of them queued: once stopped, none starts, and those under way finish. A store
+        that goes down or takes no more data stops it too (every key would fail alike, each after its retries):
+        the first such error is raised once the keys under way have ended."""
         halted: list[StoreUnavailable] = []
 
         def stopping() -> bool:
             return bool(halted) or self.ctx.stop.is_set() or budget.exhausted() is not None
 
-        def start(item: StoreKey) -> bool:
+        def start(item: StoreKey) -> bool | None:
+            """None: not started; otherwise whether the key counts against the limit."""
             if stopping():
-                return False
+                return None
             progress.started(item.key)
             done = False  # not settled: the store went down, or an error escaped
             try:
-                self.move(item)
+                counts = self.move(item)
                 done = True
             except StoreUnavailable as exc:
                 halted.append(exc)
+                counts = True
             finally:
                 progress.settled(item.key, done)
-            return True
+            return counts
 
-        cut = False
+        cut: str | None = None
+        worked = 0  # keys that count against the limit
         with ThreadPoolExecutor(concurrency, thread_name_prefix="gcis-move") as pool:
             window: deque = deque()
+
+            def settle() -> None:
+                nonlocal cut, worked
+                counts = window.popleft().result()
+                if counts is None:
+                    cut = "stopped"
+                worked += bool(counts)
+
             for key in keys:
+                while window and (len(window) >= 2 * concurrency or
+                                  limit is not None and worked + len(window) >= limit):
+                    settle()
+                if limit is not None and worked >= limit:
+                    cut = "limit"
+                    break
                 if stopping():
-                    cut = True
+                    cut = "stopped"
                     break
                 window.append(pool.submit(start, key))
-                if len(window) >= 2 * concurrency:
-                    cut |= not window.popleft().result()
-            for future in window:
-                cut |= not future.result()
+            while window:
+                settle()
         if halted:
             raise halted[0]
         return cut
 
-    def move(self, item: StoreKey) -> None:
+    def move(self, item: StoreKey) -> bool:
+        """Whether the key counts against --limit: it was copied, deleted from the source, failed or is missing
+        (or would be, in a dry run); not one found moved already."""
         report = self.ctx.report
         try:
             step = self.copy(item)
             if step is None:
-                return
+                return False
             deleting = self.delete_source and step.in_source
             if deleting and not self.ctx.dry_run:
                 self.verify(item.key, step.sha256)
@@ -282,18 +339,19 @@ class Move:
             raise
         except GcisError as exc:  # this key fails, and stays in the source; the others go on
             report.event(item.key, "failed", str(exc))
-            return
+            return True
         report.event(item.key, step.outcome, step.reason, listed=step.outcome in LISTED)
         if not deleting:
-            return
+            return step.outcome not in SETTLED
         if self.ctx.dry_run:
             report.event(item.key, "would delete from the source", listed=False)
         elif self.source.delete(item.key):
             report.event(item.key, "deleted from the source", self.source.describe(item.key))
+        return True
 
     def copy(self, item: StoreKey) -> Step | None:
         """copied, replaced (other content was there), present (already there, same SHA-256), newer in the
-        target, missing; None when a key that need not exist does not."""
+        target, missing (a dry run: would copy, would replace); None when a key that need not exist does not."""
         here = self.source.head(item.key)
         there = self.target.head(item.key)
         expected = item.sha256 or (here.sha256 if here else None)
@@ -312,7 +370,7 @@ class Move:
         if there is not None and expected and there.sha256 == expected and there.size == here.size:
             return Step("present", "", expected, True)
         if self.ctx.dry_run:
-            return Step("would copy", current or "", expected, True)
+            return Step("would copy" if there is None else "would replace", current or "", expected, True)
         with self.scratch_file() as copy:
             actual = self.source.download(item.key, copy)
             size = copy.stat().st_size

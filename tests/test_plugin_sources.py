@@ -6,6 +6,7 @@ or attribute of connectors.base.Source missing, an __init__ that raises) is a Co
 an AttributeError in the middle of a run."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -138,6 +139,9 @@ def test_a_crashing_plugin_sources_traceback_is_logged_without_its_secret(declar
     assert "KeyError: 'no field for token ***'" in crashed.stderr
     assert "photos: run crashed: KeyError: 'no field for token ***' (its traceback is logged)" in crashed.stderr
     assert TOKEN not in crashed.stderr
+    logged = gcis(site, tmp_path, "harvest", "--log-json")
+    crash = [json.loads(line) for line in logged.stderr.splitlines() if '"exception"' in line]
+    assert crash and "KeyError: 'no field for token ***'" in crash[0]["exception"] and TOKEN not in logged.stderr
     status = gcis(site, tmp_path, "status")
     assert "KeyError: 'no field for token ***'" in status.stdout and TOKEN not in status.stdout
 

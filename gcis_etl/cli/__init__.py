@@ -12,9 +12,28 @@ from datetime import timedelta
 
 import click
 
-from gcis_etl.commands import CONFIG, fail_config
+from gcis_etl.commands import CONFIG, exit_on_signals, fail_config
 from gcis_etl.errors import ConfigError
 from gcis_etl.spans import parse_span
+
+
+class EntryPoint:
+    """A command line's entry (gcis-etl, gcis-migrate): its first act is exit_on_signals(), so that a Ctrl-C or
+    SIGTERM during the command's imports and its reading of the configuration is a clean exit 130 or 143 too.
+    Not on importing gcis_etl.cli: a program or a test that imports it keeps its own signal handling."""
+
+    def main(self, *args, **kwargs):
+        exit_on_signals()
+        return super().main(*args, **kwargs)
+
+
+class EntryGroup(EntryPoint, click.Group):
+    pass
+
+
+class EntryCommand(EntryPoint, click.Command):
+    pass
+
 
 class Span(click.ParamType):
     """A span of time in the syntax every option shares (gcis_etl.spans)."""
@@ -39,7 +58,7 @@ def _config(ctx: click.Context, single_file: bool = False):
         fail_config(exc)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.group(cls=EntryGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(package_name="gcis-etl")
 @CONFIG
 @click.pass_context
@@ -58,8 +77,8 @@ def main(ctx: click.Context, config_file: str | None) -> None:
     ctx.obj = config_file
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"], "ignore_unknown_options": True,
-                                "allow_interspersed_args": False})
+@click.command(cls=EntryCommand, context_settings={"help_option_names": ["-h", "--help"],
+                                                  "ignore_unknown_options": True, "allow_interspersed_args": False})
 @CONFIG
 @click.argument("script")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
