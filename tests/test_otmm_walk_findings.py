@@ -11,29 +11,20 @@ from pathlib import Path
 
 import pytest
 
-from connectors import open_source
 from connectors.base import ListingMoved, UnreadableObject
 from connectors.errors import SourceRequestFailed
-from connectors.otmm import OtmmSource
 from gcis_etl.errors import ConfigError
-from tests.emulators import FAST_RETRY
 from tests.emulators.catalogue import CorpusFile
 from tests.emulators.otmm import API, MODIFIED_FIELD, ROOT, Asset, OtmmEmulator
 from tests.emulators.server import EmulatorServer, Request, Response
 
-PASSWORD = "otmm-Secret-3"
+from tests.test_connector_otmm import otmm
 
 
 @pytest.fixture
 def emulator():
     with EmulatorServer(OtmmEmulator()) as server:
         yield server
-
-
-def otmm(url: str, **overrides) -> OtmmSource:
-    options = {"base_url": url, "username": "tsuper", "password": PASSWORD, "retry": FAST_RETRY,
-               "search": {"page_size": 2}, **overrides}
-    return open_source("otmm", options, name="otmm-test")
 
 
 def names(server: EmulatorServer, objects) -> list[str]:
