@@ -29,7 +29,7 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 
 import requests
 import urllib3
-from pydantic import AfterValidator, Field, field_validator
+from pydantic import AfterValidator, BeforeValidator, Field
 from urllib3.exceptions import ProtocolError, ReadTimeoutError
 
 from connectors.errors import (AuthenticationFailed, PermissionDenied, SourceRequestFailed,
@@ -61,19 +61,24 @@ def tls_switch(value: str) -> bool | None:
     return _SWITCHES.get(value.strip().lower())
 
 
-def tls_setting(value: object) -> object:
+def _tls_setting(value: object) -> object:
     """A verify_tls value as validated: a string spelling a switch becomes it, anything else stays."""
     switch = tls_switch(value) if isinstance(value, str) else None
     return value if switch is None else switch
 
 
-def tls_bundle(value: bool | str) -> bool | str:
+def _tls_bundle(value: bool | str) -> bool | str:
     """A CA bundle that is not there is refused when the settings load (`config check`), not at the run's first
-    request (requests raises a bare OSError for it)."""
+    request (requests raises a bare OSError for it; boto3 retries it as an outage)."""
     if isinstance(value, str) and not os.path.exists(value):
         raise ValueError(f"no CA bundle at {value}: expected true, false, or the path of a CA bundle file "
                          "(or of a c_rehash'ed directory of CA certificates)")
     return value
+
+
+VerifyTls = Annotated[bool | str, BeforeValidator(_tls_setting), AfterValidator(_tls_bundle),
+                      Field(description="false, true, or the path of a CA bundle")]
+"""Every source's verify_tls (HTTP and S3)."""
 
 
 def _parsable(url: str) -> str:
@@ -91,18 +96,8 @@ class HttpSourceSettings(Settings):
 
     base_url: BaseUrl
     retry: RetryPolicy = RetryPolicy()
-    verify_tls: bool | str = Field(True, description="false, true, or the path of a CA bundle")
+    verify_tls: VerifyTls = True
     user_agent: str = "gcis-etl"
-
-    @field_validator("verify_tls", mode="before")
-    @classmethod
-    def _switch_or_bundle(cls, value: object) -> object:
-        return tls_setting(value)
-
-    @field_validator("verify_tls")
-    @classmethod
-    def _bundle_exists(cls, value: bool | str) -> bool | str:
-        return tls_bundle(value)
 
 
 class _Session(requests.Session):
@@ -188,15 +183,17 @@ class HttpSession:
 
         verify= goes with each request: requests lets REQUESTS_CA_BUNDLE/CURL_CA_BUNDLE override a session's
         verify (requests#3829), and verify_tls: false or a bundle of its own must win over the environment.
-        A 401/403 from the host a redirect led to (an expired presigned URL) is no verdict on the configured
-        user: no re-login, and the request is sent once more for a fresh redirect before it fails.
+        A 401/403 from a host that had none of the source's credentials (one a redirect led to, an expired
+        presigned URL; or a URL on another host, asked without them) is no verdict on the configured user: no
+        re-login; a redirect is asked for once more, fresh, before it fails.
         """
         counted = budget is not None  # a caller's budget has already counted this first attempt
         budget = budget or RetryBudget(self.policy)
         what = f"{label}: {self.describe(method, url, params)}" if label else self.describe(method, url, params)
         timeout = (self.policy.connect_timeout_seconds, self.policy.read_timeout_seconds)
         relogged = reasked = False
-        auth = (self.auth or self._userinfo.get(_origin(url))) if credentials else None
+        # the URL's own user-info goes to its own host whatever `credentials` (it is that host's, not the source's)
+        auth = (self.auth if credentials else None) or self._userinfo.get(_origin(url))
         while True:
             if not counted:
                 budget.start_attempt()
@@ -229,15 +226,16 @@ class HttpSession:
             if status < 400 or (accept_error and accept_error(response)):
                 return response
             reason = f"{what}: HTTP {status} {response.reason or ''}".rstrip()
-            elsewhere = _origin(response.url) != _origin(url)
-            if elsewhere and status in (401, 403):
+            redirected = _origin(response.url) != _origin(url)
+            if (redirected or not credentials) and status in (401, 403):
                 response.close()
-                if not reasked:
+                if redirected and not reasked:
                     reasked = True
                     continue
                 host = urlsplit(response.url).netloc
-                raise SourceRequestFailed(f"{reason} from {host}, where the source redirected it (twice, a fresh "
-                                          f"redirect the second time): {host} refused it, not the source (an "
+                how = ("where the source redirected it (twice, a fresh redirect the second time)" if redirected
+                       else "asked without the source's credentials (another host's URL)")
+                raise SourceRequestFailed(f"{reason} from {host}, {how}: {host} refused it, not the source (an "
                                           "expired or invalid presigned URL?)", status)
             if status in self.relogin_statuses and relogin and self.on_unauthorized and not relogged:
                 response.close()

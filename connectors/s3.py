@@ -24,7 +24,7 @@ from connectors.errors import (AuthenticationFailed, ObjectNotFound, PermissionD
                                SourceUnavailable, TransferInterrupted)
 from connectors.fetching import CHUNK_SIZE, Body, fixity
 from connectors.grouping import GroupedSource, GroupingSettings, StoredFile
-from connectors.http import tls_setting
+from connectors.http import VerifyTls
 from connectors.redaction import Secret, register, scrub
 from connectors.retry import RetryBudget, RetryPolicy
 from gcis_etl.settings import Settings
@@ -44,15 +44,10 @@ class S3Settings(Settings):
     secret_access_key: Secret | None = None
     session_token: Secret | None = None
     addressing_style: Literal["auto", "path", "virtual"] = "auto"
-    verify_tls: bool | str = True
+    verify_tls: VerifyTls = True
     etag_is_md5: bool = True
     grouping: GroupingSettings = GroupingSettings()
     retry: RetryPolicy = RetryPolicy()
-
-    @field_validator("verify_tls", mode="before")
-    @classmethod
-    def _switch_or_bundle(cls, value: object) -> object:
-        return tls_setting(value)
 
     @field_validator("prefix")
     @classmethod

@@ -13,6 +13,7 @@ from connectors import open_source
 from connectors.errors import (AuthenticationFailed, FetchIntegrityError, ObjectNotFound, SourceRequestFailed,
                                SourceUnavailable)
 from connectors.s3 import S3Settings, S3Source
+from gcis_etl.errors import ConfigError
 from gcis_etl.settings import parse
 from tests.emulators import FAST_RETRY
 from tests.emulators.catalogue import CORPUS
@@ -161,6 +162,19 @@ def test_reachable_raises_source_unavailable_when_the_endpoint_is_down():
 
 
 @pytest.mark.parametrize("written, validated", [("false", False), ("YES", True), ("certs/ca.pem", "certs/ca.pem")])
-def test_verify_tls_from_the_environment_is_a_switch_when_it_spells_one(written, validated):
+def test_verify_tls_from_the_environment_is_a_switch_when_it_spells_one(written, validated, tmp_path, monkeypatch):
     """${VAR} fills in strings: 'false' stayed a string, read as the path of a CA bundle (verification on)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "certs").mkdir()
+    (tmp_path / "certs" / "ca.pem").write_text("")  # a bundle must be there
     assert parse(S3Settings, {"bucket": "masters", "verify_tls": written}, "config.yaml").verify_tls == validated
+
+
+def test_a_ca_bundle_that_is_not_there_is_refused_when_the_settings_load(tmp_path):
+    """As for the HTTP sources: at the first request it was an SSLError retried as an outage, "source unavailable"."""
+    with pytest.raises(ConfigError, match=r"verify_tls: .*no CA bundle at /nonexistent/ca\.pem"):
+        open_source("s3", {"bucket": "masters", "verify_tls": "/nonexistent/ca.pem"}, name="s3-test")
+    (tmp_path / "ca.pem").write_text("")
+    assert open_source("s3", {"bucket": "masters", "verify_tls": str(tmp_path / "ca.pem")},
+                       name="s3-test").settings.verify_tls == str(tmp_path / "ca.pem")
+    assert open_source("s3", {"bucket": "masters", "verify_tls": "off"}, name="s3-test").settings.verify_tls is False

@@ -155,8 +155,11 @@ class Bucket:
 
     def __init__(self, file: CorpusFile):
         self.file = file
+        self.refusing: int | None = None  # a status every request gets
 
     def handle(self, request: Request) -> Response:
+        if self.refusing:
+            return Response.text("no", self.refusing)
         if float(request.arg("expires", "inf")) < time.time():
             return Response(403, b"<Error><Code>AccessDenied</Code><Message>Request has expired</Message></Error>",
                             "application/xml")
@@ -211,6 +214,20 @@ def test_an_absolute_content_url_is_used_as_it_is_with_credentials_on_the_api_ho
     else:
         (fetch,) = emulator.requests("/renditions/")
         assert fetch.headers["otmmauthtoken"]
+
+
+@pytest.mark.parametrize("status", [401, 403])
+def test_a_refusal_from_another_hosts_content_url_is_no_verdict_on_the_configured_user(emulator, bucket, tmp_path,
+                                                                                      status):
+    asset = emulator.app.catalogue.by_name("2019_M_10.tif")
+    emulator.app.content_url_base, bucket.app.refusing = bucket.url, status
+    source = otmm(emulator.url, content="master", relogin_statuses=[401, 403])
+    (obj,) = source.get([asset.asset_id])
+    host = bucket.url.removeprefix("http://")
+    with pytest.raises(SourceRequestFailed, match=rf"HTTP {status} .* from {host}, asked without the source's "
+                                                  rf"credentials .*{host} refused it, not the source"):
+        source.fetch(obj.items[0], tmp_path)
+    assert len(bucket.requests("/renditions/")) == 1 and len(emulator.requests(f"POST {API}/sessions")) == 1
 
 
 # --- 8. a search refused for its settings ---------------------------------------------------------------------
