@@ -156,20 +156,14 @@ def exit_on_signals() -> None:
     A signal sent twice at once (DOUBLED_SIGNAL_SECONDS) says it once."""
     # imported now, not in the handler: the signal may come in the middle of importing what they import
     from gcis_etl.logs import configure, say
-    left_at: list[float] = []
 
-    def leave(signum, frame):
-        if left_at and time.monotonic() - left_at[0] < DOUBLED_SIGNAL_SECONDS:
-            return
-        if not left_at:
-            if "--log-json" in sys.argv[1:] and not logging.getLogger().handlers:  # the command got no further
-                configure(True, 0)
-            say(f"stopped by {signal.Signals(signum).name}", logging.WARNING)
-        left_at[:] = [time.monotonic()]
+    def leave(signum: int) -> None:
+        if "--log-json" in sys.argv[1:] and not logging.getLogger().handlers:  # the command got no further
+            configure(True, 0)
+        say(f"stopped by {signal.Signals(signum).name}", logging.WARNING)
         sys.exit(EXIT_SIGNALLED + signum)
 
-    signal.signal(signal.SIGINT, leave)
-    signal.signal(signal.SIGTERM, leave)
+    _on_signals(leave)
 
 
 def raise_on_signals() -> None:
@@ -177,16 +171,25 @@ def raise_on_signals() -> None:
     run (a partial output, a server's children): SIGTERM's default action ends the process on the spot,
     skipping every finally block. A signal sent twice at once (DOUBLED_SIGNAL_SECONDS) raises once, so as not
     to cut that cleanup short."""
-    raised_at: list[float] = []
-
-    def interrupted(signum, frame):
-        if raised_at and time.monotonic() - raised_at[0] < DOUBLED_SIGNAL_SECONDS:
-            return
-        raised_at[:] = [time.monotonic()]
+    def interrupted(signum: int) -> None:
         raise Interrupted(signum)
 
-    signal.signal(signal.SIGINT, interrupted)
-    signal.signal(signal.SIGTERM, interrupted)
+    _on_signals(interrupted)
+
+
+def _on_signals(handle: Callable[[int], None]) -> None:
+    """`handle(signum)` on SIGINT and SIGTERM, once for a signal sent twice at once (DOUBLED_SIGNAL_SECONDS:
+    `timeout` and a terminal's ^C may both send one)."""
+    handled_at: list[float] = []
+
+    def handler(signum, frame):
+        if handled_at and time.monotonic() - handled_at[0] < DOUBLED_SIGNAL_SECONDS:
+            return
+        handled_at[:] = [time.monotonic()]
+        handle(signum)
+
+    signal.signal(signal.SIGINT, handler)
+    signal.signal(signal.SIGTERM, handler)
 
 
 class SharedOption:

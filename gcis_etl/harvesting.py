@@ -810,7 +810,7 @@ class Harvest:
     def note(self, checkpoint: datetime | None) -> str | None:
         """Why the run stopped, or left the checkpoint where it was; for a run cut short, where the checkpoint
         is now; why it listed everything. A stop on request keeps its note alone: reports.py reads it for the
-        exit code. Scrubbed as _told scrubs an error: a connector words why the listing moved."""
+        exit code."""
         if self.cut_short in STOPPED_BY_SIGNAL:
             return self.cut_short
         if not self.cut_short:
@@ -820,7 +820,7 @@ class Harvest:
                      f"stopped", self.listing_note)
         else:
             parts = (self.cut_short, self.checkpoint_held, self.relisting(), self.listing_note)
-        return scrub("; ".join(filter(None, parts))) or None
+        return "; ".join(filter(None, parts)) or None
 
     def relisting(self) -> str | None:
         """What a run cut short over the checkpoint's window says when its source does not list in modified
@@ -1008,9 +1008,10 @@ def _usable(obj: SourceObject | UnreadableObject | ListingMoved, source: str
     (it fails before any of its items is sent, holding the checkpoint until its attempts are spent): two of its
     items under one id, of which the ledger keeps one record (the second master was neither deposited nor
     failed, and its manifest showed the first twice); a time with no timezone, which no other time compares with
-    (connectors.base.Source)."""
+    (connectors.base.Source). A connector's own words (why it cannot describe an object, why its listing moved) are
+    scrubbed of the sources' secrets here, where they enter: the ledger, the reports and a dry run show them."""
     if not isinstance(obj, SourceObject):
-        return obj
+        return replace(obj, reason=scrub(obj.reason))
     times = [("its modified time", obj.modified), ("its listed_at", obj.listed_at),
              *((f"the modified time of its item {item.id}", item.modified) for item in obj.items)]
     naive = next(((what, at) for what, at in times if at is not None and at.utcoffset() is None), None)

@@ -477,14 +477,16 @@ def migration(help_text: str, budget: bool = False) -> Callable[[Callable[..., N
                 function(ctx, **options)
             except LockHeld as exc:
                 ctx.report.stop("stopped", str(exc))
-                say(f"{script}: {exc}", script=script)
+                if log_json:  # otherwise the summary's note says it
+                    say(f"{script}: {exc}", script=script)
                 code = EXIT_LOCKED
             except ConfigError:
                 raise
             except GcisError as exc:
                 ctx.report.stop("stopped on an error", f"{type(exc).__name__}: {exc} (everything settled so far "
                                                         f"is recorded: remove the cause and run again)")
-                say(f"{script}: stopped on an error: {ctx.report.notes[-1]}", script=script)
+                if log_json:
+                    say(f"{script}: stopped on an error: {ctx.report.notes[-1]}", script=script)
             if ctx.stop.is_set() and ctx.report.status == "completed" and not ctx.stop_heeded:
                 ctx.report.stop("stopped", "stopped on request: run again to continue")
             ctx.report.finish()

@@ -96,8 +96,8 @@ from gcis_etl.stores import Store, StoredObject, open_store
 @click.option("--concurrency", type=click.IntRange(1, 64), default=4, show_default=True,
               help="Keys copied at once.")
 @click.option("--limit", type=click.IntRange(min=1),
-              help="Copy, delete or fail no more than this many keys; keys found moved already do not count, so a "
-                   "run again goes on past them (a trial: it stops at the limit; run again to go on).")
+              help="Copy or delete no more than this many keys; keys found moved already, or that fail, do not "
+                   "count, so a run again goes on past them (a trial: it stops at the limit; run again to go on).")
 @click.option("--max-minutes", type=click.FloatRange(min=0, min_open=True),
               help="Start no new key after this many minutes (a night's window: run again to go on).")
 def main(ctx: MigrationContext, name: str, to_spec: str | None, from_spec: str | None, delete_source: bool,
@@ -137,8 +137,8 @@ def main(ctx: MigrationContext, name: str, to_spec: str | None, from_spec: str |
             progress.clear()  # before the summary
         stopped = None
         if cut == "limit" and not ctx.stop.is_set():
-            stopped = (f"stopped at the limit of {counted(limit, 'key')} copied, deleted or failed (keys moved "
-                       f"already do not count): run again to go on")
+            stopped = (f"stopped at the limit of {counted(limit, 'key')} copied or deleted (keys moved already, or "
+                       f"failed, do not count): run again to go on")
         elif cut and not ctx.stop.is_set():
             stopped = f"stopped: {budget.exhausted()}: run again to go on"
         if stopped:
@@ -228,7 +228,7 @@ def pipeline_keys(ledger: Ledger, pipeline: Pipeline) -> Iterator[StoreKey]:
 
 LISTED = ("replaced", "would replace", "newer in the target")  # in the CSV: the target's content changed (or would),
 # or the source's is stale
-SETTLED = ("present", "newer in the target")  # nothing to copy: what --limit does not count (without a deletion)
+SETTLED = MoveProgress.GROUPS["kept"]  # nothing to copy: what --limit does not count (without a deletion)
 
 
 @dataclass(frozen=True)
@@ -268,8 +268,8 @@ class Move:
     def run(self, keys: Iterator[StoreKey], concurrency: int, budget: Budget, progress: MoveProgress,
             limit: int | None = None) -> str | None:
         """A bounded window of keys in flight: millions of keys never sit in memory at once. Why it stopped with
-        keys left: "limit" once `limit` keys were copied, deleted or failed (keys moved already do not count, so
-        a run again goes on past them; no more keys are under way than the limit leaves), "stopped" on request or
+        keys left: "limit" once `limit` keys were copied or deleted (keys moved already, or failed, do not count, so
+        a run again goes on past them, and past a key that fails every time; no more keys are under way than the limit leaves), "stopped" on request or
         with the budget's time spent; None when it looked at every key. Each key checks as it starts, since the
         pool holds up to a window of them queued: once stopped, none starts, and those under way finish. A store
         that goes down or takes no more data stops it too (every key would fail alike, each after its retries):
@@ -325,8 +325,8 @@ class Move:
         return cut
 
     def move(self, item: StoreKey) -> bool:
-        """Whether the key counts against --limit: it was copied, deleted from the source, failed or is missing
-        (or would be, in a dry run); not one found moved already."""
+        """Whether the key counts against --limit: it was copied or deleted from the source (or would be, in a dry
+        run); not one found moved already, nor one that failed or is missing (each run would stop on them)."""
         report = self.ctx.report
         try:
             step = self.copy(item)
@@ -339,10 +339,10 @@ class Move:
             raise
         except GcisError as exc:  # this key fails, and stays in the source; the others go on
             report.event(item.key, "failed", str(exc))
-            return True
+            return False
         report.event(item.key, step.outcome, step.reason, listed=step.outcome in LISTED)
         if not deleting:
-            return step.outcome not in SETTLED
+            return step.outcome not in (*SETTLED, "missing")
         if self.ctx.dry_run:
             report.event(item.key, "would delete from the source", listed=False)
         elif self.source.delete(item.key):

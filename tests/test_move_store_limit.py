@@ -19,7 +19,7 @@ def test_a_limit_counts_the_keys_a_run_copies_so_each_run_again_goes_on(tmp_path
             for _ in range(3)]
     assert [(run["status"], run["counts"]) for run in runs] == [
         ("stopped", {"copied": 3}), ("stopped", {"present": 3, "copied": 3}), ("completed", {"present": 6, "copied": 2})]
-    assert "stopped at the limit of 3 keys copied, deleted or failed" in runs[1]["notes"][0]
+    assert "stopped at the limit of 3 keys copied or deleted" in runs[1]["notes"][0]
     assert site.stored(site.root / "other") == site.stored()
 
 
@@ -56,3 +56,17 @@ def test_a_switch_to_a_new_manifest_base_url_is_named_until_the_manifests_are_pu
                           "--delete-source"))
     assert "manifest_base_url" not in out, out
     assert site.stored() == {}
+
+
+def test_keys_that_fail_every_run_do_not_count_against_the_limit(tmp_path):
+    """A damaged access master fails on every run (its bytes are not the ledger's): counted, a run of --limit 1
+    stopped on the first of them every time, and never went on."""
+    site = folder_site(tmp_path)
+    ok(site.migrate("initial_load", "--pipeline", PIPELINE))
+    damaged = [key for key in site.stored() if not key.endswith(".json")]
+    for key in damaged:
+        (site.store / key).write_bytes(b"damaged")
+    runs = [report_of(ok(site.migrate("move_store", "--pipeline", PIPELINE, "--to-store", OTHER, "--limit", "1"),
+                         1)) for _ in range(2)]
+    assert [run["counts"].get("copied", 0) for run in runs] == [1, 1]
+    assert runs[1]["counts"].get("present") == 1 and runs[1]["counts"]["failed"] == len(damaged)

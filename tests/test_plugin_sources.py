@@ -17,7 +17,7 @@ from datetime import datetime, timezone
 import pytest
 import yaml
 
-from connectors.base import SourceItem, SourceObject
+from connectors.base import SourceItem, SourceObject, UnreadableObject
 from connectors.errors import PermissionDenied, SourceUnavailable
 from gcis_etl.config import load_config
 from gcis_etl.errors import ConfigError
@@ -88,6 +88,13 @@ class RefusedItem(TokenSource):
         raise PermissionDenied(f"GET https://api.example/{item.id}?key={self.settings.token}: HTTP 403")
 
 
+class Undescribed(TokenSource):
+    """Names one object it cannot describe, quoting its token in why."""
+
+    def changes(self, since, until=None):
+        yield UnreadableObject("o1", None, f"GET https://api.example/o1?key={self.settings.token}: bad json")
+
+
 def write_config(folder: Path, kind: str, **source) -> Path:
     path = folder / "config.yaml"
     path.write_text(yaml.safe_dump({"state_dir": "state", "pipelines": {"photos": {
@@ -128,6 +135,19 @@ def test_a_plugin_sources_item_failure_is_recorded_without_its_secret(declare, t
     with Ledger.open(config, read_only=True) as ledger:
         [item] = ledger.items("photos")
     assert item.status == "failed" and item.reason == "fetching: GET https://api.example/i1?key=***: HTTP 403"
+
+
+def test_why_a_plugin_source_cannot_describe_an_object_is_recorded_and_planned_without_its_secret(declare, tmp_path,
+                                                                                                   monkeypatch):
+    site = declare("token-connectors", tokened=f"{__name__}:Undescribed")
+    monkeypatch.setenv("PLUGIN_TOKEN", TOKEN)
+    config = load_config(write_config(tmp_path, "tokened"))
+    [outcome] = harvest_pipelines(config)
+    with Ledger.open(config, read_only=True) as ledger:
+        [item] = ledger.items("photos")
+    assert item.reason == "the source cannot describe it: GET https://api.example/o1?key=***: bad json"
+    planned = gcis(site, tmp_path, "harvest", "--dry-run")
+    assert "key=***" in planned.stdout and TOKEN not in planned.stdout + planned.stderr
 
 
 def test_a_crashing_plugin_sources_traceback_is_logged_without_its_secret(declare, tmp_path):

@@ -84,11 +84,9 @@ def _run(ctx: click.Context, names: tuple[str, ...], options, log_json: bool, ve
                 say(outcome.message, pipeline=outcome.name)
             elif report is None:  # not started
                 continue
-            elif options.dry_run:
-                for planned in report.planned:
+            elif options.dry_run or not quiet:  # a dry run says its plan whatever --quiet: it is its output
+                for planned in report.planned:  # a dry run's alone
                     click.echo(planned.line())
-                click.echo(report.summary())
-            elif not quiet:
                 click.echo(report.summary())
     except ConfigError as exc:
         fail_config(exc)
