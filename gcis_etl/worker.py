@@ -36,6 +36,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator, TypeVar
+from urllib.parse import urlsplit
 
 from connectors.redaction import scrub
 from gcis_etl import logs
@@ -74,8 +75,10 @@ def celery_app(settings: CelerySettings, worker: bool = False):
 
     # A task whose pool process died is sent again (task_retry_on_worker_lost) up to max_retries times, at once:
     # with a countdown, the worker that took it would hold it, unacknowledged, behind its running tasks (see
-    # _PoolProcess.process). STARTED is recorded by _start, not by Celery (task_track_started is off).
-    @app.task(name=TASK_NAME, max_retries=settings.retry.max_retries, default_retry_delay=0)
+    # _PoolProcess.process). STARTED is recorded by _start, not by Celery (task_track_started is off); outcomes
+    # only while waited for (_WaitedFor).
+    @app.task(name=TASK_NAME, max_retries=settings.retry.max_retries, default_retry_delay=0,
+              **({"backend": _waited_for(app)} if worker else {}))
     def process_item(payload: dict[str, Any]) -> dict[str, Any]:
         _start(payload)
         try:
@@ -85,6 +88,36 @@ def celery_app(settings: CelerySettings, worker: bool = False):
         return _pool_process().process(task, settings.retry).to_dict()
 
     return app
+
+
+def _waited_for(app: Any) -> Any:
+    """The configured result backend (Redis or Sentinel), recording a task's outcome only while it is waited for."""
+    from celery.app.backends import by_url
+    backend, url = by_url(app.conf.result_backend, app.loader)
+    return type(f"WaitedFor{backend.__name__}", (_WaitedFor, backend), {})(app=app, url=url)
+
+
+class _WaitedFor:
+    """Whichever way Celery records an outcome (the task's return or exception, in the pool process; the hard time
+    limit and a lost pool process's FAILURE, or its RETRY with the task sent again, in the worker's main process),
+    it is recorded only over a marker: SENT, or a running state. A task PENDING had its outcome taken (another
+    message's: the harvest forgets an outcome once it is in the ledger), or its marker went with a result backend
+    restarted empty, which a harvest still waiting for it puts back (CeleryExecutor._mark_again); a task with an
+    outcome has another message's. Recorded, it would be kept result_expires_hours, for a later submission of the
+    same work to take for its own; a RETRY would have its new message run. Celery's own check, in the same place,
+    spares a SUCCESS only. STARTED is _start's, which checks for itself."""
+
+    def _store_result(self, task_id: str, result: Any, state: str, traceback: Any = None, request: Any = None,
+                      **kwargs: Any) -> Any:
+        if state != "STARTED":
+            status = self._get_task_meta_for(task_id)["status"]
+            if status not in _RUNNING:
+                args = getattr(request, "args", None) or ({},)
+                why = ("nobody waits for it (no marker: its outcome taken already, or the result backend restarted "
+                       "empty)" if status == "PENDING" else f"another's outcome ({status}) is recorded, not yet taken")
+                log.warning("%s: task %s: its %s not recorded, %s", _named(args[0]), task_id, state, why)
+                return result
+        return super()._store_result(task_id, result, state, traceback, request, **kwargs)
 
 
 class _OneLineRetries(logging.Filter):
@@ -196,18 +229,22 @@ def _start(payload: dict[str, Any]) -> None:
     request, backend = current_task.request, current_task.backend
     status = backend.get_task_meta(request.id, cache=False)["status"]  # never an outcome cached before a forget
     if status not in _RUNNING:
-        item = _item_of(payload)
         why = ("nobody waits for it (no SENT marker: a late duplicate whose outcome was taken, a send taken back, "
                "or a marker expired)" if status == "PENDING" else
                f"a duplicate: its outcome ({status}) is recorded, not yet taken")
-        log.warning("%s/%s/%s: task %s not run, %s", payload.get("pipeline"),
-                    payload.get("object_id"), item.get("id"), request.id, why)
+        log.warning("%s: task %s not run, %s", _named(payload), request.id, why)
         raise Ignore()
     backend.store_result(request.id, {"pid": os.getpid(), "hostname": request.hostname}, "STARTED", request=request)
 
 
 def _item_of(payload: dict[str, Any]) -> dict[str, Any]:
     return payload.get("item") if isinstance(payload.get("item"), dict) else {}
+
+
+def _named(payload: Any) -> str:
+    """pipeline/object/item, as far as the task's payload names them."""
+    payload = payload if isinstance(payload, dict) else {}
+    return f"{payload.get('pipeline')}/{payload.get('object_id')}/{_item_of(payload).get('id')}"
 
 
 def _unreadable(payload: dict[str, Any], skew: VersionSkew) -> ItemResult:
@@ -326,14 +363,16 @@ class CeleryExecutor:
     waits for the orchestrator). A task whose outcome is already recorded is not sent again, one still
     running is waited for; an outcome is forgotten once handed over (the caller has recorded it), so that a
     deliberate re-run gets a fresh task. A task the broker lost is sent again under the same id: at once when
-    our SENT marker is gone too (a Redis restart without persistence empties queue and results alike; a result
-    backend of its own restarted empty loses the marker alone, and workers do not run a task without one),
-    after twice visibility_timeout_seconds without progress otherwise. A task STARTED by a worker that no longer
-    runs it is sent again once its worker, asked twice worker_check_seconds apart, did not answer or did not
-    hold it: Redis redelivers the task of a vanished worker only after visibility_timeout_seconds (2 h). A send
-    that raised takes its marker back, so the next run sends the task at once; a message that went out all the
-    same is not run. At worst a task runs twice while it is waited for, and the second run finds the first's
-    output in the store; a message that comes back once its outcome is recorded, or taken, is not run (_start).
+    our SENT marker is gone too and the broker is the result backend's server (a Redis restart without
+    persistence empties queue and results alike; a result backend of its own restarted empty loses the marker
+    alone, which is put back: _mark_again), after twice visibility_timeout_seconds without progress otherwise.
+    A task STARTED by a worker that no longer runs it is sent again once its worker, asked twice
+    worker_check_seconds apart, did not answer or did not hold it: Redis redelivers the task of a vanished
+    worker only after visibility_timeout_seconds (2 h). A send that raised takes its marker back, so the next
+    run sends the task at once; a message that went out all the same is not run. At worst a task runs twice
+    while it is waited for, and the second run finds the first's output in the store; a message that comes
+    back once its outcome is recorded, or taken, is not run (_start), and one running then records none
+    (_WaitedFor).
     Once `stopping()` (a stop asked for, the run's time up; never by default), no task is sent and those not
     started yet are not waited for: they stay in their queue, and the next run takes their outcomes (with no
     worker running, waiting for them would never end; their markers are kept result_expires_hours, after which
@@ -354,6 +393,7 @@ class CeleryExecutor:
         self._last_poll = 0.0
         self._unreachable = False
         self._queues: set[str] | None = None  # consumed by a worker, or said not to be; None: no worker answered
+        self._lost_together = _one_server(self.settings.broker_url, self.settings.results_url)
 
     def check(self) -> None:
         """The broker and the result backend answer (within a few tries): otherwise the run stops before its
@@ -515,6 +555,8 @@ class CeleryExecutor:
 
         for task_id, flight in list(self._flights.items()):
             meta = self.app.backend.get_task_meta(task_id)
+            if meta["status"] == "PENDING" and not self._lost_together:
+                meta = self._mark_again(task_id, flight)
             status = meta["status"]
             if status in _RUNNING:
                 if _progress(meta) != flight.progress:
@@ -533,6 +575,22 @@ class CeleryExecutor:
         for task_id, why in self._unheld(quiet, now).items():
             ended(task_id, self._resend(task_id, self._flights[task_id], why))
         return done
+
+    def _mark_again(self, task_id: str, flight: _InFlight) -> dict[str, Any]:
+        """The marker of a task in flight that the result backend lost (restarted empty) while the broker, another
+        server, kept its message, put back as it was last seen (STARTED by its worker, or SENT): the worker running
+        the task records its outcome, one taking its message runs it, and the task is waited for as any other
+        (its worker asked about it; sent again after twice visibility_timeout_seconds without progress). Sent
+        again at once, it ran twice: both messages found a marker."""
+        state, result = ("STARTED", {"hostname": flight.host}) if flight.host else (SENT, None)
+        self.app.backend.store_result(task_id, result, state)
+        meta = {"status": state, "result": result}
+        flight.progress = _progress(meta)  # not news: the patience runs on from the last progress
+        log.warning("%s/%s: task %s has no marker in the result backend (%s: restarted empty?); the broker (%s) "
+                    "keeps its message: marker put back (%s), waiting for it", flight.task.object_id,
+                    flight.task.item.id, task_id, redacted(self.settings.results_url),
+                    redacted(self.settings.broker_url), state)
+        return meta
 
     def _unheld(self, quiet: dict[str, list[str]], now: float) -> dict[str, str]:
         """Of the STARTED tasks by worker, those whose worker twice in a row did not answer or did not hold them,
@@ -652,6 +710,23 @@ def _sending_retried(task: ItemTask, exc: BaseException, interval: float) -> Non
     so that an outage's minutes are not silent."""
     log.warning("%s/%s: sending the task failed; retrying in %g s. (%s: %s)", task.object_id, task.item.id,
                 interval, type(exc).__name__, scrub(str(exc)))
+
+
+def _one_server(broker_url: str, results_url: str) -> bool:
+    """Whether the broker and the result backend are one server (one Redis, or Sentinels of one master:
+    sentinel_master_name serves both), whose restart empties queues and markers alike: by scheme family and
+    host:port of each URL of a ';' list, whatever the database. Told apart when in doubt (a host named two
+    ways): a lost message then waits the patience, rather than a kept one running twice."""
+    def servers(url: str) -> set[tuple[str, str | None, int | None]]:
+        found = set()
+        for part in map(urlsplit, url.split(";")):
+            family = "redis" if part.scheme == "rediss" else part.scheme
+            found.add((family, part.hostname, part.port or _DEFAULT_PORTS.get(family)))
+        return found
+    return bool(servers(broker_url) & servers(results_url))
+
+
+_DEFAULT_PORTS = {"redis": 6379, "sentinel": 26379}
 
 
 def _queue_names(answers: dict[str, list[dict]] | None) -> set[str] | None:
