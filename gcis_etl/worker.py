@@ -365,7 +365,7 @@ class CeleryExecutor:
     deliberate re-run gets a fresh task. A task the broker lost is sent again under the same id: at once when
     our SENT marker is gone too and the broker is the result backend's server (a Redis restart without
     persistence empties queue and results alike; a result backend of its own restarted empty loses the marker
-    alone, which is put back: _mark_again), after twice visibility_timeout_seconds without progress otherwise.
+    alone: a running task's is put back, _mark_again), after twice visibility_timeout_seconds without progress otherwise.
     A task STARTED by a worker that no longer runs it is sent again once its worker, asked twice
     worker_check_seconds apart, did not answer or did not hold it: Redis redelivers the task of a vanished
     worker only after visibility_timeout_seconds (2 h). A send that raised takes its marker back, so the next
@@ -555,7 +555,8 @@ class CeleryExecutor:
 
         for task_id, flight in list(self._flights.items()):
             meta = self.app.backend.get_task_meta(task_id)
-            if meta["status"] == "PENDING" and not self._lost_together:
+            if meta["status"] == "PENDING" and not self._lost_together and flight.progress[0] == "STARTED" \
+                    and flight.host:
                 meta = self._mark_again(task_id, flight)
             status = meta["status"]
             if status in _RUNNING:
@@ -577,19 +578,20 @@ class CeleryExecutor:
         return done
 
     def _mark_again(self, task_id: str, flight: _InFlight) -> dict[str, Any]:
-        """The marker of a task in flight that the result backend lost (restarted empty) while the broker, another
-        server, kept its message, put back as it was last seen (STARTED by its worker, or SENT): the worker running
-        the task records its outcome, one taking its message runs it, and the task is waited for as any other
-        (its worker asked about it; sent again after twice visibility_timeout_seconds without progress). Sent
-        again at once, it ran twice: both messages found a marker."""
-        state, result = ("STARTED", {"hostname": flight.host}) if flight.host else (SENT, None)
-        self.app.backend.store_result(task_id, result, state)
-        meta = {"status": state, "result": result}
-        flight.progress = _progress(meta)  # not news: the patience runs on from the last progress
+        """The marker of a task last seen STARTED by its worker, which the result backend lost (restarted empty)
+        while the broker, another server, kept its message, put back: the worker running it records its outcome,
+        and it is waited for as any other STARTED task (its worker asked about it, and the task sent again once
+        the worker no longer holds it: one that finished meanwhile recorded nothing over the missing marker).
+        Sent again at once, it ran twice. A task last seen queued (SENT) is sent again at once, as before: a worker
+        that took its message meanwhile did not run it (no marker), and put back, it would wait
+        visibility_timeout_seconds twice; its old message, if still queued, may then run beside the new one."""
+        meta = {"status": "STARTED", "result": {"hostname": flight.host}}
+        self.app.backend.store_result(task_id, meta["result"], "STARTED")
+        flight.progress = _progress(meta)  # not news: the patience and the worker's check run on
         log.warning("%s/%s: task %s has no marker in the result backend (%s: restarted empty?); the broker (%s) "
-                    "keeps its message: marker put back (%s), waiting for it", flight.task.object_id,
+                    "keeps its message: marker put back (STARTED by %s), waiting for it", flight.task.object_id,
                     flight.task.item.id, task_id, redacted(self.settings.results_url),
-                    redacted(self.settings.broker_url), state)
+                    redacted(self.settings.broker_url), flight.host)
         return meta
 
     def _unheld(self, quiet: dict[str, list[str]], now: float) -> dict[str, str]:
