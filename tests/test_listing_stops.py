@@ -59,6 +59,9 @@ class Repeating:
         for object_id in object_ids:
             yield SourceObject(object_id, MODIFIED, ())
 
+    def fetch(self, item, dest_dir):  # its objects have no items
+        raise NotImplementedError
+
 
 @pytest.fixture
 def site(tmp_path: Path, declare) -> Path:
