@@ -102,10 +102,11 @@ class _WaitedFor:
     limit and a lost pool process's FAILURE, or its RETRY with the task sent again, in the worker's main process),
     it is recorded only over a marker: SENT, or a running state. A task PENDING had its outcome taken (another
     message's: the harvest forgets an outcome once it is in the ledger), or its marker went with a result backend
-    restarted empty, which a harvest still waiting for it puts back (CeleryExecutor._mark_again); a task with an
-    outcome has another message's. Recorded, it would be kept result_expires_hours, for a later submission of the
-    same work to take for its own; a RETRY would have its new message run. Celery's own check, in the same place,
-    spares a SUCCESS only. STARTED is _start's, which checks for itself."""
+    restarted empty (a harvest waiting for it as a running task puts it back: CeleryExecutor._mark_again; else
+    it sends the task again); a task with an outcome has another message's. Recorded, it would be kept
+    result_expires_hours, for a later submission of the same work to take for its own; a RETRY would have its new
+    message run. Celery's own check, in the same place, spares a SUCCESS only. STARTED is _start's, which checks
+    for itself."""
 
     def _store_result(self, task_id: str, result: Any, state: str, traceback: Any = None, request: Any = None,
                       **kwargs: Any) -> Any:
@@ -363,9 +364,10 @@ class CeleryExecutor:
     waits for the orchestrator). A task whose outcome is already recorded is not sent again, one still
     running is waited for; an outcome is forgotten once handed over (the caller has recorded it), so that a
     deliberate re-run gets a fresh task. A task the broker lost is sent again under the same id: at once when
-    our SENT marker is gone too and the broker is the result backend's server (a Redis restart without
-    persistence empties queue and results alike; a result backend of its own restarted empty loses the marker
-    alone: a running task's is put back, _mark_again), after twice visibility_timeout_seconds without progress otherwise.
+    our SENT marker is gone too (a Redis restart without persistence empties queue and results alike), unless
+    the task was last seen running and the broker is another server (a result backend of its own restarted
+    empty loses the marker alone: it is put back, _mark_again); after twice visibility_timeout_seconds without
+    progress otherwise.
     A task STARTED by a worker that no longer runs it is sent again once its worker, asked twice
     worker_check_seconds apart, did not answer or did not hold it: Redis redelivers the task of a vanished
     worker only after visibility_timeout_seconds (2 h). A send that raised takes its marker back, so the next
