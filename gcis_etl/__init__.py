@@ -7,17 +7,17 @@ convert, verify), recipes, and a configured harvest. The CLI and the Celery work
 # global symbol scope, and a Pillow loaded after it binds to that one instead of its wheel's (seen with
 # LD_DEBUG=bindings); with Debian's OpenJPEG 2.5.0 it then decodes an sYCC JPEG 2000 as RGB
 # (tests/test_decoder_order.py).
+from __future__ import annotations
+
 import importlib
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 importlib.import_module("PIL.Image")
 
-from gcis_etl.conversion import check_decoding, convert
-from gcis_etl.errors import (ConfigError, ConversionFailed, GcisError, RejectedMaster, VerificationFailed)
-from gcis_etl.inspection import inspect
-from gcis_etl.models import ConversionResult, ImageInfo, Status, Verdict, VerifyReport
-from gcis_etl.policy import IsolationSettings
-from gcis_etl.recipes import Recipe, load_recipe
+if TYPE_CHECKING:
+    from gcis_etl.models import VerifyReport
+    from gcis_etl.policy import IsolationSettings
 
 
 def verify(path, expect=None, isolation_settings: IsolationSettings | None = None) -> VerifyReport:
@@ -29,27 +29,36 @@ def verify(path, expect=None, isolation_settings: IsolationSettings | None = Non
     limits): the file is then neither valid nor invalid, only unverified."""
     from gcis_etl.conversion import verify_in_child
     from gcis_etl.isolation import IsolatedProcess
+    from gcis_etl.recipes import load_recipe
     if isinstance(expect, (str, Path)):  # a recipe's name or file, as convert() takes one
         expect = load_recipe(expect)
     with IsolatedProcess(isolation_settings) as worker:
         return worker.call(verify_in_child, str(Path(path).absolute()), expect)
 
 
-_PIPELINE = {"load_config": "gcis_etl.config", "Config": "gcis_etl.config", "harvest": "gcis_etl.harvesting",
-             "HarvestOptions": "gcis_etl.harvesting", "harvest_pipelines": "gcis_etl.harvesting",
-             "PipelineOutcome": "gcis_etl.harvesting"}
+_LAZY = {**dict.fromkeys(("convert", "check_decoding"), "gcis_etl.conversion"),
+         **dict.fromkeys(("ConfigError", "ConversionFailed", "GcisError", "RejectedMaster", "VerificationFailed"),
+                         "gcis_etl.errors"),
+         "inspect": "gcis_etl.inspection",
+         **dict.fromkeys(("ConversionResult", "ImageInfo", "Status", "Verdict", "VerifyReport"), "gcis_etl.models"),
+         **dict.fromkeys(("Recipe", "load_recipe"), "gcis_etl.recipes"),
+         **dict.fromkeys(("load_config", "Config"), "gcis_etl.config"),
+         **dict.fromkeys(("harvest", "HarvestOptions", "harvest_pipelines", "PipelineOutcome"), "gcis_etl.harvesting")}
 
 
 def __getattr__(name: str):
-    """Pipeline names load on first use: connectors import gcis_etl.errors, and the pipeline imports connectors."""
-    if name in _PIPELINE:
-        return getattr(importlib.import_module(_PIPELINE[name]), name)
+    """The front door's names load on first use: the command line imports gcis_etl before anything else, and
+    importing the imaging and pipeline modules (numpy, pyvips, pydantic: ~0.2 s) before it has installed its
+    signal handling made a Ctrl-C then a traceback. Connectors import gcis_etl.errors, and the pipeline imports
+    connectors."""
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'gcis_etl' has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
     """The names __getattr__ loads on first use too: tab completion and dir() offer them."""
-    return sorted({*globals(), *_PIPELINE})
+    return sorted({*globals(), *_LAZY})
 
 
 __all__ = ["inspect", "convert", "verify", "check_decoding", "load_recipe", "Recipe", "ImageInfo",

@@ -160,3 +160,17 @@ def test_an_access_master_that_is_a_fifo_is_refused_by_verify_at_once(tmp_path):
 
 def test_dir_lists_the_names_loaded_on_first_use():
     assert set(gcis_etl.__all__) <= set(dir(gcis_etl))
+
+
+def test_every_front_door_name_resolves():
+    assert {name for name in gcis_etl.__all__ if getattr(gcis_etl, name, None) is None} == set()
+
+
+def test_the_command_line_imports_no_imaging_before_its_signal_handling():
+    """A Ctrl-C in the first moments of a command was a KeyboardInterrupt traceback: the command line's import
+    pulled in numpy, pyvips and the imaging modules (~0.2 s) before its entry could install exit_on_signals."""
+    heavy = ("numpy", "pyvips", "gcis_etl.conversion", "gcis_etl.harvesting")
+    loaded = subprocess.run([sys.executable, "-c", "import sys, gcis_etl.cli; "
+                             f"print(' '.join(m for m in {heavy!r} if m in sys.modules))"],
+                            capture_output=True, text=True, check=True).stdout.split()
+    assert loaded == []
