@@ -135,6 +135,15 @@ class ListingMoved:
 
 
 @dataclass(frozen=True)
+class ListingCut(ListingMoved):
+    """A listing the server stopped serving before its end, what it served being whole and in order (a server
+    that caps how deep it pages). A source listing oldest first (Source.lists_in_modified_order) has then given
+    everything up to its last object, so the run moves its checkpoint there, as for a run cut short, and the next
+    run takes the rest: held, a cap would give every run the same first objects and never the others. Otherwise
+    it holds the checkpoint, as a ListingMoved does."""
+
+
+@dataclass(frozen=True)
 class FetchedFile:
     """A master streamed to scratch space whose size (and fixity, when the source has one) were checked."""
 
@@ -175,7 +184,8 @@ class Source(Protocol):
                 until: datetime | None = None) -> Iterator[SourceObject | UnreadableObject | ListingMoved]:
         """Objects modified at or after `since` (all objects when None), oldest first where the source allows;
         one it lists but cannot describe (DESCRIBE_ERRORS) as an UnreadableObject, as `unreadable` makes it; a
-        ListingMoved where its paged listing is seen to have shrunk or shifted under it.
+        ListingMoved where its paged listing is seen to have shrunk or shifted under it, a ListingCut where it
+        stopped short.
 
         `until` (optional) closes the window, so a run can record exactly what it covered as its checkpoint.
         """

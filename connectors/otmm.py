@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 import requests
 from pydantic import Field, field_validator, model_validator
 
-from connectors.base import (FetchedFile, LangValue, ListingMoved, SourceItem, SourceObject,
+from connectors.base import (FetchedFile, LangValue, ListingCut, ListingMoved, SourceItem, SourceObject,
                              UnreadableObject, checked_source_url_template, source_url, unreadable)
 from connectors.errors import DESCRIBE_ERRORS, ObjectNotFound, SourceDataError, SourceRequestFailed
 from connectors.fetching import fetch_verified, fixity
@@ -361,7 +361,7 @@ class OtmmSource:
         The count alone does not end it (a capped or estimated count would pass over the rest): a full page is
         followed by another; a short one ends it once the count is reached (less means the server caps its
         pages); without a count, only a page with nothing new does. Such a page short of the count says the rest
-        went unserved (a deep-paging cap), which holds the checkpoint as a moved listing does."""
+        went unserved (a deep-paging cap): a ListingCut."""
         s = self.settings.search
         base = {"keyword_query": s.keyword_query, "load_type": s.load_type, "level_of_detail": s.level_of_detail}
         for name, value in (("folder_filter", s.folder_filter), ("search_config_id", s.search_config_id),
@@ -395,12 +395,11 @@ class OtmmSource:
             hits = self._count(result, "hit_count", "counting the assets the page holds")
             hits = len(assets) if hits is None else hits
             served, after = after, start + hits  # served: the assets before this page
+            cut = None
             if not new and s.shift_check and total is not None and served < total:
-                moved = ListingMoved(f"the server gave no more assets at after={served} of total_hit_count {total}: "
-                                     "the assets past it were not served (as by a server that caps how deep it "
-                                     "pages)")
-            if moved:
-                yield moved
+                cut = ListingCut(f"the server gave no more assets at after={served} of total_hit_count {total}: "
+                                 "the assets past it were not served (as by a server that caps how deep it pages)")
+            yield from filter(None, (moved, cut))
             yield from new
             if not new or (hits < limit and total is not None and after >= total):
                 return

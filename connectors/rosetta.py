@@ -20,7 +20,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 import requests
 from pydantic import Field, field_validator, model_validator
 
-from connectors.base import (FetchedFile, Fixity, LangValue, ListingMoved, SourceItem, SourceObject,
+from connectors.base import (FetchedFile, Fixity, LangValue, ListingCut, ListingMoved, SourceItem, SourceObject,
                              UnreadableObject, checked_source_url_template, source_url, unreadable)
 from connectors.errors import (DESCRIBE_ERRORS, ObjectNotFound, PermissionDenied, SourceDataError,
                                SourceRequestFailed)
@@ -318,8 +318,10 @@ class RosettaSource:
 
     def _sru(self, since: datetime | None,
              until: datetime | None) -> Iterator[tuple[str, datetime | None] | ListingMoved]:
-        """Paged by startRecord: a numberOfRecords that changes between pages says the result moved under it, and
-        an empty page short of it that the rest went unserved; both hold the checkpoint."""
+        """Paged by startRecord: a numberOfRecords that changes between pages says the result moved under it (a
+        ListingMoved), and an empty page short of it that the rest went unserved (a ListingCut). A result past
+        Rosetta's cap (max_records) is refused, unless sorted oldest first: then each run takes the first
+        max_records of it and ends with a ListingCut, its checkpoint moving to where the listing stopped."""
         sru = self.settings.sru
         clauses = [f"({sru.query})"]
         if since:
@@ -331,7 +333,7 @@ class RosettaSource:
         start, total = 1, None
         while True:
             params = {"version": "1.2", "operation": "searchRetrieve", "query": query, "startRecord": str(start),
-                      "maximumRecords": str(sru.page_size), "recordSchema": "dc"}
+                      "maximumRecords": str(min(sru.page_size, sru.max_records - start + 1)), "recordSchema": "dc"}
             if sru.auth_local:
                 params["auth"] = "local"
             root = _xml(self.http.request("GET", url, params=params).content, "SRU response")
@@ -346,17 +348,18 @@ class RosettaSource:
                                    f"pages (at startRecord={start}): IEs left or joined the result while it was "
                                    "paged, and one may have been passed over")
             total = count
-            if start == 1 and total > sru.max_records:
+            if start == 1 and total > sru.max_records and not sru.modified_order:
                 raise SourceRequestFailed(
                     f"SRU query {query!r} matches {total} IEs, more than the {sru.max_records} Rosetta returns: "
-                    "narrow the query, harvest with OAI-PMH, or migrate with an explicit PID list")
+                    f"narrow the query, sort it oldest first ({self.modified_order_setting}: each run then takes "
+                    "the next ones), harvest with OAI-PMH, or migrate with an explicit PID list")
             records = root.findall("srw:records/srw:record", NS)
             for record in records:
                 yield self._sru_pid(record), None
             if not records:
                 if sru.shift_check and start <= total:
-                    yield ListingMoved(f"the server gave an empty SRU page at startRecord={start} of numberOfRecords "
-                                       f"{total}: the IEs past it were not served")
+                    yield ListingCut(f"the server gave an empty SRU page at startRecord={start} of numberOfRecords "
+                                     f"{total}: the IEs past it were not served")
                 return
             following = root.findtext("srw:nextRecordPosition", None, NS)
             position = _int(following, "SRU nextRecordPosition") if following else start + len(records)
@@ -365,7 +368,11 @@ class RosettaSource:
                                       f"startRecord={start} (expected {start + len(records)}): the server would "
                                       "serve the same page again")
             start = position
-            if start > total:
+            if start > min(total, sru.max_records):
+                if sru.modified_order and total >= sru.max_records:  # a capped count may equal the cap
+                    yield ListingCut(f"Rosetta serves the first {sru.max_records} IEs of an SRU result "
+                                     f"(sru.max_records), and this one counts {total}: the IEs past them were not "
+                                     "served")
                 return
 
     def _sru_pid(self, record: ET.Element) -> str:

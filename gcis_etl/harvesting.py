@@ -22,8 +22,8 @@ from datetime import datetime, timedelta
 from functools import cached_property
 from typing import Callable, Collection, Iterator, Sequence
 
-from connectors.base import (LangValue, ListingMoved, SourceItem, SourceObject, UnreadableObject, described,
-                             items_unique, listed_at)
+from connectors.base import (LangValue, ListingCut, ListingMoved, SourceItem, SourceObject, UnreadableObject,
+                             described, items_unique, listed_at)
 from connectors.errors import RetryStopped
 from connectors.redaction import scrub
 from connectors.retry import waits_end_when
@@ -249,6 +249,7 @@ class Harvest:
         self.halted: str | None = None  # why a worker could not work at all (RunHalted)
         self.began = time.monotonic()
         self.checkpoint_held: str | None = None  # why a complete run leaves the checkpoint where it was
+        self.listing_cut: str | None = None  # why a listing in modified order stopped short (ListingCut)
         # the objects this run has seen in the source, with their first items' ids: what a repeat is known by
         self.listed: dict[str, str | None] = {}
         self.reached: datetime | None = None  # how far the listing got, for a source listing in modified order
@@ -298,6 +299,11 @@ class Harvest:
         listing = (self.options.described or described(source, dict.fromkeys(self.options.object_ids))
                    if self.options.object_ids else source.changes(since))
         for obj in (_usable(obj, source.name) for obj in listing):
+            if isinstance(obj, ListingCut) and source.lists_in_modified_order:
+                self.listing_cut = obj.reason
+                log.warning("%s: %s; the checkpoint moves to where the listing stopped (it is sorted oldest first), "
+                            "so the next run takes the rest", self.pipeline.name, obj.reason)
+                continue
             if isinstance(obj, ListingMoved) or obj.id in seen:
                 if (other := self._other_object(obj)) is not None:
                     yield other
@@ -314,7 +320,8 @@ class Harvest:
             self._reach(obj, until)
             self._note_moves(obj)
             yield obj
-        self.reached = until  # the listing is exhausted (what comes next are revisits, asked for by id)
+        if self.listing_cut is None:
+            self.reached = until  # the listing is exhausted (what comes next are revisits, asked for by id)
         if self.options.object_ids:
             return
         retry = sorted({r.object_id for r in self._failed_items("attempts<?")} - seen.keys())
@@ -796,7 +803,7 @@ class Harvest:
         short only when its source lists in modified order, to where its listing stopped: otherwise the next run
         lists the same window from its start again, re-skipping all that is settled before it reaches new work,
         and a window bigger than one run's reach is never got through."""
-        reached = self.reached if self.cut_short else until
+        reached = self.reached if self.cut_short or self.listing_cut else until
         if (self.checkpoint_held or self.options.since is not None or self.options.object_ids
                 or None in self.unsettled or reached is None
                 or (self.cut_short and not self.pipeline.source.lists_in_modified_order)):
@@ -814,13 +821,28 @@ class Harvest:
         if self.cut_short in STOPPED_BY_SIGNAL:
             return self.cut_short
         if not self.cut_short:
-            parts = (self.listing_note, self.checkpoint_held)
+            parts = (self.listing_note, self.checkpoint_held, self._where_cut(checkpoint))
         elif checkpoint is not None:
             parts = (f"{self.cut_short}; the checkpoint moved to {checkpoint.isoformat()}, where the listing "
                      f"stopped", self.listing_note)
         else:
             parts = (self.cut_short, self.checkpoint_held, self.relisting(), self.listing_note)
         return "; ".join(filter(None, parts)) or None
+
+    def _where_cut(self, checkpoint: datetime | None) -> str | None:
+        """Where a listing the server cut short (ListingCut) left the checkpoint: at the last object listed, unless
+        something else holds it or more objects than the server serves share the checkpoint's modified time (no
+        run gets past those: `gcis-migrate initial_load` lists them another way)."""
+        if self.listing_cut is None or self.checkpoint_held:
+            return None
+        if checkpoint is not None:
+            return f"{self.listing_cut}; the checkpoint moved to {checkpoint.isoformat()}, where the listing stopped"
+        current = self.checkpoint()
+        if (self.options.since is None and not self.unsettled and None not in (self.reached, current)
+                and self.reached <= current):
+            return (f"{self.listing_cut}; the checkpoint stays where it was: all the objects served are modified no "
+                    f"later than it, so no run gets past them; load them with `gcis-migrate initial_load`")
+        return f"{self.listing_cut}; the checkpoint stays where it was"
 
     def relisting(self) -> str | None:
         """What a run cut short over the checkpoint's window says when its source does not list in modified

@@ -16,7 +16,7 @@ import requests
 import yaml
 
 from connectors import open_source
-from connectors.base import ListingMoved, UnreadableObject
+from connectors.base import ListingCut, ListingMoved, UnreadableObject
 from connectors.errors import (AuthenticationFailed, FetchIntegrityError, ObjectNotFound, PermissionDenied,
                                SourceDataError, SourceRequestFailed, SourceUnavailable)
 from connectors.otmm import OtmmSource
@@ -315,8 +315,9 @@ def test_an_empty_search_page_short_of_the_total_holds_the_checkpoint(emulator, 
     emulator.app.deepest = 3
     listed = list(otmm(emulator.url).changes(None))
     (shift,) = [o for o in listed if isinstance(o, ListingMoved)]
-    assert shift.reason == ("the server gave no more assets at after=4 of total_hit_count 6: the assets past it "
-                            "were not served (as by a server that caps how deep it pages)")
+    assert type(shift) is ListingCut and shift.reason == (
+        "the server gave no more assets at after=4 of total_hit_count 6: the assets past it were not served (as by "
+        "a server that caps how deep it pages)")
     assert len([o for o in listed if not isinstance(o, ListingMoved)]) == 4
     # shift_check off (the count an estimate): the empty page ends the listing as before
     assert not any(isinstance(o, ListingMoved) for o in otmm(emulator.url, search={"page_size": 2,
@@ -334,6 +335,40 @@ def test_an_empty_search_page_short_of_the_total_holds_the_checkpoint(emulator, 
     emulator.app.deepest = None
     assert harvest(cfg, "p").counts == {"deposited": 2, "skipped": 4, "rejected": 0, "failed": 0}
 
+
+
+def test_a_search_cut_short_by_a_deep_paging_cap_moves_the_checkpoint_where_it_is_sorted_oldest_first(
+        emulator, tmp_path, monkeypatch):
+    """Held, the checkpoint would give every run the same first assets up to the cap and never the others; sorted
+    oldest first on the modified field, all before the cut were served, so the next run starts from the last."""
+    emulator.app.deepest = 3
+    monkeypatch.setenv("OTMM_PASSWORD", PASSWORD)
+    config = {"state_dir": str(tmp_path / "state"), "pipelines": {"p": {
+        "source": {"kind": "otmm", "base_url": emulator.url, "username": "tsuper", "password": "${OTMM_PASSWORD}",
+                   "retry": FAST_RETRY, "search": {**SINCE_SERVER_SIDE, "sort": f"asc_{MODIFIED_FIELD}",
+                                                    "modified_order": True}},
+        "store": {"kind": "local", "root": str(tmp_path / "store")}}}}
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    cfg = load_config(tmp_path / "config.yaml")
+    first = harvest(cfg, "p")
+    assert first.counts["deposited"] == 4 and first.checkpoint_after == "2024-03-01T10:00:00+00:00"
+    assert first.status == "completed" and first.note == (
+        "the server gave no more assets at after=4 of total_hit_count 6: the assets past it were not served (as by "
+        "a server that caps how deep it pages); the checkpoint moved to 2024-03-01T10:00:00+00:00, where the "
+        "listing stopped")
+    second = harvest(cfg, "p")  # the cap still there: the last asset listed, then the two past it
+    assert second.counts == {"deposited": 2, "skipped": 1, "rejected": 0, "failed": 0} and second.note is None
+
+    for asset in emulator.app.catalogue.assets.values():  # more assets than the cap share one modified time
+        emulator.app.catalogue.touch(asset.asset_id, utc("2024-06-01 10:00:00"))
+    config["state_dir"] = str(tmp_path / "another-state")
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    cfg = load_config(tmp_path / "config.yaml")
+    assert harvest(cfg, "p").checkpoint_after == "2024-06-01T10:00:00+00:00"
+    stuck = harvest(cfg, "p")
+    assert stuck.checkpoint_after is None and stuck.note.endswith(
+        "; the checkpoint stays where it was: all the objects served are modified no later than it, so no run gets "
+        "past them; load them with `gcis-migrate initial_load`")
 
 def test_explicit_asset_ids(emulator, tmp_path):
     wanted = [asset_id(emulator, "86_XM_2.jpg"), asset_id(emulator, "84_PA_1.png")]

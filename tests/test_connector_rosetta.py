@@ -15,7 +15,7 @@ import pytest
 import requests
 
 from connectors import open_source
-from connectors.base import Fixity, ListingMoved, UnreadableObject
+from connectors.base import Fixity, ListingCut, ListingMoved, UnreadableObject
 from connectors.fetching import fetch_warnings
 from connectors.errors import (AuthenticationFailed, FetchIntegrityError, ObjectNotFound, PermissionDenied,
                                SourceDataError, SourceRequestFailed)
@@ -136,8 +136,9 @@ def test_an_empty_sru_page_short_of_the_total_says_so_in_the_listing(emulator):
     emulator.app.sru_deepest = 3
     listed = list(sru(emulator.url).changes(None))
     (shift,) = [o for o in listed if isinstance(o, ListingMoved)]
-    assert shift.reason == (f"the server gave an empty SRU page at startRecord=3 of numberOfRecords "
-                            f"{len(LIVE_IN_SET)}: the IEs past it were not served")
+    assert type(shift) is ListingCut and shift.reason == (
+        f"the server gave an empty SRU page at startRecord=3 of numberOfRecords {len(LIVE_IN_SET)}: the IEs past it "
+        "were not served")
     assert [o.id for o in listed if not isinstance(o, ListingMoved)] == LIVE_IN_SET[:2]
 
 
@@ -146,6 +147,22 @@ def test_sru_result_beyond_rosettas_cap_is_refused_before_harvesting(emulator):
         next(sru(emulator.url, max_records=3).changes(None))
     assert emulator.requests(SOAP) == []
 
+
+
+def test_sru_result_beyond_rosettas_cap_sorted_oldest_first_is_listed_up_to_the_cap_and_cut_there(emulator):
+    """Sorted oldest first, a run takes the first max_records IEs and its checkpoint moves past them
+    (harvesting: ListingCut), so a result bigger than the cap is got through run by run, never asking past it."""
+    ordered = {"sort_by": f"{SRU_DATE_INDEX}/sort.ascending", "modified_order": True, "max_records": 3}
+    listed = list(sru(emulator.url, **ordered).changes(None))
+    assert [o.id for o in listed[:-1]] == LIVE_IN_SET[:3]
+    assert type(listed[-1]) is ListingCut and listed[-1].reason == (
+        "Rosetta serves the first 3 IEs of an SRU result (sru.max_records), and this one counts 5: the IEs past "
+        "them were not served")
+    pages = emulator.requests("/sru")
+    assert [(p.arg("startRecord"), p.arg("maximumRecords")) for p in pages] == [("1", "2"), ("3", "1")]
+    # a result within the cap is listed whole, with no cut
+    assert not any(isinstance(o, ListingMoved) for o in sru(emulator.url, **{**ordered, "max_records": 6}
+                                                            ).changes(None))
 
 def test_sru_diagnostics_become_clear_errors(emulator):
     with pytest.raises(SourceRequestFailed, match="Unsupported index.*IE.no.such.index"):
