@@ -8,9 +8,13 @@ word, the server's timezone for DNX dates. Credentials travel as Basic auth with
 from __future__ import annotations
 
 import base64
+import html
+import itertools
 import logging
 import re
 import xml.etree.ElementTree as ET
+from contextlib import contextmanager
+from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Iterable, Iterator, Literal
@@ -23,11 +27,12 @@ from pydantic import Field, field_validator, model_validator
 from connectors.base import (FetchedFile, Fixity, LangValue, ListingCut, ListingMoved, SourceItem, SourceObject,
                              UnreadableObject, checked_source_url_template, source_url, unreadable)
 from connectors.errors import (DESCRIBE_ERRORS, ObjectNotFound, PermissionDenied, SourceDataError,
-                               SourceRequestFailed)
-from connectors.fetching import CHECKABLE_DIGESTS, fetch_verified, fixity, hashlib_name
+                               SourceRequestFailed, SourceUnavailable)
+from connectors.fetching import CHECKABLE_DIGESTS, Body, fetch_verified, fixity, hashlib_name
 from connectors.http import BaseUrl, HttpSession, HttpSourceSettings
 from connectors.idlist import IdListSettings
 from connectors.redaction import Secret, register, scrub
+from connectors.retry import RetryBudget
 from connectors.timestamps import as_utc, clock_window, parse_timestamp, within
 from gcis_etl.errors import SourceError
 from gcis_etl.settings import Settings
@@ -46,6 +51,8 @@ NS = {
 }
 _PREFIXES = {"http://purl.org/dc/elements/1.1/": "dc", "http://purl.org/dc/terms/": "dcterms"}
 _XML_LANG = "{http://www.w3.org/XML/1998/namespace}lang"
+_DERIVATIVES_FLAG = 32  # getIE: the current version with its derivative copies
+_SRU_OUT_OF_RANGE = "info:srw/diagnostic/1/61"  # first record position out of range
 
 
 class OaiSettings(Settings):
@@ -114,6 +121,8 @@ class RosettaSettings(HttpSourceSettings):
     get_ie_flags: int = Field(0, ge=0)
     preservation_types: tuple[str, ...] = Field(("MODIFIED_MASTER",), min_length=1,
                                                 description="first type present wins; the spelling is inferred")
+    representations: Literal["first", "all"] = Field("first", description="an IE with several of the winning type: "
+                                                     "the first one's files, or every one's in turn")
     struct_map_type: str = "PHYSICAL"
     missing_representation: Literal["error", "skip"] = "error"
     fixity_preference: tuple[str, ...] = Field(("sha256", "sha1", "md5"), description="as hashlib or Rosetta "
@@ -167,6 +176,16 @@ class RosettaSettings(HttpSourceSettings):
             raise ValueError("discovery: pids needs pid_list.file or pid_list.ids")
         if self.discovery == "oai" and not self.oai.set:
             raise ValueError("discovery: oai needs oai.set (the published set of IEs to harvest)")
+        return self
+
+    @model_validator(mode="after")
+    def _derivatives_asked_for(self) -> "RosettaSettings":
+        """getIE leaves derivative copies out of the METS unless flag 32 is set (dam-apis.md §1.5): without it every
+        IE failed with "no representation of preservation type DERIVATIVE_COPY"."""
+        if "DERIVATIVE_COPY" in self.preservation_types and not self.get_ie_flags & _DERIVATIVES_FLAG:
+            raise ValueError(f"preservation_types names DERIVATIVE_COPY, which getIE leaves out with get_ie_flags: "
+                             f"{self.get_ie_flags} (flag {_DERIVATIVES_FLAG} includes derivative copies: "
+                             f"get_ie_flags: {self.get_ie_flags | _DERIVATIVES_FLAG})")
         return self
 
 
@@ -242,16 +261,36 @@ class RosettaSource:
             yield self._describe(pid.strip(), None, explicit=True)
 
     def fetch(self, item: SourceItem, dest_dir: Path) -> FetchedFile:
+        return fetch_verified(item, Path(dest_dir), lambda budget: self._download(item, budget), self.settings.retry)
+
+    @contextmanager
+    def _download(self, item: SourceItem, budget: RetryBudget) -> Iterator[Body]:
+        """A delivery answering with an HTML page (a login or maintenance page) is Rosetta not being there, not a
+        master cut short to retry as one. Told by its first bytes: HttpSession.download gives no Content-Type."""
         params = self.settings.delivery_params  # added here, never to the locator (see __init__)
-        return fetch_verified(item, Path(dest_dir), lambda budget: self.http.download(item.locator, budget, params),
-                              self.settings.retry)
+        with self.http.download(item.locator, budget, params) as body:
+            chunks = iter(body.chunks)
+            first = next(chunks, b"")
+            _refuse_html(first, None, f"{item.id}: delivery", "the file's bytes")
+            yield replace(body, chunks=itertools.chain((first,), chunks))
 
     def reachable(self) -> None:
         """The IE web service's WSDL, where every IE is described, and OAI-PMH Identify on a delivery host of its
         own, where listings and downloads go: cheap requests that touch no IE (connectors.base.source_down)."""
-        self.http.answers(self.http.url(self.settings.ie_service_path) + "?wsdl")
+        self._answers(self.http.url(self.settings.ie_service_path) + "?wsdl", None, "the IEWebServices WSDL")
         if self._delivery_base != self.http.base_url:
-            self.http.answers(self._delivery_base + "/" + self.settings.oai.path.lstrip("/"), {"verb": "Identify"})
+            self._answers(self._delivery_base + "/" + self.settings.oai.path.lstrip("/"), {"verb": "Identify"},
+                          "OAI-PMH Identify")
+
+    def _answers(self, url: str, params: dict | None, expected: str) -> None:
+        """HttpSession.answers, where an HTML page answered with success (a proxy's login or maintenance page) is
+        no answer from Rosetta either."""
+        try:
+            response = self.http.request("GET", url, params=params)
+        except (PermissionDenied, SourceRequestFailed):  # an error page: the server answers
+            return
+        _refuse_html(response.content, response.headers.get("Content-Type"), self.http.describe("GET", url, params),
+                     expected)
 
     # --- discovery --------------------------------------------------------------------------------------
 
@@ -281,7 +320,7 @@ class RosettaSource:
         tokens: set[str] = set()
         total = None
         while True:
-            root = _xml(self.http.request("GET", url, params=params).content, "OAI-PMH response")
+            root = _answer(self.http.request("GET", url, params=params), "OAI-PMH response", "OAI-PMH")
             error = root.find("oai:error", NS)
             if error is not None:
                 if error.get("code") == "noRecordsMatch":
@@ -336,12 +375,20 @@ class RosettaSource:
                       "maximumRecords": str(min(sru.page_size, sru.max_records - start + 1)), "recordSchema": "dc"}
             if sru.auth_local:
                 params["auth"] = "local"
-            root = _xml(self.http.request("GET", url, params=params).content, "SRU response")
-            diagnostic = root.find(".//diag:diagnostic", NS)
+            root = _answer(self.http.request("GET", url, params=params), "SRU response", "an SRU response")
+            if root.tag != f"{{{NS['srw']}}}searchRetrieveResponse":
+                raise SourceDataError(f"SRU response: the document is {root.tag}, not an SRU 1.2 "
+                                      f"searchRetrieveResponse ({{{NS['srw']}}})")
+            diagnostic = root.find("srw:diagnostics/diag:diagnostic", NS)  # not a record's own (_sru_pid)
             if diagnostic is not None:
-                message, uri, details = (diagnostic.findtext(f"diag:{name}", "", NS)
-                                         for name in ("message", "uri", "details"))
-                raise SourceRequestFailed(f"SRU query {query!r}: {message} ({uri}) {details}".strip())
+                if diagnostic.findtext("diag:uri", "", NS).strip() == _SRU_OUT_OF_RANGE:
+                    # on the first page (startRecord=1) it says the result is empty, as some servers say it
+                    if total is not None and sru.shift_check:  # past a page within the result: it shrank since
+                        yield ListingMoved(f"SRU startRecord={start} is out of range of a result that counted "
+                                           f"{total} when the last page was read: IEs left the result while it was "
+                                           "paged, and one may have been passed over")
+                    return
+                raise SourceRequestFailed(f"SRU query {query!r}: {_diagnostic(diagnostic)}")
             count = _int(root.findtext("srw:numberOfRecords", None, NS), "SRU numberOfRecords")
             if sru.shift_check and total is not None and count != total:
                 yield ListingMoved(f"SRU numberOfRecords went from {total} to {count} between two "
@@ -355,7 +402,8 @@ class RosettaSource:
                     "the next ones), harvest with OAI-PMH, or migrate with an explicit PID list")
             records = root.findall("srw:records/srw:record", NS)
             for record in records:
-                yield self._sru_pid(record), None
+                pid = self._sru_pid(record)
+                yield pid if isinstance(pid, ListingMoved) else (pid, None)
             if not records:
                 if sru.shift_check and start <= total:
                     yield ListingCut(f"the server gave an empty SRU page at startRecord={start} of numberOfRecords "
@@ -375,14 +423,24 @@ class RosettaSource:
                                      "served")
                 return
 
-    def _sru_pid(self, record: ET.Element) -> str:
-        xsi_type = f"{{{NS['xsi']}}}type"
-        for identifier in record.iter(f"{{{NS['dc']}}}identifier"):
-            value = (identifier.text or "").strip()
-            if identifier.get(xsi_type) == self.settings.sru.pid_type and re.match(self.settings.ie_pid_pattern, value):
-                return value
-        raise SourceDataError(f"SRU record without a dc:identifier of xsi:type {self.settings.sru.pid_type!r} "
-                              "holding an IE PID")
+    def _sru_pid(self, record: ET.Element) -> str | ListingMoved:
+        """The IE PID an SRU record holds. A record the server could not serve (a surrogate diagnostic in its
+        place) or without a PID is one IE not listed, not the listing's end: a ListingMoved, which holds the
+        checkpoint, so the next run lists it again."""
+        surrogate = record.find("srw:recordData/diag:diagnostic", NS)
+        if surrogate is None:
+            xsi_type = f"{{{NS['xsi']}}}type"
+            for identifier in record.iter(f"{{{NS['dc']}}}identifier"):
+                value = (identifier.text or "").strip()
+                if identifier.get(xsi_type) == self.settings.sru.pid_type and re.match(self.settings.ie_pid_pattern,
+                                                                                      value):
+                    return value
+        why = (f"a diagnostic in its place: {_diagnostic(surrogate)}" if surrogate is not None else
+               f"no dc:identifier of xsi:type {self.settings.sru.pid_type!r} holding an IE PID")
+        reason = (f"SRU record {record.findtext('srw:recordPosition', '?', NS).strip()} of the result was not "
+                  f"listed ({why})")
+        log.warning("%s: %s", self.name, reason)
+        return ListingMoved(reason)
 
     # --- object detail ----------------------------------------------------------------------------------
 
@@ -391,11 +449,13 @@ class RosettaSource:
             raise ObjectNotFound(f"{pid!r} is not an IE PID (ie_pid_pattern {self.settings.ie_pid_pattern!r})")
         mets = _xml(self._get_ie(pid).encode("utf-8"), f"{pid}: getIE METS")
         document = _IeDocument(pid, mets, self.settings, self._zone)
-        group = document.representation()
-        items = tuple(document.items(group, self._delivery_url)) if group is not None else ()
+        groups = document.representations()
+        items = tuple(document.items(groups, self._delivery_url))
         if not items:  # no images to harvest either way: the one missing_representation policy
             wanted, found = " or ".join(self.settings.preservation_types), ", ".join(document.types()) or "none"
-            message = (f"{pid}: representation {group.get('ID')} ({wanted}) has no files" if group is not None
+            named = ", ".join(g.get("ID", "?") for g in groups)
+            message = (f"{pid}: representation {named} ({wanted}) has no files" if len(groups) == 1 else
+                       f"{pid}: representations {named} ({wanted}) have no files" if groups
                        else f"{pid}: no representation of preservation type {wanted} (found: {found})")
             if explicit or self.settings.missing_representation == "error":
                 raise ObjectNotFound(message)
@@ -416,7 +476,7 @@ class RosettaSource:
             "POST", self.http.url(self.settings.ie_service_path), data=envelope.encode("utf-8"),
             headers={"Content-Type": "text/xml; charset=utf-8", "SOAPAction": f'"{self.settings.soap_action}"'},
             accept_error=_is_soap_fault, label=f"getIE {pid}")
-        body = _xml(response.content, f"{pid}: getIE response").find("soap:Body", NS)
+        body = _answer(response, f"{pid}: getIE response", "SOAP").find("soap:Body", NS)
         fault = body.find("soap:Fault", NS) if body is not None else None
         if fault is not None:
             raise self._fault_error(pid, fault)
@@ -470,23 +530,33 @@ class _IeDocument:
     def types(self) -> list[str]:
         return [t or "?" for _, t in self._groups()]
 
-    def representation(self) -> ET.Element | None:
+    def representations(self) -> list[ET.Element]:
+        """The representations of the first preservation type present, in fileSec order: every one with
+        `representations: all`, else the first alone. SourceObject carries no warning, so leaving the others out
+        is said in the log."""
         groups = self._groups()
         for wanted in self.settings.preservation_types:
             matching = [g for g, t in groups if t == wanted]
-            if len(matching) > 1:
-                log.warning("%s: %d %s representations; taking the first, %s", self.pid, len(matching), wanted,
-                            matching[0].get("ID"))
+            if len(matching) > 1 and self.settings.representations == "first":
+                named = ", ".join(g.get("ID", "?") for g in matching)
+                log.warning("%s: %d %s representations (%s); taking the first, %s (representations: all takes "
+                            "every one)", self.pid, len(matching), wanted, named, matching[0].get("ID"))
+                return matching[:1]
             if matching:
-                return matching[0]
-        return None
+                return matching
+        return []
 
-    def items(self, group: ET.Element, delivery_url) -> Iterator[SourceItem]:
-        files = {f.get("ID"): f for f in group.findall("mets:file", NS)}
-        ordered = self._physical_order(group.get("ID", ""), files)
-        ordered += [(fid, None) for fid in files if fid not in {f for f, _ in ordered}]
-        for sequence, (file_id, div_label) in enumerate(ordered, 1):
-            element = files[file_id]
+    def items(self, groups: list[ET.Element], delivery_url) -> Iterator[SourceItem]:
+        """The representations' files, one after another, each's in its structMap's order."""
+        ordered: list[tuple[ET.Element, str | None]] = []
+        for group in groups:
+            files = {f.get("ID"): f for f in group.findall("mets:file", NS)}
+            physical = self._physical_order(group.get("ID", ""), files)
+            listed = {f for f, _ in physical}
+            ordered += [(files[f], label) for f, label in physical]
+            ordered += [(element, None) for f, element in files.items() if f not in listed]
+        for sequence, (element, div_label) in enumerate(ordered, 1):
+            file_id = element.get("ID")
             dnx = self._dnx(element.get("ADMID"), f"{file_id}-amd")
             general = (dnx.get("generalFileCharacteristics") or [{}])[0]
             locat = element.find("mets:FLocat", NS)
@@ -543,14 +613,71 @@ class _IeDocument:
         return {k: tuple(v) for k, v in values.items()}
 
 
+class _Doctype(Exception):
+    pass
+
+
+class _NoDoctype(ET.TreeBuilder):
+    """Refuses a DTD as the parser meets it, in whatever encoding the document is: no entity expansion, no
+    external entities (a search of the raw bytes missed UTF-16)."""
+
+    def doctype(self, name: str, pubid: str | None, system: str | None) -> None:
+        raise _Doctype(name)
+
+
 def _xml(data: bytes, what: str) -> ET.Element:
-    """Parse with the standard library, refusing DTDs (no entity expansion, no external entities)."""
-    if b"<!DOCTYPE" in data or b"<!ENTITY" in data:
-        raise SourceDataError(f"{what}: a document type declaration is not accepted")
+    """Parse with the standard library, refusing DTDs."""
+    parser = ET.XMLParser(target=_NoDoctype())
     try:
-        return ET.fromstring(data)
+        parser.feed(data)
+        return parser.close()
+    except _Doctype:
+        raise SourceDataError(f"{what}: a document type declaration is not accepted") from None
     except ET.ParseError as exc:
         raise SourceDataError(f"{what}: not well-formed XML ({exc})") from None
+
+
+def _answer(response: requests.Response, what: str, expected: str) -> ET.Element:
+    """The XML document a response carries (`expected` says which kind, for the message)."""
+    _refuse_html(response.content, response.headers.get("Content-Type"), what, expected)
+    return _xml(response.content, what)
+
+
+_HTML_START = re.compile(rb"(?:\xef\xbb\xbf)?\s*(?:<\?xml[^>]*>\s*)?(?:<!--.*?-->\s*)*<(?:!doctype\s+html|html)[\s>]",
+                         re.IGNORECASE | re.DOTALL)
+_HTML_TYPES = ("text/html", "application/xhtml+xml")
+_TITLE = re.compile(r"<title[^>]*>(.*?)</title", re.IGNORECASE | re.DOTALL)
+
+
+def _refuse_html(body: bytes, content_type: str | None, what: str, expected: str) -> None:
+    """An HTML page answered with success, where Rosetta answers `expected`, is a proxy's login or maintenance
+    page: Rosetta is not there (SourceUnavailable), so the run stops (connectors.base.source_down) rather than
+    take the page for every IE's malformed record, spend their attempts and move its checkpoint past them.
+    Told by its start (<html, <!DOCTYPE html), or by an HTML Content-Type on what is no XML (a SOAP answer
+    mislabelled text/html is still one)."""
+    media_type = (content_type or "").partition(";")[0].strip().lower()
+    if not _HTML_START.match(body) and (media_type not in _HTML_TYPES or _well_formed(body)):
+        return
+    title = _TITLE.search(body[:65536].decode("utf-8", "replace"))
+    named = " ".join(html.unescape(title.group(1)).split())[:120] if title else ""
+    raise SourceUnavailable(scrub(
+        f"{what}: the server answered with an HTML page" + (f" titled {named!r}" if named else "")
+        + (f" (Content-Type {media_type})" if media_type else "") + f", not {expected}: a login or maintenance "
+        "page in front of Rosetta?"))
+
+
+def _well_formed(body: bytes) -> bool:
+    try:
+        _xml(body, "")
+    except SourceDataError:
+        return False
+    return True
+
+
+def _diagnostic(diagnostic: ET.Element) -> str:
+    message, uri, details = (diagnostic.findtext(f"diag:{name}", "", NS).strip()
+                             for name in ("message", "uri", "details"))
+    return f"{message} ({uri}) {details}".strip()
 
 
 def _is_soap_fault(response: requests.Response) -> bool:

@@ -18,7 +18,7 @@ from connectors import open_source
 from connectors.base import Fixity, ListingCut, ListingMoved, UnreadableObject
 from connectors.fetching import fetch_warnings
 from connectors.errors import (AuthenticationFailed, FetchIntegrityError, ObjectNotFound, PermissionDenied,
-                               SourceDataError, SourceRequestFailed)
+                               SourceDataError, SourceRequestFailed, SourceUnavailable)
 from connectors.rosetta import RosettaSettings, RosettaSource
 from gcis_etl.errors import ConfigError
 from gcis_etl.settings import parse
@@ -27,7 +27,7 @@ from tests.emulators.catalogue import CORPUS, CorpusFile
 from tests.emulators.faults import Fault
 from tests.emulators.rosetta import (SRU_DATE_INDEX, Entity, Representation, RosettaCatalogue, RosettaEmulator,
                                      RosettaFile, seed)
-from tests.emulators.server import EmulatorServer
+from tests.emulators.server import EmulatorServer, Response
 from tests.servers import free_port, wait_for_port
 
 PASSWORD = "harvest-Secret-1"
@@ -169,6 +169,55 @@ def test_sru_diagnostics_become_clear_errors(emulator):
         list(sru(emulator.url, modified_index="IE.no.such.index").changes(utc("2024-01-01 00:00:00")))
 
 
+def test_an_sru_record_the_server_could_not_serve_is_one_ie_not_listed(emulator, caplog):
+    """A surrogate diagnostic in a record's place stopped the whole listing ("run stopped: SRU query ...: Record
+    temporarily unavailable (info:srw/diagnostic/1/64)"): it is that IE alone, which the next run lists again."""
+    emulator.app.sru_unavailable = {"IE1011"}
+    with caplog.at_level(logging.WARNING, logger="connectors"):
+        listed = list(sru(emulator.url).changes(None))
+    (moved,) = [o for o in listed if isinstance(o, ListingMoved)]
+    assert type(moved) is ListingMoved and moved.reason == (
+        "SRU record 2 of the result was not listed (a diagnostic in its place: Record temporarily unavailable "
+        "(info:srw/diagnostic/1/64))")
+    assert moved.reason in caplog.text
+    assert [o.id for o in listed if not isinstance(o, ListingMoved)] == [p for p in LIVE_IN_SET if p != "IE1011"]
+    # a record holding no IE PID (here one that ie_pid_pattern does not take) is the same
+    emulator.app.sru_unavailable = set()
+    listed = list(rosetta(emulator.url, discovery="sru", ie_pid_pattern=r"^IE10(01|11|16|20)$",
+                          sru=sru(emulator.url).settings.sru.model_dump()).changes(None))
+    assert [o.reason if isinstance(o, ListingMoved) else o.id for o in listed] == LIVE_IN_SET[:4] + [
+        "SRU record 5 of the result was not listed (no dc:identifier of xsi:type 'PID' holding an IE PID)"]
+
+
+def test_sru_diagnostic_61_after_the_result_shrank_is_a_moved_listing(emulator):
+    """A server answering a startRecord past its result with diagnostic 61 (as SRU 1.2 says), not an empty page:
+    past a result that shrank between pages it stopped the run ("First record position out of range
+    (info:srw/diagnostic/1/61) 5"); it is the listing moving under the run, which holds its checkpoint."""
+    emulator.app.sru_out_of_range_diagnostic = True
+    deleted = LIVE_IN_SET[:2]
+    emulator.before(r"startRecord=5", lambda: [setattr(emulator.app.catalogue.entities[pid], "deleted", True)
+                                               for pid in deleted])
+    listed = list(sru(emulator.url).changes(None))
+    assert [o.id for o in listed[:-1]] == LIVE_IN_SET[:4]  # the fifth moved back onto a page already read
+    assert type(listed[-1]) is ListingMoved and listed[-1].reason == (
+        "SRU startRecord=5 is out of range of a result that counted 5 when the last page was read: IEs left the "
+        "result while it was paged, and one may have been passed over")
+    # on the first page, startRecord=1 is out of range of an empty result only: a quiet incremental run, not an
+    # error that would stop every run while nothing changes
+    assert list(sru(emulator.url).changes(utc("2030-01-01 00:00:00"))) == []
+
+
+def test_an_sru_response_of_another_version_is_named_for_what_it_is(emulator):
+    """SRU 2.0's namespace read as SRU 1.2 was "SRU numberOfRecords is not a number: None"."""
+    sru2 = "http://docs.oasis-open.org/ns/search-ws/sruResponse"
+    emulator.app.rewrite = lambda request, response: (
+        Response.xml(response.body.replace(b"http://www.loc.gov/zing/srw/", sru2.encode())) if "/sru" in request.path
+        else response)
+    with pytest.raises(SourceDataError, match=rf"^SRU response: the document is {{{sru2}}}searchRetrieveResponse, not "
+                                              r"an SRU 1.2 searchRetrieveResponse \({http://www.loc.gov/zing/srw/}\)$"):
+        list(sru(emulator.url).changes(None))
+
+
 def test_oai_protocol_errors_are_reported_and_empty_results_are_empty(emulator):
     assert list(rosetta(emulator.url, oai={"set": "no-such-set"}).changes(None)) == []
     with pytest.raises(SourceRequestFailed, match="cannotDisseminateFormat"):
@@ -227,12 +276,22 @@ def test_the_modified_master_is_chosen_among_three_representations_in_structmap_
 def test_the_preservation_type_is_configuration(emulator):
     (ie,) = rosetta(emulator.url, preservation_types=["PRESERVATION_MASTER"]).get(["IE1001"])
     assert [i.id for i in ie.items] == ["FL1003", "FL1004"]
-    derivative = rosetta(emulator.url, preservation_types=["DERIVATIVE_COPY"])
-    with pytest.raises(ObjectNotFound, match="found: PRESERVATION_MASTER, MODIFIED_MASTER"):
-        list(derivative.get(["IE1001"]))  # getIE flag 0 leaves derivative copies out
     (ie,) = rosetta(emulator.url, preservation_types=["DERIVATIVE_COPY"], get_ie_flags=32).get(["IE1001"])
     assert [i.id for i in ie.items] == ["FL1010"]
     assert "<flags>32</flags>" in emulator.requests(SOAP)[-1].body.decode()
+
+
+def test_derivative_copies_are_refused_without_the_getie_flag_that_includes_them():
+    """getIE flag 0 leaves derivative copies out (dam-apis.md §1.5): every IE failed with "IE1001: no representation
+    of preservation type DERIVATIVE_COPY (found: PRESERVATION_MASTER, MODIFIED_MASTER)"."""
+    options = {"base_url": "http://x", "username": "u", "password": "p", "oai": {"set": "s"},
+               "preservation_types": ["MODIFIED_MASTER", "DERIVATIVE_COPY"]}
+    for flags in (0, 16):
+        with pytest.raises(ConfigError, match=rf"preservation_types names DERIVATIVE_COPY, which getIE leaves out with "
+                                              rf"get_ie_flags: {flags} \(flag 32 includes derivative copies: "
+                                              rf"get_ie_flags: {flags + 32}\)$"):
+            open_source("rosetta", {**options, "get_ie_flags": flags}, "main")
+    assert open_source("rosetta", {**options, "get_ie_flags": 48}, "main").settings.get_ie_flags == 48
 
 
 def test_preservation_types_are_tried_in_order(emulator):
@@ -244,6 +303,26 @@ def test_preservation_types_are_tried_in_order(emulator):
 def test_the_struct_map_type_is_configuration(emulator):
     (ie,) = rosetta(emulator.url, struct_map_type="LOGICAL").get(["IE1001"])
     assert [i.id for i in ie.items] == ["FL1007", "FL1006", "FL1008"]
+
+
+def test_an_ie_with_two_representations_of_the_wanted_type(caplog):
+    """The second was dropped with a log line alone: `representations: all` takes both, one after the other, each
+    in its structMap's order; `first` (the default) still takes the first, and the log names the others."""
+    def files(*pids: str) -> list[RosettaFile]:
+        return [RosettaFile(pid, CorpusFile("gray8/gray.tif"), f"Vol. {pid[-1]}") for pid in pids]
+    catalogue = RosettaCatalogue([Entity("IE3001", [("dc:title", "Two volumes", "en")], utc("2023-01-01 00:00:00"),
+                                         utc("2024-01-02 00:00:00"), [
+        Representation("REP3002", "MODIFIED_MASTER", files("FL3004", "FL3003")),
+        Representation("REP3005", "PRESERVATION_MASTER", files("FL3006")),
+        Representation("REP3007", "MODIFIED_MASTER", files("FL3009", "FL3008"))])])
+    with EmulatorServer(RosettaEmulator(catalogue)) as server:
+        with caplog.at_level(logging.WARNING, logger="connectors"):
+            (first,) = rosetta(server.url).get(["IE3001"])
+        (every,) = rosetta(server.url, representations="all").get(["IE3001"])
+    assert [i.id for i in first.items] == ["FL3004", "FL3003"]
+    assert ("IE3001: 2 MODIFIED_MASTER representations (REP3002, REP3007); taking the first, REP3002 "
+            "(representations: all takes every one)") in caplog.text
+    assert [(i.id, i.sequence) for i in every.items] == [("FL3004", 1), ("FL3003", 2), ("FL3009", 3), ("FL3008", 4)]
 
 
 def test_an_ie_without_the_wanted_representation(emulator, caplog):
@@ -288,6 +367,21 @@ def test_descriptive_metadata_keeps_languages_and_order(emulator):
     assert first.source_url == f"{emulator.url}/delivery/DeliveryManagerServlet?dps_pid=IE1001"
 
 
+@pytest.mark.parametrize("encoding", ["UTF-8", "UTF-16"])
+def test_a_document_type_declaration_is_refused_in_any_encoding(emulator, encoding):
+    """Searched for in the raw bytes, a DTD in UTF-16 passed and its internal entity was expanded (the title read
+    "INJECTEDIrises, study sheet")."""
+    def with_dtd(request, response):
+        if request.method != "POST":
+            return response
+        envelope = response.body.decode("utf-8").partition("?>")[2].replace("Irises, study sheet", "&x;Irises")
+        document = f'<?xml version="1.0" encoding="{encoding}"?><!DOCTYPE e [<!ENTITY x "INJECTED">]>{envelope}'
+        return Response(200, document.encode(encoding), "text/xml")
+    emulator.app.rewrite = with_dtd
+    with pytest.raises(SourceDataError, match="^IE1001: getIE response: a document type declaration is not accepted$"):
+        list(rosetta(emulator.url).get(["IE1001"]))
+
+
 def test_dnx_dates_are_read_in_the_configured_time_zone(emulator):
     (ie,) = rosetta(emulator.url, timezone="America/Los_Angeles").get(["IE1001"])
     assert ie.modified == utc("2024-01-10 17:00:00")
@@ -325,6 +419,77 @@ def test_an_edit_at_a_clock_time_a_dst_change_repeats_or_skips_is_listed_in_ever
                          sru={"modified_index": SRU_DATE_INDEX}, pid_list={"ids": list(ies)})
         (listed,) = source.changes(utc(since), utc(until))
     assert listed.id == "IE3002" and listed.modified <= utc(edited)
+
+
+# --- an HTML page in Rosetta's place --------------------------------------------------------------------------
+
+def test_an_html_page_in_place_of_the_ie_web_service_stops_the_listing(emulator):
+    """A proxy's login or maintenance page answered 200 was taken for a malformed record: every IE failed alone
+    ("IE1001: getIE response: not well-formed XML (mismatched tag: line 1, column 58)"), spent its attempts, and the
+    run completed and moved its checkpoint. It is Rosetta not being there: the WSDL is that page too
+    (source_down), so the listing stops at the first IE."""
+    emulator.app.html_pattern = "IEWebServices"
+    source = rosetta(emulator.url)
+    with pytest.raises(SourceUnavailable, match=r"^IE1001: getIE response: the server answered with an HTML page "
+                                                r"titled 'Rosetta - Login' \(Content-Type text/html\), not SOAP: a "
+                                                r"login or maintenance page in front of Rosetta\?$"):
+        list(source.changes(None))
+    assert len(emulator.requests(SOAP)) == 1
+    with pytest.raises(SourceUnavailable, match=r"^GET http://\S+/IEWebServices\?wsdl: the server answered with an "
+                                                r"HTML page titled 'Rosetta - Login' \(Content-Type text/html\), not "
+                                                r"the IEWebServices WSDL"):
+        source.reachable()
+
+
+def test_an_html_page_in_place_of_one_getie_while_the_service_answers_is_that_ies_failure(emulator):
+    emulator.app.html_pattern = "POST /dpsws"
+    listed = list(rosetta(emulator.url).changes(None))
+    assert [o.id for o in listed] == LIVE_IN_SET and all(isinstance(o, UnreadableObject) for o in listed)
+    assert listed[0].reason == ("IE1001: getIE response: the server answered with an HTML page titled 'Rosetta - "
+                                "Login' (Content-Type text/html), not SOAP: a login or maintenance page in front of "
+                                "Rosetta? (the source answers otherwise)")
+
+
+def test_a_soap_answer_labelled_text_html_is_still_read(emulator):
+    emulator.app.rewrite = lambda request, response: Response(response.status, response.body, "text/html")
+    assert [i.id for o in rosetta(emulator.url).get(["IE1001"]) for i in o.items] == ["FL1008", "FL1006", "FL1007"]
+
+
+XHTML = (b'<?xml version="1.0" encoding="UTF-8"?>\n<html xmlns="http://www.w3.org/1999/xhtml"><head><title>Session\n'
+         b' expired</title></head><body><p>Please log in.</p></body></html>')
+
+
+@pytest.mark.parametrize("page, content_type, title", [
+    (b"<!DOCTYPE html><html><body>Session expired</body></html>", "text/html;charset=UTF-8", ""),
+    (XHTML, "text/xml", " titled 'Session expired'"),
+    (XHTML, "application/xhtml+xml", " titled 'Session expired'"),
+    (b"<head><title>Maintenance</title></head><p>Back soon<br>", "text/html", " titled 'Maintenance'")],
+    ids=["doctype", "xhtml-as-xml", "xhtml", "fragment"])
+@pytest.mark.parametrize("discovery", ["oai", "sru"])
+def test_an_html_page_in_place_of_a_listing_is_rosetta_not_being_there(emulator, page, content_type, title, discovery):
+    """Was "SRU response: a document type declaration is not accepted" or "SRU numberOfRecords is not a number:
+    None" (OAI-PMH's likewise)."""
+    emulator.app.html_pattern = "oaiprovider|/sru"
+    emulator.app.html_page = Response(200, page, content_type)
+    source = sru(emulator.url) if discovery == "sru" else rosetta(emulator.url)
+    what = "SRU response" if discovery == "sru" else "OAI-PMH response"
+    expected = "an SRU response" if discovery == "sru" else "OAI-PMH"
+    with pytest.raises(SourceUnavailable) as raised:
+        list(source.changes(None))
+    assert str(raised.value) == (f"{what}: the server answered with an HTML page{title} (Content-Type "
+                                 f"{content_type.partition(';')[0]}), not {expected}: a login or maintenance page in "
+                                 "front of Rosetta?")
+
+
+def test_an_html_page_in_place_of_a_file_is_rosetta_not_being_there_not_a_cut_transfer(emulator, tmp_path):
+    """Was "received 82 bytes, the source records 85267", retried as a transfer cut short until it gave up."""
+    (ie,) = rosetta(emulator.url).get(["IE1020"])
+    emulator.app.html_pattern = "DeliveryManagerServlet"
+    with pytest.raises(SourceUnavailable, match=r"^FL1022: delivery: the server answered with an HTML page titled "
+                                                r"'Rosetta - Login', not the file's bytes"):
+        rosetta(emulator.url).fetch(ie.items[0], tmp_path)
+    assert len(emulator.requests("DeliveryManagerServlet")) == 1
+    assert list(tmp_path.iterdir()) == []
 
 
 # --- download and auth ---------------------------------------------------------------------------------------

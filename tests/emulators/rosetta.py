@@ -11,6 +11,8 @@
   nextRecordPosition, DC records with `dc:identifier xsi:type="PID"`, diagnostics) and explain.
   Its date index name, IE.objectCharacteristics.modificationDate, is this emulator's choice: the
   reference could not confirm one (check the site's explain document).
+- Misbehaviours, switched on by RosettaEmulator's attributes: an HTML page answered 200 (a proxy's login or
+  maintenance page), SRU surrogate diagnostics and diagnostic 61, answers rewritten at will.
 
 The seed catalogue's bytes are corpus files. Run standalone: `python -m tests.emulators.rosetta --port 8801`.
 """
@@ -49,6 +51,8 @@ XML_LANG = "{http://www.w3.org/XML/1998/namespace}lang"
 DNX_DATE = "%Y-%m-%d %H:%M:%S"
 OAI_DATE = "%Y-%m-%dT%H:%M:%SZ"
 SRU_DATE_INDEX = "IE.objectCharacteristics.modificationDate"
+LOGIN_PAGE = (b"<html><head><title>Rosetta - Login</title></head>"
+              b"<body><h1>Please log in</h1><br><form action=/login></form></body></html>")
 
 
 def q(prefix: str, name: str) -> str:
@@ -190,8 +194,23 @@ class RosettaEmulator:
         # maximumRecords), and a deep-paging cap (records from this position on are not served, yet counted)
         self.sru_next_position: Callable[[int, int], int] = lambda start, maximum: start + maximum
         self.sru_deepest: int | None = None
+        # SRU records served as a surrogate diagnostic (info:srw/diagnostic/1/64) in their IE's place, and a
+        # startRecord past the result answered with diagnostic 61 (as SRU 1.2 says) rather than an empty page
+        self.sru_unavailable: set[str] = set()
+        self.sru_out_of_range_diagnostic = False
+        # a proxy in front of it: requests whose "METHOD /path?query" matches html_pattern (a regex) are answered
+        # 200 with html_page, a login or maintenance page
+        self.html_pattern: str | None = None
+        self.html_page = Response(200, LOGIN_PAGE, "text/html; charset=UTF-8")
+        # any other misbehaviour: every answer goes out through rewrite(request, response)
+        self.rewrite: Callable[[Request, Response], Response] = lambda request, response: response
 
     def handle(self, request: Request) -> Response:
+        if self.html_pattern and re.search(self.html_pattern, f"{request.method} {request.target}"):
+            return self.html_page
+        return self.rewrite(request, self._answer(request))
+
+    def _answer(self, request: Request) -> Response:
         if request.path == "/dpsws/repository/IEWebServices" and request.method == "POST":
             return self._soap(request)
         if request.path == "/delivery/DeliveryManagerServlet":
@@ -456,12 +475,10 @@ class RosettaEmulator:
             matches = sorted((e for e in self.catalogue.entities.values()
                               if not e.deleted and all(_sru_match(e, *c, self._dnx) for c in clauses)),
                              key=lambda e: (e.modified, e.pid))[:10000]
+            if self.sru_out_of_range_diagnostic and start > len(matches):
+                raise _SruError(61, "First record position out of range", str(start))
         except _SruError as exc:
-            diagnostic = _sub(_sub(root, "srw:diagnostics"), "diag:diagnostic")
-            _sub(diagnostic, "diag:uri").text = f"info:srw/diagnostic/1/{exc.number}"
-            _sub(diagnostic, "diag:message").text = exc.message
-            if exc.details:
-                _sub(diagnostic, "diag:details").text = exc.details
+            _diagnostic(_sub(root, "srw:diagnostics"), exc)
             return Response.xml(ET.tostring(root, xml_declaration=True, encoding="UTF-8"))
         _sub(root, "srw:numberOfRecords").text = str(len(matches))
         records = _sub(root, "srw:records")
@@ -470,6 +487,12 @@ class RosettaEmulator:
         served = [] if capped else matches[start - 1:start - 1 + maximum]
         for position, entity in enumerate(served, start):
             record = _sub(records, "srw:record")
+            if entity.pid in self.sru_unavailable:
+                _sub(record, "srw:recordSchema").text = "info:srw/schema/1/diagnostics-v1.1"
+                _sub(record, "srw:recordPacking").text = "xml"
+                _diagnostic(_sub(record, "srw:recordData"), _SruError(64, "Record temporarily unavailable"))
+                _sub(record, "srw:recordPosition").text = str(position)
+                continue
             _sub(record, "srw:recordSchema").text = "dc"
             _sub(record, "srw:recordPacking").text = "xml"
             dc = _dc(_sub(_sub(record, "srw:recordData"), "dc:record"), entity)
@@ -581,6 +604,14 @@ def _amd(root: ET.Element, amd_id: str, tech: dict[str, list[dict[str, str]]],
                 record = _sub(section, "dnx:record")
                 for key, value in values.items():
                     _sub(record, "dnx:key", id=key).text = value
+
+
+def _diagnostic(parent: ET.Element, error: _SruError) -> None:
+    diagnostic = _sub(parent, "diag:diagnostic")
+    _sub(diagnostic, "diag:uri").text = f"info:srw/diagnostic/1/{error.number}"
+    _sub(diagnostic, "diag:message").text = error.message
+    if error.details:
+        _sub(diagnostic, "diag:details").text = error.details
 
 
 def _fault(code: str, message: str, exception: str) -> Response:
