@@ -20,8 +20,10 @@ Authorization. A download redirected to a presigned S3 or CDN URL needs none of 
 from __future__ import annotations
 
 import email.utils
+import html
 import logging
 import os
+import re
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from typing import Annotated, Callable, Iterator
@@ -32,7 +34,7 @@ import urllib3
 from pydantic import AfterValidator, BeforeValidator, Field
 from urllib3.exceptions import ProtocolError, ReadTimeoutError
 
-from connectors.errors import (AuthenticationFailed, PermissionDenied, SourceRequestFailed,
+from connectors.errors import (AuthenticationFailed, PermissionDenied, SourceRequestFailed, SourceUnavailable,
                                TransferInterrupted)
 from connectors.fetching import CHUNK_SIZE, Body
 from connectors.redaction import register, scrub, scrub_url
@@ -255,14 +257,16 @@ class HttpSession:
                 raise PermissionDenied(f"{reason}: the configured user is not allowed to do this{hint}")
             raise SourceRequestFailed(f"{reason}{hint}", status)
 
-    def answers(self, url: str, params: dict | None = None) -> None:
+    def answers(self, url: str, params: dict | None = None, expected: str = "the API's answer") -> None:
         """A GET for a source's `reachable()`: raises as `request` does when the server cannot be reached now
-        (SourceUnavailable) or refuses the credentials (AuthenticationFailed); any other answer, an error page
-        too, is the server answering."""
+        (SourceUnavailable) or refuses the credentials (AuthenticationFailed), and for an HTML page answered with
+        success (refuse_html); any other answer, an error page too, is the server answering."""
         try:
-            self.request("GET", url, params=params)
+            response = self.request("GET", url, params=params)
         except (PermissionDenied, SourceRequestFailed):
-            pass
+            return
+        refuse_html(response.content, response.headers.get("Content-Type"), self.describe("GET", url, params),
+                    expected)
 
     @contextmanager
     def download(self, url: str, budget: RetryBudget, params: dict | None = None,
@@ -362,3 +366,28 @@ def _retry_after(value: str | None) -> float | None:
         when = when.replace(tzinfo=timezone.utc)
     return max(0.0, (when - datetime.now(timezone.utc)).total_seconds())
 
+
+
+_HTML_START = re.compile(rb"(?:\xef\xbb\xbf)?\s*(?:<\?xml[^>]*>\s*)?(?:<!--.*?-->\s*)*<(?:!doctype\s+html|html)[\s>]",
+                         re.IGNORECASE | re.DOTALL)
+_HTML_TYPES = ("text/html", "application/xhtml+xml")
+_TITLE = re.compile(r"<title[^>]*>(.*?)</title", re.IGNORECASE | re.DOTALL)
+
+
+def refuse_html(body: bytes, content_type: str | None, what: str, expected: str,
+                readable: Callable[[bytes], bool] = lambda body: False) -> None:
+    """An HTML page answered with success where a source's API answers `expected` is a proxy's login or
+    maintenance page in front of it: the source is not there (SourceUnavailable), so the run stops
+    (connectors.base.source_down) rather than take the page for every object's malformed record, spend their
+    attempts and move its checkpoint past them. Told by its start (<html, <!DOCTYPE html), or by an HTML
+    Content-Type on a body that is not `readable` as what was expected (a SOAP answer mislabelled text/html is
+    still one)."""
+    media_type = (content_type or "").partition(";")[0].strip().lower()
+    if not _HTML_START.match(body) and (media_type not in _HTML_TYPES or readable(body)):
+        return
+    title = _TITLE.search(body[:65536].decode("utf-8", "replace"))
+    named = " ".join(html.unescape(title.group(1)).split())[:120] if title else ""
+    raise SourceUnavailable(scrub(
+        f"{what}: the server answered with an HTML page" + (f" titled {named!r}" if named else "")
+        + (f" (Content-Type {media_type})" if media_type else "") + f", not {expected}: a login or maintenance "
+        "page in front of the source?"))

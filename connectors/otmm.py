@@ -28,7 +28,7 @@ from connectors.base import (FetchedFile, LangValue, ListingCut, ListingMoved, S
 from connectors.errors import DESCRIBE_ERRORS, ObjectNotFound, SourceDataError, SourceRequestFailed
 from connectors.fetching import fetch_verified, fixity
 from connectors.grouping import natural_key
-from connectors.http import HttpSession, HttpSourceSettings
+from connectors.http import HttpSession, HttpSourceSettings, refuse_html
 from connectors.idlist import IdListSettings
 from connectors.redaction import Secret, register
 from connectors.retry import RetryBudget
@@ -331,6 +331,7 @@ class OtmmSource:
         try:
             return response.json()
         except ValueError:
+            refuse_html(response.content, response.headers.get("Content-Type"), f"{self.name}: {what}", "JSON")
             raise SourceDataError(f"{self.name}: {what}: the response is not JSON") from None
 
     # --- discovery --------------------------------------------------------------------------------------

@@ -8,7 +8,6 @@ word, the server's timezone for DNX dates. Credentials travel as Basic auth with
 from __future__ import annotations
 
 import base64
-import html
 import itertools
 import logging
 import re
@@ -27,9 +26,9 @@ from pydantic import Field, field_validator, model_validator
 from connectors.base import (FetchedFile, Fixity, LangValue, ListingCut, ListingMoved, SourceItem, SourceObject,
                              UnreadableObject, checked_source_url_template, source_url, unreadable)
 from connectors.errors import (DESCRIBE_ERRORS, ObjectNotFound, PermissionDenied, SourceDataError,
-                               SourceRequestFailed, SourceUnavailable)
+                               SourceRequestFailed)
 from connectors.fetching import CHECKABLE_DIGESTS, Body, fetch_verified, fixity, hashlib_name
-from connectors.http import BaseUrl, HttpSession, HttpSourceSettings
+from connectors.http import BaseUrl, HttpSession, HttpSourceSettings, refuse_html
 from connectors.idlist import IdListSettings
 from connectors.redaction import Secret, register, scrub
 from connectors.retry import RetryBudget
@@ -271,26 +270,16 @@ class RosettaSource:
         with self.http.download(item.locator, budget, params) as body:
             chunks = iter(body.chunks)
             first = next(chunks, b"")
-            _refuse_html(first, None, f"{item.id}: delivery", "the file's bytes")
+            refuse_html(first, None, f"{item.id}: delivery", "the file's bytes")
             yield replace(body, chunks=itertools.chain((first,), chunks))
 
     def reachable(self) -> None:
         """The IE web service's WSDL, where every IE is described, and OAI-PMH Identify on a delivery host of its
         own, where listings and downloads go: cheap requests that touch no IE (connectors.base.source_down)."""
-        self._answers(self.http.url(self.settings.ie_service_path) + "?wsdl", None, "the IEWebServices WSDL")
+        self.http.answers(self.http.url(self.settings.ie_service_path) + "?wsdl", expected="the IEWebServices WSDL")
         if self._delivery_base != self.http.base_url:
-            self._answers(self._delivery_base + "/" + self.settings.oai.path.lstrip("/"), {"verb": "Identify"},
-                          "OAI-PMH Identify")
-
-    def _answers(self, url: str, params: dict | None, expected: str) -> None:
-        """HttpSession.answers, where an HTML page answered with success (a proxy's login or maintenance page) is
-        no answer from Rosetta either."""
-        try:
-            response = self.http.request("GET", url, params=params)
-        except (PermissionDenied, SourceRequestFailed):  # an error page: the server answers
-            return
-        _refuse_html(response.content, response.headers.get("Content-Type"), self.http.describe("GET", url, params),
-                     expected)
+            self.http.answers(self._delivery_base + "/" + self.settings.oai.path.lstrip("/"), {"verb": "Identify"},
+                              expected="OAI-PMH Identify")
 
     # --- discovery --------------------------------------------------------------------------------------
 
@@ -639,31 +628,8 @@ def _xml(data: bytes, what: str) -> ET.Element:
 
 def _answer(response: requests.Response, what: str, expected: str) -> ET.Element:
     """The XML document a response carries (`expected` says which kind, for the message)."""
-    _refuse_html(response.content, response.headers.get("Content-Type"), what, expected)
+    refuse_html(response.content, response.headers.get("Content-Type"), what, expected, readable=_well_formed)
     return _xml(response.content, what)
-
-
-_HTML_START = re.compile(rb"(?:\xef\xbb\xbf)?\s*(?:<\?xml[^>]*>\s*)?(?:<!--.*?-->\s*)*<(?:!doctype\s+html|html)[\s>]",
-                         re.IGNORECASE | re.DOTALL)
-_HTML_TYPES = ("text/html", "application/xhtml+xml")
-_TITLE = re.compile(r"<title[^>]*>(.*?)</title", re.IGNORECASE | re.DOTALL)
-
-
-def _refuse_html(body: bytes, content_type: str | None, what: str, expected: str) -> None:
-    """An HTML page answered with success, where Rosetta answers `expected`, is a proxy's login or maintenance
-    page: Rosetta is not there (SourceUnavailable), so the run stops (connectors.base.source_down) rather than
-    take the page for every IE's malformed record, spend their attempts and move its checkpoint past them.
-    Told by its start (<html, <!DOCTYPE html), or by an HTML Content-Type on what is no XML (a SOAP answer
-    mislabelled text/html is still one)."""
-    media_type = (content_type or "").partition(";")[0].strip().lower()
-    if not _HTML_START.match(body) and (media_type not in _HTML_TYPES or _well_formed(body)):
-        return
-    title = _TITLE.search(body[:65536].decode("utf-8", "replace"))
-    named = " ".join(html.unescape(title.group(1)).split())[:120] if title else ""
-    raise SourceUnavailable(scrub(
-        f"{what}: the server answered with an HTML page" + (f" titled {named!r}" if named else "")
-        + (f" (Content-Type {media_type})" if media_type else "") + f", not {expected}: a login or maintenance "
-        "page in front of Rosetta?"))
 
 
 def _well_formed(body: bytes) -> bool:

@@ -370,6 +370,21 @@ def test_a_search_cut_short_by_a_deep_paging_cap_moves_the_checkpoint_where_it_i
         "; the checkpoint stays where it was: all the objects served are modified no later than it, so no run gets "
         "past them; load them with `gcis-migrate initial_load`")
 
+
+def test_an_html_page_in_place_of_the_api_is_the_source_not_being_there(emulator):
+    """A proxy's login page answered 200 was "the response is not JSON", a malformed answer: under a describe it
+    failed the asset alone and spent its attempt. It is OTMM not being there, and reachable() (source_down) says so
+    too, so the run stops with every attempt kept."""
+    emulator.inject("search/text|rootfolders", Fault.page(), times=None)
+    source = otmm(emulator.url)
+    with pytest.raises(SourceUnavailable, match=r"^otmm-test: search: the server answered with an HTML page titled "
+                                                r"'Single Sign-On - Login' \(Content-Type text/html\), not JSON: a login or "
+                                                r"maintenance page in front of the source\?$"):
+        list(source.changes(None))
+    with pytest.raises(SourceUnavailable, match=r"^GET http://\S+/folders/rootfolders\S*: the server answered with "
+                                                r"an HTML page"):
+        source.reachable()
+
 def test_explicit_asset_ids(emulator, tmp_path):
     wanted = [asset_id(emulator, "86_XM_2.jpg"), asset_id(emulator, "84_PA_1.png")]
     ids_file = tmp_path / "assets.txt"

@@ -428,26 +428,26 @@ def test_an_html_page_in_place_of_the_ie_web_service_stops_the_listing(emulator)
     ("IE1001: getIE response: not well-formed XML (mismatched tag: line 1, column 58)"), spent its attempts, and the
     run completed and moved its checkpoint. It is Rosetta not being there: the WSDL is that page too
     (source_down), so the listing stops at the first IE."""
-    emulator.app.html_pattern = "IEWebServices"
+    emulator.inject("IEWebServices", Fault.page(), times=None)
     source = rosetta(emulator.url)
     with pytest.raises(SourceUnavailable, match=r"^IE1001: getIE response: the server answered with an HTML page "
-                                                r"titled 'Rosetta - Login' \(Content-Type text/html\), not SOAP: a "
-                                                r"login or maintenance page in front of Rosetta\?$"):
+                                                r"titled 'Single Sign-On - Login' \(Content-Type text/html\), not SOAP: a "
+                                                r"login or maintenance page in front of the source\?$"):
         list(source.changes(None))
     assert len(emulator.requests(SOAP)) == 1
     with pytest.raises(SourceUnavailable, match=r"^GET http://\S+/IEWebServices\?wsdl: the server answered with an "
-                                                r"HTML page titled 'Rosetta - Login' \(Content-Type text/html\), not "
+                                                r"HTML page titled 'Single Sign-On - Login' \(Content-Type text/html\), not "
                                                 r"the IEWebServices WSDL"):
         source.reachable()
 
 
 def test_an_html_page_in_place_of_one_getie_while_the_service_answers_is_that_ies_failure(emulator):
-    emulator.app.html_pattern = "POST /dpsws"
+    emulator.inject("POST /dpsws", Fault.page(), times=None)
     listed = list(rosetta(emulator.url).changes(None))
     assert [o.id for o in listed] == LIVE_IN_SET and all(isinstance(o, UnreadableObject) for o in listed)
-    assert listed[0].reason == ("IE1001: getIE response: the server answered with an HTML page titled 'Rosetta - "
+    assert listed[0].reason == ("IE1001: getIE response: the server answered with an HTML page titled 'Single Sign-On - "
                                 "Login' (Content-Type text/html), not SOAP: a login or maintenance page in front of "
-                                "Rosetta? (the source answers otherwise)")
+                                "the source? (the source answers otherwise)")
 
 
 def test_a_soap_answer_labelled_text_html_is_still_read(emulator):
@@ -469,8 +469,7 @@ XHTML = (b'<?xml version="1.0" encoding="UTF-8"?>\n<html xmlns="http://www.w3.or
 def test_an_html_page_in_place_of_a_listing_is_rosetta_not_being_there(emulator, page, content_type, title, discovery):
     """Was "SRU response: a document type declaration is not accepted" or "SRU numberOfRecords is not a number:
     None" (OAI-PMH's likewise)."""
-    emulator.app.html_pattern = "oaiprovider|/sru"
-    emulator.app.html_page = Response(200, page, content_type)
+    emulator.inject("oaiprovider|/sru", Fault.page(page, content_type), times=None)
     source = sru(emulator.url) if discovery == "sru" else rosetta(emulator.url)
     what = "SRU response" if discovery == "sru" else "OAI-PMH response"
     expected = "an SRU response" if discovery == "sru" else "OAI-PMH"
@@ -478,15 +477,15 @@ def test_an_html_page_in_place_of_a_listing_is_rosetta_not_being_there(emulator,
         list(source.changes(None))
     assert str(raised.value) == (f"{what}: the server answered with an HTML page{title} (Content-Type "
                                  f"{content_type.partition(';')[0]}), not {expected}: a login or maintenance page in "
-                                 "front of Rosetta?")
+                                 "front of the source?")
 
 
 def test_an_html_page_in_place_of_a_file_is_rosetta_not_being_there_not_a_cut_transfer(emulator, tmp_path):
     """Was "received 82 bytes, the source records 85267", retried as a transfer cut short until it gave up."""
     (ie,) = rosetta(emulator.url).get(["IE1020"])
-    emulator.app.html_pattern = "DeliveryManagerServlet"
+    emulator.inject("DeliveryManagerServlet", Fault.page(), times=None)
     with pytest.raises(SourceUnavailable, match=r"^FL1022: delivery: the server answered with an HTML page titled "
-                                                r"'Rosetta - Login', not the file's bytes"):
+                                                r"'Single Sign-On - Login', not the file's bytes"):
         rosetta(emulator.url).fetch(ie.items[0], tmp_path)
     assert len(emulator.requests("DeliveryManagerServlet")) == 1
     assert list(tmp_path.iterdir()) == []

@@ -12,18 +12,23 @@ import threading
 from dataclasses import dataclass
 from typing import Literal
 
-Kind = Literal["status", "reset", "slow", "truncate", "corrupt"]
+Kind = Literal["status", "reset", "slow", "truncate", "corrupt", "page"]
+LOGIN_PAGE = (b"<html><head><title>Single Sign-On - Login</title></head>"
+              b"<body><h1>Please log in</h1><br><form action=/login></form></body></html>")
 
 
 @dataclass(frozen=True)
 class Fault:
-    """What goes wrong: an HTTP error, a reset connection, a delay, a body cut short or altered."""
+    """What goes wrong: an HTTP error, a reset connection, a delay, a body cut short or altered, another page
+    in the answer's place."""
 
     kind: Kind
     status: int = 503
     retry_after: str | None = None
     seconds: float = 0.0
     keep: float = 0.5
+    body: bytes = b""
+    content_type: str = ""
 
     @classmethod
     def http(cls, status: int, retry_after: str | int | None = None) -> "Fault":
@@ -51,15 +56,22 @@ class Fault:
         return cls("corrupt")
 
     @classmethod
+    def page(cls, body: bytes = LOGIN_PAGE, content_type: str = "text/html; charset=UTF-8") -> "Fault":
+        """Answer 200 with `body` instead (a proxy's login or maintenance page in front of the server)."""
+        return cls("page", body=body, content_type=content_type)
+
+    @classmethod
     def from_dict(cls, data: dict) -> "Fault":
         """The control endpoint's JSON form: {"fault": "status", "status": 503, "retry_after": 2, ...}."""
         kind = data["fault"]
-        if kind not in ("status", "reset", "slow", "truncate", "corrupt"):
+        if kind not in ("status", "reset", "slow", "truncate", "corrupt", "page"):
             raise ValueError(f"unknown fault {kind!r}")
         retry_after = data.get("retry_after")
         return cls(kind, status=int(data.get("status", 503)),
                    retry_after=None if retry_after is None else str(retry_after),
-                   seconds=float(data.get("seconds", 0.0)), keep=float(data.get("keep", 0.5)))
+                   seconds=float(data.get("seconds", 0.0)), keep=float(data.get("keep", 0.5)),
+                   body=data.get("body", LOGIN_PAGE.decode()).encode(),
+                   content_type=data.get("content_type", "text/html; charset=UTF-8"))
 
 
 @dataclass

@@ -11,8 +11,8 @@
   nextRecordPosition, DC records with `dc:identifier xsi:type="PID"`, diagnostics) and explain.
   Its date index name, IE.objectCharacteristics.modificationDate, is this emulator's choice: the
   reference could not confirm one (check the site's explain document).
-- Misbehaviours, switched on by RosettaEmulator's attributes: an HTML page answered 200 (a proxy's login or
-  maintenance page), SRU surrogate diagnostics and diagnostic 61, answers rewritten at will.
+- Misbehaviours, switched on by RosettaEmulator's attributes: SRU surrogate diagnostics and diagnostic 61,
+  answers rewritten at will (a proxy's login page in an answer's place is the shared Fault.page).
 
 The seed catalogue's bytes are corpus files. Run standalone: `python -m tests.emulators.rosetta --port 8801`.
 """
@@ -51,8 +51,6 @@ XML_LANG = "{http://www.w3.org/XML/1998/namespace}lang"
 DNX_DATE = "%Y-%m-%d %H:%M:%S"
 OAI_DATE = "%Y-%m-%dT%H:%M:%SZ"
 SRU_DATE_INDEX = "IE.objectCharacteristics.modificationDate"
-LOGIN_PAGE = (b"<html><head><title>Rosetta - Login</title></head>"
-              b"<body><h1>Please log in</h1><br><form action=/login></form></body></html>")
 
 
 def q(prefix: str, name: str) -> str:
@@ -198,16 +196,10 @@ class RosettaEmulator:
         # startRecord past the result answered with diagnostic 61 (as SRU 1.2 says) rather than an empty page
         self.sru_unavailable: set[str] = set()
         self.sru_out_of_range_diagnostic = False
-        # a proxy in front of it: requests whose "METHOD /path?query" matches html_pattern (a regex) are answered
-        # 200 with html_page, a login or maintenance page
-        self.html_pattern: str | None = None
-        self.html_page = Response(200, LOGIN_PAGE, "text/html; charset=UTF-8")
         # any other misbehaviour: every answer goes out through rewrite(request, response)
         self.rewrite: Callable[[Request, Response], Response] = lambda request, response: response
 
     def handle(self, request: Request) -> Response:
-        if self.html_pattern and re.search(self.html_pattern, f"{request.method} {request.target}"):
-            return self.html_page
         return self.rewrite(request, self._answer(request))
 
     def _answer(self, request: Request) -> Response:

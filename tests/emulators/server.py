@@ -189,6 +189,9 @@ def _handler_for(server: EmulatorServer) -> type[BaseHTTPRequestHandler]:
                 return
             if fault and fault.kind == "slow":
                 server.wait(fault.seconds)
+            if fault and fault.kind == "page":
+                self._send(Response(200, fault.body, fault.content_type))
+                return
             if fault and fault.kind == "status":
                 headers = {"Retry-After": fault.retry_after} if fault.retry_after else {}
                 self._send(Response.text(f"injected fault: HTTP {fault.status}", fault.status, headers))
