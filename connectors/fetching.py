@@ -3,7 +3,9 @@
 Bytes go to a hidden temporary name next to the destination and are renamed into place only once
 their count matches what the source and the transport announced and their digest matches the
 source's fixity. A truncated or corrupt transfer is retried under the retry policy and never
-reaches the final name, so the converter only ever sees verified files. A transfer slower than the
+reaches the final name, so the converter only ever sees verified files. A body that runs past the size the
+source records is cut there rather than compared once it has ended: an endless body, or a small one decoding to
+ever more, would fill the scratch space first. A transfer slower than the
 policy's min_transfer_bytes_per_second is interrupted: a body trickling in never trips the read timeout,
 which only bounds silences.
 """
@@ -105,17 +107,19 @@ def fetch_verified(item: SourceItem, dest_dir: Path, open_body: BodyOpener, poli
         temp = dest_dir / f".{final.name}.{uuid.uuid4().hex[:12]}.part"
         try:
             with open_body(budget) as body:
-                size, sha256, fixity_digest = _copy(body, temp, expected, TransferPace(policy))
+                size, sha256, fixity_digest = _copy(body, temp, expected, TransferPace(policy), item.size)
                 announced = body.length
                 transferred = body.transferred() if body.transferred else size
+            problem = _disagreement(item, expected, announced, transferred, size, fixity_digest)
         except TransferInterrupted as exc:
             temp.unlink(missing_ok=True)
             budget.after_failure(f"{item.id}: {exc}")
             continue
+        except _TooLong as exc:
+            problem = str(exc)
         except BaseException:
             temp.unlink(missing_ok=True)
             raise
-        problem = _disagreement(item, expected, announced, transferred, size, fixity_digest)
         if problem:
             temp.unlink(missing_ok=True)
             budget.after_failure(f"{item.id}: {problem}", give_up=FetchIntegrityError)
@@ -124,12 +128,17 @@ def fetch_verified(item: SourceItem, dest_dir: Path, open_body: BodyOpener, poli
         return FetchedFile(item=item, path=final, size=size, sha256=sha256, fixity_verified=expected is not None)
 
 
-def _copy(body: Body, temp: Path, expected: Fixity | None, pace: TransferPace) -> tuple[int, str, str | None]:
+class _TooLong(Exception):
+    """More bytes arrived than the source records: why, the transfer cut there."""
+
+
+def _copy(body: Body, temp: Path, expected: Fixity | None, pace: TransferPace,
+          size: int | None) -> tuple[int, str, str | None]:
     """Write `body` to `temp`; the size and digests are those of the bytes `temp` received: read from it
     again after a kernel copy."""
     with open(temp, "xb") as out:
         if body.file is None or not _copy_in_kernel(body.file, out):
-            return _digest(_paced(body.chunks, pace), expected, out)
+            return _digest(_bounded(_paced(body.chunks, pace), size), expected, out)
     with open(temp, "rb") as copied:
         if not os.fstat(copied.fileno()).st_size:
             return _digest([], expected)
@@ -175,6 +184,18 @@ def _paced(chunks: Iterable[bytes], pace: TransferPace) -> Iterator[bytes]:
     """`chunks`, interrupted when they come too slowly (checked as each arrives)."""
     for chunk in chunks:
         pace.arrived(len(chunk))
+        yield chunk
+
+
+def _bounded(chunks: Iterable[bytes], size: int | None) -> Iterator[bytes]:
+    """`chunks`, cut (_TooLong) before the first that takes them past the source's `size`: an endless body, or a
+    small one decoding to ever more (a gzip bomb), must not fill the scratch space before the sizes are compared.
+    The transport itself reads no more than the length it announced (http.client, botocore)."""
+    received = 0
+    for chunk in chunks:
+        received += len(chunk)
+        if size is not None and received > size:
+            raise _TooLong(f"received {received} bytes, the source records {size}: stopped reading there")
         yield chunk
 
 

@@ -11,7 +11,8 @@ policy's min_transfer_bytes_per_second (TransferPace, as downloads are: requests
 reads for us by the read timeout alone, which a body trickling in never trips), and the policy's retry_statuses
 (429/5xx by default) honouring Retry-After. Not retried: 401 (AuthenticationFailed, after at most one
 re-login when the connector installed `on_unauthorized`), 403 (PermissionDenied), other 4xx
-(SourceRequestFailed with .status).
+(SourceRequestFailed with .status). An answer read whole (anything but a download) is refused as it arrives
+once it decodes to more than answer_bytes (SourceDataError): a gzip of gigabytes of zeros must not fill memory.
 
 Redirects are followed, but a hop to another origin (scheme, host or port) carries none of the headers
 a connector set (session tokens, gateway keys, Authorization, cookies): requests itself strips only
@@ -34,8 +35,8 @@ import urllib3
 from pydantic import AfterValidator, BeforeValidator, Field
 from urllib3.exceptions import ProtocolError, ReadTimeoutError
 
-from connectors.errors import (AuthenticationFailed, PermissionDenied, SourceRequestFailed, SourceUnavailable,
-                               TransferInterrupted)
+from connectors.errors import (AuthenticationFailed, PermissionDenied, SourceDataError, SourceRequestFailed,
+                               SourceUnavailable, TransferInterrupted)
 from connectors.fetching import CHUNK_SIZE, Body
 from connectors.redaction import register, scrub, scrub_url
 from connectors.retry import RetryBudget, RetryPolicy, TransferPace
@@ -52,6 +53,8 @@ _PORTABLE_HEADERS = frozenset({"user-agent", "accept", "accept-encoding", "accep
                                "proxy-authorization"})  # set by requests for the new hop's own proxy
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 _HINT_BYTES = 4096
+ANSWER_BYTES = 256 << 20
+"""The most an answer read whole (search pages, XML, JSON; not a download) may decode to: HttpSession.answer_bytes."""
 
 
 _SWITCHES = {"true": True, "yes": True, "on": True, "1": True, "false": False, "no": False, "off": False, "0": False}
@@ -128,6 +131,7 @@ class HttpSession:
         self.auth: requests.auth.AuthBase | None = None
         self.on_unauthorized: Callable[[requests.Response], None] | None = None
         self.relogin_statuses: frozenset[int] = frozenset({401})
+        self.answer_bytes = ANSWER_BYTES
         self._clients: dict[bool, requests.Session] = {}
         self._pid = 0
         self._userinfo: dict[tuple[str, str | None, int | None], requests.auth.HTTPBasicAuth] = {}
@@ -224,6 +228,9 @@ class HttpSession:
                     response.close()
                     budget.after_failure(str(exc))
                     continue
+                except SourceDataError:
+                    response.close()
+                    raise
             status = response.status_code
             if status < 400 or (accept_error and accept_error(response)):
                 return response
@@ -300,13 +307,18 @@ class HttpSession:
             raise TransferInterrupted(f"{what}: {exc}") from None
 
     def _read(self, response: requests.Response, what: str, limit: int | None = None) -> bytes:
-        """The decoded body, or its first `limit` bytes, read at the policy's pace (TransferInterrupted)."""
+        """The decoded body, or its first `limit` bytes, read at the policy's pace (TransferInterrupted). A whole
+        body is refused (SourceDataError) as soon as it decodes to more than answer_bytes: read as it arrives, an
+        endless answer or a small gzip of gigabytes of zeros takes no more memory than that."""
         body = bytearray()
         for chunk in self._chunks(response, what, TransferPace(self.policy)):
             body += chunk
             if limit is not None and len(body) >= limit:
-                break
-        return bytes(body[:limit])
+                return bytes(body[:limit])
+            if len(body) > self.answer_bytes:
+                raise SourceDataError(f"{what}: the answer decodes to more than {self.answer_bytes} bytes, the most "
+                                      "an API answer may be: refused")
+        return bytes(body)
 
     def _explain(self, exc: Exception) -> str:
         if isinstance(exc, requests.exceptions.ConnectTimeout):
