@@ -582,11 +582,13 @@ def _serialised(document: dict) -> bytes:
 
 
 def _as_text(value: str, html_allowed: bool) -> str:
-    """`value` written so that IIIF clients show it as given: they read a value that starts with '<' and ends
-    with '>' as HTML. Where HTML is allowed (summary/description, metadata values, requiredStatement/attribution)
-    such text is escaped in a span, which also reads right in clients that treat every such value as HTML.
-    Labels must be plain text (2.1 validators refuse markup there), so it gets the trailing space both
-    specifications recommend instead ("HTML Markup in Property Values")."""
-    if not (value.startswith("<") and value.endswith(">")):
-        return value
-    return f"<span>{html.escape(value, quote=False)}</span>" if html_allowed else value + " "
+    """`value` written so that IIIF clients show it as given. Where HTML is allowed (summary/description, metadata
+    values, requiredStatement/attribution), text with a '<', '>' or '&' is escaped in a span: 3.0 clients read a
+    value that starts with '<' and ends with '>' as HTML, a 2.1 value "MAY contain" HTML anywhere, and Mirador 4
+    reads every such value as HTML in both versions ("Curator <Test> & Co" showed as "Curator & Co"); the span
+    reads right under every rule. Labels must be plain text (2.1 validators refuse markup there), so a label that
+    reads as HTML gets the trailing space both specifications recommend instead ("HTML Markup in Property
+    Values")."""
+    if html_allowed:
+        return f"<span>{html.escape(value, quote=False)}</span>" if any(c in value for c in "<>&") else value
+    return value + " " if value.startswith("<") and value.endswith(">") else value

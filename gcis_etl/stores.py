@@ -56,6 +56,11 @@ CHUNK = 1 * MiB
 # S3 metadata travels in HTTP headers: printable ASCII only, '%' escapes the rest.
 _HEADER_SAFE = string.punctuation.replace("%", "")
 CONTENT_TYPES = {".tif": "image/tiff", ".tiff": "image/tiff", ".jp2": "image/jp2", ".json": "application/json"}
+# Manifests and collections are re-published under the same key: browsers and CDNs revalidate them after a minute
+# (without a Cache-Control, browsers keep one for a tenth of its age). A minute, not no-cache: a CDN still answers
+# a viewer's bursts of requests. Access masters keep the bucket's or CDN's default.
+DOCUMENT_CACHE_CONTROL = "max-age=60, must-revalidate"
+_DOCUMENT_TYPES = frozenset({"application/json", "application/ld+json"})
 
 
 @dataclass(frozen=True)
@@ -192,6 +197,15 @@ _LOCAL_REMEDIES = {
 
 def content_type_for(key: str) -> str:
     return CONTENT_TYPES.get(Path(key).suffix.lower(), "application/octet-stream")
+
+
+def _object_headers(content_type: str) -> dict[str, str]:
+    """The headers S3 keeps with an object and serves: its type, and DOCUMENT_CACHE_CONTROL for a JSON document
+    (whichever way it is put: a store move copies manifests with put)."""
+    headers = {"ContentType": content_type}
+    if content_type.split(";", 1)[0].strip().lower() in _DOCUMENT_TYPES:
+        headers["CacheControl"] = DOCUMENT_CACHE_CONTROL
+    return headers
 
 
 def _check_sha256(value: str | None) -> None:
@@ -778,7 +792,7 @@ class S3Store:
         if self.settings.max_bandwidth:  # s3transfer throttles multipart uploads only; most masters are smaller
             body = BandwidthLimitedStream(io.BytesIO(body) if isinstance(body, bytes) else body,
                                           LeakyBucket(self.settings.max_bandwidth), TransferCoordinator())
-        r = self._call(key, "put", "put_object", Body=body, ContentLength=size, ContentType=content_type,
+        r = self._call(key, "put", "put_object", Body=body, ContentLength=size, **_object_headers(content_type),
                        ChecksumSHA256=announced, Metadata={**provenance.to_metadata(), "sha256": sha256})
         if r.get("ChecksumSHA256") != announced:
             raise IntegrityError(f"{self.describe(key)}: the server reports SHA-256 {r.get('ChecksumSHA256')}, "
@@ -790,7 +804,7 @@ class S3Store:
         s = self.settings
         reader = _HashingReader(f, size, ChunksizeAdjuster().adjust_chunksize(s.multipart_chunksize, size),
                                 sha256, self.describe(key))
-        extra = {"ChecksumAlgorithm": "SHA256", "ContentType": content_type,
+        extra = {"ChecksumAlgorithm": "SHA256", **_object_headers(content_type),
                  "Metadata": {**provenance.to_metadata(), "sha256": sha256}}
         # Leaving the TransferManager on any exception (KeyboardInterrupt included) cancels the transfer and
         # aborts the multipart upload; a killed process leaves parts that abort_incomplete_uploads() removes.

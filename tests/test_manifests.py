@@ -172,13 +172,14 @@ def test_rights_hold_the_first_rights_uri_and_the_rights_entry_all_else_the_sour
     v3, v2 = (manifests.build(obj, [image(1)], v).document for v in ("3.0", "2.1"))
     assert validate(v3).ok and validate(v2).ok, (validate(v3).errors, validate(v2).errors)
     assert v3["rights"] == v2["license"] == "http://creativecommons.org/licenses/by/4.0/"
-    shown = ["http://rightsstatements.org/vocab/InC/1.0/",
-             'https://creativecommons.org/licenses/by/4.0/"><script>x</script>']
+    junk = 'https://creativecommons.org/licenses/by/4.0/"><script>x</script>'
+    shown = ["http://rightsstatements.org/vocab/InC/1.0/",  # as text, which may be read as HTML
+             '<span>https://creativecommons.org/licenses/by/4.0/"&gt;&lt;script&gt;x&lt;/script&gt;</span>']
     assert {"label": {"none": ["Rights"]}, "value": {"none": shown}} in v3["metadata"]
     assert {"label": "Rights", "value": shown} in v2["metadata"]
 
-    junk = manifests.build(source_object(**{"dc:rights": (LangValue(shown[1]),)}), [image(1)], "2.1").document
-    assert "license" not in junk and {"label": "Rights", "value": shown[1]} in junk["metadata"]
+    only_junk = manifests.build(source_object(**{"dc:rights": (LangValue(junk),)}), [image(1)], "2.1").document
+    assert "license" not in only_junk and {"label": "Rights", "value": shown[1]} in only_junk["metadata"]
 
 
 def test_text_that_looks_like_html_stays_text_where_html_is_allowed(store):
@@ -193,6 +194,24 @@ def test_text_that_looks_like_html_stays_text_where_html_is_allowed(store):
     assert v3["requiredStatement"]["value"] == {"en": ["<span>&lt;anonymous&gt;</span>"]}
     assert v2["attribution"] == [{"@value": "<span>&lt;anonymous&gt;</span>", "@language": "en"}]
     assert validate(v3).ok and validate(v2).ok, (validate(v3).errors, validate(v2).errors)
+
+
+def test_text_with_markup_characters_anywhere_reads_as_given_where_html_is_allowed(store):
+    """A 2.1 value "MAY contain" HTML anywhere, and Mirador 4 reads every such value as HTML in 3.0 too:
+    "Curator <Test> & Co" showed as "Curator & Co". Text without '<', '>' or '&' and labels are left as they are."""
+    obj = source_object(**{"dc:title": (LangValue("Tom & Jerry <1>"),), "dc:description": (LangValue("1 < 2"),),
+                           "dc:date": (LangValue("Curator <Test> & Co"), LangValue("1901")),
+                           "credit": (LangValue("A&amp;B", "en"),)})
+    manifests = Manifests(settings(), "demo", store)
+    v3, v2 = (manifests.build(obj, [image(1)], v).document for v in ("3.0", "2.1"))
+    assert validate(v3).ok and validate(v2).ok, (validate(v3).errors, validate(v2).errors)
+    assert v3["summary"] == {"none": ["<span>1 &lt; 2</span>"]} and v2["description"] == "<span>1 &lt; 2</span>"
+    dates = ["<span>Curator &lt;Test&gt; &amp; Co</span>", "1901"]
+    assert {"label": {"none": ["Date"]}, "value": {"none": dates}} in v3["metadata"]
+    assert {"label": "Date", "value": dates} in v2["metadata"]
+    assert v3["requiredStatement"]["value"] == {"en": ["<span>A&amp;amp;B</span>"]}
+    assert v2["attribution"] == [{"@value": "<span>A&amp;amp;B</span>", "@language": "en"}]
+    assert (v3["label"], v2["label"]) == ({"none": ["Tom & Jerry <1>"]}, "Tom & Jerry <1>")
 
 
 @pytest.mark.parametrize("language", [None, "en"])

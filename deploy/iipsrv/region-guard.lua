@@ -22,6 +22,8 @@
 -- The request is read as iipsrv reads it (percent-decoded, split from its end), so an encoded `/` or `,` does not
 -- get past; a malformed region, or a `w,`, `,h` or `pct:n` size that is not plain decimals, is a 400, and
 -- /iipsrv.fcgi is a 404 unless reached through the IIIF prefix.
+--
+-- Being the one script lighttpd runs before iipsrv, it also answers CORS preflights (OPTIONS), on every URL.
 
 local prefix = os.getenv("GCIS_IIIF_PREFIX")  -- read per request: mod_magnet runs the script afresh
 local images = os.getenv("FILESYSTEM_PREFIX")
@@ -184,6 +186,21 @@ local function refused(status, reason)
   return status
 end
 
+-- A CORS preflight, answered here for every URL: iipsrv would answer OPTIONS as a GET, and lighttpd answers it
+-- for existing files only, without the headers a client sending more than a simple request needs (the Accept
+-- with a profile that the IIIF specifications recommend, Range, the conditional headers of a revalidation).
+-- Everything lighttpd serves is read-only: GET and HEAD.
+local function preflight()
+  local cors = os.getenv("CORS") or ""
+  if cors ~= "" then lighty.r.resp_header["Access-Control-Allow-Origin"] = cors end
+  lighty.r.resp_header["Access-Control-Allow-Methods"] = "GET, HEAD, OPTIONS"
+  lighty.r.resp_header["Access-Control-Allow-Headers"] = "Accept, Accept-Language, Content-Language, Range, "
+                                                         .. "If-None-Match, If-Modified-Since, Cache-Control"
+  lighty.r.resp_header["Access-Control-Max-Age"] = "86400"
+  return 204
+end
+
+if lighty.r.req_attr["request.method"] == "OPTIONS" then return preflight() end
 -- mod_rewrite has already run: the request is what iipsrv is given, /iipsrv.fcgi?IIIF=<as sent below the prefix>
 local target = lighty.r.req_attr["request.uri"]
 if target:sub(1, 13) ~= "/iipsrv.fcgi?" then return 0 end
