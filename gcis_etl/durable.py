@@ -4,7 +4,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
-import tempfile
+import secrets
 from pathlib import Path
 from typing import IO
 
@@ -38,7 +38,7 @@ def sha256_file(path: str | Path) -> str:
 
 def atomic_write(path: Path, text: str) -> None:
     """Replace `path` with `text` so a reader sees the old or the new content, never a part of it."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    fd, tmp = temporary(path)
     try:
         with os.fdopen(fd, "w") as out:
             out.write(text)
@@ -46,4 +46,12 @@ def atomic_write(path: Path, text: str) -> None:
             os.fsync(out.fileno())
         os.replace(tmp, path)
     finally:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
+
+
+def temporary(path: Path) -> tuple[int, Path]:
+    """A new file beside `path`, open for writing, to be renamed over it: its mode is the umask's (0666 & ~umask),
+    as the ledger's and the lock files' are, not mkstemp's 0600: what goes through it (run and migration
+    reports) holds what the ledger holds, and no secret."""
+    tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
+    return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), tmp

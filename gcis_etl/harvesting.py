@@ -22,7 +22,7 @@ from datetime import datetime, timedelta
 from functools import cached_property
 from typing import Callable, Collection, Iterator, Sequence
 
-from connectors.base import (LangValue, ListingCut, ListingMoved, SourceItem, SourceObject, UnreadableObject,
+from connectors.base import (LangValue, ListingCut, ListingMoved, Source, SourceItem, SourceObject, UnreadableObject,
                              described, items_unique, listed_at)
 from connectors.errors import RetryStopped
 from connectors.redaction import scrub
@@ -930,12 +930,11 @@ def harvest(config: Config, name: str, options: HarvestOptions = HarvestOptions(
             return report
 
 
-def open_sources(config: Config, names: Sequence[str]) -> None:
+def open_sources(config: Config, names: Sequence[str]) -> dict[str, Source]:
     """The commands that list or fetch need their sources' secrets (config.yaml leaves a source's unset ${VAR}
     to the opening, so that status, report and cache need none): all are opened before any run starts, and
-    one missing raises ConfigError naming the key."""
-    for name in names:
-        config.pipeline(name).source
+    one missing raises ConfigError naming the key. The sources, by pipeline name."""
+    return {name: config.pipeline(name).source for name in names}
 
 
 @dataclass(frozen=True)

@@ -174,7 +174,7 @@ class TerminalProgress(LiveLine, Progress):
     def note(self, message: str) -> None:
         with self._lock:
             self._take_down()
-            log.info(message, extra={"pipeline": self.pipeline})
+            log.info("%s", message, extra={"pipeline": self.pipeline})  # a value: it quotes ids (PlainFormatter)
 
     def ended(self, report: RunReport) -> None:
         """One line at the end of every run, so that a night's log tells alone how it went: INFO when it exits

@@ -20,6 +20,7 @@ from gcis_etl.commands import EXIT_ITEM_FAILED, EXIT_OK
 from gcis_etl.durable import atomic_write
 from gcis_etl.ledger import COUNTED, MANIFEST, STOPPED_BY_SIGNAL, Ledger, RunItem, RunRecord
 from gcis_etl.locks import RunLock
+from gcis_etl.logs import printable
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +41,7 @@ class PlannedItem:
 
     def line(self) -> str:
         """As a dry run lists it: `gcis-etl harvest --dry-run`, and a migration script's with -v."""
-        return f"{self.action:8} {self.object_id}/{self.item_id}: {self.reason}"
+        return printable(f"{self.action:8} {self.object_id}/{self.item_id}: {self.reason}")
 
 
 @dataclass(frozen=True)
@@ -102,9 +103,10 @@ class RunReport:
 
     def summary(self) -> str:
         """What a run did, in a few lines; what a dry run would do, in one (without its planned items, which
-        `gcis-etl harvest --dry-run` lists before it)."""
+        `gcis-etl harvest --dry-run` lists before it). Each line printable: ids, and reasons and notes quoting
+        them, come from the sources."""
         if self.status == "dry-run":
-            return "; ".join(filter(None, (self.headline(), self.note)))
+            return printable("; ".join(filter(None, (self.headline(), self.note))))
         lines = [self.headline()]
         if self.status == "completed" and not any(self.counts.values()):
             lines.append(f"  nothing changed in the source since {self.since or 'the beginning'}")
@@ -129,7 +131,7 @@ class RunReport:
             lines.append(f"  report: {self.json_path}")
         if self.seconds is not None:
             lines.append(f"  started {self.started}, {self.took()}")
-        return "\n".join(lines)
+        return "\n".join(map(printable, lines))
 
     def _listed_in(self, written: str | None) -> str:
         """Where the whole list is: the file the run wrote, or, when it wrote none (still running, killed) or
@@ -196,9 +198,9 @@ def _started(json_path: Path) -> str | None:
 
 def write_report(report: RunReport, directory: Path) -> RunReport:
     """Write the report's files (report_files) atomically: the CSV only when the run has problems (one under its
-    name otherwise is a lost run's, from before an older ledger was put back: removed). Files that cannot be
-    written (a full disk) are a warning, not an error: the run is recorded, and `gcis-etl report` rebuilds them
-    from the ledger."""
+    name otherwise is a lost run's, from before an older ledger was put back: removed), its ids and reasons kept
+    from running as formulas (_inert). Files that cannot be written (a full disk) are a warning, not an error:
+    the run is recorded, and `gcis-etl report` rebuilds them from the ledger."""
     json_path, csv_path = report_files(report, directory)
     try:
         directory.mkdir(parents=True, exist_ok=True)
@@ -207,7 +209,8 @@ def write_report(report: RunReport, directory: Path) -> RunReport:
             writer = csv.writer(text)
             writer.writerow(["object_id", "item_id", "outcome", "reason", "seconds", "at"])
             for item in report.problems:
-                writer.writerow([item.object_id, item.item_id, item.outcome, item.reason, item.seconds, item.at])
+                writer.writerow([_inert(item.object_id), _inert(item.item_id), item.outcome, _inert(item.reason),
+                                 item.seconds, item.at])
             atomic_write(csv_path, text.getvalue())
             report.csv_path = str(csv_path)
         else:
@@ -220,6 +223,17 @@ def write_report(report: RunReport, directory: Path) -> RunReport:
                     report.pipeline, report.run_id, directory, exc.strerror or exc, report.run_id,
                     extra={"pipeline": report.pipeline, "run_id": report.run_id})
     return report
+
+
+def _inert(text: str | None) -> str | None:
+    """A CSV cell from a source (an id, a reason quoting one) that a spreadsheet takes as text, not as a formula
+    (`=HYPERLINK(...)` as an object id): one starting with =, +, -, @, a tab or a carriage return gets a leading
+    ' (OWASP's advice on CSV injection), which a script reading the CSV takes off; the JSON report has them as
+    they are."""
+    return "'" + text if text and text[0] in _FORMULA else text
+
+
+_FORMULA = "=+-@\t\r"
 
 
 def prune_reports(directory: Path, ledger: Ledger, pipeline: str) -> None:
@@ -291,7 +305,7 @@ class PipelineStatus:
             if total > len(listed):
                 lines.append(f"  ... and {total - len(listed)} more {kind.replace('_', ' ')} "
                              f"(gcis-etl status {self.pipeline} --all lists them all)")
-        return "\n".join(lines)
+        return "\n".join(map(printable, lines))  # as RunReport.summary's
 
     def _attempts(self, problem: Problem) -> str:
         """A failed item's attempts, and whether the harvest still tries it or it waits for `gcis-etl retry`."""

@@ -313,7 +313,8 @@ def config() -> None:
 @config.command("check")
 @click.pass_context
 def config_check(ctx: click.Context) -> None:
-    """Validate the configuration and print it resolved (defaults filled in, secrets masked).
+    """Validate the configuration and print it resolved (defaults filled in, secrets masked); a source whose
+    TLS certificate is not checked (verify_tls: false) is warned of on stderr.
 
     Exit code 0 when valid, 2 otherwise (the error names the file, the key and what was expected).
 
@@ -324,9 +325,16 @@ def config_check(ctx: click.Context) -> None:
     import yaml
 
     from gcis_etl.harvesting import open_sources
+    from gcis_etl.logs import say
     cfg = _config(ctx)
     try:
-        open_sources(cfg, sorted(cfg.pipelines))
+        sources = open_sources(cfg, sorted(cfg.pipelines))
     except ConfigError as exc:
         fail_config(exc)
+    for name, source in sources.items():
+        if getattr(getattr(source, "settings", None), "verify_tls", True) is False:
+            say(f"warning: pipelines.{name}.source.verify_tls: false: the source's TLS certificate is not checked, "
+                f"so whoever is between here and the source can read and change what the harvest fetches, its "
+                f"credentials among them; give the CA bundle's path instead where the certificate is your own "
+                f"CA's", logging.WARNING)
     click.echo(f"# {cfg.source_file}: valid\n" + yaml.safe_dump(cfg.printable(), sort_keys=False, allow_unicode=True))
