@@ -55,6 +55,7 @@ from pydantic import ByteSize, field_validator
 from gcis_etl.durable import fsync_path, sha256_file
 from gcis_etl.errors import ConfigError, GcisError, IntegrityError, StoreError
 from gcis_etl.iipsrv import ServerSettings, reload
+from gcis_etl.isolation import disk_refusal
 from gcis_etl.keys import UnsafeKey, check_key
 from gcis_etl.locks import RunLock
 from gcis_etl.reports import counted
@@ -107,6 +108,12 @@ class CacheSettings(Settings):
     @property
     def images_dir(self) -> Path:
         return self.dir / "images"
+
+
+class CacheUnusable(ConfigError):
+    """The cache folder takes no more writes (its disk full or read-only, its state.sqlite failing): every copy
+    after would fail alike, so the command stops at once, in one line, and exits 2 as for a cache lock that cannot
+    be made (cache --help): nothing can be cached until someone makes room or repairs the folder."""
 
 
 @dataclass(frozen=True)
@@ -280,14 +287,39 @@ class _Cache:
             self.images.mkdir(parents=True, exist_ok=True)
             self.incoming.mkdir(parents=True, exist_ok=True)
             self.state = _State(self.settings.dir / "state.sqlite")
-        except BaseException:
+        except BaseException as exc:
             self._lock.__exit__()
+            self._raise_unusable(exc)
             raise
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, kind: type | None, exc: BaseException | None, tb: object) -> None:
         self.state.close()
         self._lock.__exit__()
+        self._raise_unusable(exc)
+
+    def _raise_unusable(self, exc: BaseException | None) -> None:
+        """An SQLite error of the cache's state as CacheUnusable: one line naming it and what to do, not a
+        traceback (a copy whose record could not be written is removed first: see _sync_one)."""
+        if isinstance(exc, sqlite3.Error):
+            code = (getattr(exc, "sqlite_errorname", None) or "").removeprefix("SQLITE_").split("_")[0]
+            todo = _STATE_TROUBLE.get(code, "check the cache folder's filesystem (full, read-only, unmounted?)")
+            raise CacheUnusable(f"cache {self.settings.dir}: its state {self.settings.dir / 'state.sqlite'} cannot "
+                                f"be used ({exc}): {todo.format(room=self.room())}") from None
+
+    def refusal(self, exc: BaseException, needs: int = 0) -> bool:
+        """Whether `exc`, raised writing into the cache, is its disk refusing (full, over quota, read-only) or
+        having less room than the write `needs`."""
+        return disk_refusal(exc, self.settings.dir, needs=needs) is not None
+
+    def room(self) -> str:
+        """The cache's disk is full (how full, what makes room), or read-only (what makes it writable)."""
+        if os.statvfs(self.settings.dir).f_flag & os.ST_RDONLY:
+            return "its filesystem is mounted read-only: remount it read-write, or move cache.dir to one that is"
+        usage = shutil.disk_usage(self.settings.dir)
+        return (f"its disk is full ({usage.free / 1e6:.1f} MB free of {usage.total / 1e6:.1f} MB): run `gcis-etl "
+                f"cache prune --max-bytes SIZE` (and set cache.max_bytes below the disk's size: cron's `cache prune` "
+                f"then keeps that room), or give the cache more room")
 
     def path(self, key: str) -> Path:
         return self.images / check_key(key)
@@ -362,6 +394,17 @@ class _Cache:
         self.state.set_log_position(st.st_ino, offset)
 
 
+_STATE_TROUBLE = {  # SQLite's primary result codes for a state.sqlite that cannot be used, and what to do
+    "FULL": "{room}",
+    "IOERR": "check its filesystem (full, read-only, unmounted?)",
+    "READONLY": "make the cache folder and the file writable by this user",
+    "CANTOPEN": "make the cache folder writable by this user",
+    "CORRUPT": "the file is damaged: remove it (and any state.sqlite-wal and -shm beside it); the next sync records "
+               "the cached files again, hashing each, and copies back what prune evicted",
+}
+_STATE_TROUBLE["NOTADB"] = _STATE_TROUBLE["CORRUPT"]
+
+
 def _keys_of(target: str, prefix: str) -> tuple[str, ...]:
     """The keys an Image API request may name: `{key}/info.json`, `{key}/{region}/{size}/{rotation}/{quality}`
     or `{key}` itself (iipsrv decodes %2F, so either form of the identifier counts)."""
@@ -400,6 +443,8 @@ def sync(settings: CacheSettings, sources: Sequence[CacheSource], *, purge_gone:
                     seen.add(listed.key)
                     try:
                         outcome, size = _sync_one(cache, source, listed)
+                    except CacheUnusable:
+                        raise
                     except GcisError as exc:
                         failed.append(Failure(source.name, listed.key, str(exc)))
                         continue
@@ -520,11 +565,23 @@ def _sync_one(cache: _Cache, source: CacheSource, listed: ListedObject) -> tuple
         path.parent.mkdir(parents=True, exist_ok=True)
         os.replace(tmp, path)
         fsync_path(path.parent)
-    except OSError as exc:
+    except IntegrityError:
+        raise
+    except (OSError, StoreError) as exc:  # the download's (the store's fault, or the cache's disk), or writing
+        tmp.unlink(missing_ok=True)       # first: the room left is measured without it
+        if cache.refusal(exc, needs=head.size):
+            raise CacheUnusable(f"cache {cache.settings.dir}: cannot copy {key} ({head.size / 1e6:.1f} MB) into "
+                                f"it: {cache.room()}; sync stopped") from None
+        if isinstance(exc, StoreError):
+            raise
         raise StoreError(f"{cache.settings.dir}: cannot write the copy of {key}: {exc.strerror}") from None
     finally:
         tmp.unlink(missing_ok=True)
-    _record(cache, source, key, head.sha256, modified, path.stat(), record)
+    try:
+        _record(cache, source, key, head.sha256, modified, path.stat(), record)
+    except sqlite3.Error:  # its disk full, say: the copy goes, and gives the room `cache prune` needs to record
+        cache.delete_file(key)  # evictions (prune cannot evict a file without a record); the next sync copies it
+        raise
     return ("copied" if record is None and st is None else "replaced"), size
 
 

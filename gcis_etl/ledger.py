@@ -156,6 +156,12 @@ def _code(exc: BaseException) -> str:
     return name.split("_")[1] if name.startswith("SQLITE_") else ""
 
 
+def _on_read_only_mount(folder: Path) -> bool:
+    """Whether `folder`, or the nearest of its parents that exists, is on a filesystem mounted read-only."""
+    existing = next((p for p in (folder, *folder.parents) if p.exists()), None)
+    return existing is not None and bool(os.statvfs(existing).f_flag & os.ST_RDONLY)
+
+
 def _trouble(path: Path, exc: sqlite3.Error, busy_timeout_seconds: float) -> str:
     """`ledger PATH: SQLite's message; what to do`, for an error whose code is in _TROUBLE."""
     holders = _holders(path) if _code(exc) == "BUSY" else ""
@@ -452,6 +458,10 @@ class Ledger:
             if _code(exc) in _TROUBLE and _code(exc) not in _PERMISSIONS:
                 raise LedgerError(_trouble(path, exc, busy_timeout_seconds)) from None
             cause = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            if _on_read_only_mount(path.parent):  # SQLite says only "unable to open database file" of it
+                raise LedgerError(f"ledger {path} cannot be opened ({cause}): its folder {path.parent} is on a "
+                                  f"filesystem mounted read-only: mount it read-write, or point state_dir (or "
+                                  f"ledger.path) at one that is") from None
             raise LedgerError(f"ledger {path} cannot be opened: {cause}; is its folder {path.parent} there and "
                               f"writable by this user? (reading a ledger in WAL mode writes beside it too)") from None
 

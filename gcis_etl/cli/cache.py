@@ -10,7 +10,7 @@ import click
 from pydantic import ByteSize, TypeAdapter, ValidationError
 
 from gcis_etl.cli import Span, _config, main
-from gcis_etl.commands import EXIT_ITEM_FAILED, EXIT_LOCKED, EXIT_OK, fail_config, raise_on_signals
+from gcis_etl.commands import EXIT_ITEM_FAILED, EXIT_LOCKED, EXIT_OK, EXIT_USAGE, fail_config, raise_on_signals
 from gcis_etl.errors import ConfigError, GcisError
 from gcis_etl.spans import SPAN_FORMATS
 
@@ -53,13 +53,18 @@ def _setup(ctx: click.Context, names: tuple[str, ...]):
 
 def _run(action, *args, **kwargs):
     """Call the library; a lock held by another cache command, a cache folder it cannot use (its lock cannot be
-    taken: exit 2, as for a configuration error) or a store failure ends the command."""
+    taken, its disk full or read-only, its state failing: exit 2, as for a configuration error) or a store failure
+    ends the command."""
+    from gcis_etl.cache import CacheUnusable
     from gcis_etl.locks import LockHeld
     try:
         return action(*args, **kwargs)
     except LockHeld as exc:
         click.echo(str(exc), err=True)
         sys.exit(EXIT_LOCKED)
+    except CacheUnusable as exc:  # one line, as cron mails it: not a configuration error
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(EXIT_USAGE)
     except ConfigError as exc:
         fail_config(exc)
     except GcisError as exc:
@@ -75,8 +80,8 @@ def cache() -> None:
     lighttpd/iipsrv settings). The web server configuration is deploy/iipsrv/lighttpd.conf.
 
     Exit codes of sync, prune and purge: 0 done; 1 an image or a store failed; 2 configuration error, or
-    the cache folder cannot be used (its lock cannot be made: read-only, full); 3 another cache command
-    holds the lock.
+    the cache folder cannot be used (its disk full or read-only, its lock or state.sqlite unusable: one line
+    says what to do); 3 another cache command holds the lock.
 
     \b
     Example (cron, after harvest; with cache.max_bytes and max_age set, `cache prune` alone):
