@@ -57,6 +57,7 @@ from gcis_etl.errors import ConfigError, GcisError, IntegrityError, StoreError
 from gcis_etl.iipsrv import ServerSettings, reload
 from gcis_etl.isolation import disk_refusal
 from gcis_etl.keys import UnsafeKey, check_key
+from gcis_etl.ledger import sqlite_code
 from gcis_etl.locks import RunLock
 from gcis_etl.reports import counted
 from gcis_etl.settings import Settings
@@ -302,8 +303,8 @@ class _Cache:
         """An SQLite error of the cache's state as CacheUnusable: one line naming it and what to do, not a
         traceback (a copy whose record could not be written is removed first: see _sync_one)."""
         if isinstance(exc, sqlite3.Error):
-            code = (getattr(exc, "sqlite_errorname", None) or "").removeprefix("SQLITE_").split("_")[0]
-            todo = _STATE_TROUBLE.get(code, "check the cache folder's filesystem (full, read-only, unmounted?)")
+            todo = _STATE_TROUBLE.get(sqlite_code(exc),
+                                      "check the cache folder's filesystem (full, read-only, unmounted?)")
             raise CacheUnusable(f"cache {self.settings.dir}: its state {self.settings.dir / 'state.sqlite'} cannot "
                                 f"be used ({exc}): {todo.format(room=self.room())}") from None
 

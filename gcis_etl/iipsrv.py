@@ -23,6 +23,7 @@ from pydantic import Field, field_validator
 from gcis_etl.errors import GcisError
 from gcis_etl.isolation import dying_with_thread
 from gcis_etl.settings import Settings
+from gcis_etl.stores import DOCUMENT_CACHE_CONTROL
 
 if TYPE_CHECKING:
     from gcis_etl.config import Config
@@ -106,6 +107,7 @@ def environment(server: ServerSettings, images_dir: Path, port: int) -> dict[str
         "MEMCACHED_SERVERS": server.memcached_servers,
         "GCIS_DOCUMENTS_PATH": server.documents_path,
         "GCIS_DOCUMENTS_ROOT": str((server.documents_root or run_dir / "empty").resolve()),
+        "GCIS_DOCUMENTS_CACHE_CONTROL": DOCUMENT_CACHE_CONTROL,
         "GCIS_VIEWER_DIR": str(DEPLOY / "viewer"),
         "GCIS_MIRADOR_DIR": str(server.mirador_dir.expanduser().resolve()),
     }

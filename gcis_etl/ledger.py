@@ -149,7 +149,7 @@ def _holders(path: Path) -> str:
     return f"pid {', '.join(pids)}" if pids else f"`fuser -v {path}` names it"
 
 
-def _code(exc: BaseException) -> str:
+def sqlite_code(exc: BaseException) -> str:
     """SQLite's primary result code of an error (SQLITE_IOERR_WRITE: IOERR); "" for none (an OSError, an error of
     Python's sqlite3 module itself)."""
     name = getattr(exc, "sqlite_errorname", None) or ""
@@ -164,8 +164,8 @@ def _on_read_only_mount(folder: Path) -> bool:
 
 def _trouble(path: Path, exc: sqlite3.Error, busy_timeout_seconds: float) -> str:
     """`ledger PATH: SQLite's message; what to do`, for an error whose code is in _TROUBLE."""
-    holders = _holders(path) if _code(exc) == "BUSY" else ""
-    todo = _TROUBLE[_code(exc)].format(name=path.name, holders=holders, timeout=busy_timeout_seconds)
+    holders = _holders(path) if sqlite_code(exc) == "BUSY" else ""
+    todo = _TROUBLE[sqlite_code(exc)].format(name=path.name, holders=holders, timeout=busy_timeout_seconds)
     return f"ledger {path}: {exc}; {todo}"
 
 
@@ -455,7 +455,7 @@ class Ledger:
             if path.is_dir():  # SQLite says "disk I/O error" of it, or "unable to open database file"
                 raise LedgerError(f"ledger {path} cannot be opened: it is a folder; ledger.path names the ledger's "
                                   f"file (move the folder away, or set ledger.path)") from None
-            if _code(exc) in _TROUBLE and _code(exc) not in _PERMISSIONS:
+            if sqlite_code(exc) in _TROUBLE and sqlite_code(exc) not in _PERMISSIONS:
                 raise LedgerError(_trouble(path, exc, busy_timeout_seconds)) from None
             cause = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
             if _on_read_only_mount(path.parent):  # SQLite says only "unable to open database file" of it
@@ -510,9 +510,9 @@ class Ledger:
         try:
             yield
         except sqlite3.DatabaseError as exc:
-            if _code(exc) not in _TROUBLE:
+            if sqlite_code(exc) not in _TROUBLE:
                 raise
-            settled = "" if _code(exc) in _DAMAGED_CODES else \
+            settled = "" if sqlite_code(exc) in _DAMAGED_CODES else \
                 ", then run again (what was settled is recorded; what was deposited since is found in the store)"
             raise LedgerUnwritable(_trouble(self.path, exc, self.busy_timeout_seconds) + settled) from None
 

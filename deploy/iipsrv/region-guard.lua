@@ -175,12 +175,9 @@ local function exact(size, width, height, whole_width, whole_height)
   return string.format("%d,%d", w, h)
 end
 
--- An error of the guard's own, as text, with the Access-Control-Allow-Origin that lighttpd.conf gives every other
--- response (mod_setenv has not run when a mod_magnet script on the raw URL answers; lighttpd drops the headers of a
--- status without a body).
+-- An error of the guard's own, as text (its Access-Control-Allow-Origin is lighttpd.conf's: mod_setenv, loaded
+-- before mod_magnet, sets it on what this script answers too).
 local function refused(status, reason)
-  local cors = os.getenv("CORS") or ""
-  if cors ~= "" then lighty.r.resp_header["Access-Control-Allow-Origin"] = cors end
   lighty.r.resp_header["Content-Type"] = "text/plain"
   lighty.r.resp_body:set({reason, "\n"})
   return status
@@ -191,8 +188,6 @@ end
 -- with a profile that the IIIF specifications recommend, Range, the conditional headers of a revalidation).
 -- Everything lighttpd serves is read-only: GET and HEAD.
 local function preflight()
-  local cors = os.getenv("CORS") or ""
-  if cors ~= "" then lighty.r.resp_header["Access-Control-Allow-Origin"] = cors end
   lighty.r.resp_header["Access-Control-Allow-Methods"] = "GET, HEAD, OPTIONS"
   lighty.r.resp_header["Access-Control-Allow-Headers"] = "Accept, Accept-Language, Content-Language, Range, "
                                                          .. "If-None-Match, If-Modified-Since, Cache-Control"
