@@ -272,8 +272,10 @@ class HttpSession:
             response = self.request("GET", url, params=params)
         except (PermissionDenied, SourceRequestFailed):
             return
+        # the body is not read as what was expected: only a page starting like HTML is refused, not a WSDL or JSON
+        # a server labels text/html
         refuse_html(response.content, response.headers.get("Content-Type"), self.describe("GET", url, params),
-                    expected)
+                    expected, readable=True)
 
     @contextmanager
     def download(self, url: str, budget: RetryBudget, params: dict | None = None,
@@ -386,16 +388,14 @@ _HTML_TYPES = ("text/html", "application/xhtml+xml")
 _TITLE = re.compile(r"<title[^>]*>(.*?)</title", re.IGNORECASE | re.DOTALL)
 
 
-def refuse_html(body: bytes, content_type: str | None, what: str, expected: str,
-                readable: Callable[[bytes], bool] = lambda body: False) -> None:
+def refuse_html(body: bytes, content_type: str | None, what: str, expected: str, readable: bool = False) -> None:
     """An HTML page answered with success where a source's API answers `expected` is a proxy's login or
     maintenance page in front of it: the source is not there (SourceUnavailable), so the run stops
     (connectors.base.source_down) rather than take the page for every object's malformed record, spend their
     attempts and move its checkpoint past them. Told by its start (<html, <!DOCTYPE html), or by an HTML
-    Content-Type on a body that is not `readable` as what was expected (a SOAP answer mislabelled text/html is
-    still one)."""
+    Content-Type on a body not `readable` as what was expected (a SOAP answer mislabelled text/html is still one)."""
     media_type = (content_type or "").partition(";")[0].strip().lower()
-    if not _HTML_START.match(body) and (media_type not in _HTML_TYPES or readable(body)):
+    if not _HTML_START.match(body) and (media_type not in _HTML_TYPES or readable):
         return
     title = _TITLE.search(body[:65536].decode("utf-8", "replace"))
     named = " ".join(html.unescape(title.group(1)).split())[:120] if title else ""

@@ -627,17 +627,16 @@ def _xml(data: bytes, what: str) -> ET.Element:
 
 
 def _answer(response: requests.Response, what: str, expected: str) -> ET.Element:
-    """The XML document a response carries (`expected` says which kind, for the message)."""
-    refuse_html(response.content, response.headers.get("Content-Type"), what, expected, readable=_well_formed)
-    return _xml(response.content, what)
-
-
-def _well_formed(body: bytes) -> bool:
+    """The XML document a response carries (`expected` says which kind, for the message), parsed once: a body that
+    is no XML may be an HTML page, and one that is may still start like one (XHTML)."""
+    content_type = response.headers.get("Content-Type")
     try:
-        _xml(body, "")
+        root = _xml(response.content, what)
     except SourceDataError:
-        return False
-    return True
+        refuse_html(response.content, content_type, what, expected)
+        raise
+    refuse_html(response.content, content_type, what, expected, readable=True)
+    return root
 
 
 def _diagnostic(diagnostic: ET.Element) -> str:

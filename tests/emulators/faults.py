@@ -10,9 +10,10 @@ from __future__ import annotations
 import re
 import threading
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args
 
 Kind = Literal["status", "reset", "slow", "truncate", "corrupt", "page"]
+PAGE_TYPE = "text/html; charset=UTF-8"
 LOGIN_PAGE = (b"<html><head><title>Single Sign-On - Login</title></head>"
               b"<body><h1>Please log in</h1><br><form action=/login></form></body></html>")
 
@@ -56,7 +57,7 @@ class Fault:
         return cls("corrupt")
 
     @classmethod
-    def page(cls, body: bytes = LOGIN_PAGE, content_type: str = "text/html; charset=UTF-8") -> "Fault":
+    def page(cls, body: bytes = LOGIN_PAGE, content_type: str = PAGE_TYPE) -> "Fault":
         """Answer 200 with `body` instead (a proxy's login or maintenance page in front of the server)."""
         return cls("page", body=body, content_type=content_type)
 
@@ -64,14 +65,14 @@ class Fault:
     def from_dict(cls, data: dict) -> "Fault":
         """The control endpoint's JSON form: {"fault": "status", "status": 503, "retry_after": 2, ...}."""
         kind = data["fault"]
-        if kind not in ("status", "reset", "slow", "truncate", "corrupt", "page"):
+        if kind not in get_args(Kind):
             raise ValueError(f"unknown fault {kind!r}")
         retry_after = data.get("retry_after")
         return cls(kind, status=int(data.get("status", 503)),
                    retry_after=None if retry_after is None else str(retry_after),
                    seconds=float(data.get("seconds", 0.0)), keep=float(data.get("keep", 0.5)),
                    body=data.get("body", LOGIN_PAGE.decode()).encode(),
-                   content_type=data.get("content_type", "text/html; charset=UTF-8"))
+                   content_type=data.get("content_type", PAGE_TYPE))
 
 
 @dataclass
