@@ -16,6 +16,7 @@ import pytest
 from gcis_etl.cache import CacheSource, CacheUnusable, prune, sync
 from gcis_etl.ledger import Ledger, LedgerError
 from tests.conftest import cache_settings
+from tests.mounts import tmpfs
 from tests.test_cache import cached, gcis, local_store, put
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root")
@@ -26,12 +27,8 @@ PAGE = 4096
 
 @pytest.fixture
 def tiny(tmp_path):
-    """A 1 MB tmpfs."""
-    folder = tmp_path / "tiny"
-    folder.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(folder)], check=True)
-    yield folder
-    subprocess.run(["umount", str(folder)], check=True)
+    with tmpfs(tmp_path / "tiny", "size=1m") as folder:
+        yield folder
 
 
 def grow(folder: Path) -> None:
@@ -114,14 +111,8 @@ def test_a_state_its_disk_cannot_take_stops_the_sync_in_one_line_and_leaves_no_c
 
 def test_a_ledger_on_a_read_only_mount_says_so(tmp_path):
     """It said 'unable to open database file; is its folder ... there and writable by this user?'."""
-    folder = tmp_path / "ro"
-    folder.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(folder)], check=True)
-    try:
-        with pytest.raises(LedgerError) as refused:
-            Ledger(folder / "ledger.sqlite")
-    finally:
-        subprocess.run(["umount", str(folder)], check=True)
+    with tmpfs(tmp_path / "ro", "ro,size=64k") as folder, pytest.raises(LedgerError) as refused:
+        Ledger(folder / "ledger.sqlite")
 
     assert str(refused.value) == (f"ledger {folder / 'ledger.sqlite'} cannot be opened (unable to open database "
                                   f"file): its folder {folder} is on a filesystem mounted read-only: mount it "

@@ -8,7 +8,6 @@ scratch, where a JP2 recipe writes its uncompressed reference TIFF.
 from __future__ import annotations
 
 import os
-import subprocess
 
 import numpy as np
 import pytest
@@ -21,6 +20,7 @@ from gcis_etl.jp2 import run_encoder
 from gcis_etl.models import Status
 from tests.conftest import CORPUS
 from tests.harvests import peek
+from tests.mounts import tmpfs
 from tests.test_cron_operation import Night, fill
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root")
@@ -30,12 +30,8 @@ MASTER = CORPUS / "rgb8-tiff-lzw" / "kodim02-lzw.tif"  # 768x512: a reference TI
 
 @pytest.fixture
 def tiny(tmp_path):
-    """A 64 KB tmpfs."""
-    folder = tmp_path / "tiny"
-    folder.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(folder)], check=True)
-    yield folder
-    subprocess.run(["umount", str(folder)], check=True)
+    with tmpfs(tmp_path / "tiny", "size=64k") as folder:
+        yield folder
 
 
 def test_an_output_folder_that_fills_is_the_disks_failure(tiny):
@@ -63,15 +59,10 @@ def test_a_conversion_scratch_that_fills_is_the_disks_failure_not_a_corrupt_mast
 def test_an_encoder_that_runs_out_of_scratch_is_the_disks_failure(tmp_path, monkeypatch):
     """The reference fits, the encoder's output does not: grk_compress removes it and says only 'failed to
     compress image'; the free space left tells."""
-    scratch = tmp_path / "scratch"
-    scratch.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1200k", "tmpfs", str(scratch)], check=True)
-    try:
+    with tmpfs(tmp_path / "scratch", "size=1200k") as scratch:
         monkeypatch.setenv("TMPDIR", str(scratch))
         with IsolatedProcess() as child:
             result = convert(MASTER, tmp_path / "access.jp2", "jp2-grok-lossy", worker=child)
-    finally:
-        subprocess.run(["umount", str(scratch)], check=True)
 
     assert (result.status, result.disk_full) == (Status.FAILED, True), result.reason
     assert result.reason.startswith(f"cannot write {scratch}: grk_compress failed (exit 1): "), result.reason
@@ -84,10 +75,7 @@ def test_an_encoder_failing_for_its_own_reasons_on_a_big_master_is_not_taken_for
     (memory, a bug) is the item's, counted, not a full disk that would stop every run on the same item. The
     encoder is a stand-in that fails as grk_compress does; its input a sparse 1 GB file (its output: at most a
     twentieth of that, 51 MB, against 64 MB free)."""
-    big = tmp_path / "tiny-64m"
-    big.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(big)], check=True)
-    try:
+    with tmpfs(tmp_path / "tiny-64m", "size=64m") as big:
         reference = tmp_path / "normalised-srgb.tif"
         with open(reference, "wb") as f:
             f.truncate(1 << 30)
@@ -96,8 +84,6 @@ def test_an_encoder_failing_for_its_own_reasons_on_a_big_master_is_not_taken_for
         encoder.chmod(0o755)
         with pytest.raises(ConversionFailed) as failed:
             run_encoder((str(encoder), "-i", str(reference), "-o", str(big / "encoded.jp2")), timeout=30)
-    finally:
-        subprocess.run(["umount", str(big)], check=True)
     assert not isinstance(failed.value, DiskFull)
     assert str(failed.value) == "grk_compress failed (exit 1): [error] failed to compress image"
 
@@ -130,10 +116,7 @@ def test_a_conversion_that_fills_the_scratch_space_stops_the_harvest_and_spends_
         (tmp_path / "src" / object_id).mkdir(parents=True)
         tifffile.imwrite(tmp_path / "src" / object_id / "master.tif", np.tile(tile, (128, 128, 1)),
                          photometric="rgb", compression="zlib")
-    scratch = tmp_path / "state" / "scratch"
-    scratch.mkdir(parents=True)
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(scratch)], check=True)
-    try:
+    with tmpfs(tmp_path / "state" / "scratch", "size=256k") as scratch:
         full = night.harvest()
 
         assert full.returncode == 1, full.stderr
@@ -144,8 +127,6 @@ def test_a_conversion_that_fills_the_scratch_space_stops_the_harvest_and_spends_
         assert f"dam: run stopped: {reason}" in full.stderr, full.stderr
         assert night.runs() == [(1, "failed", f"RunHalted: {reason}")]
         assert night.items() == {} and peek(night.ledger, "SELECT * FROM run_items") == []
-    finally:
-        subprocess.run(["umount", str(scratch)], check=True)
 
     again = night.harvest()
     assert again.returncode == 0, again.stderr
