@@ -13,6 +13,7 @@ import numpy as np
 import pyvips
 
 from gcis_etl.inspection import encodes_srgb, input_intent
+from gcis_etl.metadata import Resolution
 from gcis_etl.models import ImageInfo
 from gcis_etl.policy import ImagingPolicy
 
@@ -53,11 +54,24 @@ def orient(image: pyvips.Image, orientation: int) -> pyvips.Image:
     return image
 
 
+def square_pixels(image: pyvips.Image, resolution: tuple[float, float, int] | None) -> pyvips.Image:
+    """Non-square pixels (a fax's 204x98 dpi) resampled to square by stretching the lower-resolution axis:
+    IIIF's pixels are square, and viewers drew such a master squashed. `resolution`: the upright one
+    (ImageInfo.resolution); the output's resolution tags say the higher value (metadata.Resolution.squared)."""
+    size = (image.width, image.height)
+    width, height = Resolution(*resolution).square_size(*size) if resolution else size
+    return image if (width, height) == size else image.resize(width / image.width, vscale=height / image.height)
+
+
 def layout(image: pyvips.Image, info: ImageInfo, policy: ImagingPolicy) -> pyvips.Image:
-    """The master before colour management, as both PTIFF engines take it: upright, unsigned samples of at most
-    16 bits, float kept only where no profile will be applied (RGB, grey without one), alpha flattened (or
-    dropped), other extra bands dropped; Lab as float L*, a*, b* (_lab)."""
-    image = orient(image, info.orientation)
+    """The master before colour management, as both PTIFF engines take it: upright, square pixels, unsigned
+    samples of at most 16 bits, float kept only where no profile will be applied (RGB, grey without one), alpha
+    flattened (or dropped), other extra bands dropped; Lab as float L*, a*, b* (_lab). Pixels are squared last,
+    once the samples are uncoded (LabQ) and the alpha flattened."""
+    return square_pixels(_samples(orient(image, info.orientation), info, policy), info.resolution)
+
+
+def _samples(image: pyvips.Image, info: ImageInfo, policy: ImagingPolicy) -> pyvips.Image:
     if image.coding == "labq" or image.interpretation in LAB:
         return _lab(image, info.alpha, policy)
     if image.format in ("char", "short", "int"):

@@ -72,11 +72,11 @@ def convert(src: str | Path, dst: str | Path, recipe: Recipe | str | None = None
     dst = Path(dst).absolute()
     base = dict(source=str(src), recipe=recipe.name, recipe_digest=recipe.digest)
     try:
-        info = inspect(src, policy)
+        info = inspect(src, policy, worker.settings if worker else isolation_settings)
     except OSError as exc:  # no master to read: a missing file, a folder
         return ConversionResult(Status.FAILED, reason=f"cannot read {src}: {exc.strerror or exc}",
                                 seconds=time.monotonic() - started, **base)
-    except ConversionFailed as exc:  # exiftool died reading its metadata
+    except ConversionFailed as exc:  # exiftool died reading its metadata, or went past the isolation limits
         return ConversionResult(Status.FAILED, reason=str(exc), seconds=time.monotonic() - started, **base)
     base.update(info=info, warnings=info.warnings)
     if info.verdict is Verdict.REJECT:
@@ -156,9 +156,10 @@ def _misnamed(dst: Path, recipe: Recipe) -> tuple[str, ...]:
 def check_decoding(src: str | Path, policy: ImagingPolicy | None = None,
                    worker: IsolatedProcess | None = None) -> ImageInfo:
     """inspect() plus a full strict decode in the isolated child: the verdict a conversion would reach. Raises
-    OSError when there is no file to read, as inspect() does."""
+    OSError when there is no file to read, and ConversionFailed when its metadata cannot be read (under the
+    worker's isolation limits), as inspect() does."""
     policy = policy or ImagingPolicy()
-    info = inspect(src, policy)
+    info = inspect(src, policy, worker.settings if worker else None)
     if info.verdict is Verdict.REJECT:
         return info
     own_worker = worker is None

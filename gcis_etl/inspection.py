@@ -12,7 +12,7 @@ import re
 import struct
 import threading
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import astuple, dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Iterator
@@ -21,9 +21,9 @@ import numpy as np
 from PIL import Image, ImageCms
 
 from gcis_etl import formats
-from gcis_etl.metadata import summarise
+from gcis_etl.metadata import Resolution, summarise
 from gcis_etl.models import ImageInfo, Verdict
-from gcis_etl.policy import ImagingPolicy
+from gcis_etl.policy import ImagingPolicy, IsolationSettings
 
 Image.MAX_IMAGE_PIXELS = None  # our own limit applies, from the header, before any decoding
 
@@ -58,9 +58,12 @@ class _Header:
     notes: list[str] = field(default_factory=list)
 
 
-def inspect(path: str | Path, policy: ImagingPolicy | None = None) -> ImageInfo:
+def inspect(path: str | Path, policy: ImagingPolicy | None = None,
+            limits: IsolationSettings | None = None) -> ImageInfo:
     """Describe a master and give the policy's verdict, without decoding its pixels. The path is made absolute:
-    the description (and a conversion child reusing it) must name the same file whatever the cwd becomes."""
+    the description (and a conversion child reusing it) must name the same file whatever the cwd becomes.
+    exiftool reads its metadata here, in the caller's process, held to the isolation `limits` (the defaults when
+    None): metadata inflating past them (a PNG's zTXt bomb) raises ConversionFailed, this master's failure."""
     policy = policy or ImagingPolicy()
     path = str(Path(path).absolute())
     fmt = formats.sniff(path)  # a FIFO or device raises OSError, as a folder does
@@ -78,16 +81,24 @@ def inspect(path: str | Path, policy: ImagingPolicy | None = None) -> ImageInfo:
         return _reject(path, fmt, f"corrupt or truncated {fmt} header: {exc}", warnings)
     if header.dng:
         fmt = "DNG"
-    md = summarise(path)
+    md = summarise(path, limits or IsolationSettings())
     info = ImageInfo(
         path=path, format=fmt, width=header.width, height=header.height, bands=header.bands,
         bit_depth=header.bit_depth, sample_format=header.sample_format, interpretation=header.interpretation,
         pages=header.pages, exif=md.exif, xmp=md.xmp, iptc=md.iptc,
         orientation=md.orientation or 1, alpha=header.alpha, extra_bands=header.extra_bands,
-        compression=header.compression, whole_slide=header.whole_slide)
+        compression=header.compression, whole_slide=header.whole_slide,
+        resolution=astuple(md.resolution) if md.resolution else None)
     if md.orientation_invalid is not None:
         warnings.append(f"orientation {md.orientation_invalid!r} is not a valid EXIF orientation: ignored")
     return _judge(info, header, policy, warnings)
+
+
+def _non_square(resolution: Resolution) -> str:
+    """The note on a master whose pixels are not square: IIIF's pixels are, and viewers drew such a master (a
+    fax's 204x98 dpi page) squashed, so the conversion stretches its lower-resolution axis (colour.square_pixels)."""
+    unit = {2: " dpi", 3: " pixels per cm"}.get(resolution.unit, " (no unit)")
+    return f"non-square pixels {resolution.x:g}x{resolution.y:g}{unit}: resampled to square"
 
 
 def _judge(info: ImageInfo, h: _Header, policy: ImagingPolicy, warnings: list[str]) -> ImageInfo:
@@ -96,8 +107,11 @@ def _judge(info: ImageInfo, h: _Header, policy: ImagingPolicy, warnings: list[st
     if h.data_end:
         rejects.append(f"truncated: image data runs to {h.data_end:,} bytes, the file has {h.file_size:,} "
                        "(an interrupted upload?)")
-    if info.megapixels > policy.max_megapixels:
-        rejects.append(f"{info.width}x{info.height} = {info.megapixels:,.6g} Mpx is over the "
+    resolution = Resolution(*info.resolution) if info.resolution else None
+    square = resolution.square_size(info.width, info.height) if resolution else (info.width, info.height)
+    if square[0] * square[1] / 1e6 > policy.max_megapixels:
+        squared = "" if square == (info.width, info.height) else f" (with square pixels {square[0]}x{square[1]})"
+        rejects.append(f"{info.width}x{info.height}{squared} = {square[0] * square[1] / 1e6:,.6g} Mpx is over the "
                        f"{policy.max_megapixels:,.6g} Mpx limit (refused from the header, before decoding)")
     if h.dng and policy.reject_dng:
         rejects.append("camera raw (DNG) is not an accepted master format")
@@ -142,6 +156,9 @@ def _judge(info: ImageInfo, h: _Header, policy: ImagingPolicy, warnings: list[st
         conversions.append(f"{policy.alpha} alpha/extra samples" if h.alpha else "drop extra samples")
     if info.orientation != 1:
         conversions.append(f"apply orientation {info.orientation}")
+    if resolution and not resolution.square:
+        conversions.append("resample to square pixels")
+        warnings.append(_non_square(resolution))
     warnings.extend(h.notes)
     if rejects:
         verdict, reasons = Verdict.REJECT, rejects

@@ -2,6 +2,10 @@
 
 One persistent exiftool process per thread (its -stay_open mode): starting Perl per file would cost more than
 the metadata work itself, and one process shared by a worker pool's threads made them queue for it.
+
+A master's metadata is read in the calling process (inspection), not the conversion child: that exiftool is
+held to the isolation limits itself (IsolationSettings: its address space, the time of a read), as a 2 MB PNG
+whose zTXt chunk inflates to gigabytes took it to 8 GB and minutes, holding a harvest's lock meanwhile.
 """
 from __future__ import annotations
 
@@ -16,8 +20,9 @@ import struct
 import subprocess
 import tempfile
 import threading
+import time
 import weakref
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterator
@@ -25,6 +30,7 @@ from typing import BinaryIO, Callable, Iterator
 from gcis_etl import tiff
 from gcis_etl.errors import ConversionFailed
 from gcis_etl.isolation import dying_with_thread
+from gcis_etl.policy import IsolationSettings
 
 
 @dataclass(frozen=True)
@@ -42,10 +48,16 @@ class _StayOpen:
     (isolation.dying_with_thread). When it dies anyway (a signal to every process of a cgroup, a crash), the
     command in hand fails with ConversionFailed rather than waiting for ever for an answer that cannot come.
     A command interrupted in the caller (Ctrl-C, a Celery soft time limit) kills it: its answer, still to come,
-    would be read as the next command's."""
+    would be read as the next command's.
 
-    def __init__(self) -> None:
-        self._process = subprocess.Popen(dying_with_thread(["exiftool", "-stay_open", "True", "-@", "-"]),
+    `memory_limit_mb`: its address-space limit (soft, as the conversion child's), set by util-linux prlimit before
+    it execs exiftool: a preexec_fn would run Python in a forked copy of a threaded harvest. None: the limit it
+    inherits (in the conversion child, the child's)."""
+
+    def __init__(self, memory_limit_mb: int | None = None) -> None:
+        self.memory_limit_mb = memory_limit_mb
+        limit = ["prlimit", f"--as={memory_limit_mb << 20}:", "--"] if memory_limit_mb else []
+        self._process = subprocess.Popen(dying_with_thread([*limit, "exiftool", "-stay_open", "True", "-@", "-"]),
                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                          start_new_session=True)
         self._commands = 0
@@ -54,43 +66,63 @@ class _StayOpen:
     def running(self) -> bool:
         return self._process.poll() is None
 
-    def execute(self, *args: str) -> _Answer:
+    def execute(self, *args: str, timeout: float | None = None) -> _Answer:
         """exiftool marks the end of each command's output with a number of ours on stdout and, after its exit
         status, on stderr: both pipes are read together up to those marks (one read after the other could
-        wait on a full pipe)."""
+        wait on a full pipe). Past `timeout` seconds (None: no limit) it is killed and the command fails."""
         self._commands += 1
         ready, post = f"{{ready{self._commands}}}".encode(), f"post{self._commands}".encode()
         command = [*args, "-echo4", f"=${{status}}={post.decode()}", f"-execute{self._commands}"]
         try:
             self._process.stdin.write(b"".join(os.fsencode(arg) + b"\n" for arg in command))
             self._process.stdin.flush()
-            out, err = self._read({self._process.stdout: ready, self._process.stderr: post})
+            out, err = self._read({self._process.stdout: ready, self._process.stderr: post}, timeout)
         except BrokenPipeError:
-            raise self._died() from None
+            raise self._died(bytearray()) from None
         except BaseException:
             self.kill()
             raise
         stderr, _, status = err.decode(errors="replace").strip()[:-len(post) - 1].rpartition("=")  # "...=0="
         return _Answer(int(status), out.decode(errors="surrogateescape").strip()[:-len(ready)], stderr)
 
-    def _read(self, marks: dict[BinaryIO, bytes]) -> tuple[bytes, bytes]:
+    def _read(self, marks: dict[BinaryIO, bytes], timeout: float | None) -> tuple[bytes, bytes]:
         received = {pipe: bytearray() for pipe in marks}
+        deadline = None if timeout is None else time.monotonic() + timeout
         with selectors.DefaultSelector() as selector:
             for pipe in marks:
                 selector.register(pipe, selectors.EVENT_READ)
             while selector.get_map():
-                for key, _ in selector.select():
+                remaining = None if deadline is None else deadline - time.monotonic()
+                events = selector.select(remaining) if remaining is None or remaining > 0 else []
+                if not events:
+                    self.kill()
+                    raise ConversionFailed(f"exiftool timed out after {timeout:g} s reading the metadata under "
+                                           "isolation.timeout_seconds (raise it for metadata this large)")
+                for key, _ in events:
                     chunk = os.read(key.fd, 65536)
                     if not chunk:  # end of file: exiftool is gone, the mark will never come
-                        raise self._died()
+                        raise self._died(received[self._process.stderr])
                     received[key.fileobj] += chunk
-                    if received[key.fileobj].rstrip().endswith(marks[key.fileobj]):
+                    # the mark is looked for in the tail: the whole answer stripped at each read was quadratic
+                    # (minutes for a 256 MB text chunk)
+                    mark = marks[key.fileobj]
+                    if received[key.fileobj][-len(mark) - 64:].rstrip().endswith(mark):
                         selector.unregister(key.fileobj)
         out, err = received.values()
         return bytes(out), bytes(err)
 
-    def _died(self) -> ConversionFailed:
+    def _died(self, stderr: bytearray) -> ConversionFailed:
+        """Why it ended, from its exit and what it said last: Perl says 'Out of memory!' when an allocation is
+        refused under the address-space limit."""
+        os.set_blocking(self._process.stderr.fileno(), False)  # what is left once it has ended; none to wait for
+        with suppress(BlockingIOError):
+            while chunk := os.read(self._process.stderr.fileno(), 65536):
+                stderr += chunk
         self.kill()
+        if b"Out of memory" in stderr:
+            under = f" under isolation.memory_limit_mb ({self.memory_limit_mb} MB): raise it for metadata this " \
+                    "large" if self.memory_limit_mb else ""
+            return ConversionFailed(f"exiftool ran out of memory reading the metadata{under}")
         code = self._process.returncode
         how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
         return ConversionFailed(f"exiftool {how} while reading metadata")
@@ -118,10 +150,13 @@ class _ThreadExiftool:
         with _registry_lock:
             _registry.add(self)
 
-    def get(self) -> _StayOpen:
-        if self._process is None or not self._process.running:  # dead: a crash, a signal; start another
+    def get(self, memory_limit_mb: int | None = None) -> _StayOpen:
+        """The running process with that address-space limit: another is started when it died (a crash, a
+        signal, killed over a limit) or has another limit (set at its start)."""
+        process = self._process
+        if process is None or not process.running or process.memory_limit_mb != memory_limit_mb:
             self.close()
-            self._process = _StayOpen()
+            self._process = _StayOpen(memory_limit_mb)
         return self._process
 
     def close(self) -> None:
@@ -152,12 +187,15 @@ def _shutdown() -> None:
         process.close()
 
 
-def exiftool_json(path: str | Path, *args: str) -> dict:
+def exiftool_json(path: str | Path, *args: str, limits: IsolationSettings | None = None) -> dict:
     """All tags exiftool reports for one file (group-0 prefixed unless `args` say otherwise, numeric values),
     {} when it reads nothing. Raises ConversionFailed when exiftool dies meanwhile or answers with something
-    other than JSON: no answer, or another command's, is not 'no tags' (a rotated master would be left lying)."""
+    other than JSON: no answer, or another command's, is not 'no tags' (a rotated master would be left lying).
+    `limits`: exiftool's memory and time are held to their memory_limit_mb and timeout_seconds (ConversionFailed
+    past them); None: what its process inherits, no time limit (in the conversion child, which has its own)."""
+    memory, timeout = (limits.memory_limit_mb, limits.timeout_seconds) if limits else (None, None)
     with _plain_name(path) as readable:
-        out = _exiftool().get().execute("-j", "-G0", "-n", *args, str(readable)).stdout
+        out = _exiftool().get(memory).execute("-j", "-G0", "-n", *args, str(readable), timeout=timeout).stdout
     try:
         result = json.loads(out) if out.strip() else []
     except ValueError:
@@ -181,6 +219,7 @@ class MetadataSummary:
     iptc: bool
     orientation: int | None          # 1..8, None when absent
     orientation_invalid: object = None  # the raw value when present but not 1..8
+    resolution: Resolution | None = None  # upright_resolution's, from the same read
 
 
 # Tags read as "family 0:family 1:name": the main image's orientation is IFD0's (or XMP-tiff's). By family 0
@@ -189,12 +228,12 @@ _GROUPS = "-G0:1"
 _ORIENTATION_TAGS = ("IFD0:Orientation", "XMP-tiff:Orientation")
 
 
-def summarise(path: str | Path) -> MetadataSummary:
-    tags = exiftool_json(path, _GROUPS)
+def summarise(path: str | Path, limits: IsolationSettings | None = None) -> MetadataSummary:
+    tags = exiftool_json(path, _GROUPS, limits=limits)
     groups = {k.split(":", 1)[0] for k in tags}
     orientation, invalid = _orientation(tags)
     return MetadataSummary(exif="EXIF" in groups, xmp="XMP" in groups, iptc="IPTC" in groups,
-                           orientation=orientation, orientation_invalid=invalid)
+                           orientation=orientation, orientation_invalid=invalid, resolution=_upright(tags))
 
 
 def _orientation(tags: dict) -> tuple[int | None, object]:
@@ -247,6 +286,22 @@ class Resolution:
         """The resolution once the orientation is applied: orientations 5-8 swap rows and columns."""
         return Resolution(self.y, self.x, self.unit) if orientation in (5, 6, 7, 8) else self
 
+    @property
+    def square(self) -> bool:
+        """X and Y within 1% of each other: a difference that is rounding, not a fax's 204x98 dpi."""
+        return abs(self.x - self.y) <= 0.01 * max(self.x, self.y)
+
+    def squared(self) -> Resolution:
+        """The resolution of the pixels as the conversion leaves them: non-square ones are resampled to square
+        along the lower-resolution axis (colour.square_pixels), so both axes have the higher value."""
+        return self if self.square else Resolution(max(self.x, self.y), max(self.x, self.y), self.unit)
+
+    def square_size(self, width: int, height: int) -> tuple[int, int]:
+        """The size of a width x height image at this resolution once its pixels are squared."""
+        if self.square:
+            return width, height
+        return (round(width * self.y / self.x), height) if self.x < self.y else (width, round(height * self.x / self.y))
+
     def exiftool_args(self) -> list[str]:
         x, y, unit = RESOLUTION_TAGS
         return [f"-{x}={self.x!r}", f"-{y}={self.y!r}", f"-{unit}#={self.unit}"]
@@ -297,7 +352,11 @@ _RESOLUTION_READ = (_GROUPS, *(f"-{t}" for t in (*_ORIENTATION_TAGS, *RESOLUTION
 def upright_resolution(master: str | Path) -> Resolution | None:
     """The master's resolution from whichever container states it, turned as its pixels are; None when none
     does (no resolution is better than a made-up one)."""
-    tags = exiftool_json(master, *_RESOLUTION_READ)
+    return _upright(exiftool_json(master, *_RESOLUTION_READ))
+
+
+def _upright(tags: dict) -> Resolution | None:
+    """upright_resolution from `tags` as read with _GROUPS."""
     stated = next((r for r in (s.read(tags) for s in _RESOLUTION_SOURCES) if r is not None), None)
     return stated.upright(_orientation(tags)[0]) if stated else None
 
@@ -388,8 +447,9 @@ def carrier_copy(carrier: Path, keep: tuple[str, ...], exclude: tuple[str, ...])
 
 def write_carrier(master: str | Path, keep: tuple[str, ...], exclude: tuple[str, ...], carrier: Path) -> Path:
     """A 1-pixel classic TIFF holding the master's kept tags as exiftool normalises them, ColorSpace = sRGB,
-    and the master's resolution (upright_resolution) whatever the recipe keeps: it belongs to the pixels, as
-    their size does. The carrier starts without one, so a master without a resolution gets none.
+    and the master's resolution (upright_resolution, squared as its pixels are) whatever the recipe keeps: it
+    belongs to the pixels, as their size does. The carrier starts without one, so a master without a resolution
+    gets none.
 
     When the recipe keeps all of XMP (keeps_all_xmp), the master's packet is put into the carrier as it is and
     the tags a tag-by-tag copy would leave out are deleted from it in the same exiftool command: deletions edit
@@ -410,7 +470,7 @@ def write_carrier(master: str | Path, keep: tuple[str, ...], exclude: tuple[str,
                 *_storage_description(raw.get("EXIF:ImageDescription"))] if keep else []
         exiftool_run("-m", "-q", "-n", "-overwrite_original", *copy, *xmp,
                      *(_xmp_edits(exclude) if packet else ()), *_COLOURSPACE_SRGB,
-                     *(resolution.exiftool_args() if resolution else ()), str(carrier))
+                     *(resolution.squared().exiftool_args() if resolution else ()), str(carrier))
     return carrier
 
 

@@ -30,6 +30,7 @@ class ImageInfo:
     xmp: bool = False
     iptc: bool = False
     orientation: int = 1
+    resolution: tuple[float, float, int] | None = None  # upright X, Y pixels per unit, TIFF unit; None: unstated
     alpha: bool = False                   # first extra band is alpha
     extra_bands: int = 0                  # bands beyond the colour ones (alpha included)
     compression: str | None = None

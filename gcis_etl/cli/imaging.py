@@ -32,6 +32,7 @@ def inspect(ctx: click.Context, files: tuple[str, ...], as_json: bool, header_on
       gcis-etl inspect --json masters/*.tif | jq -r 'select(.verdict=="reject") | .path'
     """
     from gcis_etl.conversion import check_decoding
+    from gcis_etl.errors import ConversionFailed
     from gcis_etl.inspection import inspect as inspect_header
     from gcis_etl.isolation import IsolatedProcess
     from gcis_etl.models import Verdict
@@ -46,10 +47,14 @@ def inspect(ctx: click.Context, files: tuple[str, ...], as_json: bool, header_on
                 click.echo(f"{path}: a folder, passed over", err=True)
                 continue
             try:
-                info = (inspect_header(path, cfg.imaging) if header_only
+                info = (inspect_header(path, cfg.imaging, cfg.isolation) if header_only
                         else check_decoding(path, cfg.imaging, worker=worker))
             except OSError as exc:  # a FIFO or device (from a glob), a file gone or unreadable since listed
                 click.echo(f"{path}: cannot read: {exc.strerror or exc}, not checked", err=True)
+                unpassed += 1
+                continue
+            except ConversionFailed as exc:  # exiftool past the isolation limits on its metadata
+                click.echo(f"{path}: {exc}, not checked", err=True)
                 unpassed += 1
                 continue
             unpassed += info.verdict in (Verdict.REJECT, Verdict.NOT_CHECKED)
