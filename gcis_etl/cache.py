@@ -52,7 +52,7 @@ from urllib.parse import unquote, urlsplit
 
 from pydantic import ByteSize, field_validator
 
-from gcis_etl.durable import fsync_path, sha256_file
+from gcis_etl.durable import fsync_path, room, sha256_file
 from gcis_etl.errors import ConfigError, GcisError, IntegrityError, StoreError
 from gcis_etl.iipsrv import ServerSettings, reload
 from gcis_etl.isolation import disk_refusal
@@ -315,7 +315,7 @@ class _Cache:
 
     def room(self) -> str:
         """The cache's disk is full (how full, what makes room), or read-only (what makes it writable)."""
-        if os.statvfs(self.settings.dir).f_flag & os.ST_RDONLY:
+        if room(self.settings.dir)[1]:
             return "its filesystem is mounted read-only: remount it read-write, or move cache.dir to one that is"
         usage = shutil.disk_usage(self.settings.dir)
         return (f"its disk is full ({usage.free / 1e6:.1f} MB free of {usage.total / 1e6:.1f} MB): run `gcis-etl "

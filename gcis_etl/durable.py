@@ -55,3 +55,11 @@ def temporary(path: Path) -> tuple[int, Path]:
     reports) holds what the ledger holds, and no secret."""
     tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
     return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), tmp
+
+
+def room(folder: Path) -> tuple[int, bool]:
+    """The free bytes (for an unprivileged user) of the filesystem `folder` is on, or would be on once made, and
+    whether it is mounted read-only."""
+    folder = next(path for path in (folder, *folder.parents) if path.exists())
+    stat = os.statvfs(folder)
+    return stat.f_bavail * stat.f_frsize, bool(stat.f_flag & os.ST_RDONLY)

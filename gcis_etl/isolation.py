@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from gcis_etl.durable import DISK_REFUSES_WRITES
+from gcis_etl.durable import room as durable_room
 from gcis_etl.errors import ConversionFailed, DiskFull, GcisError, RejectedMaster
 from gcis_etl.policy import IsolationSettings
 
@@ -193,7 +194,7 @@ def disk_refusal(exc: BaseException, *folders: Path, needs: int = 0) -> DiskFull
         return exc
     said = exc.strerror if isinstance(exc, OSError) and exc.errno in DISK_REFUSES_WRITES else \
         next((words for words in _DISK_SAYS if words in str(exc)), None)
-    room = {folder: _room(folder) for folder in folders}
+    room = {folder: durable_room(folder) for folder in folders}
     short = [folder for folder, (free, read_only) in room.items() if read_only or free < needs]
     if said is None and not short:
         return None
@@ -208,14 +209,6 @@ def disk_refusal(exc: BaseException, *folders: Path, needs: int = 0) -> DiskFull
               f" ({free / 1e6:.1f} MB free there{needed}): free space on its filesystem")
     return DiskFull(f"cannot write {folder.parent if scratch else folder}: {why}{remedy}"
                     f"{_TMPDIR_SETS if scratch else ''}")
-
-
-def _room(folder: Path) -> tuple[int, bool]:
-    """The free bytes (for an unprivileged user) of the filesystem `folder` is on, or would be on once made, and
-    whether it is read-only."""
-    folder = next(path for path in (folder, *folder.parents) if path.exists())
-    stat = os.statvfs(folder)
-    return stat.f_bavail * stat.f_frsize, bool(stat.f_flag & os.ST_RDONLY)
 
 
 @contextmanager

@@ -24,6 +24,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Collection, Iterator, Sequence
 
+from gcis_etl.durable import room
 from gcis_etl.errors import ConfigError
 from gcis_etl.work import ItemResult, Outcome
 
@@ -154,12 +155,6 @@ def sqlite_code(exc: BaseException) -> str:
     Python's sqlite3 module itself)."""
     name = getattr(exc, "sqlite_errorname", None) or ""
     return name.split("_")[1] if name.startswith("SQLITE_") else ""
-
-
-def _on_read_only_mount(folder: Path) -> bool:
-    """Whether `folder`, or the nearest of its parents that exists, is on a filesystem mounted read-only."""
-    existing = next((p for p in (folder, *folder.parents) if p.exists()), None)
-    return existing is not None and bool(os.statvfs(existing).f_flag & os.ST_RDONLY)
 
 
 def _trouble(path: Path, exc: sqlite3.Error, busy_timeout_seconds: float) -> str:
@@ -458,7 +453,7 @@ class Ledger:
             if sqlite_code(exc) in _TROUBLE and sqlite_code(exc) not in _PERMISSIONS:
                 raise LedgerError(_trouble(path, exc, busy_timeout_seconds)) from None
             cause = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-            if _on_read_only_mount(path.parent):  # SQLite says only "unable to open database file" of it
+            if room(path.parent)[1]:  # SQLite says only "unable to open database file" of it
                 raise LedgerError(f"ledger {path} cannot be opened ({cause}): its folder {path.parent} is on a "
                                   f"filesystem mounted read-only: mount it read-write, or point state_dir (or "
                                   f"ledger.path) at one that is") from None
