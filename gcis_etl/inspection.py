@@ -108,10 +108,13 @@ def _judge(info: ImageInfo, h: _Header, policy: ImagingPolicy, warnings: list[st
         rejects.append(f"truncated: image data runs to {h.data_end:,} bytes, the file has {h.file_size:,} "
                        "(an interrupted upload?)")
     resolution = Resolution(*info.resolution) if info.resolution else None
-    square = resolution.square_size(info.width, info.height) if resolution else (info.width, info.height)
-    if square[0] * square[1] / 1e6 > policy.max_megapixels:
+    # info.resolution is the upright one; turned back (each turn is its own inverse), it squares the stored frame
+    square = (resolution.upright(info.orientation).square_size(info.width, info.height) if resolution
+              else (info.width, info.height))
+    megapixels = square[0] * square[1] / 1e6
+    if megapixels > policy.max_megapixels:
         squared = "" if square == (info.width, info.height) else f" (with square pixels {square[0]}x{square[1]})"
-        rejects.append(f"{info.width}x{info.height}{squared} = {square[0] * square[1] / 1e6:,.6g} Mpx is over the "
+        rejects.append(f"{info.width}x{info.height}{squared} = {megapixels:,.6g} Mpx is over the "
                        f"{policy.max_megapixels:,.6g} Mpx limit (refused from the header, before decoding)")
     if h.dng and policy.reject_dng:
         rejects.append("camera raw (DNG) is not an accepted master format")

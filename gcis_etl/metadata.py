@@ -94,8 +94,7 @@ class _StayOpen:
             while selector.get_map():
                 remaining = None if deadline is None else deadline - time.monotonic()
                 events = selector.select(remaining) if remaining is None or remaining > 0 else []
-                if not events:
-                    self.kill()
+                if not events:  # execute() kills it
                     raise ConversionFailed(f"exiftool timed out after {timeout:g} s reading the metadata under "
                                            "isolation.timeout_seconds (raise it for metadata this large)")
                 for key, _ in events:

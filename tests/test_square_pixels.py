@@ -106,3 +106,7 @@ def test_the_pixel_limit_counts_the_square_pixels(tmp_path):
     info = inspect(square_master(tmp_path / "big.tif", (100, 200)), ImagingPolicy(max_megapixels=0.005))
     assert info.verdict is Verdict.REJECT
     assert "40x80 (with square pixels 80x80) = 0.0064 Mpx is over the 0.005 Mpx limit" in info.reasons[0]
+    # stored on its side, the squared size is given in the stored frame too (it read 160x80)
+    turned = inspect(square_master(tmp_path / "turned.tif", (100, 200), orientation=6),
+                     ImagingPolicy(max_megapixels=0.005))
+    assert "40x80 (with square pixels 80x80) = 0.0064 Mpx is over the 0.005 Mpx limit" in turned.reasons[0]
