@@ -103,7 +103,8 @@ def sync(ctx: click.Context, names: tuple[str, ...], purge_gone: bool, as_json: 
     Each copy is downloaded beside the cache, checked against the SHA-256 recorded when it was deposited
     and renamed into place, so iipsrv never reads a half-written file. Only what changed since the last
     sync is copied. Images `prune` evicted come back once the access log shows a request for them.
-    Exit code 0, or 1 when any image could not be copied (the others are).
+    Exit code 0, or 1 when any image could not be copied (the others are), or 2 when the cache's disk
+    fills or refuses writes: the sync stops at the first such copy, one line saying what makes room.
 
     \b
     Example:
