@@ -395,15 +395,15 @@ class _Cache:
         self.state.set_log_position(st.st_ino, offset)
 
 
-_STATE_TROUBLE = {  # SQLite's primary result codes for a state.sqlite that cannot be used, and what to do
+_STATE_TROUBLE = {  # SQLite's primary result codes for a state.sqlite that cannot be used, and what to do (any
+    # other, an I/O error among them: _raise_unusable's "check the cache folder's filesystem")
     "FULL": "{room}",
-    "IOERR": "check its filesystem (full, read-only, unmounted?)",
     "READONLY": "make the cache folder and the file writable by this user",
     "CANTOPEN": "make the cache folder writable by this user",
-    "CORRUPT": "the file is damaged: remove it (and any state.sqlite-wal and -shm beside it); the next sync records "
-               "the cached files again, hashing each, and copies back what prune evicted",
+    **dict.fromkeys(("CORRUPT", "NOTADB"), "the file is damaged: remove it (and any state.sqlite-wal and -shm beside "
+                    "it); the next sync records the cached files again, hashing each, and copies back what prune "
+                    "evicted"),
 }
-_STATE_TROUBLE["NOTADB"] = _STATE_TROUBLE["CORRUPT"]
 
 
 def _keys_of(target: str, prefix: str) -> tuple[str, ...]:

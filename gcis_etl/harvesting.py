@@ -823,8 +823,7 @@ class Harvest:
         if not self.cut_short:
             parts = (self.listing_note, self.checkpoint_held, self._where_cut(checkpoint))
         elif checkpoint is not None:
-            parts = (f"{self.cut_short}; the checkpoint moved to {checkpoint.isoformat()}, where the listing "
-                     f"stopped", self.listing_note)
+            parts = (_moved_to(self.cut_short, checkpoint), self.listing_note)
         else:
             parts = (self.cut_short, self.checkpoint_held, self.relisting(), self.listing_note)
         return "; ".join(filter(None, parts)) or None
@@ -836,7 +835,7 @@ class Harvest:
         if self.listing_cut is None or self.checkpoint_held:
             return None
         if checkpoint is not None:
-            return f"{self.listing_cut}; the checkpoint moved to {checkpoint.isoformat()}, where the listing stopped"
+            return _moved_to(self.listing_cut, checkpoint)
         current = self.checkpoint()
         if (self.options.since is None and not self.unsettled and None not in (self.reached, current)
                 and self.reached <= current):
@@ -997,6 +996,11 @@ def harvest_pipelines(config: Config, names: Sequence[str] = (), options: Harves
         finally:
             progress.clear()
         yield outcome
+
+
+def _moved_to(why: str, checkpoint: datetime) -> str:
+    """The note of a run whose listing stopped short (cut short, or by the server) and moved the checkpoint."""
+    return f"{why}; the checkpoint moved to {checkpoint.isoformat()}, where the listing stopped"
 
 
 def _told(exc: BaseException, typed: bool = False) -> str:
