@@ -228,7 +228,7 @@ def pipeline_keys(ledger: Ledger, pipeline: Pipeline) -> Iterator[StoreKey]:
 
 LISTED = ("replaced", "would replace", "newer in the target")  # in the CSV: the target's content changed (or would),
 # or the source's is stale
-SETTLED = MoveProgress.GROUPS["kept"]  # nothing to copy: what --limit does not count (without a deletion)
+COPIED = MoveProgress.GROUPS["copied"]  # what --limit counts (without a deletion): not kept nor missing keys
 
 
 @dataclass(frozen=True)
@@ -342,7 +342,7 @@ class Move:
             return False
         report.event(item.key, step.outcome, step.reason, listed=step.outcome in LISTED)
         if not deleting:
-            return step.outcome not in (*SETTLED, "missing")
+            return step.outcome in COPIED
         if self.ctx.dry_run:
             report.event(item.key, "would delete from the source", listed=False)
         elif self.source.delete(item.key):
