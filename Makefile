@@ -8,6 +8,8 @@ PY := $(VENV)/bin/python
 TOOLS_BIN ?= $(HOME)/.cache/gcis-etl/bin
 MINIO_VERSION := v0.0.0-20260212201848-7aac2a2c5b7c
 MINIO := $(TOOLS_BIN)/minio
+# Go builds MinIO: the one on PATH, else the machine image's (not on PATH under sudo or cron).
+GO ?= $(or $(shell command -v go 2>/dev/null),$(wildcard /usr/local/go/bin/go))
 export GCIS_MINIO_BIN := $(MINIO)
 
 # Debian 12 packages: libvips + its headers (pyvips is built against them), exiftool, LittleCMS tools,
@@ -65,9 +67,9 @@ $(VENV)/.installed: requirements.txt setup.cfg pyproject.toml
 minio: $(MINIO)
 
 $(MINIO):
-	@command -v go >/dev/null || { echo "Go is needed to build MinIO for the tests"; exit 1; }
+	@test -n "$(GO)" || { echo "Go 1.24 or newer (the pinned MinIO's go.mod) is needed to build MinIO for the tests: none on PATH nor at /usr/local/go/bin/go (or set GO=/path/to/go)"; exit 1; }
 	mkdir -p $(TOOLS_BIN)
-	GOBIN=$(TOOLS_BIN) go install github.com/minio/minio@$(MINIO_VERSION)
+	GOBIN=$(TOOLS_BIN) $(GO) install github.com/minio/minio@$(MINIO_VERSION)
 
 # Mirador (npm registry, pinned by version and integrity) for the consumer tests and `make serve`.
 # npm comes with Node.js; Debian's npm package only when there is none (it conflicts with NodeSource's nodejs).

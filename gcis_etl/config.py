@@ -50,9 +50,16 @@ class Config(Settings):
                              exclude=True)  # where the settings were read: not a key of the file
 
     def printable(self) -> dict[str, Any]:
-        """The resolved settings as plain data, secrets masked: those under secret-looking keys and every
-        value that came from the environment, whatever its key (an API key in `extra_headers`)."""
-        return masked(self.model_dump(mode="json"), self.from_environment)
+        """The resolved settings as plain data (each source as its connector's settings read it, defaults filled
+        in), secrets masked: those under secret-looking keys and every value that came from the environment,
+        whatever its key (an API key in `extra_headers`)."""
+        data = self.model_dump(mode="json")
+        for name, pipeline in self.pipelines.items():
+            source = pipeline.source
+            resolved = parse(settings_model(source.kind), source.options, self.source_file,
+                             f"pipelines.{name}.source")
+            data["pipelines"][name]["source"] = {"kind": source.kind, **resolved.model_dump(mode="json")}
+        return masked(data, self.from_environment)
 
     @property
     def ledger_path(self) -> Path:
@@ -213,7 +220,11 @@ def _anchored(data: dict, anchor) -> dict:
         if isinstance(server, dict):
             defaults = {"run_dir": "var/iipsrv", "access_log": "var/iipsrv/access.log"}
             server = {**server, **{key: anchor(server.get(key, default)) for key, default in
-                                   (*defaults.items(), ("documents_root", None)) if server.get(key, default)}}
+                                   (*defaults.items(), ("documents_root", None), ("iipsrv", None))
+                                   if server.get(key, default)}}
+            mirador = server.get("mirador_dir")
+            if isinstance(mirador, str) and not mirador.startswith("~"):  # ~: the home folder (expanded on use)
+                server["mirador_dir"] = anchor(mirador)
         data["cache"] = {**cache, "dir": anchor(cache.get("dir", "var/iipsrv-cache")), "server": server}
     data = _anchored_imaging(data, anchor)
     if isinstance(data.get("defaults"), dict):

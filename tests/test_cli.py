@@ -112,6 +112,10 @@ def test_verify_exit_codes(tmp_path):
     not_a_pyramid = run("verify", "--json", str(CORPUS / "rgb8-tiff-lzw/kodim02-lzw.tif"))
     report = json.loads(not_a_pyramid.stdout)
     assert not_a_pyramid.returncode == 1 and any("not tiled" in e for e in report["errors"])
+    for usage in ([str(tmp_path / "missing.tif")], [str(tmp_path)], ["-r", "no-such-recipe", str(tmp_path / "ok.tif")],
+                  ["-r", "jp2-openjpeg-lossy", str(tmp_path / "ok.tif")]):
+        assert run("verify", *usage).returncode == 2, usage
+    assert "2 on a usage or configuration error" in " ".join(run("verify", "--help").stdout.split())
 
 
 def test_verify_checks_a_jp2_on_its_own(tmp_path):

@@ -239,12 +239,14 @@ def test_a_jp2_counts_resolutions_and_wavelet_levels_as_jpeg_2000_does(tmp_path)
 
 
 def test_a_command_needing_pipelines_says_no_config_file_was_found_and_where_it_looked(tmp_path):
+    """Once, and nothing else: demo points at no outputs of a run that never started."""
     env = {k: v for k, v in os.environ.items() if k != "GCIS_CONFIG"}
     for command in ("status", "harvest", "demo"):
         done = subprocess.run([GCIS, command], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
-        assert done.returncode == 2
+        assert done.returncode == 2 and done.stdout == "", done.stdout
         assert ("no --config, no $GCIS_CONFIG, no config.yaml in the working folder> configures no pipelines"
                 in done.stderr), done.stderr
+        assert done.stderr.count("configuration error") == 1, done.stderr
 
 
 def test_verify_of_an_access_master_shows_its_size_and_levels(tmp_path):

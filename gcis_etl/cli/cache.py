@@ -134,7 +134,8 @@ def sync(ctx: click.Context, names: tuple[str, ...], purge_gone: bool, as_json: 
 
 
 @cache.command()
-@click.option("--max-bytes", type=SIZE, help="Evict until the cache holds at most this much (default: "
+@click.option("--max-bytes", type=SIZE, help="Evict until the cache holds at most this much, e.g. 500G "
+                                             "(decimal: 500 x 10^9 bytes; 500GiB: x 2^30; default: "
                                              "cache.max_bytes).")
 @click.option("--max-age", type=Span(), help=f"Evict what was not accessed for this long: {SPAN_FORMATS} "
                                               "(default: cache.max_age).")

@@ -135,7 +135,9 @@ def verify(ctx: click.Context, file: str, recipe: str | None, as_json: bool) -> 
     jpylyzer, sRGB colour box, one reduced resolution and five full-resolution regions decodable by
     OpenJPEG (compared with nothing: convert compares them with the image it encoded).
 
-    Exit code 0 when valid, 1 otherwise.
+    Exit code 0 when valid, 1 when not valid or not verified (a decoder crashed, or memory or time ran out
+    under the isolation limits), 2 on a usage or configuration error (FILE missing or a folder, an unknown
+    recipe, a recipe for another format than FILE's: a JP2 recipe for a TIFF, say).
 
     \b
     Examples:

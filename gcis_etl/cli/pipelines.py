@@ -126,9 +126,9 @@ def harvest(ctx: click.Context, pipelines: tuple[str, ...], dry_run: bool, since
     are retried up to max_attempts. A report (JSON, and a CSV of the problems when there are any) is written
     under <state_dir>/reports, where those of a pipeline's latest ledger.skipped_history_runs runs are kept
     (`gcis-etl report RUN` rebuilds any run's from the ledger). Each run ends with one log line (pipeline,
-    run_id, status, counts, seconds, checkpoint, note: JSON fields) with --log-json or --quiet: INFO when
-    it exits 0, WARNING otherwise; the summary, with the run's start and length, goes to stdout unless
-    --quiet.
+    run_id, status, counts, manifests, seconds, checkpoint, note: JSON fields) with --log-json or --quiet:
+    INFO when it exits 0, WARNING otherwise; the summary, with the run's start and length, goes to stdout
+    unless --quiet.
 
     Exit codes: 0 all deposited or skipped; 1 some items rejected or failed (or the source, the store or
     the scratch space failed as a whole: the run stopped, the items not reached keep their attempts);
@@ -168,10 +168,11 @@ def demo(ctx: click.Context) -> None:
     nothing to do.
     """
     from gcis_etl.harvesting import HarvestOptions
+    cfg = _config(ctx)
+    _pipelines(cfg, ())  # none configured: exit 2 here, with no outputs to point at
     try:
         _run(ctx, (), HarvestOptions(), False, 0, stop_on_signals())
     except SystemExit as exit_:
-        cfg = _config(ctx)
         for name in sorted(cfg.pipelines):
             pipeline = cfg.pipeline(name)
             where = pipeline.store.describe("")
