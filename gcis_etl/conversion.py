@@ -255,7 +255,7 @@ def encode_in_child(job: EncodeJob) -> EncodeOutcome:
         # removes a carrier it could not write and says only "Error writing image data".
         carrier = isolation.disk_checked(Path(scratch), needs=isolation.DISK_MARGIN)(
             carried_tags if ptiff else metadata_carrier)
-        metadata = isolation.beside(carrier, job.info.path, recipe.metadata.keep, recipe.metadata.exclude,
+        metadata = isolation.beside(carrier, job.info, recipe.metadata.keep, recipe.metadata.exclude,
                                     Path(scratch))
         try:
             decoded = open_master(job.info, job.decoders, job.policy.strict, job.policy.vips_decodes_jpeg2000_origin)

@@ -11,11 +11,12 @@ import logging
 import re
 import struct
 import threading
+import zlib
 from contextlib import contextmanager
 from dataclasses import astuple, dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
-from typing import Iterator
+from typing import BinaryIO, Iterator
 
 import numpy as np
 from PIL import Image, ImageCms
@@ -383,54 +384,108 @@ def _read_jpeg(path: str) -> _Header:
 
 
 def _jpeg_frame(path: str) -> tuple[str, int, int, int, int]:
-    """Walk the JPEG markers to the frame header: (process, precision, components, width, height)."""
+    """Walk the JPEG markers to the frame header: (process, precision, components, width, height). Segment by
+    segment, reading each marker and length and seeking past the rest, to the end of the file if need be:
+    extended XMP and a chained ICC profile put megabytes of APP segments before it in valid masters."""
     with open(path, "rb") as f:
-        data = f.read(4 * 1024 * 1024)  # markers before the frame header are small; ICC/XMP are < 1 MB each
-    pos = 2
-    while pos + 4 <= len(data):
-        if data[pos] != 0xFF:
-            raise _Unreadable(f"no JPEG marker at byte {pos}")
-        marker = data[pos + 1]
-        if marker == 0xFF:
-            pos += 1
-            continue
-        (length,) = struct.unpack(">H", data[pos + 2:pos + 4])
-        if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
-            if pos + 10 > len(data):
+        pos = 2
+        while len(head := _read_at(f, pos, 4)) == 4:
+            if head[0] != 0xFF:
+                raise _Unreadable(f"no JPEG marker at byte {pos}")
+            marker = head[1]
+            if marker == 0xFF:
+                pos += 1
+                continue
+            (length,) = struct.unpack(">H", head[2:4])
+            if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
+                frame = f.read(6)
+                if len(frame) < 6:
+                    break
+                bits, height, width, components = struct.unpack(">BHHB", frame)
+                if width == 0 or height == 0:
+                    raise _Unreadable(f"frame header declares {width}x{height}")
+                process = {0xC3: "lossless", 0xC7: "lossless", 0xCB: "lossless", 0xCF: "lossless",
+                           0xC2: "progressive", 0xC6: "progressive", 0xCA: "progressive", 0xCE: "progressive"}
+                return process.get(marker, "baseline"), bits, components, width, height
+            if marker == 0xDA:
                 break
-            bits, height, width, components = struct.unpack(">BHHB", data[pos + 4:pos + 10])
-            if width == 0 or height == 0:
-                raise _Unreadable(f"frame header declares {width}x{height}")
-            process = {0xC3: "lossless", 0xC7: "lossless", 0xCB: "lossless", 0xCF: "lossless",
-                       0xC2: "progressive", 0xC6: "progressive", 0xCA: "progressive", 0xCE: "progressive"}
-            return process.get(marker, "baseline"), bits, components, width, height
-        if marker == 0xDA:
-            break
-        pos += 2 + length
+            pos += 2 + length
     raise _Unreadable("no frame header (SOF) found")
 
 
+def _read_at(f: BinaryIO, offset: int, size: int) -> bytes:
+    f.seek(offset)
+    return f.read(size)
+
+
+_PNG_PROFILE_LIMIT = 64 << 20  # an iCCP chunk inflating past this holds no ICC profile (Pillow's cap: 1 MB)
+
+
 def _read_png(path: str) -> _Header:
-    with open(path, "rb") as f:
-        head = f.read(33)
-    if len(head) < 33 or head[12:16] != b"IHDR":
-        raise _Unreadable("no IHDR chunk")
-    width, height, depth, colour_type = struct.unpack(">IIBB", head[16:26])
+    """IHDR and what precedes the image data: the ICC profile (iCCP) and transparency (tRNS). Not by Pillow,
+    which inflates every text chunk on the way and refused a valid master whose XMP inflates past 1 MB
+    (MAX_TEXT_CHUNK) as corrupt, and a metadata bomb before exiftool could judge it under the isolation limits:
+    text is metadata, exiftool's to read."""
+    chunks = _png_chunks(path, keep=(b"IHDR", b"iCCP"))
+    width, height, depth, colour_type = struct.unpack(">IIBB", chunks[b"IHDR"][:10])
     if width == 0 or height == 0:
         raise _Unreadable(f"IHDR declares {width}x{height}")
     bands, interpretation = {0: (1, "grey"), 2: (3, "rgb"), 3: (1, "palette"), 4: (2, "grey"),
                              6: (4, "rgb")}.get(colour_type, (0, "multiband"))
-    icc, transparency = None, False
-    if width * height <= 2 ** 31:  # Pillow's header parse is safe, but spare it absurd sizes
-        try:
-            with Image.open(path) as im:
-                icc = im.info.get("icc_profile")
-                transparency = "transparency" in im.info  # a tRNS chunk: the decoders give it an alpha band
-        except (OSError, SyntaxError, ValueError) as exc:
-            raise _Unreadable(str(exc)) from None
-    alpha = colour_type in (4, 6) or transparency
+    # a tRNS chunk: the decoders give the image an alpha band
+    alpha = colour_type in (4, 6) or b"tRNS" in chunks
+    icc = _png_profile(chunks[b"iCCP"]) if b"iCCP" in chunks else None
     return _Header(width=width, height=height, bands=bands, bit_depth=depth, interpretation=interpretation,
                    icc=icc, alpha=alpha, extra_bands=int(alpha), compression="deflate")
+
+
+def _png_chunks(path: str, keep: tuple[bytes, ...]) -> dict[bytes, bytes]:
+    """The chunks before the image data (IDAT) by type: the data of those in `keep` (the first of a type), b""
+    for the others, whose data is only read in blocks for its checksum. Every checksum is checked, as Pillow
+    did: a damaged header is the master's rejection here, before any decoder."""
+    chunks: dict[bytes, bytes] = {}
+    with open(path, "rb") as f:
+        pos = 8
+        while len(head := _read_at(f, pos, 8)) == 8:
+            length, kind = struct.unpack(">I4s", head)
+            name = kind.decode("latin-1")
+            if pos == 8 and (kind != b"IHDR" or length < 13):
+                break
+            if kind == b"IDAT":
+                return chunks
+            kept = kind in keep and kind not in chunks
+            if kept and length > _PNG_PROFILE_LIMIT:
+                raise _Unreadable(f"{name} chunk of {length:,} bytes")
+            data, crc, left = bytearray(), zlib.crc32(kind), length
+            while left:
+                block = f.read(min(left, 1 << 20))
+                if not block:
+                    raise _Unreadable(f"cut short in its {name} chunk")
+                crc, left = zlib.crc32(block, crc), left - len(block)
+                if kept:
+                    data += block
+            stored = f.read(4)
+            if len(stored) < 4 or struct.unpack(">I", stored)[0] != crc:
+                raise _Unreadable(f"bad checksum in its {name} chunk")
+            chunks.setdefault(kind, bytes(data))
+            pos += 12 + length
+    raise _Unreadable(f"cut short at byte {pos:,}, before the image data" if pos > 8 else "no IHDR chunk")
+
+
+def _png_profile(chunk: bytes) -> bytes | None:
+    """An iCCP chunk's profile (name, NUL, compression method 0, deflated profile); None when it does not
+    inflate, as Pillow and libpng ignore it."""
+    name_end = chunk.find(b"\0")
+    if name_end < 0 or chunk[name_end + 1:name_end + 2] != b"\0":
+        raise _Unreadable("iCCP chunk: no profile name, or an unknown compression method")
+    inflate = zlib.decompressobj()
+    try:
+        profile = inflate.decompress(chunk[name_end + 2:], _PNG_PROFILE_LIMIT)
+    except zlib.error:
+        return None
+    if inflate.unconsumed_tail:
+        raise _Unreadable(f"iCCP chunk inflates past {_PNG_PROFILE_LIMIT >> 20} MB")
+    return profile
 
 
 def _read_jpeg2000(path: str) -> _Header:

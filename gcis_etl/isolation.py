@@ -17,6 +17,7 @@ import errno
 import importlib
 import json
 import logging
+import math
 import os
 import re
 import resource
@@ -32,7 +33,7 @@ from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from contextlib import contextmanager, suppress
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, NamedTuple
 
 from gcis_etl.durable import DISK_REFUSES_WRITES
 from gcis_etl.durable import room as durable_room
@@ -43,6 +44,8 @@ _log = logging.getLogger(__name__)
 _conn: Connection | None = None  # set in the child: where stage() reports to
 _memory_limit_mb: int | None = None  # set in the child: its isolation.memory_limit_mb
 _encoder_limit_mb: int | None = None  # set in the child: its isolation.encoder_memory_limit_mb
+_metadata_timeout: float | None = None  # set in the child: its isolation.metadata_timeout_seconds
+_exiftool_deadline = 0.0  # set in the child for each job: when its exiftool must be done (exiftool_time_limit)
 SCRATCH_PREFIX = "gcis-scratch-"
 _CHILD_ENTRY = ("import sys, json; from multiprocessing.connection import Connection; "
                 "from gcis_etl.isolation import _child_main; "
@@ -245,9 +248,9 @@ def _process_exists(pid: int) -> bool:
 
 
 def _child_main(conn: Connection, settings: dict) -> None:
-    global _conn, _threads, _memory_limit_mb, _encoder_limit_mb
+    global _conn, _threads, _memory_limit_mb, _encoder_limit_mb, _metadata_timeout, _exiftool_deadline
     _conn, _threads, _memory_limit_mb = conn, settings["vips_concurrency"], settings["memory_limit_mb"]
-    _encoder_limit_mb = settings["encoder_memory_limit_mb"]
+    _encoder_limit_mb, _metadata_timeout = settings["encoder_memory_limit_mb"], settings["metadata_timeout_seconds"]
     limit = settings["memory_limit_mb"] * 1024 * 1024
     resource.setrlimit(resource.RLIMIT_AS, (limit, resource.getrlimit(resource.RLIMIT_AS)[1]))  # soft only
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when the child stops
@@ -261,13 +264,37 @@ def _child_main(conn: Connection, settings: dict) -> None:
             return
         if message is None:
             return
-        target, args = message
+        target, args, deadline, seconds = message
+        _exiftool_deadline = deadline - seconds * _ENDING_SHARE
         module, _, name = target.rpartition(".")
         try:
             result = getattr(importlib.import_module(module), name)(*args)
             _report("ok", result)
         except Exception as exc:  # the job's failure, reported to the parent; the child lives on
             _report("error", _failure(exc))
+
+
+class TimeLimit(NamedTuple):
+    """The time an exiftool command may take, and the isolation setting that sets it (named when it runs out)."""
+
+    seconds: float
+    setting: str
+
+
+_ENDING_SHARE = 0.1  # of a job's time, what is left to end it when exiftool has run out of time
+
+
+def exiftool_time_limit(limits: IsolationSettings | None = None) -> TimeLimit | None:
+    """The time the next exiftool command may take: the metadata_timeout_seconds of `limits` (the caller's read of
+    a master's metadata) or, without them, of a conversion child, there cut to what is left of the job's time
+    (isolation.timeout_seconds) but a share to end it: a master whose metadata keeps exiftool too long (28 MB of
+    IPTC: minutes) fails naming the metadata, where the job's time running out under it named the conversion.
+    None: no limit (outside a child, without `limits`)."""
+    seconds = limits.metadata_timeout_seconds if limits else _metadata_timeout
+    if seconds is None:
+        return None
+    left = math.inf if limits else max(_exiftool_deadline - time.monotonic(), 0.0)
+    return TimeLimit(seconds, "metadata_timeout_seconds") if seconds <= left else TimeLimit(left, "timeout_seconds")
 
 
 _lift_lock = threading.Lock()
@@ -456,7 +483,7 @@ class IsolatedProcess:
         timeout = timeout or self.settings.timeout_seconds
         deadline = time.monotonic() + timeout
         current_stage: str | None = None
-        self._conn.send((target, args))
+        self._conn.send((target, args, deadline, timeout))  # time.monotonic() is the host's (CLOCK_MONOTONIC)
         self._jobs += 1
         answered = False
         try:

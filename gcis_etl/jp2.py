@@ -18,6 +18,7 @@ from typing import Callable
 from gcis_etl import isolation
 from gcis_etl.errors import ConversionFailed
 from gcis_etl.metadata import RESOLUTION_TAGS, carrier_copy, exiftool_run, kept_tag_values, write_carrier
+from gcis_etl.models import ImageInfo
 from gcis_etl.recipes import Recipe, max_levels
 
 KDU_ENV = "GCIS_KDU_COMPRESS"
@@ -269,7 +270,8 @@ class Jp2Metadata:
     values: dict  # kept tag -> value, as exiftool reads them from the carrier: what verification expects
 
 
-def metadata_carrier(master: str, keep: tuple[str, ...], exclude: tuple[str, ...], scratch: Path) -> Jp2Metadata:
+def metadata_carrier(master: ImageInfo, keep: tuple[str, ...], exclude: tuple[str, ...],
+                     scratch: Path) -> Jp2Metadata:
     """The kept tags, normalised by exiftool into a TIFF carrier as on the PTIFF path (rationals rounded,
     ColorSpace = sRGB, exclusions applied, the master's resolution whatever is kept), so the JP2 and the PTIFF
     carry the same values; then written by exiftool into a 1-pixel JP2 (the XMP as a block: copied tag by tag

@@ -5,7 +5,8 @@ the metadata work itself, and one process shared by a worker pool's threads made
 
 A master's metadata is read in the calling process (inspection), not the conversion child: that exiftool is
 held to the isolation limits itself (IsolationSettings: its address space, the time of a read), as a 2 MB PNG
-whose zTXt chunk inflates to gigabytes took it to 8 GB and minutes, holding a harvest's lock meanwhile.
+whose zTXt chunk inflates to gigabytes took it to 8 GB and minutes, holding a harvest's lock meanwhile. In the
+conversion child, exiftool has the child's address space and a time limit of its own (exiftool_time_limit).
 """
 from __future__ import annotations
 
@@ -29,7 +30,8 @@ from typing import BinaryIO, Callable, Iterator
 
 from gcis_etl import tiff
 from gcis_etl.errors import ConversionFailed
-from gcis_etl.isolation import dying_with_thread
+from gcis_etl.isolation import TimeLimit, dying_with_thread, exiftool_time_limit
+from gcis_etl.models import ImageInfo
 from gcis_etl.policy import IsolationSettings
 
 
@@ -66,10 +68,10 @@ class _StayOpen:
     def running(self) -> bool:
         return self._process.poll() is None
 
-    def execute(self, *args: str, timeout: float | None = None) -> _Answer:
+    def execute(self, *args: str, timeout: TimeLimit | None = None) -> _Answer:
         """exiftool marks the end of each command's output with a number of ours on stdout and, after its exit
         status, on stderr: both pipes are read together up to those marks (one read after the other could
-        wait on a full pipe). Past `timeout` seconds (None: no limit) it is killed and the command fails."""
+        wait on a full pipe). Past `timeout` (None: no limit) it is killed and the command fails."""
         self._commands += 1
         ready, post = f"{{ready{self._commands}}}".encode(), f"post{self._commands}".encode()
         command = [*args, "-echo4", f"=${{status}}={post.decode()}", f"-execute{self._commands}"]
@@ -85,9 +87,9 @@ class _StayOpen:
         stderr, _, status = err.decode(errors="replace").strip()[:-len(post) - 1].rpartition("=")  # "...=0="
         return _Answer(int(status), out.decode(errors="surrogateescape").strip()[:-len(ready)], stderr)
 
-    def _read(self, marks: dict[BinaryIO, bytes], timeout: float | None) -> tuple[bytes, bytes]:
+    def _read(self, marks: dict[BinaryIO, bytes], timeout: TimeLimit | None) -> tuple[bytes, bytes]:
         received = {pipe: bytearray() for pipe in marks}
-        deadline = None if timeout is None else time.monotonic() + timeout
+        deadline = None if timeout is None else time.monotonic() + timeout.seconds
         with selectors.DefaultSelector() as selector:
             for pipe in marks:
                 selector.register(pipe, selectors.EVENT_READ)
@@ -95,8 +97,9 @@ class _StayOpen:
                 remaining = None if deadline is None else deadline - time.monotonic()
                 events = selector.select(remaining) if remaining is None or remaining > 0 else []
                 if not events:  # execute() kills it
-                    raise ConversionFailed(f"exiftool timed out after {timeout:g} s reading the metadata under "
-                                           "isolation.timeout_seconds (raise it for metadata this large)")
+                    raise ConversionFailed(f"exiftool timed out after {round(timeout.seconds, 1):g} s reading the "
+                                           f"metadata under isolation.{timeout.setting} (raise it for metadata "
+                                           "this large)")
                 for key, _ in events:
                     chunk = os.read(key.fd, 65536)
                     if not chunk:  # end of file: exiftool is gone, the mark will never come
@@ -190,9 +193,11 @@ def exiftool_json(path: str | Path, *args: str, limits: IsolationSettings | None
     """All tags exiftool reports for one file (group-0 prefixed unless `args` say otherwise, numeric values),
     {} when it reads nothing. Raises ConversionFailed when exiftool dies meanwhile or answers with something
     other than JSON: no answer, or another command's, is not 'no tags' (a rotated master would be left lying).
-    `limits`: exiftool's memory and time are held to their memory_limit_mb and timeout_seconds (ConversionFailed
-    past them); None: what its process inherits, no time limit (in the conversion child, which has its own)."""
-    memory, timeout = (limits.memory_limit_mb, limits.timeout_seconds) if limits else (None, None)
+    `limits`: exiftool's memory and time are held to their memory_limit_mb and metadata_timeout_seconds
+    (ConversionFailed past them); None: the address space its process inherits (in the conversion child, the
+    child's) and its time limit (exiftool_time_limit)."""
+    memory = limits.memory_limit_mb if limits else None
+    timeout = exiftool_time_limit(limits)
     with _plain_name(path) as readable:
         out = _exiftool().get(memory).execute("-j", "-G0", "-n", *args, str(readable), timeout=timeout).stdout
     try:
@@ -203,8 +208,9 @@ def exiftool_json(path: str | Path, *args: str, limits: IsolationSettings | None
 
 
 def exiftool_run(*args: str) -> str:
-    """Run one exiftool command; raise ConversionFailed with exiftool's own message when it reports an error."""
-    answer = _exiftool().get().execute(*args)
+    """Run one exiftool command, held to exiftool_time_limit; raise ConversionFailed with exiftool's own message
+    when it reports an error."""
+    answer = _exiftool().get().execute(*args, timeout=exiftool_time_limit())
     said = (answer.stderr or answer.stdout).strip()
     if answer.status != 0 or "Error" in answer.stderr:
         raise ConversionFailed(f"exiftool: {said.splitlines()[-1] if said else answer.status}")
@@ -218,7 +224,7 @@ class MetadataSummary:
     iptc: bool
     orientation: int | None          # 1..8, None when absent
     orientation_invalid: object = None  # the raw value when present but not 1..8
-    resolution: Resolution | None = None  # upright_resolution's, from the same read
+    resolution: Resolution | None = None  # upright (see _upright), from the same read
 
 
 # Tags read as "family 0:family 1:name": the main image's orientation is IFD0's (or XMP-tiff's). By family 0
@@ -342,20 +348,9 @@ _RESOLUTION_SOURCES = (
                       "Jpeg2000:CaptureXResolutionUnit", "Jpeg2000:CaptureYResolutionUnit",
                       lambda e: (3, 10.0 ** (e - 2)) if isinstance(e, int) and -10 <= e <= 10 else None),
 )
-_RESOLUTION_READ = (_GROUPS, *(f"-{t}" for t in (*_ORIENTATION_TAGS, *RESOLUTION_TAGS)),
-                    "-JFIF:XResolution", "-JFIF:YResolution", "-JFIF:ResolutionUnit", "-PNG-pHYs:all",
-                    "-Jpeg2000:CaptureXResolution", "-Jpeg2000:CaptureYResolution",
-                    "-Jpeg2000:CaptureXResolutionUnit", "-Jpeg2000:CaptureYResolutionUnit")
-
-
-def upright_resolution(master: str | Path) -> Resolution | None:
-    """The master's resolution from whichever container states it, turned as its pixels are; None when none
-    does (no resolution is better than a made-up one)."""
-    return _upright(exiftool_json(master, *_RESOLUTION_READ))
-
-
 def _upright(tags: dict) -> Resolution | None:
-    """upright_resolution from `tags` as read with _GROUPS."""
+    """The master's resolution from whichever container states it (`tags` as read with _GROUPS), turned as its
+    pixels are; None when none does (no resolution is better than a made-up one)."""
     stated = next((r for r in (s.read(tags) for s in _RESOLUTION_SOURCES) if r is not None), None)
     return stated.upright(_orientation(tags)[0]) if stated else None
 
@@ -444,9 +439,10 @@ def carrier_copy(carrier: Path, keep: tuple[str, ...], exclude: tuple[str, ...])
             "--XMP:all"]
 
 
-def write_carrier(master: str | Path, keep: tuple[str, ...], exclude: tuple[str, ...], carrier: Path) -> Path:
-    """A 1-pixel classic TIFF holding the master's kept tags as exiftool normalises them, ColorSpace = sRGB,
-    and the master's resolution (upright_resolution, squared as its pixels are) whatever the recipe keeps: it
+def write_carrier(master: ImageInfo, keep: tuple[str, ...], exclude: tuple[str, ...], carrier: Path) -> Path:
+    """A 1-pixel classic TIFF holding the kept tags of the master (as inspection described it) as exiftool
+    normalises them, ColorSpace = sRGB, and the master's resolution (upright, as inspection read it from the
+    master itself, whose classic view has no Orientation; squared as its pixels are) whatever the recipe keeps: it
     belongs to the pixels, as their size does. The carrier starts without one, so a master without a resolution
     gets none.
 
@@ -455,9 +451,9 @@ def write_carrier(master: str | Path, keep: tuple[str, ...], exclude: tuple[str,
     the packet in place, keeping unknown namespaces (a packet *copied* as a block in that command would be
     written verbatim, the deletions ignored). A JPEG's extended XMP (beyond its 64 KB segment) is not in the
     packet: its tags are copied tag by tag into their own namespaces."""
-    resolution = upright_resolution(master)  # from the master itself: its classic view has no Orientation
+    resolution = Resolution(*master.resolution) if master.resolution else None
     whole = keeps_all_xmp(keep)
-    with classic_view(master) as source:  # a BigTIFF master loses UNDEFINED tags otherwise (see classic_view)
+    with classic_view(master.path) as source:  # a BigTIFF master loses UNDEFINED tags otherwise (see classic_view)
         raw = _raw_values(source, "IFD0:ImageDescription", *(("XMP",) if whole else ()))
         packet = raw.get("XMP:XMP")
         _classic_copy([tiff.Tag(700, tiff.BYTE, packet)] if packet else [], carrier)
@@ -492,8 +488,8 @@ def _storage_description(text: bytes | None) -> tuple[str, ...]:
     return ("--IFD0:ImageDescription",) if text and _STORAGE_DESCRIPTION.match(text) else ()
 
 
-def carried_tags(master: str | Path, keep: tuple[str, ...], exclude: tuple[str, ...], scratch: Path) -> Carried:
-    """IFD entries holding the master's kept metadata, with ExifIFD ColorSpace = sRGB."""
+def carried_tags(master: ImageInfo, keep: tuple[str, ...], exclude: tuple[str, ...], scratch: Path) -> Carried:
+    """IFD entries holding the master's kept metadata (see write_carrier), with ExifIFD ColorSpace = sRGB."""
     carrier = write_carrier(master, keep, exclude, Path(scratch) / "metadata-carrier.tif")
     try:
         with open(carrier, "rb") as f:

@@ -81,6 +81,10 @@ class IsolationSettings(Settings):
     """Limits of the child process that decodes and encodes (one bad master must not take down a batch)."""
 
     timeout_seconds: float = Field(1800, gt=0)
+    metadata_timeout_seconds: float = Field(
+        300, gt=0, description="time one exiftool command on a master's metadata may take (the read in the "
+                               "caller's process, each in the conversion process): past it exiftool is killed "
+                               "and that master fails, 'exiftool timed out'")
     memory_limit_mb: int = Field(8192, gt=0, description="address-space limit of the conversion process")
     encoder_memory_limit_mb: int = Field(16384, gt=0, description="resident memory an external JPEG 2000 encoder "
                                                                   "may reach before it is killed")

@@ -16,6 +16,7 @@ from PIL import Image
 
 from gcis_etl.conversion import convert
 from gcis_etl.errors import ConfigError, ConversionFailed
+from gcis_etl.inspection import inspect
 from gcis_etl.isolation import IsolatedProcess
 from gcis_etl.jp2 import (GROK_PLT_WITH_RATES, GROK_SOP_WITH_TILE_PARTS, build_command, fit_to_image,
                           kdu_compress_path, metadata_carrier, run_encoder)
@@ -152,11 +153,12 @@ def test_the_appended_metadata_boxes_make_the_file_exiftool_writes(recipe, tmp_p
     pyvips.Image.new_from_file(str(CORPUS / "jpeg-baseline/flowers.jpeg")).tiffsave(str(source), compression="none",
                                                                                     strip=True)
     run_encoder(build_command(recipe, source, encoded).argv, timeout=60)
-    boxes = metadata_carrier(str(master), keep, exclude, tmp_path).boxes
+    info = inspect(master)
+    boxes = metadata_carrier(info, keep, exclude, tmp_path).boxes
     assert box_types(boxes) == [b"uuid"] * 3  # EXIF, IPTC and XMP
     direct = tmp_path / "direct.jp2"
     shutil.copy(encoded, direct)
-    carrier = write_carrier(master, keep, exclude, tmp_path / "own-carrier.tif")
+    carrier = write_carrier(info, keep, exclude, tmp_path / "own-carrier.tif")
     exiftool_run("-m", "-q", "-n", "-overwrite_original", *carrier_copy(carrier, keep, exclude), str(direct))
     assert encoded.read_bytes() + boxes == direct.read_bytes()
 

@@ -134,7 +134,7 @@ def test_bigtiff_with_a_changed_undefined_tag_fails_verification(exif_master, mo
     """Reading a BigTIFF as a classic TIFF compares values; it does not loosen the comparison."""
     monkeypatch.setattr(tiff, "CLASSIC_LIMIT", BIGTIFF_FROM)
     recipe = load_recipe()
-    carried = carried_tags(exif_master, recipe.metadata.keep, recipe.metadata.exclude, tmp_path)
+    carried = carried_tags(inspect(exif_master), recipe.metadata.keep, recipe.metadata.exclude, tmp_path)
     exif = next(t for t in carried.tags if t.code == 34665).sub_ifd
     components = next(t for t in exif if t.code == 0x9101)  # ComponentsConfiguration
     assert components.values == b"\x01\x02\x03\x00"
@@ -151,7 +151,7 @@ def test_bigtiff_master_keeps_its_undefined_exif_tags(exif_master, monkeypatch, 
     """Copied from a BigTIFF by exiftool itself, SceneType would be dropped from the carrier: a BigTIFF master's
     metadata is copied from a classic TIFF holding its first IFD, and arrives whole."""
     recipe = load_recipe()
-    carried = carried_tags(exif_master, recipe.metadata.keep, recipe.metadata.exclude, tmp_path)
+    carried = carried_tags(inspect(exif_master), recipe.metadata.keep, recipe.metadata.exclude, tmp_path)
     with monkeypatch.context() as patched:
         patched.setattr(tiff, "CLASSIC_LIMIT", BIGTIFF_FROM)
         image = pyvips.Image.new_from_file(str(exif_master))

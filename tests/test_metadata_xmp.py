@@ -13,6 +13,7 @@ import tifffile
 
 from gcis_etl.colour import srgb_profile
 from gcis_etl.conversion import convert
+from gcis_etl.inspection import inspect
 from gcis_etl.metadata import carried_tags, exiftool_json, exiftool_run, kept_tag_values, keeps_all_xmp
 from gcis_etl.ptiff import encode_ptiff
 from gcis_etl.recipes import load_recipe
@@ -100,7 +101,7 @@ def test_verification_compares_the_in_house_tags_and_both_titles(master):
 ], ids=["in-house", "pdf-title-beside-dc-title"])
 def test_an_output_that_lost_a_kept_xmp_tag_fails_verification(element, tag, master, tmp_path):
     recipe = load_recipe()
-    carried = carried_tags(master, recipe.metadata.keep, recipe.metadata.exclude, tmp_path)
+    carried = carried_tags(inspect(master), recipe.metadata.keep, recipe.metadata.exclude, tmp_path)
     packet = next(t for t in carried.tags if t.code == 700)  # XMP
     lost = packet.values.replace(element, b"")
     assert lost != packet.values

@@ -11,6 +11,7 @@ import tifffile
 from gcis_etl import tiff
 from gcis_etl.colour import srgb_profile
 from gcis_etl.conversion import convert
+from gcis_etl.inspection import inspect
 from gcis_etl.metadata import carried_tags, exiftool_json
 from gcis_etl.ptiff import level_tags
 from gcis_etl.pyramid import PyramidEncoder
@@ -37,8 +38,8 @@ def write(path, image: np.ndarray, force_bigtiff: bool, metadata_tags) -> bool:
 def test_bigtiff_and_classic_hold_the_same_pixels_and_metadata(tmp_path):
     image = np.asarray(pyvips.Image.new_from_file(str(CORPUS / "jpeg-baseline/flowers.jpeg")).numpy())
     recipe = load_recipe()
-    carried = carried_tags(CORPUS / "metadata-rich/ExifTool.jpg", recipe.metadata.keep, recipe.metadata.exclude,
-                           tmp_path)
+    carried = carried_tags(inspect(CORPUS / "metadata-rich/ExifTool.jpg"), recipe.metadata.keep,
+                           recipe.metadata.exclude, tmp_path)
     assert write(tmp_path / "classic.tif", image, False, carried.tags) is False
     assert write(tmp_path / "big.tif", image, True, carried.tags) is True
     assert (tmp_path / "big.tif").read_bytes()[:4] == b"II+\x00"

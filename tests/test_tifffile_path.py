@@ -323,8 +323,8 @@ def test_bigtiff_output_keeps_its_metadata(monkeypatch, tmp_path):
     info = inspect(master, policy)
     strips = srgb_strips(open_master(info, ("vips",), True).image, info, policy)
     recipe = load_recipe(RECIPE)
-    carried = carried_tags(CORPUS / "metadata-rich/ExifTool.jpg", recipe.metadata.keep, recipe.metadata.exclude,
-                           tmp_path)
+    carried = carried_tags(inspect(CORPUS / "metadata-rich/ExifTool.jpg"), recipe.metadata.keep,
+                           recipe.metadata.exclude, tmp_path)
     encoded = encode_tifffile_ptiff(strips, tmp_path / "big.tif", recipe, srgb_profile(), lambda: carried.tags, tmp_path)
     assert encoded.bigtiff and len(encoded.levels) == 4 and (tmp_path / "big.tif").read_bytes()[:4] == b"II+\x00"
     report = verify(tmp_path / "big.tif", Expectation(width=info.width, height=info.height, tile=256, chroma="4:2:0",
