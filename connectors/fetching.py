@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import errno
 import hashlib
-import mmap
 import os
 import re
 import uuid
@@ -135,15 +134,13 @@ class _TooLong(Exception):
 def _copy(body: Body, temp: Path, expected: Fixity | None, pace: TransferPace,
           size: int | None) -> tuple[int, str, str | None]:
     """Write `body` to `temp`; the size and digests are those of the bytes `temp` received: read from it
-    again after a kernel copy."""
+    again after a kernel copy, a chunk at a time (mapped whole, a master counted in full in the pool
+    process's resident memory, which its recycling and limits go by)."""
     with open(temp, "xb") as out:
         if body.file is None or not _copy_in_kernel(body.file, out):
             return _digest(_bounded(_paced(body.chunks, pace), size), expected, out)
     with open(temp, "rb") as copied:
-        if not os.fstat(copied.fileno()).st_size:
-            return _digest([], expected)
-        with mmap.mmap(copied.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
-            return _digest([mapped], expected)
+        return _digest(iter(lambda: copied.read(CHUNK_SIZE), b""), expected)
 
 
 def _copy_in_kernel(source: BinaryIO, out: BinaryIO) -> bool:

@@ -544,7 +544,8 @@ def _sync_one(cache: _Cache, source: CacheSource, listed: ListedObject) -> tuple
     if head is None:
         raise StoreError(f"{source.store.describe(key)} was deleted while the cache was syncing")
     if head.sha256 is None:
-        raise IntegrityError(f"{source.store.describe(key)} has no SHA-256 recorded (not deposited by gcis-etl): "
+        raise IntegrityError(f"{source.store.describe(key)} "
+                             f"{head.doubt or 'has no SHA-256 recorded (not deposited by gcis-etl)'}: "
                              f"a copy could not be verified, so none was made")
     if intact and record.sha256 == head.sha256 and not head.doubt:
         cache.state.relisted(key, modified)

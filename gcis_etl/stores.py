@@ -96,7 +96,8 @@ class StoredObject:
 
     key: str
     size: int
-    sha256: str | None            # hex SHA-256 of the whole object as recorded; None if not written by gcis-etl
+    sha256: str | None            # hex SHA-256 of the whole object as recorded; None if not written by gcis-etl,
+                                  # or (a local file of another size than recorded) changed since: doubt says so
     content_type: str | None
     provenance: Provenance
     unchanged: bool = False       # the put found this content already there and wrote nothing
@@ -145,9 +146,10 @@ class Store(Protocol):
         """Objects whose key starts with `prefix`, in key order."""
 
     def abort_incomplete_uploads(self, older_than: timedelta = timedelta(days=1),
-                                 keys: str | tuple[str, ...] = "") -> list[str]:
-        """Remove what uploads of keys starting with `keys` (a prefix, or several: one listing serves them all),
-        begun more than `older_than` ago, left behind when their process was killed; return those keys."""
+                                 keys: str | tuple[str, ...] = "", exact: bool = False) -> list[str]:
+        """Remove what uploads of keys starting with `keys` (a prefix, or several: one listing serves them all;
+        `exact`, whole keys), begun more than `older_than` ago, left behind when their process was killed;
+        return those keys."""
 
     def describe(self, key: str) -> str:
         """Where `key` lives, for messages (never carries credentials)."""
@@ -378,11 +380,15 @@ class LocalStore:
         except (OSError, ValueError):
             meta = {}
         same_file = st.st_ino == meta.get("inode") or st.st_mtime_ns == meta.get("mtime_ns")  # or its copy
-        if not same_file or meta.get("size") != st.st_size:
+        if not same_file:
             meta = {}  # written by something else, or a sidecar left from the previous content
-        return StoredObject(key=key, size=st.st_size, sha256=meta.get("sha256"),
+        # the deposit's own file, since cut short or written over in place: damage, not a foreign file
+        changed = bool(meta) and meta.get("size") != st.st_size
+        return StoredObject(key=key, size=st.st_size, sha256=None if changed else meta.get("sha256"),
                             content_type=meta.get("content_type"),
-                            provenance=Provenance(**meta.get("provenance", {})))
+                            provenance=Provenance(**meta.get("provenance", {})),
+                            doubt=f"changed since its deposit ({st.st_size} bytes, recorded {meta['size']})"
+                            if changed else None)
 
     def exists(self, key: str) -> bool:
         return (self.root / check_key(key)).is_file()
@@ -448,7 +454,7 @@ class LocalStore:
             yield from (Path(dirpath, name) for name in filenames if not name.startswith("."))
 
     def abort_incomplete_uploads(self, older_than: timedelta = timedelta(days=1),
-                                 keys: str | tuple[str, ...] = "") -> list[str]:
+                                 keys: str | tuple[str, ...] = "", exact: bool = False) -> list[str]:
         """The hidden temporary files (".<name>.<random>.tmp", of objects and of sidecars) that writes killed
         before their rename leave behind."""
         prefixes = _list_prefixes(keys)
@@ -464,7 +470,7 @@ class LocalStore:
                     if not (name.startswith(".") and name.endswith(".tmp")) or temporary.stat().st_mtime > cutoff:
                         continue
                     key = Path(dirpath, name[1:].rsplit(".", 2)[0]).relative_to(top).as_posix().removesuffix(suffix)
-                    if key.startswith(prefixes):
+                    if _among(key, prefixes, exact):
                         temporary.unlink(missing_ok=True)
                         aborted.add(key)
         return sorted(aborted)
@@ -865,7 +871,7 @@ class S3Store:
             yield ListedObject(o["Key"][len(self._base):], o["Size"], o["LastModified"])
 
     def abort_incomplete_uploads(self, older_than: timedelta = timedelta(days=1),
-                                 keys: str | tuple[str, ...] = "") -> list[str]:
+                                 keys: str | tuple[str, ...] = "", exact: bool = False) -> list[str]:
         """Abort the multipart uploads of keys starting with `keys` started more than `older_than` ago, and
         return their keys. A process killed mid-upload leaves its parts behind (invisible, but billed); on AWS
         a bucket lifecycle rule (AbortIncompleteMultipartUpload) does the same. This is housekeeping, not what
@@ -876,7 +882,7 @@ class S3Store:
         aborted: list[str] = []
         try:
             stale = [u for u in self._paginate("list_multipart_uploads", "Uploads")  # MinIO ignores partial Prefixes
-                     if u["Key"].startswith(prefixes) and u["Initiated"] <= cutoff]
+                     if _among(u["Key"], prefixes, exact) and u["Initiated"] <= cutoff]
             for upload in stale:
                 key = upload["Key"][len(self._base):]
                 try:
@@ -912,6 +918,12 @@ def _list_prefixes(keys: str | tuple[str, ...]) -> tuple[str, ...]:
     for prefix in prefixes:
         _check_list_prefix(prefix)
     return prefixes
+
+
+def _among(key: str, prefixes: tuple[str, ...], exact: bool) -> bool:
+    """Whether abort_incomplete_uploads' `keys` take in `key`: a key "p/o/a.tif" is a prefix of item "a.tif"'s
+    "p/o/a.tif.tif", whose upload may be going on."""
+    return key in prefixes if exact else key.startswith(prefixes)
 
 
 StoreSettings = Annotated[Union[LocalStoreSettings, S3StoreSettings], Field(discriminator="kind")]

@@ -34,6 +34,7 @@ import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, Callable, Iterator, TypeVar
 from urllib.parse import urlsplit
@@ -154,9 +155,11 @@ class _PoolProcess:
         other workers idle, and redelivered past the visibility timeout to run twice at once. Here the task is
         held at most its hard time limit, which the backoffs count against."""
         from billiard.pool import SIG_SOFT_TIMEOUT
+        from celery import current_task
         from celery.utils.time import get_exponential_backoff_interval
         self.soft_limit_hit = False
         signal.signal(SIG_SOFT_TIMEOUT, self._on_soft_limit)  # billiard installs its own after our init
+        began = time.time()
         result = self.worker.process(task)
         for retries in range(retry.max_retries):
             if result.outcome is not Outcome.FAILED or not result.transient or self.soft_limit_hit:
@@ -171,10 +174,12 @@ class _PoolProcess:
                 break
             result = self.worker.process(task)
         if self.soft_limit_hit:
-            from celery import current_task
             soft = current_task.request.timelimit[1]
             return replace(result, outcome=Outcome.FAILED, transient=False,
                            reason=f"took longer than the soft time limit of {soft} s for recipe {task.recipe}")
+        if current_task.request.retries and result.key:  # Celery retries a task only after its process died
+            _abort_dead_upload(self.worker.pipelines[task.pipeline], task, result.key,
+                               timedelta(seconds=time.time() - began))  # never this try's: long complete
         return result
 
     def _on_soft_limit(self, signum: int, frame: Any) -> None:
@@ -236,6 +241,26 @@ def _start(payload: dict[str, Any]) -> None:
         log.warning("%s: task %s not run, %s", _named(payload), request.id, why)
         raise Ignore()
     backend.store_result(request.id, {"pid": os.getpid(), "hostname": request.hostname}, "STARTED", request=request)
+
+
+def _abort_dead_upload(pipeline: Pipeline, task: ItemTask, key: str, older_than: timedelta = timedelta(0)) -> None:
+    """What a try of `task` whose pool process was SIGKILLed mid-upload (the hard time limit, the OOM killer, an
+    operator) left of its upload of `key`: multipart parts (temporary files in a local store), billed until a
+    lifecycle rule removes them, which nothing else aborts once the run completes. Called where the death is
+    known: by the try Celery sends again after it, or by the orchestrator reading the task's failure. Only the
+    uploads of that very key begun more than `older_than` ago: no other writer of it is running (a harvest holds
+    its pipeline's lock, as migrations do), but for a duplicate of the task sent again to a worker that did not
+    answer, whose outcome is not waited for. Housekeeping: a failure is logged, the item's outcome stands. One
+    listing, only after a death: none on a task's way."""
+    try:
+        aborted = pipeline.store.abort_incomplete_uploads(older_than=older_than, keys=key, exact=True)
+    except GcisError as exc:
+        log.warning("%s/%s: the incomplete upload a try that died left may remain: %s", task.object_id,
+                    task.item.id, exc)
+        return
+    if aborted:
+        log.warning("%s/%s: aborted the incomplete upload of %s that a try whose process died left",
+                    task.object_id, task.item.id, pipeline.store.describe(key))
 
 
 def _item_of(payload: dict[str, Any]) -> dict[str, Any]:
@@ -677,6 +702,8 @@ class CeleryExecutor:
         if unread:
             return _skewed(ItemResult.failed(task), f"{worker} cannot read the task ({unread})")
         name = type(error).__name__
+        if name in ("TimeLimitExceeded", "WorkerLostError"):  # its process killed, and not tried again
+            self._abort_dead_upload(task)
         if name == "TimeLimitExceeded":
             limit = self.settings.limits_for(self._recipes.of(task)).hard_seconds
             return ItemResult.failed(task, f"took longer than the hard time limit of {limit} s for recipe "
@@ -684,6 +711,16 @@ class CeleryExecutor:
         if name == "WorkerLostError":
             return ItemResult.failed(task, f"the worker process died during every try ({error})")
         return ItemResult.failed(task, f"task {meta['status'].lower()}: {name}: {error}")
+
+    def _abort_dead_upload(self, task: ItemTask) -> None:
+        """The upload a task's last try left, killed: under the key the try deposits into (work.Worker names it)."""
+        pipeline = self.pipelines[task.pipeline]
+        try:
+            key = pipeline.store.keys.image_key(task.pipeline, task.object_id, task.item.id, task.item.sequence,
+                                                self._recipes.of(task).extension.lstrip("."))
+        except GcisError:  # the try could not name it either: it uploaded nothing
+            return
+        _abort_dead_upload(pipeline, task, key)
 
     @contextmanager
     def _reachable(self, meanwhile: str) -> Iterator[None]:

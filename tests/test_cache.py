@@ -169,6 +169,20 @@ def test_one_cache_command_at_a_time(setup):
             prune(settings, max_bytes=0)
 
 
+def test_a_deposit_cut_short_in_the_store_is_named_damaged_not_foreign(setup):
+    """A JP2 truncated in place (its inode, so its sidecar, kept) read "has no SHA-256 recorded (not deposited by
+    gcis-etl)": the operator was sent after a foreign file. The sync names the change; the cache keeps its copy."""
+    store, source, settings = setup
+    sync(settings, [source])
+    os.truncate(store.root / "p/o1/b.jp2", 500)
+    result = sync(settings, [source])
+    [failure] = result.failed
+    assert failure.key == "p/o1/b.jp2"
+    assert "b.jp2 changed since its deposit (500 bytes, recorded 2000): a copy could not be verified" \
+        in failure.reason, failure.reason
+    assert cached(settings)["p/o1/b.jp2"] == b"B" * 2000
+
+
 def test_sync_from_s3_verifies_against_the_sha256_recorded_at_deposit(minio, s3_bucket, aws_env, tmp_path):
     store = S3Store(s3_settings(minio, s3_bucket))
     put(store, "p/o/good.tif", b"G" * 5000)

@@ -30,7 +30,7 @@ from gcis_etl.verification import verify
 from gcis_etl.work import Outcome, Worker
 from gcis_etl.worker import UNMARK_SECONDS, WORKER_PING_SECONDS, CeleryExecutor, celery_app, celery_task_id
 from tests.broker import (Pool, RedisServer, assert_no_stray_conversion_children, expected_outcome, make_masters,
-                          minio_env, pool_config, received, run_all, s3_store, slow_master, tasks_of)
+                          minio_env, pool_config, received, run_all, s3_store, slow_master, store_contents, tasks_of)
 from tests.harvests import GCIS
 from tests.servers import free_port
 
@@ -458,3 +458,61 @@ def test_a_run_with_no_worker_answering_says_so_before_its_first_task(pool, capl
     executor.close()
     assert nobody not in caplog.text
 
+
+
+@pytest.mark.parametrize("retries", [3, 0], ids=["tried-again", "not-tried-again"])
+def test_a_pool_process_killed_mid_upload_leaves_no_parts(tmp_path, minio, redis_server, celery_workers, aws_env,
+                                                          caplog, retries):
+    """A pool process SIGKILLed mid-upload (its hard time limit, the OOM killer, an operator) left its multipart
+    upload incomplete: the task was sent again and deposited, the run completed, and the parts stayed (billed on
+    AWS until a lifecycle rule removes them). The try Celery sends after the kill aborts the upload the dead one
+    left; when none is sent (its retries spent, or the hard time limit), the orchestrator, reading the failure."""
+    import numpy as np
+    import tifffile
+    import yaml
+    master = tmp_path / "masters" / "obj" / "noise.tif"  # noise: its access master is too large for one PUT
+    master.parent.mkdir(parents=True)
+    tifffile.imwrite(master, np.random.default_rng(7).integers(0, 256, (2600, 2600, 3), dtype=np.uint8),
+                     photometric="rgb")
+    pool = Pool(tmp_path, minio, redis_server, master.parent.parent, celery_workers)
+    config = pool.config("killup", retry={"max_retries": retries})
+    document = yaml.safe_load(config.read_text())
+    document["pipelines"]["demo"]["store"].update(multipart_threshold=5 << 20, multipart_chunksize=5 << 20,
+                                                  max_bandwidth=2 << 20)  # parts of 5 MiB, a few seconds each
+    config.write_text(yaml.safe_dump(document))
+    worker = pool.start("w1", config)
+    settings = load_config(config)
+    pipeline = settings.pipeline("demo")
+    [task] = tasks_of(pipeline)
+    client, bucket = minio.client(), pipeline.store.settings.bucket
+    app = celery_app(settings.celery)
+    killed: list[dict] = []
+
+    def kill_mid_upload() -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not killed:
+            uploads = client.list_multipart_uploads(Bucket=bucket).get("Uploads", [])
+            if uploads:
+                meta = app.backend.get_task_meta(celery_task_id(task), cache=False)
+                psutil.Process(meta["result"]["pid"]).kill()
+                killed.extend(uploads)
+            time.sleep(0.05)
+
+    killer = threading.Thread(target=kill_mid_upload, daemon=True)
+    killer.start()
+    with caplog.at_level(logging.WARNING, logger="gcis_etl.worker"):
+        [result] = run_all(CeleryExecutor({"demo": pipeline}, 1, Path("unused"), settings.celery), [task])
+    killer.join()
+    key = "obj/obj~2Fnoise.tif.tif"  # item "obj/noise.tif"
+    assert [u["Key"] for u in killed] == [f"iiif/demo/{key}"], killed
+    assert "Worker exited prematurely: signal 9 (SIGKILL)" in worker.log_text()
+    assert client.list_multipart_uploads(Bucket=bucket).get("Uploads", []) == []
+    aborted = f"aborted the incomplete upload of s3://{bucket}/iiif/demo/{key} that a try whose process died left"
+    if retries:
+        assert result.outcome is Outcome.DEPOSITED and result.key == f"demo/{key}", result.reason
+        assert aborted in worker.log_text()
+        assert store_contents(pipeline.store) == {result.key: result.sha256}
+    else:
+        assert result.outcome is Outcome.FAILED and "the worker process died during every try" in result.reason
+        assert aborted in caplog.text
+        assert store_contents(pipeline.store) == {}

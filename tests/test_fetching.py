@@ -4,6 +4,8 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
@@ -76,3 +78,43 @@ def test_an_empty_file_is_fetched_empty(tmp_path):
     fetched = fetch_verified(item(master, size=0), tmp_path / "scratch", opener(master, [b"not read"]),
                              RetryPolicy(**FAST_RETRY))
     assert fetched.path.read_bytes() == b"" and fetched.sha256 == hashlib.sha256(b"").hexdigest()
+
+
+PEAK_CHILD = """
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+from connectors.base import SourceItem
+from connectors.fetching import Body, fetch_verified
+from connectors.retry import RetryPolicy
+
+def peak_kib():
+    return int(next(line for line in open("/proc/self/status") if line.startswith("VmHWM:")).split()[1])
+
+@contextmanager
+def open_body(budget):
+    with open(sys.argv[1], "rb") as handle:
+        yield Body(iter([b"not read"]), file=handle)
+
+master = Path(sys.argv[1])
+item = SourceItem(id="big", sequence=1, original_name="big.tif", size=master.stat().st_size, modified=None,
+                  fixity=None, locator=str(master))
+before = peak_kib()
+fetched = fetch_verified(item, Path(sys.argv[2]), open_body, RetryPolicy(max_attempts=1))
+print(fetched.sha256, peak_kib() - before)
+"""
+
+
+def test_hashing_a_kernel_copy_keeps_the_fetching_process_small(tmp_path):
+    """The copy was mapped whole to be hashed: a pool process's resident memory peaked at the master's size
+    (1254 MB for a 1.2 GB master), which RSS-based recycling and limits count. It is read back in chunks."""
+    block = os.urandom(1 << 20)
+    master = tmp_path / "master.tif"
+    with open(master, "wb") as out:
+        for _ in range(160):
+            out.write(block)
+    done = subprocess.run([sys.executable, "-c", PEAK_CHILD, str(master), str(tmp_path / "scratch")],
+                          capture_output=True, text=True, check=True)
+    sha256, grown_kib = done.stdout.split()
+    assert sha256 == hashlib.sha256(block * 160).hexdigest()
+    assert int(grown_kib) < 32 * 1024, f"peak resident memory grew by {int(grown_kib) // 1024} MiB"

@@ -419,6 +419,27 @@ def test_abort_takes_several_prefixes_in_one_listing(s3_store, minio, s3_bucket,
     assert left == ["iiif/access/collections/other-v3.json", "iiif/access/other/IE9/b.tif"]
 
 
+def test_abort_of_whole_keys_leaves_the_keys_they_are_a_prefix_of(s3_store, minio, s3_bucket, tmp_path):
+    """Item "a"'s key is a prefix of item "a.tif"'s ("a.tif", "a.tif.tif"): the try after a pool process died
+    aborts its own key's upload, never the other's, which may be going on."""
+    client = minio.client()
+    for key in ("demo/IE1/a.tif", "demo/IE1/a.tif.tif"):
+        client.create_multipart_upload(Bucket=s3_bucket, Key=f"iiif/access/{key}")
+    assert s3_store.abort_incomplete_uploads(older_than=timedelta(0), keys="demo/IE1/a.tif", exact=True) \
+        == ["demo/IE1/a.tif"]
+    assert [u["Key"] for u in client.list_multipart_uploads(Bucket=s3_bucket).get("Uploads", [])] == [
+        "iiif/access/demo/IE1/a.tif.tif"]
+    local = LocalStore(LocalStoreSettings(root=tmp_path / "store"))
+    left = {key: local.root / "demo" / "IE1" / f".{key.rpartition('/')[2]}.k2x_9q.tmp"
+            for key in ("demo/IE1/a.tif", "demo/IE1/a.tif.tif")}
+    for path in left.values():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("partial")
+    assert local.abort_incomplete_uploads(older_than=timedelta(0), keys="demo/IE1/a.tif", exact=True) \
+        == ["demo/IE1/a.tif"]
+    assert [key for key, path in left.items() if path.exists()] == ["demo/IE1/a.tif.tif"]
+
+
 def test_a_local_store_aborts_under_several_prefixes(tmp_path):
     store = LocalStore(LocalStoreSettings(root=tmp_path / "store"))
     left = {"demo/IE1/a.tif": store.root / "demo" / "IE1" / ".a.tif.k2x_9q.tmp",
