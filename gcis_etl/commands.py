@@ -20,7 +20,7 @@ import click
 from gcis_etl.errors import ConfigError
 
 EXIT_OK, EXIT_ITEM_FAILED, EXIT_USAGE, EXIT_LOCKED = 0, 1, 2, 3
-EXIT_SIGNALLED = 128  # + the signal's number: a run SIGINT (130) or SIGTERM (143) stopped before its end
+EXIT_SIGNALLED = 128  # + the signal's number: a run SIGINT (130), SIGTERM (143) or SIGHUP (129) stopped early
 
 
 def fail_config(exc: ConfigError) -> NoReturn:
@@ -51,9 +51,9 @@ class Interrupted(KeyboardInterrupt):
 
 
 class StopRequest(threading.Event):
-    """Set by the first SIGINT or SIGTERM, which it remembers: a command it stopped exits 128 + the signal's
-    number, as a shell reports a process the signal killed, so that cron or systemd never takes a run cut
-    short for a success. A run that got to its end all the same (the signal came while its last items were in
+    """Set by the first SIGINT, SIGTERM or SIGHUP, which it remembers: a command it stopped exits 128 + the
+    signal's number, as a shell reports a process the signal killed, so that cron or systemd never takes a run
+    cut short for a success. A run that got to its end all the same (the signal came while its last items were in
     flight) exits as it would have without it: its report says it completed.
 
     A second Ctrl-C raises Interrupted, only inside `in_flight()`: the wait for the items in flight is what it
@@ -93,8 +93,7 @@ class StopRequest(threading.Event):
         else:
             # The process may still wait at its exit for uploads in flight (s3transfer's threads): a further
             # signal ends it on the spot.
-            signal.signal(signal.SIGINT, signal.SIG_DFL)
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            _on_each(signal.SIG_DFL)
             self.abandoned = True
             say("\nabandoning the items in flight: the next run redoes them (Ctrl-C again to end the process "
                 "now)", logging.WARNING)
@@ -140,19 +139,19 @@ def as_stop(stop: threading.Event | Stop | None) -> Stop:
 
 
 def stop_on_signals() -> StopRequest:
-    """First SIGINT/SIGTERM: finish the items in flight, record everything, exit. A second Ctrl-C: stop now."""
+    """First SIGINT/SIGTERM/SIGHUP: finish the items in flight, record everything, exit. A second Ctrl-C: stop
+    now."""
     stop = StopRequest()
-    signal.signal(signal.SIGINT, lambda signum, frame: stop.take(signum))
-    signal.signal(signal.SIGTERM, lambda signum, frame: stop.take(signum))
+    _on_each(lambda signum, frame: stop.take(signum))
     return stop
 
 
 def exit_on_signals() -> None:
     """From a command line's start until the command installs its own handling (stop_on_signals,
-    raise_on_signals): a SIGINT or SIGTERM during the heavy imports or the reading of the configuration ends the
-    command at once, with one line (a JSON log line under --log-json) and 128 + the signal's number. It was a
-    KeyboardInterrupt traceback, a NameError from a module half imported or click's "Aborted!" (exit 1), and
-    for SIGTERM nothing at all. A command that installs no handling of its own (status, report) keeps it.
+    raise_on_signals): a SIGINT, SIGTERM or SIGHUP during the heavy imports or the reading of the configuration
+    ends the command at once, with one line (a JSON log line under --log-json) and 128 + the signal's number. It
+    was a KeyboardInterrupt traceback, a NameError from a module half imported or click's "Aborted!" (exit 1),
+    and for SIGTERM nothing at all. A command that installs no handling of its own (status, report) keeps it.
     A signal sent twice at once (DOUBLED_SIGNAL_SECONDS) says it once."""
     # imported now, not in the handler: the signal may come in the middle of importing what they import
     from gcis_etl.logs import configure, say
@@ -167,10 +166,10 @@ def exit_on_signals() -> None:
 
 
 def raise_on_signals() -> None:
-    """SIGTERM (`kill`, systemd, `timeout`) as well as SIGINT raise Interrupted, for a command whose cleanup must
-    run (a partial output, a server's children): SIGTERM's default action ends the process on the spot,
-    skipping every finally block. A signal sent twice at once (DOUBLED_SIGNAL_SECONDS) raises once, so as not
-    to cut that cleanup short."""
+    """SIGTERM (`kill`, systemd, `timeout`) and SIGHUP as well as SIGINT raise Interrupted, for a command whose
+    cleanup must run (a partial output, a server's children): SIGTERM's and SIGHUP's default action ends the
+    process on the spot, skipping every finally block. A signal sent twice at once (DOUBLED_SIGNAL_SECONDS)
+    raises once, so as not to cut that cleanup short."""
     def interrupted(signum: int) -> None:
         raise Interrupted(signum)
 
@@ -178,8 +177,8 @@ def raise_on_signals() -> None:
 
 
 def _on_signals(handle: Callable[[int], None]) -> None:
-    """`handle(signum)` on SIGINT and SIGTERM, once for a signal sent twice at once (DOUBLED_SIGNAL_SECONDS:
-    `timeout` and a terminal's ^C may both send one)."""
+    """`handle(signum)` on SIGINT, SIGTERM and SIGHUP, once for a signal sent twice at once
+    (DOUBLED_SIGNAL_SECONDS: `timeout` and a terminal's ^C may both send one)."""
     handled_at: list[float] = []
 
     def handler(signum, frame):
@@ -188,8 +187,16 @@ def _on_signals(handle: Callable[[int], None]) -> None:
         handled_at[:] = [time.monotonic()]
         handle(signum)
 
-    signal.signal(signal.SIGINT, handler)
-    signal.signal(signal.SIGTERM, handler)
+    _on_each(handler)
+
+
+def _on_each(handler: Callable | signal.Handlers) -> None:
+    """`handler` for each signal that stops a command: SIGINT, SIGTERM, and SIGHUP (a terminal closed, an ssh
+    session dropped), which ended it on the spot, recording nothing, unless the process was started ignoring
+    SIGHUP (nohup): then it is asked to outlive its terminal, and keeps ignoring it."""
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        if signum != signal.SIGHUP or signal.getsignal(signum) != signal.SIG_IGN:
+            signal.signal(signum, handler)
 
 
 class SharedOption:

@@ -179,7 +179,7 @@ class Recipe(Settings):
 
 class _Misfit(ValueError):
     """Recipe keys whose values do not fit the others. Raised from the model's own check, pydantic's error named no
-    key ("<top>: Value error, extension must be ..."): it is raised as each key's error instead."""
+    key ("<top>: extension must be ..."): it is raised as each key's error instead."""
 
     def __init__(self, keys: str | tuple[str, ...], problem: str):
         super().__init__(problem)

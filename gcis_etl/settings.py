@@ -144,7 +144,7 @@ def parse(model: type[M], data: Any, source: str, prefix: str = "") -> M:
     try:
         settings = model.model_validate(data if data is not None else {})
     except ValidationError as exc:
-        for err in exc.errors():
+        for err in _reworded(model, exc.errors()):
             key = _key_path(prefix, _written(err["loc"], data))
             if key in booleans:  # what pydantic says of 1 (a bound it breaks) is beside the point
                 continue
@@ -187,7 +187,8 @@ def _booleans_for_numbers(annotations: list[Any], data: Any, path: tuple = ()) -
 
 def _expected(model: type[BaseModel], error: dict) -> str:
     """What an error says was expected: for a key the model does not have, the one meant or those allowed
-    there; for a list-like field given something else, its length and default; pydantic's words otherwise."""
+    there; for a list-like field given something else, its length, bounds and default; pydantic's words
+    otherwise."""
     if not error["loc"]:  # the model's own check
         return error["msg"]
     holders = _holders(model, error["loc"])
@@ -198,28 +199,104 @@ def _expected(model: type[BaseModel], error: dict) -> str:
         if meant:
             return f"unknown key (did you mean {meant[0]!r}?)"
         return f"unknown key (keys here: {', '.join(known)})" if 0 < len(known) <= _LISTED_KEYS else "unknown key"
-    fields = [holder.model_fields[error["loc"][-1]] for holder in holders if error["loc"][-1] in holder.model_fields]
-    if error["type"] in ("tuple_type", "list_type", "set_type", "frozen_set_type") and len(fields) == 1:
-        arguments = get_args(fields[0].annotation)
-        sized = get_origin(fields[0].annotation) is tuple and arguments and Ellipsis not in arguments
-        default = fields[0].default
+    sequences = [arm for annotation in _annotations(model, error["loc"]) for arm in annotation_types(annotation)
+                 if get_origin(arm) in (list, tuple, set, frozenset)]
+    if error["type"] in ("tuple_type", "list_type", "set_type", "frozen_set_type") and len(sequences) == 1:
+        elements = [argument for argument in get_args(sequences[0]) if argument is not Ellipsis]
+        size = f" of {len(elements)} values" if _sized(sequences[0]) else ""
+        bounds = {_bounds(element) for element in elements}
+        each = f", each {bounds.pop()}" if len(bounds) == 1 and "" not in bounds else ""
+        fields = [holder.model_fields[error["loc"][-1]] for holder in holders
+                  if error["loc"][-1] in holder.model_fields]
+        default = fields[0].default if len(fields) == 1 else None
         listed = isinstance(default, (tuple, list)) and default
         example = f", e.g. {json.dumps(list(default), default=str)}" if listed else ""
-        return f"expected a list{f' of {len(arguments)} values' if sized else ''}{example}"
+        return f"expected a list{size}{each}{example}"
     return error["msg"]
 
 
+def _reworded(model: type[BaseModel], errors: list[dict]) -> Iterator[dict]:
+    """pydantic's errors as `parse` reports them: a fixed-size tuple given too few or too many values is one
+    error at the tuple (not "background.2: Field required", nor one more of each value out of bounds); a
+    validator's ValueError is in its own words, without "Value error, ", and at the field its message starts
+    with, if it names one there ("celery.time_limits: needs a 'default' entry")."""
+    miscounted = {loc: error["input"] for error in errors if (loc := _miscounted(model, error)) is not None}
+    said = set()
+    for error in errors:
+        within = next((loc for loc in miscounted if error["loc"][:len(loc)] == loc), None)
+        if within is not None:
+            if within not in said:
+                said.add(within)
+                yield {"type": "tuple_type", "loc": within, "input": miscounted[within],
+                       "msg": "Input should be a valid tuple"}
+        elif error["type"] == "value_error":
+            yield _in_own_words(model, error)
+        else:
+            yield error
+
+
+def _miscounted(model: type[BaseModel], error: dict) -> tuple | None:
+    """The loc of the fixed-size tuple an error says was given too few values (one missing) or too many."""
+    loc = error["loc"]
+    if error["type"] == "missing" and loc and isinstance(loc[-1], int):
+        loc = loc[:-1]
+    elif error["type"] != "too_long":
+        return None
+    sized = any(_sized(arm) for annotation in _annotations(model, loc) for arm in annotation_types(annotation))
+    return loc if sized else None
+
+
+def _sized(annotation: Any) -> bool:
+    arguments = get_args(annotation)
+    return get_origin(annotation) is tuple and bool(arguments) and Ellipsis not in arguments
+
+
+def _bounds(annotation: Any) -> str:
+    """The bounds of an Annotated number ("0-255" for Annotated[int, Field(ge=0, le=255)]), "" for none."""
+    if get_origin(annotation) is not Annotated:
+        return ""
+    found = {name: getattr(constraint, name) for item in get_args(annotation)[1:]
+             for constraint in getattr(item, "metadata", [item])
+             for name in ("ge", "gt", "le", "lt") if getattr(constraint, name, None) is not None}
+    if found.keys() == {"ge", "le"}:
+        return f"{found['ge']}-{found['le']}"
+    signs = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<"}
+    return " and ".join(f"{signs[name]} {value}" for name, value in found.items())
+
+
+_FIELD_FIRST = re.compile(r"([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*): (.+)", re.DOTALL)
+
+
+def _in_own_words(model: type[BaseModel], error: dict) -> dict:
+    """A validator's ValueError as it was raised (pydantic's message adds "Value error, "), at the field (or
+    field.key path) its message starts with when that is a field of the model at the error's loc."""
+    raised = error.get("ctx", {}).get("error")
+    message = str(raised) if isinstance(raised, ValueError) else error["msg"]
+    named = _FIELD_FIRST.fullmatch(message)
+    if named:
+        path = tuple(named.group(1).split("."))
+        if any(path[0] in holder.model_fields for holder in _holders(model, (*error["loc"], path[0]))) \
+                and _annotations(model, (*error["loc"], *path)):
+            return {**error, "loc": (*error["loc"], *path), "msg": named.group(2)}
+    return {**error, "msg": message}
+
+
 def _holders(model: type[BaseModel], loc: tuple) -> list[type[BaseModel]]:
-    """The models that may hold the last key of an error's `loc`, found by following the others through the
-    annotations from `model`; a part no annotation takes is the tag pydantic adds for a union's arm, which
-    keeps the arms with a Literal field that admits it (store: `s3`)."""
+    """The models that may hold the last key of an error's `loc`."""
+    return [arm for annotation in _annotations(model, loc[:-1]) for arm in annotation_types(annotation)
+            if isinstance(arm, type) and issubclass(arm, BaseModel)]
+
+
+def _annotations(model: type[BaseModel], loc: tuple) -> list[Any]:
+    """The annotations of what `loc` names inside `model`, found by following its parts through the annotations
+    (fields, mappings' values, sequences' elements); a part no annotation takes is the tag pydantic adds for a
+    union's arm, which keeps the arms with a Literal field that admits it (store: `s3`)."""
     found: list[Any] = [model]
-    for part in loc[:-1]:
+    for part in loc:
         arms = [arm for annotation in found for arm in annotation_types(annotation)]
         found = [step for step in (_inside(arm, part) for arm in arms) if step is not None] or [
             arm for arm in arms if _tagged(arm, part)]
-    return [arm for annotation in found for arm in annotation_types(annotation)
-            if isinstance(arm, type) and issubclass(arm, BaseModel)]
+    return found
 
 
 def _inside(annotation: Any, part: Any) -> Any:

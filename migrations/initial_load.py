@@ -25,8 +25,8 @@ Usage:
 
 \b
 Exit codes: 0 done; 1 some items rejected or failed, or stopped on an error (run again);
-2 configuration or usage error; 3 another run holds the pipeline; 130 (Ctrl-C) or 143 (SIGTERM) stopped
-by that signal after the items in flight, or at once on a second Ctrl-C, which abandons them (what was
+2 configuration or usage error; 3 another run holds the pipeline; 130 (Ctrl-C), 143 (SIGTERM) or 129 (SIGHUP)
+stopped by that signal after the items in flight, or at once on a second Ctrl-C, which abandons them (what was
 settled is recorded: run it again to continue).
 """
 from __future__ import annotations

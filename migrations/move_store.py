@@ -58,8 +58,8 @@ and image service URLs come from the pipeline's manifests: settings, not from th
 
 \b
 Exit codes: 0 done; 1 some keys failed or are missing, or stopped on an error (run again);
-2 configuration or usage error; 3 another run holds the pipeline; 130 (Ctrl-C) or 143 (SIGTERM) stopped
-by that signal after the keys in flight (what was settled is recorded: run it again to continue).
+2 configuration or usage error; 3 another run holds the pipeline; 130 (Ctrl-C), 143 (SIGTERM) or 129 (SIGHUP)
+stopped by that signal after the keys in flight (what was settled is recorded: run it again to continue).
 """
 from __future__ import annotations
 

@@ -98,7 +98,7 @@ def test_a_worker_with_a_broken_config_says_what_is_wrong_and_stops(tmp_path):
     done = subprocess.run([str(celery), "-A", "gcis_etl.worker", "worker"], capture_output=True, text=True,
                           env=dict(os.environ, GCIS_CONFIG=str(config)), timeout=60)
     assert done.returncode == 2
-    assert done.stderr.strip() == (f"configuration error:\n{config}: celery.time_limits.default: Value error, "
+    assert done.stderr.strip() == (f"configuration error:\n{config}: celery.time_limits.default: "
                                    f"soft_seconds (9) must be less than hard_seconds (5)")
 
 

@@ -133,6 +133,16 @@ def test_verify_checks_a_jp2_on_its_own(tmp_path):
     assert mismatch.returncode == 2 and "is a JP2, and recipe ptiff-jpeg-q90 makes pyramidal TIFF" in mismatch.stderr
 
 
+def test_verify_prints_its_warnings_after_the_verdict_on_stderr_as_convert_does(tmp_path):
+    """Only --json had them: the text said nothing of an HTJ2K codestream in a Part 1 wrapper."""
+    jp2 = tmp_path / "ht.jp2"
+    assert run("convert", "-r", "jp2-grok-htj2k", str(CORPUS / "png/exif.png"), str(jp2)).returncode == 0
+    proc = run("verify", "-r", "jp2-grok-htj2k", str(jp2))
+    assert proc.returncode == 0 and proc.stdout.startswith(f"{jp2}: valid access master"), proc
+    assert proc.stderr.startswith("    warning: HTJ2K codestream in a JP2 (Part 1) wrapper: jpylyzer's rsiz test "
+                                  "fails"), proc.stderr
+
+
 def test_verify_names_the_file_by_its_absolute_path_as_inspect_and_convert_do(tmp_path, monkeypatch):
     assert run("convert", str(CORPUS / "png/exif.png"), str(tmp_path / "ok.tif")).returncode == 0
     good = run("verify", "--json", "ok.tif", cwd=tmp_path)

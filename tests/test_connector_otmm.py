@@ -678,7 +678,7 @@ def test_a_source_url_template_that_cannot_be_filled_is_refused_when_the_setting
     with pytest.raises(ConfigError) as raised:
         open_source("otmm", {"base_url": "http://x", "username": "u", "password": "p",
                              "source_url_template": template}, "dam", prefix="sources.dam")
-    assert str(raised.value) == (f"config.yaml: sources.dam.source_url_template: Value error, {message} "
+    assert str(raised.value) == (f"config.yaml: sources.dam.source_url_template: {message} "
                                  f"(got {template!r})")
 
 
@@ -754,9 +754,9 @@ def test_harvest_and_download_survive_transient_faults(emulator, tmp_path, fault
 
 def test_settings_are_validated_with_the_key_named():
     base = {"base_url": "http://x", "username": "u", "password": "p"}
-    with pytest.raises(ConfigError, match="sources.dam: Value error, auth: oauth needs client_id and client_secret"):
+    with pytest.raises(ConfigError, match="sources.dam.auth: oauth needs client_id and client_secret"):
         open_source("otmm", {**base, "auth": "oauth"}, "dam", prefix="sources.dam")
-    with pytest.raises(ConfigError, match="search: Value error, modified_field_id and modified_operator_id go"):
+    with pytest.raises(ConfigError, match="search: modified_field_id and modified_operator_id go"):
         open_source("otmm", {**base, "search": {"modified_field_id": MODIFIED_FIELD}}, "dam")
     with pytest.raises(ConfigError, match="discovery: folder needs a `folder:` section"):
         open_source("otmm", {**base, "discovery": "folder"}, "dam")
@@ -773,7 +773,7 @@ def test_modified_order_is_taken_only_with_the_search_sorted_ascending_on_the_mo
     for search, extra in (({**dated, "sort": f"desc_{MODIFIED_FIELD}"}, {}), ({**dated, "sort": "asc_NAME"}, {}),
                           (dated, {}), ({"modified_order": True, "sort": f"asc_{MODIFIED_FIELD}"}, {}),
                           ({**dated, "sort": f"asc_{MODIFIED_FIELD}"}, {"group": GROUP})):
-        with pytest.raises(ConfigError, match=r"sources.dam: Value error, search.modified_order: true needs "
+        with pytest.raises(ConfigError, match=r"sources.dam.search.modified_order: true needs "
                                               r"discovery: search, no `group:`"):
             open_source("otmm", {**base, "search": search, **extra}, "dam", prefix="sources.dam")
     assert open_source("otmm", {**base, "search": {**dated, "sort": f"asc_{MODIFIED_FIELD}"}},

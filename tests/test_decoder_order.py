@@ -21,7 +21,7 @@ from tests.imaging import decoded_level
 
 @pytest.mark.parametrize("order", [[], ["vips", "pillow", "vips"]], ids=["none", "one twice"])
 def test_a_decoder_order_lists_each_decoder_once_and_at_least_one(order):
-    with pytest.raises(ConfigError, match=r"config.yaml: imaging.decoders: Value error, JPEG: list each decoder "
+    with pytest.raises(ConfigError, match=r"config.yaml: imaging.decoders: JPEG: list each decoder "
                                           r"at most once, and at least one of them"):
         parse(ImagingPolicy, {"decoders": {"JPEG": order}}, "config.yaml", "imaging")
 

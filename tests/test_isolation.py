@@ -47,6 +47,15 @@ def test_segfault_is_reported_and_the_next_job_runs():
         assert worker.call("tests.jobs.pid") != first  # a fresh child took over
 
 
+def test_a_terminal_hang_up_leaves_the_conversion_in_flight_to_finish():
+    """A closed terminal sends SIGHUP to the whole process group, the conversion process included: the command
+    stops cleanly once its items in flight are done (commands._on_each), so that process must outlive it."""
+    with IsolatedProcess() as worker:
+        first = worker.call("tests.jobs.pid")
+        os.kill(first, signal.SIGHUP)
+        assert worker.call("tests.jobs.pid") == first  # the same child: the signal did not kill it
+
+
 def test_timeout_kills_the_child():
     with IsolatedProcess() as worker:
         with pytest.raises(WorkerTimeout, match="timed out"):

@@ -109,7 +109,7 @@ def test_one_worker_shared_by_threads_serves_each_of_them(tmp_path):
      "jp2.tiles: openjpeg needs tiles of at least 2^levels = 512 a side for 9 levels, got [256, 256]"),
 ])
 def test_recipe_errors_name_the_key_at_fault(tmp_path, yaml_text, error):
-    """A check across keys came out as '<top>: Value error, extension must be ...'; an unquoted 4:2:2 as
+    """A check across keys came out as '<top>: extension must be ...'; an unquoted 4:2:2 as
     '(got 14522)', a number never written."""
     path = tmp_path / "r.yaml"
     path.write_text(f"name: r\n{yaml_text}\n")

@@ -305,7 +305,7 @@ def test_configured_label_languages_are_read_as_tags_and_a_wrong_one_is_a_config
                           homepage_label={"fr_FR": "Notice"})
     assert configured.metadata[0].label == {"en-GB": "Date", "none": "Datum"}
     assert configured.homepage_label == {"fr-FR": "Notice"}
-    with pytest.raises(ConfigError, match=r"pipelines\.demo\.manifests\.metadata\.0\.label: Value error, "
+    with pytest.raises(ConfigError, match=r"pipelines\.demo\.manifests\.metadata\.0\.label: "
                                           r"'en US' is not a language tag such as en or en-US"):
         settings(metadata=[{"field": "dc:date", "label": {"en US": "Date"}}])
     with pytest.raises(ConfigError, match=r"pipelines\.demo\.manifests\.collection_label: .*'x-default' is not"):
@@ -517,7 +517,7 @@ def test_credentials_in_a_published_base_url_are_refused_and_not_shown(key):
 def test_a_base_url_not_in_the_normal_form_of_3_0_manifests_is_refused_showing_that_form(key, configured, normal):
     """iiif-prezi3 writes the 3.0 manifests' URLs in that form, the collection and 2.1 as configured: they would
     name other ids."""
-    with pytest.raises(ConfigError, match=rf"pipelines\.demo\.manifests\.{key}: Value error, write it as "
+    with pytest.raises(ConfigError, match=rf"pipelines\.demo\.manifests\.{key}: write it as "
                                           rf"'{re.escape(normal)}': IIIF 3.0 manifests carry URLs in that normal"):
         settings(**{key: configured})
 

@@ -54,7 +54,7 @@ BROKEN = [
      "defaults.recipe: recipe 'nosuch' not found"),
     ("S3 endpoint with credentials", with_pipeline(store={"kind": "s3", "bucket": "iiif",
                                                           "endpoint_url": "https://k:pw@s3.example.org"}),
-     "pipelines.museum.store.endpoint_url: Value error, must not carry credentials"),
+     "pipelines.museum.store.endpoint_url: must not carry credentials"),
     ("background out of range", {"imaging": {"background": [255, 300, -1]}},
      "imaging.background.1: Input should be less than or equal to 255 (got 300)"),
     ("bad executor", with_pipeline(executor="threads"),
@@ -63,7 +63,7 @@ BROKEN = [
      "pipelines.museum.concurrency: Input should be greater than or equal to 1 (got 0)"),
     ("manifest URL without scheme", with_pipeline(manifests={**GOOD_PIPELINE["manifests"],
                                                              "manifest_base_url": "iiif.example.org"}),
-     "pipelines.museum.manifests.manifest_base_url: Value error, must be an http(s) URL"),
+     "pipelines.museum.manifests.manifest_base_url: must be an http(s) URL"),
     ("pipeline imaging override", with_pipeline(imaging={"max_megapixels": -1}),
      "pipelines.museum.imaging.max_megapixels: Input should be greater than 0 (got -1)"),
     ("bad pipeline name", {"pipelines": {"Museum Collection": GOOD_PIPELINE}},
@@ -86,7 +86,7 @@ BROKEN = [
     ("S3 store key misspelt", with_pipeline(store={"kind": "s3", "bucket": "iiif", "endpointurl": "http://s3"}),
      "pipelines.museum.store.endpointurl: unknown key (did you mean 'endpoint_url'?)"),
     ("background by name", {"imaging": {"background": "white"}},
-     "imaging.background: expected a list of 3 values, e.g. [255, 255, 255] (got 'white')"),
+     "imaging.background: expected a list of 3 values, each 0-255, e.g. [255, 255, 255] (got 'white')"),
     ("source setting that fails its check for want of its variable",
      with_pipeline(source={"kind": "otmm", "base_url": "${GCIS_TEST_UNSET_URL}", "username": "etl",
                            "password": "${GCIS_TEST_UNSET_PASSWORD}"}),
@@ -97,16 +97,16 @@ BROKEN = [
     ("source URL template with a misspelt placeholder",
      with_pipeline(source={"kind": "otmm", "base_url": "https://otmm.example.org", "username": "etl",
                            "password": "p", "source_url_template": "{base_url}/otmm/ux-html/?p=asset&id={idd}"}),
-     "pipelines.museum.source.source_url_template: Value error, unknown placeholder {idd}; the template may use "
+     "pipelines.museum.source.source_url_template: unknown placeholder {idd}; the template may use "
      "{id}, {base_url}"),
     ("source URL template with an unclosed placeholder",
      with_pipeline(source={"kind": "rosetta", "base_url": "https://rosetta.example.org", "username": "etl",
                            "password": "p", "oai": {"set": "gcis"},
                            "source_url_template": "{delivery_base_url}/delivery/DeliveryManagerServlet?dps_pid={id"}),
-     "pipelines.museum.source.source_url_template: Value error, '{id' is not a placeholder (expected '}' before "
+     "pipelines.museum.source.source_url_template: '{id' is not a placeholder (expected '}' before "
      "end of string; a literal brace is written twice); the template may use {id}, {delivery_base_url}"),
     ("CMYK profile missing", {"imaging": {"cmyk_fallback_profile": "profiles/fogra.icc"}},
-     "imaging.cmyk_fallback_profile: Value error, no such file: "),
+     "imaging.cmyk_fallback_profile: no such file: "),
     ("not YAML", "pipelines: [unclosed", "not valid YAML"),
     # key templates on which the 2.1 document would overwrite the 3.0 one (or an object's images one another)
     ("manifest key without {version}, two versions",
@@ -119,20 +119,25 @@ BROKEN = [
      "pipelines.museum.store.keys.collection: must use {version} when manifests.versions lists 3.0, 2.1"),
     ("image key without {item_id} or {sequence}",
      with_pipeline(store={"kind": "local", "root": "store", "keys": {"image": "{pipeline}/{object_id}.{ext}"}}),
-     "pipelines.museum.store.keys.image: Value error, must use {item_id} or {sequence}"),
+     "pipelines.museum.store.keys.image: must use {item_id} or {sequence}"),
     ("manifest key without {object_id}",
      with_pipeline(store={"kind": "local", "root": "store", "keys": {"manifest": "{pipeline}/v{version}.json"}}),
-     "pipelines.museum.store.keys.manifest: Value error, must use {object_id}"),
+     "pipelines.museum.store.keys.manifest: must use {object_id}"),
     # names that would match nothing, silently: every TIFF rejected, a decoder order or a limit never used
     ("format in lower case", {"imaging": {"accepted_formats": ["tiff", "JPEG"]}},
-     "imaging.accepted_formats: Value error, unknown format 'tiff': formats are named as they are recognised "
+     "imaging.accepted_formats: unknown format 'tiff': formats are named as they are recognised "
      "from content (TIFF, BigTIFF, JPEG, PNG, JP2, J2K, "),
     ("decoders of a misspelt format", with_pipeline(imaging={"decoders": {"TIF": ["tifffile"]}}),
-     "pipelines.museum.imaging.decoders: Value error, unknown format 'TIF'"),
+     "pipelines.museum.imaging.decoders: unknown format 'TIF'"),
     ("time limit of a misspelt recipe", {"celery": {"time_limits": {
         "default": {"soft_seconds": 10, "hard_seconds": 20}, "jp2-openjpeg-lossey": {"soft_seconds": 10,
                                                                                     "hard_seconds": 20}}}},
      "celery.time_limits: no recipe 'jp2-openjpeg-lossey' (recipes: jp2-grok-htj2k, "),
+    ("time limits without a default", {"celery": {"time_limits": {"jp2-openjpeg-lossy": {"soft_seconds": 10,
+                                                                                      "hard_seconds": 20}}}},
+     "celery.time_limits: needs a 'default' entry"),  # a model's check naming its field: at that field's key
+    ("background of two values", {"imaging": {"background": [255, 255]}},
+     "imaging.background: expected a list of 3 values, each 0-255, e.g. [255, 255, 255] (got [255, 255])"),
     ("queue of a misspelt recipe", {"celery": {"queues": {"slow": {"recipes": ["ptiff-tiffile-q90"]}}}},
      "celery.queues.slow.recipes: no recipe 'ptiff-tiffile-q90' (recipes: "),
     ("cache of a misspelt pipeline", {"cache": {"pipelines": ["musuem"]}, **with_pipeline()},
@@ -155,6 +160,16 @@ def test_broken_config_is_refused_with_file_key_and_expectation(tmp_path, data, 
     message = str(caught.value)
     assert expected in message
     assert str(path) in message
+
+
+@pytest.mark.parametrize("given", [[255, 255], [255, 300, 255, 0]], ids=["two", "four, one out of bounds"])
+def test_a_fixed_size_list_of_another_size_is_one_error_at_its_key(tmp_path, given):
+    """It was "imaging.background.2: Field required" (and one more line for each value out of bounds)."""
+    path = write(tmp_path, {"imaging": {"background": given}})
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    assert str(caught.value) == (f"{path}: imaging.background: expected a list of 3 values, each 0-255, "
+                                 f"e.g. [255, 255, 255] (got {given})")
 
 
 def test_a_sources_unset_secret_is_needed_only_to_open_the_source(tmp_path, monkeypatch):
@@ -286,7 +301,7 @@ def test_a_password_from_the_environment_in_a_published_url_is_refused_unseen(tm
     with pytest.raises(ConfigError) as caught:
         load_config(write(tmp_path, data))
     message = str(caught.value)
-    assert "pipelines.museum.manifests.manifest_base_url: Value error, must not carry credentials" in message
+    assert "pipelines.museum.manifests.manifest_base_url: must not carry credentials" in message
     assert "EnvSecret-4242" not in message
 
 

@@ -1,5 +1,6 @@
-"""A second Ctrl-C, a signal sent twice at once, and `convert` under SIGTERM: each ends the command with 128 + the
-signal's number, its run recorded (as stopped), nothing half-written left behind, nothing lost for the next run.
+"""A second Ctrl-C, a signal sent twice at once, SIGHUP, and `convert` under SIGTERM: each ends the command with
+128 + the signal's number, its run recorded (as stopped), nothing half-written left behind, nothing lost for the
+next run.
 
 The harvests run against the Rosetta emulator behind a Gate holding the first object's downloads (as in
 test_run_stop), so the run is certainly at work when the signals arrive.
@@ -22,18 +23,19 @@ from tests.harvests import GCIS, PATIENT_RETRY, SECRETS, Gate, peek, rosetta_sou
 from tests.test_run_stop import HELD, catalogue
 
 ITEMS = {("IE7000", "FL7002"), ("IE7000", "FL7003"), ("IE7010", "FL7012"), ("IE7020", "FL7022")}
+MIGRATE = str(Path(GCIS).with_name("gcis-migrate"))
 
 
 class Harvest:
-    """`gcis-etl harvest` of the catalogue in its own process; its stderr read as it comes."""
+    """`gcis-etl harvest` (or `command`) of the catalogue in its own process; its stderr read as it comes."""
 
-    def __init__(self, tmp_path: Path, url: str):
+    def __init__(self, tmp_path: Path, url: str, command: tuple[str, ...] = (GCIS, "harvest")):
         self.ledger = tmp_path / "state" / "ledger.sqlite"
         (tmp_path / "config.yaml").write_text(yaml.safe_dump({
             "state_dir": "state", "defaults": {"concurrency": 2, "transfer_slots": 0},
             "pipelines": {"dam": {"source": rosetta_source(url, retry=PATIENT_RETRY),
                                   "store": {"kind": "local", "root": str(tmp_path / "store")}}}}))
-        self.proc = subprocess.Popen([GCIS, "harvest"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        self.proc = subprocess.Popen(list(command), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      text=True, env={**os.environ, **SECRETS})
         self.stderr: list[str] = []
         self.reader = threading.Thread(target=lambda: self.stderr.extend(self.proc.stderr), daemon=True)
@@ -100,6 +102,41 @@ def test_a_signal_sent_twice_at_once_is_one_request_to_stop(tmp_path):
     assert not run.said("abandoning"), run.stderr
     assert peek(run.ledger, "SELECT status, note FROM runs") == [("stopped", "stopped on request")]
     assert {key: run.settled().get(key) for key in HELD} == {key: "deposited" for key in HELD}
+
+
+@pytest.mark.parametrize("command", [(GCIS, "harvest"),
+                                     (MIGRATE, "initial_load", "--config", "config.yaml", "--pipeline", "dam")],
+                         ids=["harvest", "initial_load"])
+def test_sighup_stops_a_run_as_sigterm_does(tmp_path, command):
+    """A terminal closed or an ssh session dropped: SIGHUP ended the process on the spot (129) with no summary,
+    the items in flight unrecorded and the run left as "ended without finishing (killed?)"."""
+    gate = Gate(RosettaEmulator(catalogue()), "dps_pid=FL700[23]&")
+    with serving(gate) as emulator:
+        run = Harvest(tmp_path, emulator.url, command)
+        wait_for(lambda: gate.held == 2, "both workers are fetching", run.proc)
+        run.proc.send_signal(signal.SIGHUP)
+        wait_for(lambda: run.said("stopping after the items in flight"), "the signal was taken", run.proc)
+        gate.open()  # the items in flight may now finish, as they should
+        code, out = run.end(timeout=120)
+    assert code == 128 + signal.SIGHUP == 129, (out, run.stderr)
+    assert peek(run.ledger, "SELECT status, note FROM runs") == [("stopped", "stopped on request")]
+    assert {key: run.settled().get(key) for key in HELD} == {key: "deposited" for key in HELD}, run.stderr
+    assert "stopped on request" in out and "report: " in out, out  # the summary, the report written
+
+
+def test_a_run_started_under_nohup_keeps_ignoring_sighup(tmp_path):
+    gate = Gate(RosettaEmulator(catalogue()), "dps_pid=FL700[23]&")
+    with serving(gate) as emulator:
+        run = Harvest(tmp_path, emulator.url, ("nohup", GCIS, "harvest"))
+        wait_for(lambda: gate.held == 2, "both workers are fetching", run.proc)
+        run.proc.send_signal(signal.SIGHUP)
+        time.sleep(1)
+        assert run.proc.poll() is None and not run.said("stopping"), run.stderr
+        gate.open()
+        code, out = run.end(timeout=120)
+    assert code == 0, (out, run.stderr)
+    assert peek(run.ledger, "SELECT status FROM runs") == [("completed",)]
+    assert run.settled() == {key: "deposited" for key in ITEMS}
 
 
 @pytest.mark.parametrize("signals", [1, 2], ids=["once", "twice at once, as timeout sends it"])

@@ -18,8 +18,9 @@ from gcis_etl.spans import parse_span
 
 
 class EntryPoint:
-    """A command line's entry (gcis-etl, gcis-migrate): its first act is exit_on_signals(), so that a Ctrl-C or
-    SIGTERM during the command's imports and its reading of the configuration is a clean exit 130 or 143 too.
+    """A command line's entry (gcis-etl, gcis-migrate): its first act is exit_on_signals(), so that a Ctrl-C,
+    SIGTERM or SIGHUP during the command's imports and its reading of the configuration is a clean exit 130, 143
+    or 129 too.
     Not on importing gcis_etl.cli: a program or a test that imports it keeps its own signal handling."""
 
     def main(self, *args, **kwargs):
@@ -87,8 +88,8 @@ def migrate_main(config_file: str | None, script: str, args: tuple[str, ...]) ->
     before the script's name too, as with gcis-etl; the script's other options come after it.
 
     Exit codes: 0 done; 1 some items or keys failed or were rejected, or the migration stopped on an error;
-    2 configuration or usage error; 3 another run holds the pipeline's lock; 130 (Ctrl-C) or 143 (SIGTERM)
-    stopped by that signal before the end (what was settled is recorded: run it again to continue).
+    2 configuration or usage error; 3 another run holds the pipeline's lock; 130 (Ctrl-C), 143 (SIGTERM) or
+    129 (SIGHUP) stopped by that signal before the end (what was settled is recorded: run it again to continue).
 
     \b
     Examples:

@@ -88,7 +88,7 @@ def convert(ctx: click.Context, src: str, dst: str, recipe: str, as_json: bool) 
     if the conversion fails or is stopped).
 
     Exit code 0 when converted, 1 when rejected or failed, 2 on a usage or configuration error (SRC missing,
-    an unknown recipe), 130 (Ctrl-C) or 143 (SIGTERM) when stopped by that signal.
+    an unknown recipe), 130 (Ctrl-C), 143 (SIGTERM) or 129 (SIGHUP) when stopped by that signal.
 
     \b
     Example:
@@ -165,6 +165,8 @@ def verify(ctx: click.Context, file: str, recipe: str | None, as_json: bool) -> 
         click.echo(report.summary(cannot is None and sniff(file) == "JP2"))  # by content, whatever the name says
         for error in report.errors:
             click.echo(f"    error: {error}")
+        for warning in report.warnings:  # on stderr, as convert's
+            click.echo(f"    warning: {warning}", err=True)
     sys.exit(EXIT_OK if report.ok else EXIT_ITEM_FAILED)
 
 

@@ -133,8 +133,8 @@ def harvest(ctx: click.Context, pipelines: tuple[str, ...], dry_run: bool, since
     Exit codes: 0 all deposited or skipped; 1 some items rejected or failed (or the source, the store or
     the scratch space failed as a whole: the run stopped, the items not reached keep their attempts);
     2 configuration or usage error, or a ledger that cannot be opened or written (a full disk: nothing can
-    run until it is put right); 3 another run holds the pipeline's lock (nothing was done); 130 (Ctrl-C) or
-    143 (SIGTERM) stopped by that signal before the end, after recording the items in flight (a run the
+    run until it is put right); 3 another run holds the pipeline's lock (nothing was done); 130 (Ctrl-C),
+    143 (SIGTERM) or 129 (SIGHUP: the terminal closed; not under nohup) stopped by that signal before the end, after recording the items in flight (a run the
     signal reached during its last items completes, and exits as completed), or at once on a second Ctrl-C,
     which abandons them: the next run redoes them. With several pipelines, the highest code wins.
 
@@ -279,7 +279,7 @@ def report(ctx: click.Context, run_id: int | None, pipeline: str | None, as_json
 
     Exit codes: 0 the run completed and every item was deposited or skipped; 1 some items rejected or failed,
     or the run did not complete (its source or store failed, it crashed, was killed, is still running, or was
-    stopped by a signal: the ledger does not keep which, so 1, not 130 or 143); 2 no such run, or a
+    stopped by a signal: the ledger does not keep which, so 1, not 130, 143 or 129); 2 no such run, or a
     configuration or usage error. A run stopped at its --limit or time limit exits as the harvest did.
 
     \b
