@@ -130,16 +130,24 @@ def cache_sources(config: Config, names: Sequence[str] = ()) -> list[CacheSource
     """The sources of the pipelines named, by default those cache.pipelines names (all when it names none). A
     pipeline config.yaml does not have is a ConfigError naming it; so is one whose recipe writes an extension
     cache.extensions does not list: the cache would copy none of its access masters, and say nothing (a sync saw
-    no key of it), while its manifests name them on the server."""
+    no key of it), while its manifests name them on the server; and one whose recipe writes HTJ2K unless
+    cache.server.decodes_htj2k: Debian's iipsrv answers its full-resolution tiles with flat grey JPEGs, 200 OK,
+    which the JP2's own verification (whole tiles) cannot see."""
     selected = list(names) or list(config.cache.pipelines or sorted(config.pipelines))
     pipelines = [config.pipeline(name) for name in selected]
     extensions = config.cache.extensions
     for pipeline in pipelines:
-        if pipeline.recipe.extension not in extensions:
+        recipe = pipeline.recipe
+        if recipe.extension not in extensions:
             raise ConfigError(f"{config.source_file}: cache.extensions ({', '.join(extensions)}) does not list "
-                              f"{pipeline.recipe.extension}, what pipeline {pipeline.name}'s recipe "
-                              f"{pipeline.recipe.name} writes: the cache would copy none of its access masters; "
-                              "add it")
+                              f"{recipe.extension}, what pipeline {pipeline.name}'s recipe {recipe.name} writes: "
+                              "the cache would copy none of its access masters; add it")
+        if recipe.jp2 is not None and recipe.jp2.ht and not config.cache.server.decodes_htj2k:
+            raise ConfigError(f"{config.source_file}: pipeline {pipeline.name}'s recipe {recipe.name} writes HTJ2K, "
+                              "which Debian 12's iipsrv (OpenJPEG 2.5.0) serves as flat grey tiles at full "
+                              "resolution: leave the pipeline out of cache.pipelines, or serve the cache with an "
+                              "iipsrv that decodes HTJ2K regions (Kakadu, a later OpenJPEG) and set "
+                              "cache.server.decodes_htj2k: true")
     return [CacheSource(p.name, p.store, p.settings.store.keys.image_prefix(p.name)) for p in pipelines]
 
 

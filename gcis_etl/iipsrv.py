@@ -69,6 +69,10 @@ class ServerSettings(Settings):
     documents_path: str = Field("/store", pattern=r"^(/[A-Za-z0-9._~-]+)+$")  # demo only (demo.conf)
     documents_root: Path | None = None                    # demo only: a local store's root, JSON served
     mirador_dir: Path = Path("~/.cache/gcis-etl/mirador")  # demo only: where install-mirador put Mirador
+    decodes_htj2k: bool = Field(False, description="whether the iipsrv reading the cache renders regions of HTJ2K "
+                                "tiles right: Debian 12's (OpenJPEG 2.5.0) serves every full-resolution tile of "
+                                "one flat grey, so the cache refuses pipelines with an HTJ2K recipe; true for an "
+                                "iipsrv linked with Kakadu or a later OpenJPEG (deploy/iipsrv/README.md)")
 
     @field_validator("base_url")
     @classmethod

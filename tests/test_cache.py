@@ -545,6 +545,30 @@ def test_a_pipeline_whose_recipe_writes_what_the_cache_does_not_copy_is_a_config
             "writes") in refused.stderr
     assert not (load_config(config).cache.images_dir / "samples").exists()
 
+
+def test_an_htj2k_pipeline_is_refused_unless_the_server_decodes_its_regions(configured):
+    """Debian's iipsrv (OpenJPEG 2.5.0) answered every full-resolution tile of an HTJ2K access master with a flat
+    grey JPEG, 200 OK (a walk measured 6-16 dB against the PTIFF), which the JP2's verification, decoding whole
+    tiles, cannot see: the cache refuses such a pipeline, and `config check` warns, until the server is said to
+    decode HTJ2K regions."""
+    config, store = configured
+    text = config.read_text().replace("store: {kind: local, root: store}",
+                                      "store: {kind: local, root: store}\n    recipe: jp2-grok-htj2k")
+    config.write_text(text)
+    put(store, "samples/o/c.jp2", b"C" * 1000)
+    refused = gcis(config, "sync")
+    assert refused.returncode == 2, refused.stderr
+    assert ("pipeline samples's recipe jp2-grok-htj2k writes HTJ2K, which Debian 12's iipsrv (OpenJPEG 2.5.0) "
+            "serves as flat grey tiles") in " ".join(refused.stderr.split())
+    assert not (load_config(config).cache.images_dir / "samples").exists()
+    checked = subprocess.run([GCIS, "--config", str(config), "config", "check"], capture_output=True, text=True,
+                             timeout=120)
+    assert checked.returncode == 0 and "would refuse this" in checked.stderr and "HTJ2K" in checked.stderr, checked
+    config.write_text(text.replace("server: {run_dir:", "server: {decodes_htj2k: true, run_dir:"))
+    assert gcis(config, "sync").returncode == 0
+    assert (load_config(config).cache.images_dir / "samples/o/c.jp2").is_file()
+
+
 def test_cli_usage_errors_and_exit_codes(configured):
     config, store = configured
     bad = gcis(config, "prune", "--max-bytes", "lots")

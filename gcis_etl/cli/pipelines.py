@@ -314,8 +314,10 @@ def config() -> None:
 @config.command("check")
 @click.pass_context
 def config_check(ctx: click.Context) -> None:
-    """Validate the configuration and print it resolved (defaults filled in, secrets masked); a source whose
-    TLS certificate is not checked (verify_tls: false) is warned of on stderr.
+    """Validate the configuration and print it resolved (defaults filled in, secrets masked). Warned of on
+    stderr: a source whose TLS certificate is not checked (verify_tls: false), and what the cache commands would
+    refuse (a pipeline whose recipe writes an extension cache.extensions does not list, or HTJ2K without
+    cache.server.decodes_htj2k).
 
     Exit code 0 when valid, 2 otherwise (the error names the file, the key and what was expected).
 
@@ -325,6 +327,7 @@ def config_check(ctx: click.Context) -> None:
     """
     import yaml
 
+    from gcis_etl.cache import cache_sources
     from gcis_etl.harvesting import open_sources
     from gcis_etl.logs import say
     cfg = _config(ctx)
@@ -332,6 +335,10 @@ def config_check(ctx: click.Context) -> None:
         sources = open_sources(cfg, sorted(cfg.pipelines))
     except ConfigError as exc:
         fail_config(exc)
+    try:
+        cache_sources(cfg)
+    except ConfigError as exc:  # only the cache commands need them mirrored: a configuration without a cache is valid
+        say(f"warning: the cache (gcis-etl cache sync/serve) would refuse this: {exc}", logging.WARNING)
     for name, source in sources.items():
         if getattr(getattr(source, "settings", None), "verify_tls", True) is False:
             say(f"warning: pipelines.{name}.source.verify_tls: false: the source's TLS certificate is not checked, "
