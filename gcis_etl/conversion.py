@@ -29,7 +29,6 @@ if TYPE_CHECKING:
     from gcis_etl.jp2 import Jp2Metadata
     from gcis_etl.metadata import Carried
 
-_PIXELS = "reading pixels with "
 
 
 @dataclass(frozen=True)
@@ -191,7 +190,8 @@ def _run_with_fallbacks(worker: IsolatedProcess, target, job: DecodeJob):
         try:
             return worker.call(target, job, notes=notes), tuple(notes)
         except WorkerCrashed as exc:
-            crashed = (exc.stage or "").removeprefix(_PIXELS) if (exc.stage or "").startswith(_PIXELS) else None
+            said = exc.stage or ""
+            crashed = said.removeprefix(isolation.PIXELS_STAGE) if said.startswith(isolation.PIXELS_STAGE) else None
             remaining = tuple(d for d in job.decoders if d != crashed)
             if crashed is None or not remaining or remaining == job.decoders:
                 raise
@@ -204,7 +204,7 @@ def decode_in_child(job: DecodeJob) -> str:
     from gcis_etl.colour import normalise
     from gcis_etl.decoding import open_master
     decoded = open_master(job.info, job.decoders, job.policy.strict, job.policy.vips_decodes_jpeg2000_origin)
-    isolation.stage(_PIXELS + decoded.decoder)
+    isolation.reading_pixels(decoded.decoder)
     try:
         normalise(decoded.image, job.info, job.policy).avg()
     except Exception as exc:  # pyvips.Error: libvips reports corrupt data (and a refused allocation) this way
@@ -259,7 +259,7 @@ def encode_in_child(job: EncodeJob) -> EncodeOutcome:
                                     Path(scratch))
         try:
             decoded = open_master(job.info, job.decoders, job.policy.strict, job.policy.vips_decodes_jpeg2000_origin)
-            isolation.stage(_PIXELS + decoded.decoder)  # pixels are read lazily, while encoding
+            isolation.reading_pixels(decoded.decoder)  # pixels are read lazily, while encoding
             # the tifffile engine has its own colour stage: Pillow ImageCms, applied strip by strip while encoding
             image = (srgb_strips if recipe.encoder == "tifffile" else normalise)(decoded.image, job.info, job.policy)
             encode = {"ptiff": _encode_ptiff, "tifffile": _encode_tifffile}.get(recipe.encoder, _encode_jp2)

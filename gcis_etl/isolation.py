@@ -81,6 +81,14 @@ def stage(name: str) -> None:
     _report("stage", name)
 
 
+PIXELS_STAGE = "reading pixels with "  # + a decoder's name: a crash then is that decoder's, and the next is tried
+
+
+def reading_pixels(decoder: str) -> None:
+    """The stage in which `decoder` reads the master's pixels (a crash in it retries with the next decoder)."""
+    stage(PIXELS_STAGE + decoder)
+
+
 class _ToParent(logging.Handler):
     """In the child, what tifffile logs (what it skips in a damaged master and reads on) goes to the parent as
     a note of the job, a warning of its result: written to the inherited stderr it was a plain line among a

@@ -25,3 +25,12 @@ def beside_thread() -> str:
     """The name of the thread isolation.beside runs work in."""
     from gcis_etl.isolation import beside
     return beside(lambda: threading.current_thread().name).result()
+
+
+def decode_crashing_in_libvips_writes(job):
+    """conversion.decode_in_child with every libvips write crashing the process, as a decoder crash does."""
+    import pyvips
+
+    from gcis_etl.conversion import decode_in_child
+    pyvips.Image.tiffsave = lambda *args, **kwargs: segfault()
+    return decode_in_child(job)
