@@ -45,6 +45,8 @@ _PROFILE_SPACES = {"L": "GRAY", "RGBX": "RGB", "CMYK": "CMYK"}  # Pillow mode ->
 # Pixels per ImageCms call: Pillow holds them as 4 bytes each, and LittleCMS runs ~25% faster on 2 MB
 # (cache-sized) parts than on a 256-row band of a 14,600-pixel-wide master (15 MB).
 TRANSFORM_PIXELS = 512 * 1024
+_SAMPLE_BYTES = {"uchar": 1, "char": 1, "ushort": 2, "short": 2, "uint": 4, "int": 4, "float": 4, "double": 8,
+                 "complex": 8, "dpcomplex": 16}
 
 
 @dataclass(frozen=True)
@@ -54,6 +56,7 @@ class SrgbStrips:
     image: pyvips.Image
     transform: ImageCms.ImageCmsTransform | None = None
     mode: str = "RGBX"  # the Pillow mode of the transform's input; 3-band samples are expanded to RGBX
+    pixel_bytes: int = 3  # a pixel's bytes at the widest step of the libvips pipeline a fetch runs (_widest)
 
     @property
     def width(self) -> int:
@@ -108,18 +111,29 @@ class SrgbStrips:
 def srgb_strips(image: pyvips.Image, info: ImageInfo, policy: ImagingPolicy) -> SrgbStrips:
     """How the decoded master's rows become sRGB on this path: the transform to apply, if any."""
     laid = layout(image, info, policy)
+    widest = _widest(image, laid, info, policy)
     interpretation = laid.interpretation
     if interpretation in LAB:  # float Lab (colour.layout)
-        return SrgbStrips(laid, _transform(ImageCms.createProfile("LAB"), "LAB", policy), "LAB")
+        return SrgbStrips(laid, _transform(ImageCms.createProfile("LAB"), "LAB", policy), "LAB", widest)
     if laid.format not in ("uchar", "ushort") or laid.bands not in _MODES:
-        return SrgbStrips(normalise(image, info, policy))
+        return SrgbStrips(normalise(image, info, policy), pixel_bytes=widest)
     mode = "CMYK" if interpretation == "cmyk" and laid.bands == 4 else _MODES[laid.bands]
     profile = _embedded(laid, mode, policy)
     if profile is None and mode == "CMYK":
         profile = _profile(pyvips.Operation.call("profile_load", policy.cmyk_fallback_profile))
     if profile is None:
-        return SrgbStrips(normalise(image, info, policy))
-    return SrgbStrips(laid, _transform(profile, mode, policy), mode)
+        return SrgbStrips(normalise(image, info, policy), pixel_bytes=widest)
+    return SrgbStrips(laid, _transform(profile, mode, policy), mode, widest)
+
+
+def _widest(image: pyvips.Image, laid: pyvips.Image, info: ImageInfo, policy: ImagingPolicy) -> int:
+    """A pixel's bytes at the widest step libvips runs for a fetch, decoded master to sRGB: every step holds
+    the fetched area in its own buffer, so this sets what a fetch of so many pixels costs. An alpha is
+    flattened in float over the colour bands and the alpha (colour._flatten): 16 bytes for RGBA of any depth."""
+    steps = [image.bands * _SAMPLE_BYTES[image.format], laid.bands * _SAMPLE_BYTES[laid.format], 3]
+    if info.alpha and policy.alpha == "flatten":
+        steps.append(4 * (laid.bands + 1))
+    return max(steps)
 
 
 def _embedded(image: pyvips.Image, mode: str, policy: ImagingPolicy) -> ImageCms.ImageCmsProfile | None:

@@ -4,10 +4,10 @@ Rows come from imagecms_colour (LittleCMS through Pillow ImageCms), a band at a 
 tifffile page written from a tile iterator, its tiles JPEG-compressed by tifffile/imagecodecs. tifffile
 writes pages one after the other, while the pyramid is made top-down in one pass: the next level is made
 piece by piece with cv2.resize (the recipe's interpolation) and spilled uncompressed to scratch until its
-page is written. Rows are fetched, transformed, halved and read back in pieces of at most PIECE_PIXELS, put
-together into the tile rows tifffile needs: memory is one 8-bit tile row and a few pieces whatever the
-master's height, and grows with its width only by the tile row (3 x tile bytes a column). Scratch holds at
-most ~0.31x the master's uncompressed 8-bit size (levels 1 and 2).
+page is written. Rows are fetched, transformed, halved and read back in pieces of at most PIECE_BYTES at the
+widest step of their making, put together into the tile rows tifffile needs: memory is one 8-bit tile row
+and a few pieces whatever the master's height, and grows with its width only by the tile row (3 x tile
+bytes a column). Scratch holds at most ~0.31x the master's uncompressed 8-bit size (levels 1 and 2).
 
 tifffile cannot write the EXIF and GPS sub-IFDs: once it has written the file, its IFD chain is read back
 and written again after the tiles by tiff.TiffFileWriter, with the carried metadata in IFD0 as on the
@@ -39,11 +39,12 @@ INTERPOLATIONS = {"area": cv2.INTER_AREA, "linear": cv2.INTER_LINEAR, "cubic": c
                   "lanczos4": cv2.INTER_LANCZOS4, "nearest": cv2.INTER_NEAREST}
 SUBSAMPLING = {"4:2:0": (2, 2), "4:4:4": (1, 1)}
 BIGTIFF_FROM = 2 ** 32 - 2 ** 25  # uncompressed bytes of all levels; tifffile's own threshold
-# Pixels fetched and colour-transformed (or read back from scratch) at once: a whole tile row up to 16,384
-# columns, fewer rows on wider levels, whose tile rows were held several times over (16-bit fetch, 8-bit
-# copy, sRGB result, the one read ahead: 2 GB at 200,000 columns). Smaller pieces hold less (2^20: 70 MB
-# less on 12,000 columns) but cost more system time in page faults (+15% CPU there).
-PIECE_PIXELS = 2 ** 22
+# Bytes of a piece (rows fetched and colour-transformed, or read back from scratch, at once) at the widest
+# step of its making (SrgbStrips.pixel_bytes; 3 read back from scratch). Every libvips step holds the piece
+# in its own buffer: a 12,000-column tile row (3 Mpx) cost 40 MB a Mpx on 8-bit RGB but 220 on 16-bit
+# RGBA, flattened in float (770 MB peak). At 4 MB a 120 Mpx master peaks at 190-290 MB; smaller pieces
+# cost CPU (+30% at 200,000 columns, 16-bit: 3 rows where 4 Mpx pieces had 20).
+PIECE_BYTES = 2 ** 22
 ENCODE_BUFFER = 2 ** 25  # bytes of tiles tifffile copies out and compresses in one pass (its buffersize)
 _OFFSET_TAGS, _PLACEHOLDERS = (324, 325), (282, 283, 296)
 
@@ -114,7 +115,7 @@ def encode_tifffile_ptiff(strips: SrgbStrips, out_path: Path, recipe: Recipe, ic
         pool = stack.enter_context(ThreadPoolExecutor(threads, thread_name_prefix="imagecms"))
         reader = stack.enter_context(ThreadPoolExecutor(1, thread_name_prefix="read-ahead"))
         tif = stack.enter_context(tifffile.TiffWriter(out_path, bigtiff=bigtiff, byteorder="<"))
-        pieces = _read_ahead(strips.bands(piece_rows(levels[0], recipe.tile), pool), reader)
+        pieces = _read_ahead(strips.bands(piece_rows(levels[0], recipe.tile, strips.pixel_bytes), pool), reader)
         source = None
         for index, level in enumerate(levels):
             spill = stack.enter_context(closing(_Spill(scratch))) if index + 1 < len(levels) else None
@@ -128,14 +129,15 @@ def encode_tifffile_ptiff(strips: SrgbStrips, out_path: Path, recipe: Recipe, ic
                 source.close()  # this level's spill is written out: its space is freed
             if spill is not None:
                 next_level = levels[index + 1]
-                pieces, source = spill.pieces(next_level, piece_rows(next_level, recipe.tile)), spill
+                pieces, source = spill.pieces(next_level, piece_rows(next_level, recipe.tile, 3)), spill
     size = _rewrite_ifds(out_path, metadata_tags(), bigtiff)
     return EncodedFile(levels=tuple(levels), bigtiff=bigtiff, bytes=size)
 
 
-def piece_rows(level: Level, tile: int) -> int:
-    """Rows a piece of the level has: a tile row, or as many rows of it as PIECE_PIXELS allows."""
-    return max(1, min(tile, PIECE_PIXELS // level.width))
+def piece_rows(level: Level, tile: int, pixel_bytes: int) -> int:
+    """Rows a piece of the level has: a tile row, or as many rows of it as PIECE_BYTES allows at `pixel_bytes`
+    a pixel."""
+    return max(1, min(tile, PIECE_BYTES // (pixel_bytes * level.width)))
 
 
 def _read_ahead(pieces: Iterator[np.ndarray], reader: ThreadPoolExecutor) -> Iterator[np.ndarray]:
