@@ -77,14 +77,17 @@ def _first_line(exc: Exception) -> str:
 
 
 def _open_vips(info: ImageInfo, strict: bool) -> pyvips.Image:
-    if info.format in ("TIFF", "BigTIFF") and _tiled_separate_planes(info.path):
+    tiled, separate = _tiff_layout(info.path) if info.format in ("TIFF", "BigTIFF") else (False, False)
+    if tiled and separate:
         raise CannotOpen("libvips cannot read tiled planar-separate TIFF")
-    access = "random" if info.orientation in _BOTTOM_UP_ORIENTATIONS else "sequential"
+    quarter = info.orientation in _TRANSPOSING_ORIENTATIONS
+    rewritten = quarter and not tiled  # a tiled TIFF is itself read at random tile by tile
+    access = "random" if (quarter or info.orientation in _BOTTOM_UP_ORIENTATIONS) and not rewritten else "sequential"
     try:
         image = vips_file(info.path, access=access, fail_on="warning" if strict else "none")
     except pyvips.Error as exc:
         raise CannotOpen(_first_line(exc)) from None
-    if info.orientation in _TRANSPOSING_ORIENTATIONS:
+    if rewritten:
         image = _tiled(image)
     if info.interpretation == "lab" and image.interpretation == "multiband":
         return _icc_lab(image, info)
@@ -132,17 +135,19 @@ def _tiled(image: pyvips.Image) -> pyvips.Image:
     return tiled
 
 
-def _tiled_separate_planes(path: str) -> bool:
-    """libvips (8.14 to 8.17 at least: libvips/libvips#4615) opens the header of a tiled planar-separate TIFF
-    but fails on its first pixel ("tiff2vips: tiled separate planes not supported"), which would read as
-    corrupt data: the header routes such a valid master to the next decoder instead."""
+def _tiff_layout(path: str) -> tuple[bool, bool]:
+    """Whether a TIFF's first page is tiled, and has separate planes. Tiled, libvips reads it at random tile by
+    tile: a quarter turn needs no intermediate (_tiled; 100 Mpx 16-bit: 1.4 s direct, 2.9 s through one). Tiled
+    with separate planes, libvips (8.14 to 8.17 at least: libvips/libvips#4615) opens its header but fails on its
+    first pixel ("tiff2vips: tiled separate planes not supported"), which would read as corrupt data: the
+    header routes such a valid master to the next decoder instead."""
     import tifffile
     try:
         with tifffile.TiffFile(path) as tif:
             page = tif.pages[0]
-            return page.is_tiled and page.planarconfig == tifffile.PLANARCONFIG.SEPARATE
+            return page.is_tiled, page.is_tiled and page.planarconfig == tifffile.PLANARCONFIG.SEPARATE
     except Exception:  # a header tifffile cannot read: libvips says what is wrong with it
-        return False
+        return False, False
 
 
 def _vips_declines(info: ImageInfo, vips_jpeg2000_origin: bool) -> str | None:

@@ -45,10 +45,12 @@ def test_a_turned_strip_master_converts_in_about_the_memory_of_an_upright_one(re
     "rgb8-tiff-lzw/hopper_lzw.tif", "rgb16-tiff/tif-rgb-1res-64x56x16-striped-lzw.tif", "gray16/16bit.MM.deflate.tif",
     "cmyk-tiff-icc/fogra-0-100-100-0.tif", "lab-tiff/hopper.Lab.tif", "alpha/strike.tif", "alpha/rgba.png",
     "unusual-sample-format/int8_rgb.tif", "unusual-sample-format/predictor-3-rgb-f32.tif",
-    "icc-adobergb/example.tif", "jpeg2000/relax.jp2", "cmyk-jpeg/pil_sample_cmyk.jpg", "bilevel-1bit/miniswhite-1c-1b.tiff"])
+    "icc-adobergb/example.tif", "jpeg2000/relax.jp2", "cmyk-jpeg/pil_sample_cmyk.jpg", "bilevel-1bit/miniswhite-1c-1b.tiff",
+    "tiled-tiff/tiled-rgb-u8.tif", "tiled-tiff/tiff_tiled_raw.tif"])  # tiled: turned from themselves
 def test_a_turned_master_is_decoded_as_it_is_upright(master):
-    """libvips decodes a master to be turned a quarter into a tiled TIFF in scratch, read back from there: the
-    image the colour stage gets has the master's samples, bands, colour space and profile."""
+    """libvips decodes a master to be turned a quarter into a tiled TIFF in scratch, read back from there (a
+    tiled TIFF is read at random as it is): the image the colour stage gets has the master's samples, bands,
+    colour space and profile."""
     policy = ImagingPolicy()
     info = inspect(CORPUS / master, policy)
     upright = open_master(replace(info, orientation=1), ("vips",), policy.strict).image
