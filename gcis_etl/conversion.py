@@ -190,8 +190,7 @@ def _run_with_fallbacks(worker: IsolatedProcess, target, job: DecodeJob):
         try:
             return worker.call(target, job, notes=notes), tuple(notes)
         except WorkerCrashed as exc:
-            said = exc.stage or ""
-            crashed = said.removeprefix(isolation.PIXELS_STAGE) if said.startswith(isolation.PIXELS_STAGE) else None
+            crashed = isolation.crashed_decoder(exc.stage)
             remaining = tuple(d for d in job.decoders if d != crashed)
             if crashed is None or not remaining or remaining == job.decoders:
                 raise

@@ -81,12 +81,17 @@ def stage(name: str) -> None:
     _report("stage", name)
 
 
-PIXELS_STAGE = "reading pixels with "  # + a decoder's name: a crash then is that decoder's, and the next is tried
+_PIXELS_STAGE = "reading pixels with "  # + a decoder's name: a crash then is that decoder's, and the next is tried
 
 
 def reading_pixels(decoder: str) -> None:
     """The stage in which `decoder` reads the master's pixels (a crash in it retries with the next decoder)."""
-    stage(PIXELS_STAGE + decoder)
+    stage(_PIXELS_STAGE + decoder)
+
+
+def crashed_decoder(stage_name: str | None) -> str | None:
+    """The decoder a crash in `stage_name` is blamed on (reading_pixels), or None for any other stage."""
+    return stage_name.removeprefix(_PIXELS_STAGE) if (stage_name or "").startswith(_PIXELS_STAGE) else None
 
 
 class _ToParent(logging.Handler):
