@@ -59,7 +59,7 @@ def square_pixels(image: pyvips.Image, resolution: tuple[float, float, int] | No
     IIIF's pixels are square, and viewers drew such a master squashed. `resolution`: the upright one
     (ImageInfo.resolution); the output's resolution tags say the higher value (metadata.Resolution.squared)."""
     size = (image.width, image.height)
-    width, height = Resolution(*resolution).square_size(*size) if resolution else size
+    width, height = Resolution.of(resolution).square_size(*size) if resolution else size
     return image if (width, height) == size else image.resize(width / image.width, vscale=height / image.height)
 
 

@@ -108,7 +108,7 @@ def _judge(info: ImageInfo, h: _Header, policy: ImagingPolicy, warnings: list[st
     if h.data_end:
         rejects.append(f"truncated: image data runs to {h.data_end:,} bytes, the file has {h.file_size:,} "
                        "(an interrupted upload?)")
-    resolution = Resolution(*info.resolution) if info.resolution else None
+    resolution = Resolution.of(info.resolution)
     # info.resolution is the upright one; turned back (each turn is its own inverse), it squares the stored frame
     square = (resolution.upright(info.orientation).square_size(info.width, info.height) if resolution
               else (info.width, info.height))

@@ -287,6 +287,11 @@ class Resolution:
     y: float
     unit: int
 
+    @classmethod
+    def of(cls, stated: tuple[float, float, int] | None) -> Resolution | None:
+        """From ImageInfo.resolution's plain tuple (models cannot import this module); None for None."""
+        return cls(*stated) if stated else None
+
     def upright(self, orientation: int | None) -> Resolution:
         """The resolution once the orientation is applied: orientations 5-8 swap rows and columns."""
         return Resolution(self.y, self.x, self.unit) if orientation in (5, 6, 7, 8) else self
@@ -451,7 +456,7 @@ def write_carrier(master: ImageInfo, keep: tuple[str, ...], exclude: tuple[str, 
     the packet in place, keeping unknown namespaces (a packet *copied* as a block in that command would be
     written verbatim, the deletions ignored). A JPEG's extended XMP (beyond its 64 KB segment) is not in the
     packet: its tags are copied tag by tag into their own namespaces."""
-    resolution = Resolution(*master.resolution) if master.resolution else None
+    resolution = Resolution.of(master.resolution)
     whole = keeps_all_xmp(keep)
     with classic_view(master.path) as source:  # a BigTIFF master loses UNDEFINED tags otherwise (see classic_view)
         raw = _raw_values(source, "IFD0:ImageDescription", *(("XMP",) if whole else ()))
