@@ -30,7 +30,7 @@ from gcis_etl.keys import UnsafeKey
 from gcis_etl.models import Status
 from gcis_etl.pipelines import Pipeline, config_folder
 from gcis_etl.recipes import Recipe, load_recipe
-from gcis_etl.stores import Provenance, StoredObject
+from gcis_etl.stores import Provenance, Store, StoredObject
 
 log = logging.getLogger(__name__)
 
@@ -174,6 +174,13 @@ class RecipeCache:
         return self._found[key]
 
 
+def image_key(store: Store, task: ItemTask, recipe: Recipe) -> str:
+    """Where a task's access master goes in `store` (UnsafeKey when its identifiers cannot name it): what the
+    worker deposits into, and where an upload its killed process left is looked for."""
+    return store.keys.image_key(task.pipeline, task.object_id, task.item.id, task.item.sequence,
+                                recipe.extension.lstrip("."))
+
+
 class Worker:
     """Processes tasks for the pipelines of one config, in one thread or process, with a conversion child leased
     from `children` (the local executor's threads share one pool) or, without it, one of its own.
@@ -188,6 +195,13 @@ class Worker:
         self._own = children is None
         self._children = ChildPool(1) if children is None else children
         self._recipes = RecipeCache(pipelines)
+
+    def image_key(self, task: ItemTask) -> str | None:
+        """Where `task`'s access master goes, or None when this worker cannot name it (process says why)."""
+        try:
+            return image_key(self.pipelines[task.pipeline].store, task, self._recipes.of(task))
+        except (KeyError, GcisError):
+            return None
 
     def close(self) -> None:
         if self._own:
@@ -299,8 +313,7 @@ class Worker:
                               transient=False)
         store = pipeline.store
         try:
-            key = store.keys.image_key(task.pipeline, task.object_id, task.item.id, task.item.sequence,
-                                       recipe.extension.lstrip("."))
+            key = image_key(store, task, recipe)
         except UnsafeKey as exc:  # the same on every attempt, before anything is fetched: not worth retrying soon
             return replace(base, reason=f"cannot be named in the store: {exc}")
         done = None if task.force else store.head(key)  # a damaged copy keeps its provenance

@@ -47,7 +47,8 @@ from gcis_etl.distributed import OUTAGE_RETRY_CEILING_SECONDS, TASK_NAME, Celery
 from gcis_etl.errors import ConfigError, GcisError, VersionSkew
 from gcis_etl.pipelines import Pipeline
 from gcis_etl.reports import counted
-from gcis_etl.work import TASK_PARTS, ItemResult, ItemTask, Outcome, RecipeCache, Worker, halting, skew_fields
+from gcis_etl.work import (TASK_PARTS, ItemResult, ItemTask, Outcome, RecipeCache, Worker, halting, image_key,
+                           skew_fields)
 
 log = logging.getLogger(__name__)
 
@@ -177,8 +178,9 @@ class _PoolProcess:
             soft = current_task.request.timelimit[1]
             return replace(result, outcome=Outcome.FAILED, transient=False,
                            reason=f"took longer than the soft time limit of {soft} s for recipe {task.recipe}")
-        if current_task.request.retries and result.key:  # Celery retries a task only after its process died
-            _abort_dead_upload(self.worker.pipelines[task.pipeline], task, result.key,
+        key = self.worker.image_key(task) if current_task.request.retries else None  # Celery retries a task
+        if key:  # only after its process died; this try failing too leaves that try's upload all the same
+            _abort_dead_upload(self.worker.pipelines[task.pipeline], task, key,
                                timedelta(seconds=time.time() - began))  # never this try's: long complete
         return result
 
@@ -716,8 +718,7 @@ class CeleryExecutor:
         """The upload a task's last try left, killed: under the key the try deposits into (work.Worker names it)."""
         pipeline = self.pipelines[task.pipeline]
         try:
-            key = pipeline.store.keys.image_key(task.pipeline, task.object_id, task.item.id, task.item.sequence,
-                                                self._recipes.of(task).extension.lstrip("."))
+            key = image_key(pipeline.store, task, self._recipes.of(task))
         except GcisError:  # the try could not name it either: it uploaded nothing
             return
         _abort_dead_upload(pipeline, task, key)
