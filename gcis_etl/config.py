@@ -200,10 +200,11 @@ def _served(pipelines: dict[str, PipelineSettings], max_cvt: int, cached: tuple[
 
 
 def anchor_in(base: Path):
-    """A relative path made relative to `base`; an anchored value from the environment stays marked as such."""
+    """A relative path made relative to `base`, one starting with ~ relative to the home folder (it was taken
+    for a folder named ~ in `base`); an anchored value from the environment stays marked as such."""
     def anchor(value: Any) -> Any:
-        if isinstance(value, str) and value and not Path(value).is_absolute():
-            return type(value)(base / value)
+        if isinstance(value, str) and value:
+            return type(value)(base / Path(value).expanduser())  # an absolute path stays as it is
         return value
     return anchor
 
@@ -220,11 +221,8 @@ def _anchored(data: dict, anchor) -> dict:
         if isinstance(server, dict):
             defaults = {"run_dir": "var/iipsrv", "access_log": "var/iipsrv/access.log"}
             server = {**server, **{key: anchor(server.get(key, default)) for key, default in
-                                   (*defaults.items(), ("documents_root", None), ("iipsrv", None))
-                                   if server.get(key, default)}}
-            mirador = server.get("mirador_dir")
-            if isinstance(mirador, str) and not mirador.startswith("~"):  # ~: the home folder (expanded on use)
-                server["mirador_dir"] = anchor(mirador)
+                                   (*defaults.items(), ("documents_root", None), ("iipsrv", None),
+                                    ("mirador_dir", None)) if server.get(key, default)}}
         data["cache"] = {**cache, "dir": anchor(cache.get("dir", "var/iipsrv-cache")), "server": server}
     data = _anchored_imaging(data, anchor)
     if isinstance(data.get("defaults"), dict):

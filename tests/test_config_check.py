@@ -46,6 +46,20 @@ def test_the_consumers_program_and_mirador_folder_are_relative_to_the_config_fil
     server = yaml.safe_load(done.stdout)["cache"]["server"]
     assert server["iipsrv"] == str(folder / "bin/iipsrv.fcgi")
     assert server["mirador_dir"] == str(folder / "viewer/mirador")
-    path.write_text(yaml.safe_dump({"cache": {"server": {"mirador_dir": "~/mirador"}}}))
-    home = config_check(path, elsewhere)
-    assert yaml.safe_load(home.stdout)["cache"]["server"]["mirador_dir"] == "~/mirador"  # the home folder's
+
+
+
+def test_a_path_starting_with_a_tilde_is_in_the_home_folder_whatever_its_key(tmp_path):
+    """It was a folder named ~ beside the config file: state, stores and sources went there."""
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump({"state_dir": "~/gcis-state", "cache": {"server": {"mirador_dir": "~/mirador"}},
+                                    "pipelines": {"museum": {"source": {"kind": "filesystem", "root": "~/masters"},
+                                                             "store": {"kind": "local", "root": "~/store"}}}}))
+    done = config_check(path, tmp_path)
+    assert done.returncode == 0, done.stderr
+    printed, home = yaml.safe_load(done.stdout), Path.home()
+    assert printed["state_dir"] == str(home / "gcis-state")
+    assert printed["cache"]["server"]["mirador_dir"] == str(home / "mirador")
+    assert printed["pipelines"]["museum"]["source"]["root"] == str(home / "masters")
+    assert printed["pipelines"]["museum"]["store"]["root"] == str(home / "store")
+    assert not (tmp_path / "~").exists()
