@@ -67,8 +67,16 @@ def write_config(folder: Path, source: dict) -> Path:
     return path
 
 
-def test_a_ctrl_c_records_the_run_as_stopped_on_request_and_reaches_the_caller(declare, tmp_path):
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # as in a library caller's program
+@pytest.fixture
+def python_ctrl_c():
+    """SIGINT as a library caller's program has it (Python's default handler), whatever the test runner
+    inherited: a shell starts a background job without job control with SIGINT ignored."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+def test_a_ctrl_c_records_the_run_as_stopped_on_request_and_reaches_the_caller(declare, tmp_path, python_ctrl_c):
     declare("ctrl-c-connectors", ctrlc=f"{__name__}:CtrlCSource")
     config = load_config(write_config(tmp_path, {"kind": "ctrlc", "master": str(MASTER)}))
     with pytest.raises(KeyboardInterrupt):

@@ -26,6 +26,13 @@ ITEMS = {("IE7000", "FL7002"), ("IE7000", "FL7003"), ("IE7010", "FL7012"), ("IE7
 MIGRATE = str(Path(GCIS).with_name("gcis-migrate"))
 
 
+def _as_from_a_terminal() -> None:
+    """The command's signals as a terminal starts it, whatever the test runner inherited (started under nohup,
+    or in the background without job control, it has SIGHUP or SIGINT ignored, and so would the command)."""
+    for signum in (signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_DFL)
+
+
 class Harvest:
     """`gcis-etl harvest` (or `command`) of the catalogue in its own process; its stderr read as it comes."""
 
@@ -36,7 +43,7 @@ class Harvest:
             "pipelines": {"dam": {"source": rosetta_source(url, retry=PATIENT_RETRY),
                                   "store": {"kind": "local", "root": str(tmp_path / "store")}}}}))
         self.proc = subprocess.Popen(list(command), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     text=True, env={**os.environ, **SECRETS})
+                                     text=True, env={**os.environ, **SECRETS}, preexec_fn=_as_from_a_terminal)
         self.stderr: list[str] = []
         self.reader = threading.Thread(target=lambda: self.stderr.extend(self.proc.stderr), daemon=True)
         self.reader.start()
