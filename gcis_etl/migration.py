@@ -12,8 +12,8 @@ configuration, makes the first Ctrl-C or SIGTERM a clean stop, and ends with the
 and, unless --dry-run, a JSON summary and a CSV of the problems and destructive actions in <state_dir>/reports.
 Exit codes are those of `gcis-etl harvest`: 0 done; 1 some items or keys failed or were rejected, or the
 migration stopped on an error; 2 configuration or usage error; 3 another run holds the pipeline; 128 + the
-signal's number (130 Ctrl-C, 143 SIGTERM, 129 SIGHUP) stopped by a signal; a signal that came during the last items of its
-last harvest run, which completed all the same, leaves it completed (its runs say what it did).
+signal's number (130 Ctrl-C, 143 SIGTERM, 129 SIGHUP) stopped by a signal; a signal that came during the last
+items of its last harvest run, which completed all the same, leaves it completed (its runs say what it did).
 
 Work that is a harvest goes through harvest(), where the ledger decides what is already settled: re-running a
 migration continues where the last run stopped. Other work (copying between stores) uses the stores and the

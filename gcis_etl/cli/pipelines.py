@@ -134,9 +134,9 @@ def harvest(ctx: click.Context, pipelines: tuple[str, ...], dry_run: bool, since
     the scratch space failed as a whole: the run stopped, the items not reached keep their attempts);
     2 configuration or usage error, or a ledger that cannot be opened or written (a full disk: nothing can
     run until it is put right); 3 another run holds the pipeline's lock (nothing was done); 130 (Ctrl-C),
-    143 (SIGTERM) or 129 (SIGHUP: the terminal closed; not under nohup) stopped by that signal before the end, after recording the items in flight (a run the
-    signal reached during its last items completes, and exits as completed), or at once on a second Ctrl-C,
-    which abandons them: the next run redoes them. With several pipelines, the highest code wins.
+    143 (SIGTERM) or 129 (SIGHUP: the terminal closed; not under nohup) stopped by that signal before the
+    end, after recording the items in flight (a run the signal reached during its last items completes, and
+    exits as completed), or at once on a second Ctrl-C, which abandons them: the next run redoes them. With several pipelines, the highest code wins.
 
     \b
     Examples:
