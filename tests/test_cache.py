@@ -579,6 +579,9 @@ def test_cli_usage_errors_and_exit_codes(configured):
     assert failed.returncode == 1 and "failed: samples: samples/o/a.tif:" in failed.stderr
     unsafe = gcis(config, "purge", "../x.tif")
     assert unsafe.returncode == 1 and "error:" in unsafe.stderr
+    both = gcis(config, "purge", "-p", "samples", "samples/o/b.tif")
+    assert both.returncode == 2 and "KEYS or --pipeline, not both" in both.stderr
+    assert "samples/o/b.tif" in cached(load_config(config).cache)
 
 
 def test_cli_sync_and_purge_of_a_store_that_cannot_be_listed_fail_and_remove_nothing(configured, tmp_path):

@@ -189,6 +189,9 @@ def purge(ctx: click.Context, keys: tuple[str, ...], names: tuple[str, ...], as_
       gcis-etl cache purge samples/IE42/FL7.tif      # one image, now
     """
     from gcis_etl.cache import purge as purge_cache
+    if keys and names:
+        raise click.UsageError("give KEYS or --pipeline, not both: a KEY already names its pipeline's image "
+                               "(--pipeline chooses whose images gone from their store are removed)")
     cfg, sources = _setup(ctx, names)
     result = _run(purge_cache, cfg.cache, sources, keys)
     if as_json:
