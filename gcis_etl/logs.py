@@ -120,8 +120,10 @@ def guard(logger: logging.Logger, **_: object) -> None:
 def say(message: str, level: int = logging.ERROR, **fields: object) -> None:
     """A message for whoever runs the command (run stopped, lock held, configuration error): under --log-json a
     JSON log line like every other, as a log shipper reads nothing else; otherwise the plain text, whatever the
-    log level (the JSON message leaves out the blank line padding a terminal's ^C)."""
+    log level (the JSON message leaves out the blank line padding a terminal's ^C). The plain text is printable
+    line by line: an error may quote what a source sent (an id, a server's error page) and its escape
+    sequences must not reach the terminal."""
     if any(isinstance(handler.formatter, JsonFormatter) for handler in logging.getLogger().handlers):
         logging.getLogger("gcis_etl.cli").log(level, message.strip(), extra=fields)
     else:
-        click.echo(message, err=True)
+        click.echo("\n".join(printable(line) for line in message.split("\n")), err=True)

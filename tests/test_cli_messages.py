@@ -276,3 +276,15 @@ def test_an_emulators_fault_example_fires_on_its_own_paths(emulator, own_path):
             assert answered.value.code == json.loads(example)["status"] == 503
         finally:
             running.terminate()
+
+
+def test_a_configuration_error_quoting_an_escape_sequence_prints_it_escaped(tmp_path):
+    """A pipeline named with a terminal's clear-screen sequence: the error names it, and the terminal is not
+    cleared (click strips ANSI sequences only when stderr is not a terminal, so this is what a pipe sees of
+    both: the name escaped, not stripped)."""
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump({"pipelines": {"\x1b[2Jp": {
+        "source": {"kind": "filesystem", "root": str(tmp_path)},
+        "store": {"kind": "local", "root": str(tmp_path / "store")}}}}))
+    stopped = gcis(tmp_path, "harvest")
+    assert stopped.returncode == 2
+    assert "pipelines.\\x1b[2Jp: a pipeline name is" in stopped.stderr and "\x1b" not in stopped.stderr
