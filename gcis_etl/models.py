@@ -39,10 +39,6 @@ class ImageInfo:
     reasons: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
 
-    @property
-    def megapixels(self) -> float:
-        return (self.width or 0) * (self.height or 0) / 1e6
-
     def to_dict(self) -> dict:
         d = asdict(self)
         d["verdict"] = self.verdict.value
