@@ -11,7 +11,8 @@ as the run saw it, in `items` for the item's current deposit; what building an o
 `objects` for its published manifests and in `manifest_warnings` for the run that published them (JSON lists;
 NULL for none). An object whose manifest was rejected is in `manifest_problems` until a manifest of it is
 published. An access master an item no longer uses (re-derived under another key) is in `superseded`
-until nothing refers to it (gcis_etl/supersession.py).
+until nothing refers to it (gcis_etl/supersession.py). When each key in the store was last read back and what
+its bytes were found to be is in `audits` (migrations/audit.py).
 """
 from __future__ import annotations
 
@@ -21,8 +22,9 @@ import sqlite3
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from datetime import datetime, timezone
+from itertools import islice
 from pathlib import Path
-from typing import Any, Callable, Collection, Iterator, Sequence
+from typing import Any, Callable, Collection, Iterable, Iterator, Sequence
 
 from gcis_etl.durable import room
 from gcis_etl.errors import ConfigError
@@ -47,6 +49,10 @@ SUPERSEDED = """CREATE TABLE IF NOT EXISTS superseded (
 MANIFEST_WARNINGS = """CREATE TABLE IF NOT EXISTS manifest_warnings (
     run_id INTEGER NOT NULL, object_id TEXT NOT NULL, warnings TEXT NOT NULL, at TEXT NOT NULL,
     PRIMARY KEY (run_id, object_id)
+)"""
+AUDITS = """CREATE TABLE IF NOT EXISTS audits (
+    pipeline TEXT NOT NULL, key TEXT NOT NULL, audited TEXT NOT NULL, outcome TEXT NOT NULL, reason TEXT,
+    PRIMARY KEY (pipeline, key)
 )"""
 LEDGER_TABLES = ("items", "objects", "runs", "run_items", "checkpoints")  # every version's ledger has them
 ADDED = (("items", "warnings"), ("run_items", "warnings"), ("objects", "warnings"), ("checkpoints", "listing"))
@@ -84,6 +90,7 @@ CREATE TABLE IF NOT EXISTS manifest_problems (
 );
 {SUPERSEDED};
 {MANIFEST_WARNINGS};
+{AUDITS};
 CREATE INDEX IF NOT EXISTS superseded_by_object ON superseded (pipeline, object_id, key);
 -- made by older versions, narrower than those above, which serve their queries too
 DROP INDEX IF EXISTS items_status;
@@ -293,6 +300,17 @@ class ManifestProblem:
     at: str
 
 
+@dataclass(frozen=True)
+class AuditRecord:
+    """When a key's bytes were last read back from the store, and what they were found to be."""
+
+    pipeline: str
+    key: str
+    audited: str
+    outcome: str
+    reason: str | None
+
+
 def _upgrade(db: sqlite3.Connection, stale: Callable[[], bool], change: Callable[[], None]) -> None:
     """Bring a ledger an older version made up to date: once, under the write lock, looking again there, since
     another process may have done it meanwhile."""
@@ -397,7 +415,7 @@ def _read_only(path: Path, busy_timeout_seconds: float, recover: bool) -> sqlite
 def _readable(db: sqlite3.Connection) -> None:
     """A ledger made by an older version, read as _writable would make it (in TEMP tables and views: nothing on
     disk changes)."""
-    for table, create in (("superseded", SUPERSEDED), ("manifest_warnings", MANIFEST_WARNINGS)):
+    for table, create in (("superseded", SUPERSEDED), ("manifest_warnings", MANIFEST_WARNINGS), ("audits", AUDITS)):
         if not db.execute("SELECT 1 FROM sqlite_master WHERE name=?", (table,)).fetchone():
             db.execute(create.replace("CREATE TABLE", "CREATE TEMP TABLE"))
     for table, columns in _missing(db).items():  # read as NULL, as _add_columns would make them
@@ -883,3 +901,48 @@ class Ledger:
     def pipelines(self) -> Iterator[str]:
         for row in self._rows("SELECT DISTINCT pipeline FROM runs ORDER BY pipeline"):
             yield row[0]
+
+    # ------------------------------------------------------------------------------------------ audits
+
+    def record_audit(self, pipeline: str, key: str, outcome: str, reason: str | None = None) -> None:
+        with self._writing():
+            self._execute("INSERT INTO audits (pipeline, key, audited, outcome, reason) VALUES (?,?,?,?,?) "
+                          "ON CONFLICT (pipeline, key) DO UPDATE SET audited=excluded.audited, "
+                          "outcome=excluded.outcome, reason=excluded.reason",
+                          (pipeline, key, _ts(now()), outcome, reason))
+
+    def audit(self, pipeline: str, key: str) -> AuditRecord | None:
+        return self._one(AuditRecord, "audits WHERE pipeline=? AND key=?", pipeline, key)
+
+    def audit_queue(self, pipeline: str, entries: Iterable[tuple[str, str]], audited_before: datetime | None,
+                    page: int = 1000) -> int:
+        """Queue `entries` (key, payload: what the caller needs again of the key) for audit_queued(): those never
+        audited first, then the oldest audit first, each in the order given; those audited at or after
+        `audited_before` are left out. Held in TEMP tables (a read-only ledger's too: a dry run counts them),
+        sorted by SQLite, which spills to disk: millions of keys never sit in memory. Returns how many are
+        queued."""
+        entries = iter(entries)
+        with self._writing():
+            for table in ("audit_entries", "audit_queued"):
+                self._execute(f"DROP TABLE IF EXISTS temp.{table}")
+            self._execute("CREATE TEMP TABLE audit_entries (position INTEGER PRIMARY KEY, key TEXT NOT NULL, "
+                          "payload TEXT NOT NULL)")
+            while batch := list(islice(entries, page)):
+                self.db.executemany("INSERT INTO audit_entries (key, payload) VALUES (?,?)", batch)
+            self._execute("CREATE TEMP TABLE audit_queued AS SELECT e.key, e.payload FROM audit_entries e "
+                          "LEFT JOIN audits a ON a.pipeline=? AND a.key=e.key WHERE ? IS NULL OR a.audited IS NULL "
+                          "OR a.audited < ? ORDER BY a.audited IS NOT NULL, a.audited, e.position",
+                          (pipeline, *(_ts(audited_before),) * 2))
+            self._execute("DROP TABLE temp.audit_entries")
+        return self._row("SELECT count(*) FROM audit_queued")[0]
+
+    def audit_queued(self, page: int = 1000) -> Iterator[tuple[str, str]]:
+        """The (key, payload) entries audit_queue() queued, in its order, a page at a time."""
+        after = 0
+        while True:
+            rows = self._rows("SELECT rowid, key, payload FROM audit_queued WHERE rowid > ? ORDER BY rowid LIMIT ?",
+                              (after, page))
+            yield from ((key, payload) for _, key, payload in rows)
+            if len(rows) < page:
+                return
+            after = rows[-1][0]

@@ -57,7 +57,7 @@ from gcis_etl.supersession import Retired
 log = logging.getLogger(__name__)
 
 MIGRATIONS = Path(__file__).resolve().parent.parent / "migrations"
-PROBLEMS = (*RUN_PROBLEMS, "missing")
+PROBLEMS = (*RUN_PROBLEMS, "missing", "damaged", "unreadable")
 
 
 def available() -> list[str]:

@@ -77,6 +77,7 @@ from typing import Iterator
 
 import click
 
+from gcis_etl.deposits import StoreKey, pipeline_keys
 from gcis_etl.errors import GcisError, IntegrityError, StoreError, StoreUnavailable
 from gcis_etl.ledger import Ledger
 from gcis_etl.manifests import DepositedImage, collection_items, painted_images
@@ -195,35 +196,6 @@ def check_apart(source: Store, kept: dict[str, Store]) -> None:
         if shows_through(source, store):
             raise click.UsageError(f"--delete-source: an object written to the source shows in {what}: the source "
                                    f"is that store, reached another way; nothing was deleted")
-
-
-@dataclass(frozen=True)
-class StoreKey:
-    key: str
-    sha256: str | None  # what the ledger recorded, for access masters
-    required: bool      # the ledger says it is deposited: absent from the source is a problem
-    object_id: str | None = None  # whose access master or manifest it is; None: a collection
-    version: str | None = None    # of a manifest or collection; None: an access master
-
-
-def pipeline_keys(ledger: Ledger, pipeline: Pipeline) -> Iterator[StoreKey]:
-    """Access masters (the last deposit of every item: a failed re-derivation still serves the old one), those
-    superseded but not retired yet (a manifest may still show them; one retired meanwhile is absent, which is
-    fine), then manifests, then the collections: what refers to an object goes after it."""
-    for record in ledger.iter_items(pipeline.name, "output_key IS NOT NULL"):
-        yield StoreKey(record.output_key, record.sha256, record.status == "deposited", record.object_id)
-    for superseded in ledger.superseded(pipeline.name):
-        yield StoreKey(superseded.key, None, False, superseded.object_id)
-    manifests = pipeline.manifests
-    if manifests is None:
-        return
-    published = False
-    for object_id in ledger.published(pipeline.name):
-        published = True
-        for version in manifests.settings.versions:
-            yield StoreKey(manifests.manifest_key(object_id, version), None, True, object_id, version)
-    for version in manifests.settings.versions:
-        yield StoreKey(manifests.collection_key(version), None, published, version=version)
 
 
 LISTED = ("replaced", "would replace", "newer in the target")  # in the CSV: the target's content changed (or would),

@@ -1,0 +1,271 @@
+"""Read back what a pipeline deposited and check its bytes: a fixity audit of its store.
+
+Every key the ledger knows for the pipeline (each item's access master, the superseded ones not retired yet, each
+published object's manifests, the collections) is streamed from the pipeline's store into scratch (deleted at
+once) and its SHA-256 and size compared with what the ledger recorded (access masters) and with the store's own
+record (sidecar, S3 metadata).
+
+\b
+Each key is one of:
+  ok          its bytes are the ones recorded
+  missing     the ledger says it is deposited, the store has no object under its key
+  damaged     its bytes (or the store's record of them) are not the ones recorded: the reason names the
+              recorded and found SHA-256 (first 12 digits) and sizes
+  unreadable  the store answered with an error, past its retries: a failure, not damage (run again)
+  absent      a superseded access master retired since, or a collection not published yet: no problem
+
+The ledger records when each key was last audited and what was found. A run audits the keys never audited first,
+then those audited longest ago: with --limit a nightly cron job audits a slice, and the next night's goes on
+where it stopped; --older-than DAYS leaves out the keys audited within the last DAYS days. A killed run keeps
+what it recorded. A store holding no object at all (its volume not mounted, its prefix changed) stops the run
+before any key is read: every key would be missing.
+
+--repair harvests the objects of damaged or missing access masters and manifests again, forced (from their
+masters in the source, converted again; their manifests and collections published again), then audits those
+keys again: one found right is counted as repaired. A damaged manifest or collection is deleted first (a
+store's record outlives damage to the bytes it describes, and publishing the same document again would leave
+it be). Without --repair the audit only reports. Unreadable keys are never repaired.
+
+\b
+Usage:
+  gcis-migrate audit --pipeline museum                          everything, or what is left of it
+  gcis-migrate audit --pipeline museum --limit 20000            a nightly slice (cron)
+  gcis-migrate audit --pipeline museum --older-than 90          what was not audited in the last 90 days
+  gcis-migrate audit --pipeline museum --repair                 and re-derive what is damaged or missing
+  gcis-migrate audit --pipeline museum --dry-run                how many keys a run would read
+
+\b
+Exit codes: 0 every key audited is ok (or was repaired); 1 some keys are damaged, missing or unreadable, or a
+repair's harvest failed items, or stopped on an error (run again); 2 configuration or usage error; 3 another run
+holds the pipeline; 130 (Ctrl-C), 143 (SIGTERM) or 129 (SIGHUP) stopped by that signal after the keys in flight
+(what was audited is recorded: run it again to continue).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, replace
+from datetime import timedelta
+from pathlib import Path
+from typing import Iterator
+
+import click
+
+from gcis_etl.deposits import StoreKey, item_key, pipeline_keys
+from gcis_etl.errors import StoreError, StoreUnavailable
+from gcis_etl.ledger import Ledger, now
+from gcis_etl.locks import RunLock
+from gcis_etl.migration import Budget, MigrationContext, migration
+from gcis_etl.pipelines import Pipeline
+from gcis_etl.reports import counted
+from gcis_etl.stores import Store, StoredObject, open_store
+
+REPAIRABLE = ("damaged", "missing")
+REPAIR_BATCH = 50  # objects harvested again in one run
+SHOWN_DIGITS = 12  # of a SHA-256 in a reason
+
+
+@migration(__doc__)
+@click.option("--pipeline", "name", required=True, help="The pipeline whose store is audited.")
+@click.option("--repair", is_flag=True,
+              help="Harvest the objects of damaged or missing keys again (forced), then audit those keys again.")
+@click.option("--older-than", type=click.FloatRange(min=0), default=0, show_default=True, metavar="DAYS",
+              help="Leave out the keys audited within the last DAYS days (0: audit every key).")
+@click.option("--concurrency", type=click.IntRange(1, 64), default=4, show_default=True,
+              help="Keys read at once.")
+@click.option("--limit", type=click.IntRange(min=1),
+              help="Audit no more than this many keys (those never audited, then those audited longest ago, "
+                   "first: the next run goes on with the rest).")
+@click.option("--max-minutes", type=click.FloatRange(min=0, min_open=True),
+              help="Start no new key, nor repair, after this many minutes (run again to go on).")
+def main(ctx: MigrationContext, name: str, repair: bool, older_than: float, concurrency: int, limit: int | None,
+         max_minutes: float | None) -> None:
+    pipeline = ctx.pipeline(name)
+    ctx.budget = Budget(minutes=max_minutes)  # the repairs' harvest runs share it
+    audited_before = now() - timedelta(days=older_than) if older_than else None
+    with ctx.ledger() as ledger, nullcontext() if ctx.dry_run else ctx.lock(name) as lock:
+        queued = ledger.audit_queue(name, ((k.key, k.to_json()) for k in pipeline_keys(ledger, pipeline)),
+                                    audited_before)
+        if ctx.dry_run:
+            ctx.report.add("would audit", min(queued, limit or queued))
+            return
+        store = open_store(pipeline.settings.store, concurrency)
+        store.check(create=False if ledger.has_deposit(name) else None)
+        audit = Audit(ctx, pipeline, store, ctx.scratch(name), lock if repair else None)
+        shutil.rmtree(audit.scratch, ignore_errors=True)  # what a killed run left: we hold the lock
+        keys = (StoreKey.from_json(payload) for _, payload in ledger.audit_queued())
+        audited = audit.run(ledger, keys, concurrency, limit)
+    if ctx.stop.is_set() or ctx.report.status != "completed" or audited == queued:
+        return
+    spent = ctx.budget.exhausted()
+    if spent:
+        ctx.report.stop("stopped", f"stopped: {spent}: run again to go on")
+    else:
+        ctx.report.notes.append(f"audited {audited} of {counted(queued, 'key')} (--limit {limit}): the next run "
+                                f"goes on with those not audited, or audited longest ago")
+
+
+@contextmanager
+def released(lock: RunLock) -> Iterator[None]:
+    """The pipeline's lock let go for a harvest run, which takes it, and taken again after it: keys are read only
+    while no harvest can deposit (one that took the lock in between stops the audit: exit 3)."""
+    lock.__exit__(None, None, None)
+    try:
+        yield
+    finally:
+        lock.__enter__()
+
+
+@dataclass(frozen=True)
+class Finding:
+    outcome: str  # ok, missing, damaged, unreadable, absent
+    reason: str = ""
+
+
+def digest_of(sha256: str | None, size: int | None) -> str:
+    digest = f"SHA-256 {sha256[:SHOWN_DIGITS]}" if sha256 else "no SHA-256"
+    return digest if size is None else f"{digest} ({counted(size, 'byte')})"
+
+
+def compare(item: StoreKey, record: StoredObject, sha256: str, size: int) -> Finding:
+    """The bytes read (their SHA-256 and size) against the ledger's record of the key, and the store's."""
+    read = digest_of(sha256, size)
+    if item.sha256 and (sha256, size) != (item.sha256, item.size if item.size is not None else size):
+        return Finding("damaged", f"the ledger recorded {digest_of(item.sha256, item.size)}, read {read}")
+    if record.doubt:
+        return Finding("damaged", f"{record.doubt}; read {read}")
+    if record.sha256 is None:
+        return Finding("damaged", f"the store records no SHA-256 for it (written over by another tool?); read {read}")
+    if record.sha256 != sha256:
+        return Finding("damaged", f"the store recorded {digest_of(record.sha256, None)}, read {read}")
+    return Finding("ok")
+
+
+class Audit:
+    def __init__(self, ctx: MigrationContext, pipeline: Pipeline, store: Store, scratch: Path,
+                 repair: RunLock | None):
+        """`repair`: the pipeline's lock, which the harvest runs that repair take in turn; None: no repair."""
+        self.ctx = ctx
+        self.pipeline = pipeline
+        self.store = store
+        self.scratch = scratch
+        self.repair = repair
+        self.repaired: set[str] = set()  # objects harvested again: the ledger's records of their keys changed
+
+    def run(self, ledger: Ledger, keys: Iterator[StoreKey], concurrency: int, limit: int | None) -> int:
+        """A bounded window of keys in flight, settled in order on this thread (the ledger's connection is not
+        shared across threads). Problems to repair wait until REPAIR_BATCH objects have some; the window is
+        emptied first, so no key is read while its object is harvested again. How many keys were audited."""
+        pending: dict[str | None, list[tuple[StoreKey, Finding]]] = {}
+        audited = 0
+        with ThreadPoolExecutor(concurrency, thread_name_prefix="gcis-audit") as pool:
+            window: deque[tuple[StoreKey, Future]] = deque()
+
+            def settle() -> None:
+                item, future = window.popleft()
+                finding = future.result()
+                ledger.record_audit(self.pipeline.name, item.key, finding.outcome, finding.reason or None)
+                if self.repair and finding.outcome in REPAIRABLE:
+                    pending.setdefault(item.object_id, []).append((item, finding))
+                else:
+                    self.report(item, finding)
+
+            try:
+                for item in keys:
+                    if limit is not None and audited >= limit or self.ctx.stop.is_set() or self.ctx.budget.exhausted():
+                        break
+                    if item.object_id in self.repaired:
+                        item = self.refreshed(ledger, item)
+                    window.append((item, pool.submit(self.check, item)))
+                    audited += 1
+                    while window and (len(window) >= 2 * concurrency or window[0][1].done()):
+                        settle()
+                    if len(pending) >= REPAIR_BATCH:
+                        while window:
+                            settle()
+                        self.repair_batch(ledger, pending)
+                while window:
+                    settle()
+                self.repair_batch(ledger, pending)
+            finally:  # a store gone down: what waits for a repair is reported as found
+                for findings in pending.values():
+                    for item, finding in findings:
+                        self.report(item, finding)
+        return audited
+
+    def report(self, item: StoreKey, finding: Finding) -> None:
+        self.ctx.report.event(item.key, finding.outcome, finding.reason, listed=finding.outcome == "repaired")
+
+    def check(self, item: StoreKey) -> Finding:
+        """Read the key back; a store that goes down raises (every key would be unreadable alike)."""
+        try:
+            record = self.store.head(item.key)
+            if record is None:
+                return self.absent(item)
+            self.scratch.mkdir(parents=True, exist_ok=True)
+            fd, name = tempfile.mkstemp(dir=self.scratch)
+            os.close(fd)
+            copy = Path(name)
+            try:
+                sha256 = self.store.download(item.key, copy)
+                size = copy.stat().st_size
+            except StoreUnavailable:
+                raise
+            except StoreError:
+                if self.store.head(item.key) is None:  # deleted since the HEAD
+                    return self.absent(item)
+                raise
+            finally:
+                copy.unlink(missing_ok=True)
+        except StoreUnavailable:
+            raise
+        except StoreError as exc:
+            return Finding("unreadable", str(exc))
+        return compare(item, record, sha256, size)
+
+    def absent(self, item: StoreKey) -> Finding:
+        where = self.store.describe(item.key)
+        if item.required:
+            return Finding("missing", f"not in {where}")
+        return Finding("absent", "a superseded access master, retired since" if item.object_id else
+                       "no collection published yet")
+
+    def refreshed(self, ledger: Ledger, item: StoreKey) -> StoreKey:
+        """A key of an object harvested again: as the ledger records it now (an access master no item has any
+        more was superseded: it need not be there)."""
+        if item.version is not None:
+            return item
+        record = next((r for r in ledger.items(self.pipeline.name, item.object_id) if r.output_key == item.key),
+                      None)
+        return item_key(record) if record else replace(item, sha256=None, size=None, required=False)
+
+    def repair_batch(self, ledger: Ledger, pending: dict[str | None, list[tuple[StoreKey, Finding]]]) -> None:
+        """Harvest the objects again, forced, then audit their keys again. A collection is published again by
+        the harvest of any object; a damaged document is deleted first, or its republishing would leave it be."""
+        if not pending:
+            return
+        objects = [object_id for object_id in pending if object_id is not None]
+        if not objects:
+            objects = [object_id for object_id in [next(iter(ledger.published(self.pipeline.name)), None)]
+                       if object_id is not None]
+        for item, finding in (entry for entries in pending.values() for entry in entries):
+            if item.version is not None and finding.outcome == "damaged":
+                self.store.delete(item.key)
+        if objects:
+            with released(self.repair):
+                self.ctx.harvest(self.pipeline.name, object_ids=tuple(objects), force=True)
+            self.repaired.update(objects)
+        for object_id in list(pending):
+            for item, before in pending[object_id]:
+                item = self.refreshed(ledger, item) if object_id in self.repaired else item
+                after = self.check(item)
+                ledger.record_audit(self.pipeline.name, item.key, after.outcome, after.reason or None)
+                if after.outcome == "ok":
+                    self.report(item, Finding("repaired", f"was {before.outcome}: {before.reason}"))
+                else:
+                    self.report(item, replace(after, reason=f"after a repair: {after.reason}"))
+            del pending[object_id]

@@ -1,0 +1,191 @@
+"""The fixity audit (`gcis-migrate audit`), run as an operator runs it, on a few tiny masters harvested from a
+folder into a local store or MinIO: objects damaged or deleted behind the ledger's back are found, named, and
+re-derived with --repair; --limit slices, --older-than and --dry-run read only what they say."""
+from __future__ import annotations
+
+import csv
+import hashlib
+import sqlite3
+
+from gcis_etl.ledger import Ledger
+from tests.test_migrations import PIPELINE, bucket_objects, folder_site, ok, report_of, s3_store
+
+DAMAGED = "museum/b/b~2Fx.jpg.tif"
+DELETED = "museum/a/a~2Fp1.png.tif"
+MANIFEST = "museum/c/manifest-v3.json"
+KEYS = 8  # 4 access masters, 3 manifests, the collection
+
+
+def audit(site, *args: str, code: int = 0) -> dict:
+    return report_of(ok(site.migrate("audit", "--pipeline", PIPELINE, *args), code))
+
+
+def problems(report: dict) -> dict[str, tuple[str, str]]:
+    """The report's CSV: key -> (outcome, reason)."""
+    with open(report["csv_path"], newline="") as f:
+        return {row["subject"]: (row["outcome"], row["reason"]) for row in csv.DictReader(f)}
+
+
+def audits(site) -> dict[str, tuple[str, str]]:
+    """key -> (audited, outcome), as the ledger records them."""
+    with site.ledger() as ledger:
+        return {key: (record.audited, record.outcome) for key in site.keys
+                if (record := ledger.audit(PIPELINE, key)) is not None}
+
+
+def recorded(site) -> dict[str, str]:
+    """The ledger's SHA-256 of every access master."""
+    with site.ledger() as ledger:
+        return {r.output_key: r.sha256 for r in ledger.items(PIPELINE)}
+
+
+def loaded(tmp_path):
+    site = folder_site(tmp_path)
+    ok(site.migrate("initial_load", "--pipeline", PIPELINE))
+    site.keys = sorted(site.stored())
+    assert len(site.keys) == KEYS
+    return site
+
+
+def flip_a_byte(path) -> None:
+    """In place: the same file and size, so the store's sidecar still vouches for it."""
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    with open(path, "r+b") as f:
+        f.write(data)
+
+
+def test_damaged_and_missing_keys_are_named_and_repair_re_derives_them_from_the_source(tmp_path):
+    site = loaded(tmp_path)
+    before = site.stored()
+    sha256 = recorded(site)
+    flip_a_byte(site.store / DAMAGED)
+    (site.store / DELETED).unlink()
+    (site.store / MANIFEST).unlink()
+
+    report = audit(site, code=1)
+    assert report["counts"] == {"ok": 5, "damaged": 1, "missing": 2}
+    found = problems(report)
+    assert {key: outcome for key, (outcome, _) in found.items()} == {DAMAGED: "damaged", DELETED: "missing",
+                                                                     MANIFEST: "missing"}
+    damage = hashlib.sha256((site.store / DAMAGED).read_bytes()).hexdigest()
+    size = len(before[DAMAGED])
+    assert found[DAMAGED][1] == (f"the ledger recorded SHA-256 {sha256[DAMAGED][:12]} ({size} bytes), "
+                                 f"read SHA-256 {damage[:12]} ({size} bytes)")
+    assert found[DELETED][1] == f"not in {site.store / DELETED}"
+    assert {key: outcome for key, (_, outcome) in audits(site).items()} == {
+        key: found.get(key, ("ok",))[0] for key in site.keys}
+
+    report = audit(site, "--repair")
+    assert report["counts"]["ok"] == 5 and report["counts"]["repaired"] == 3, report
+    assert set(problems(report)) == {DAMAGED, DELETED, MANIFEST}
+    assert problems(report)[DAMAGED] == ("repaired", f"was damaged: {found[DAMAGED][1]}")
+
+    report = audit(site)
+    assert report["counts"] == {"ok": KEYS}
+    stored = site.stored()
+    assert {key: hashlib.sha256(stored[key]).hexdigest() for key in sha256} == recorded(site)
+    assert set(stored) == set(before)
+
+
+def test_a_limit_audits_a_slice_and_the_next_run_goes_on_with_the_keys_not_audited(tmp_path):
+    site = loaded(tmp_path)
+    first = audit(site, "--limit", "3")
+    assert first["status"] == "completed" and first["counts"] == {"ok": 3}
+    assert first["notes"] == ["audited 3 of 8 keys (--limit 3): the next run goes on with those not audited, or "
+                              "audited longest ago"]
+    sliced = audits(site)
+    assert len(sliced) == 3
+
+    assert audit(site, "--limit", "3")["counts"] == {"ok": 3}
+    after = audits(site)
+    assert len(after) == 6 and {key: after[key] for key in sliced} == sliced  # none read again
+
+    assert audit(site, "--limit", "3")["counts"] == {"ok": 3}
+    last = audits(site)
+    assert set(last) == set(site.keys)
+    again = [key for key in sliced if last[key] != sliced[key]]
+    assert len(again) == 1 and again[0] == min(sliced, key=lambda key: sliced[key][0])  # the oldest audit
+
+
+def test_older_than_leaves_out_the_keys_audited_recently(tmp_path):
+    site = loaded(tmp_path)
+    assert audit(site)["counts"] == {"ok": KEYS}
+    flip_a_byte(site.store / DAMAGED)
+    out = ok(site.migrate("audit", "--pipeline", PIPELINE, "--older-than", "1"))
+    assert out.startswith("audit: completed: nothing to do"), out
+    assert report_of(out)["counts"] == {}
+    assert audit(site, "--older-than", "0", code=1)["counts"] == {"ok": KEYS - 1, "damaged": 1}
+
+
+def test_max_minutes_stops_starting_keys_and_a_rerun_goes_on(tmp_path):
+    site = loaded(tmp_path)
+    out = ok(site.migrate("audit", "--pipeline", PIPELINE, "--max-minutes", "0.000001"))
+    assert out.startswith("audit: stopped: nothing done"), out
+    assert report_of(out)["notes"] == ["stopped: --max-minutes 1e-06 spent: run again to go on"]
+    assert audits(site) == {}
+    assert audit(site, "--max-minutes", "60")["counts"] == {"ok": KEYS}
+
+
+def test_a_dry_run_counts_the_keys_it_would_read_and_reads_nothing(tmp_path):
+    site = loaded(tmp_path)
+    flip_a_byte(site.store / DAMAGED)
+    out = ok(site.migrate("audit", "--pipeline", PIPELINE, "--dry-run"))
+    assert out.strip() == f"audit: dry-run: {KEYS} would audit"
+    assert ok(site.migrate("audit", "--pipeline", PIPELINE, "--dry-run", "--limit", "3")).startswith(
+        "audit: dry-run: 3 would audit")
+    assert audits(site) == {}
+    assert not list((site.root / "state" / "reports").glob("audit-*"))
+
+
+def test_a_key_the_store_cannot_read_is_unreadable_not_damaged(tmp_path):
+    site = loaded(tmp_path)
+    (site.store / MANIFEST).unlink()
+    (site.store / MANIFEST).mkdir()  # there, but no object can be read from it
+    report = audit(site, code=1)
+    assert report["counts"] == {"ok": KEYS - 1, "unreadable": 1}
+    outcome, reason = problems(report)[MANIFEST]
+    assert outcome == "unreadable" and reason.startswith(f"{site.store / MANIFEST}: cannot copy to ")
+
+
+def test_an_older_ledger_gets_the_audits_table_and_reads_as_never_audited(tmp_path):
+    path = tmp_path / "ledger.sqlite"
+    Ledger(path).close()
+    with sqlite3.connect(path) as db:
+        db.execute("DROP TABLE audits")
+    with Ledger(path, read_only=True) as ledger:  # as a dry run opens it: nothing written
+        assert ledger.audit_queue("p", [("k1", "1"), ("k2", "2")], None) == 2
+        assert list(ledger.audit_queued()) == [("k1", "1"), ("k2", "2")]
+    with sqlite3.connect(path) as db:
+        assert db.execute("SELECT 1 FROM sqlite_master WHERE name='audits'").fetchone() is None
+    with Ledger(path) as ledger:
+        ledger.record_audit("p", "k1", "ok")
+        assert ledger.audit_queue("p", [("k1", "1"), ("k2", "2")], None) == 2
+        assert list(ledger.audit_queued()) == [("k2", "2"), ("k1", "1")]  # never audited first
+
+
+def test_a_store_in_minio_is_audited_and_repaired_alike(tmp_path, minio, s3_bucket, aws_env):
+    site = folder_site(tmp_path)
+    site.configure(s3_store(minio, s3_bucket))
+    ok(site.migrate("initial_load", "--pipeline", PIPELINE))
+    before = bucket_objects(minio, s3_bucket)
+    site.keys = sorted(before)
+    client = minio.client()
+    client.put_object(Bucket=s3_bucket, Key=f"iiif/{DAMAGED}", Body=b"other bytes")  # another tool's
+    client.put_object(Bucket=s3_bucket, Key=f"iiif/{MANIFEST}", Body=b"{}")
+    client.delete_object(Bucket=s3_bucket, Key=f"iiif/{DELETED}")
+
+    report = audit(site, code=1)
+    assert report["counts"] == {"ok": 5, "damaged": 2, "missing": 1}
+    found = problems(report)
+    assert {key: outcome for key, (outcome, _) in found.items()} == {DAMAGED: "damaged", MANIFEST: "damaged",
+                                                                     DELETED: "missing"}
+    assert found[DAMAGED][1].endswith("read SHA-256 " + hashlib.sha256(b"other bytes").hexdigest()[:12] +
+                                      " (11 bytes)")
+    assert found[MANIFEST][1].startswith("the store records no SHA-256 for it")
+
+    assert audit(site, "--repair")["counts"]["repaired"] == 3
+    assert audit(site)["counts"] == {"ok": KEYS}
+    stored = bucket_objects(minio, s3_bucket)
+    assert set(stored) == set(before)
+    assert {key: hashlib.sha256(stored[key]).hexdigest() for key in recorded(site)} == recorded(site)
