@@ -86,12 +86,21 @@ VerifyTls = Annotated[bool | str, BeforeValidator(_tls_setting), AfterValidator(
 """Every source's verify_tls (HTTP and S3)."""
 
 
+_URL_EXPECTED = "expected an http(s) URL such as https://host[:port][/prefix]"
+
+
 def _parsable(url: str) -> str:
-    return checked_url(url, ("http", "https"), "must be an http:// or https:// URL")
+    """Checked here rather than by a Field pattern, which ran first and answered with its regex ("String should
+    match pattern '^https?://[^/?#]+'") for a URL written without its scheme or with a misspelt one."""
+    if "://" not in url:
+        raise ValueError(f"{_URL_EXPECTED}: the scheme is missing (http:// or https:// before the host)")
+    checked_url(url, ("http", "https"), f"{_URL_EXPECTED}: the scheme is neither http:// nor https://")
+    if not urlsplit(url).hostname:
+        raise ValueError(f"{_URL_EXPECTED}: no host after the scheme")
+    return url
 
 
-BaseUrl = Annotated[str, Field(pattern=r"^https?://[^/?#]+", description="scheme and host[:port], optional path "
-                                                                         "prefix"), AfterValidator(_parsable)]
+BaseUrl = Annotated[str, Field(description="scheme and host[:port], optional path prefix"), AfterValidator(_parsable)]
 """A source's URL: refused at load when a password in it has an unencoded '#', '?' or '/' (which would end its
 host part early), rather than failing at the first request with a message quoting the password's start."""
 

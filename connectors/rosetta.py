@@ -13,10 +13,10 @@ import logging
 import re
 import xml.etree.ElementTree as ET
 from contextlib import contextmanager
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Iterable, Iterator, Literal
+from typing import Iterable, Iterator, Literal, get_args
 from xml.sax.saxutils import escape
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -52,6 +52,9 @@ _PREFIXES = {"http://purl.org/dc/elements/1.1/": "dc", "http://purl.org/dc/terms
 _XML_LANG = "{http://www.w3.org/XML/1998/namespace}lang"
 _DERIVATIVES_FLAG = 32  # getIE: the current version with its derivative copies
 _SRU_OUT_OF_RANGE = "info:srw/diagnostic/1/61"  # first record position out of range
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)  # before any IE: the date a first run's SRU probe asks from
+AuthScheme = Literal["Basic", "local"]
+_AUTH_SCHEMES = {word.lower(): word for word in get_args(AuthScheme)}  # what any case of each word stands for
 
 
 class OaiSettings(Settings):
@@ -109,7 +112,7 @@ class RosettaSettings(HttpSourceSettings):
     username: str
     institution_code: str | None = Field(None, description="None when the username already carries it")
     password: Secret
-    auth_scheme: Literal["Basic", "local"] = "Basic"
+    auth_scheme: AuthScheme = "Basic"
     delivery_base_url: BaseUrl | None = Field(None, description="delivery/OAI/SRU host; default base_url")
     discovery: Literal["oai", "sru", "pids"] = "oai"
     oai: OaiSettings = OaiSettings()
@@ -132,6 +135,13 @@ class RosettaSettings(HttpSourceSettings):
     source_url_template: str | None = "{delivery_base_url}/delivery/DeliveryManagerServlet?dps_pid={id}"
     not_found_fault: str = r"(?i)does not exist|not found|no such|NotInPermanent"
     ie_pid_pattern: str = r"^IE\d+$"
+
+    @field_validator("auth_scheme", mode="before")
+    @classmethod
+    def _scheme_word(cls, value: object) -> object:
+        """Scheme words are case-insensitive (RFC 9110 §11.1): `basic` was refused while `Basic` was taken. Sent
+        as spelt here, the canonical way."""
+        return _AUTH_SCHEMES.get(value.strip().lower(), value) if isinstance(value, str) else value
 
     @field_validator("timezone")
     @classmethod
@@ -202,6 +212,16 @@ class _SchemeAuth(requests.auth.AuthBase):
         return "<_SchemeAuth ***>"
 
 
+@dataclass
+class _OrderTally:
+    """The IEs a listing (or a `get`) described, and those with no structMap of struct_map_type, whose files were
+    taken in fileSec order: when not one has such a structMap, the setting is likelier misspelt than every IE odd."""
+
+    described: int = 0
+    unordered: int = 0
+    types: dict[str, None] = field(default_factory=dict)  # the structMap TYPEs those IEs have, in the order met
+
+
 class RosettaSource:
     """A Rosetta institution as a source of IEs whose selected representation's files are the masters."""
 
@@ -239,13 +259,14 @@ class RosettaSource:
         since = as_utc(since) if since else None
         until = as_utc(until) if until else None
         clocked = clock_window(since, until, self._zone)  # for DNX dates, clock time in settings.timezone
+        tally = _OrderTally()
         for listed in self._discover(since, until, clocked):
             if isinstance(listed, ListingMoved):
                 yield listed
                 continue
             pid, stamp = listed
             try:
-                obj = self._describe(pid, stamp, explicit=False)
+                obj = self._describe(pid, stamp, explicit=False, tally=tally)
             except DESCRIBE_ERRORS as exc:
                 yield unreadable(self, pid, stamp, exc)
                 continue
@@ -254,10 +275,22 @@ class RosettaSource:
             if self.settings.discovery == "pids" and not within(obj.modified, *clocked):
                 continue
             yield obj
+        self._said_unordered(tally)
 
     def get(self, object_ids: Iterable[str]) -> Iterator[SourceObject]:
+        tally = _OrderTally()
         for pid in object_ids:
-            yield self._describe(pid.strip(), None, explicit=True)
+            yield self._describe(pid.strip(), None, explicit=True, tally=tally)
+        self._said_unordered(tally)
+
+    def _said_unordered(self, tally: _OrderTally) -> None:
+        """Each IE without a structMap of struct_map_type was named as it was described; all of them without one
+        is said once more, as the likely misspelt setting it is."""
+        if tally.described and tally.unordered == tally.described:
+            log.warning("%s: not one of the %d IEs described has a structMap of TYPE %r (they have %s): is "
+                        "struct_map_type misspelt? Their files were taken in fileSec order, which may not be their "
+                        "page order", self.name, tally.described, self.settings.struct_map_type,
+                        ", ".join(tally.types) or "none")
 
     def fetch(self, item: SourceItem, dest_dir: Path) -> FetchedFile:
         return fetch_verified(item, Path(dest_dir), lambda budget: self._download(item, budget), self.settings.retry)
@@ -353,31 +386,26 @@ class RosettaSource:
         sru = self.settings.sru
         clauses = [f"({sru.query})"]
         if since:
-            clauses.append(f'{sru.modified_index}>="{since.astimezone(self._zone).strftime(sru.modified_format)}"')
+            clauses.append(self._sru_date(">=", since))
         if until:
-            clauses.append(f'{sru.modified_index}<="{until.astimezone(self._zone).strftime(sru.modified_format)}"')
+            clauses.append(self._sru_date("<=", until))
         query = " and ".join(clauses) + (f" sortBy {sru.sort_by}" if sru.sort_by else "")
-        url = self._delivery_base + "/" + sru.path.lstrip("/")
         start, total = 1, None
         while True:
-            params = {"version": "1.2", "operation": "searchRetrieve", "query": query, "startRecord": str(start),
-                      "maximumRecords": str(min(sru.page_size, sru.max_records - start + 1)), "recordSchema": "dc"}
-            if sru.auth_local:
-                params["auth"] = "local"
-            root = _answer(self.http.request("GET", url, params=params), "SRU response", "an SRU response")
-            if root.tag != f"{{{NS['srw']}}}searchRetrieveResponse":
-                raise SourceDataError(f"SRU response: the document is {root.tag}, not an SRU 1.2 "
-                                      f"searchRetrieveResponse ({{{NS['srw']}}})")
+            root = self._sru_page(query, start, min(sru.page_size, sru.max_records - start + 1))
             diagnostic = root.find("srw:diagnostics/diag:diagnostic", NS)  # not a record's own (_sru_pid)
-            if diagnostic is not None:
-                if diagnostic.findtext("diag:uri", "", NS).strip() == _SRU_OUT_OF_RANGE:
-                    # on the first page (startRecord=1) it says the result is empty, as some servers say it
-                    if total is not None and sru.shift_check:  # past a page within the result: it shrank since
-                        yield ListingMoved(f"SRU startRecord={start} is out of range of a result that counted "
-                                           f"{total} when the last page was read: IEs left the result while it was "
-                                           "paged, and one may have been passed over")
-                    return
+            empty = _out_of_range(diagnostic)
+            if diagnostic is not None and not empty:
                 raise SourceRequestFailed(f"SRU query {query!r}: {_diagnostic(diagnostic)}")
+            if start == 1 and not (since or until):  # a first run's query, known now to be taken
+                self._sru_probe()
+            if empty:
+                # on the first page (startRecord=1) it says the result is empty, as some servers say it
+                if total is not None and sru.shift_check:  # past a page within the result: it shrank since
+                    yield ListingMoved(f"SRU startRecord={start} is out of range of a result that counted "
+                                       f"{total} when the last page was read: IEs left the result while it was "
+                                       "paged, and one may have been passed over")
+                return
             count = _int(root.findtext("srw:numberOfRecords", None, NS), "SRU numberOfRecords")
             if sru.shift_check and total is not None and count != total:
                 yield ListingMoved(f"SRU numberOfRecords went from {total} to {count} between two "
@@ -412,6 +440,38 @@ class RosettaSource:
                                      "served")
                 return
 
+    def _sru_date(self, relation: str, when: datetime) -> str:
+        """A CQL clause on sru.modified_index, `when` written as the index holds DNX dates: clock time, no offset."""
+        sru = self.settings.sru
+        return f'{sru.modified_index}{relation}"{when.astimezone(self._zone).strftime(sru.modified_format)}"'
+
+    def _sru_page(self, query: str, start: int, maximum: int) -> ET.Element:
+        """One searchRetrieve answer, diagnostics and all."""
+        sru = self.settings.sru
+        params = {"version": "1.2", "operation": "searchRetrieve", "query": query, "startRecord": str(start),
+                  "maximumRecords": str(maximum), "recordSchema": "dc"}
+        if sru.auth_local:
+            params["auth"] = "local"
+        url = self._delivery_base + "/" + sru.path.lstrip("/")
+        root = _answer(self.http.request("GET", url, params=params), "SRU response", "an SRU response")
+        if root.tag != f"{{{NS['srw']}}}searchRetrieveResponse":
+            raise SourceDataError(f"SRU response: the document is {root.tag}, not an SRU 1.2 "
+                                  f"searchRetrieveResponse ({{{NS['srw']}}})")
+        return root
+
+    def _sru_probe(self) -> None:
+        """A first run's query has no date clause, every later run's has: a sru.modified_index (or modified_format)
+        the server does not take passed the config check, the dry run and the first run, and failed the second.
+        The date clause is sent once on a first run (one record asked for, since the epoch), after the first page
+        (a diagnostic on it is then the date clause's, not the query's), so that it fails now, before any IE is
+        described."""
+        query = f"({self.settings.sru.query}) and {self._sru_date('>=', _EPOCH)}"
+        diagnostic = self._sru_page(query, 1, 1).find("srw:diagnostics/diag:diagnostic", NS)
+        if diagnostic is not None and not _out_of_range(diagnostic):
+            raise SourceRequestFailed(f"SRU query {query!r}: {_diagnostic(diagnostic)} (the date clause every later "
+                                      "run adds, tried once on this first run: check sru.modified_index and "
+                                      "sru.modified_format against the server's ?operation=explain)")
+
     def _sru_pid(self, record: ET.Element) -> str | ListingMoved:
         """The IE PID an SRU record holds. A record the server could not serve (a surrogate diagnostic in its
         place) or without a PID is one IE not listed, not the listing's end: a ListingMoved, which holds the
@@ -433,7 +493,7 @@ class RosettaSource:
 
     # --- object detail ----------------------------------------------------------------------------------
 
-    def _describe(self, pid: str, stamp: datetime | None, explicit: bool) -> SourceObject | None:
+    def _describe(self, pid: str, stamp: datetime | None, explicit: bool, tally: _OrderTally) -> SourceObject | None:
         if not re.match(self.settings.ie_pid_pattern, pid):
             raise ObjectNotFound(f"{pid!r} is not an IE PID (ie_pid_pattern {self.settings.ie_pid_pattern!r})")
         mets = _xml(self._get_ie(pid).encode("utf-8"), f"{pid}: getIE METS")
@@ -450,6 +510,14 @@ class RosettaSource:
                 raise ObjectNotFound(message)
             log.warning("%s: %s; skipped", self.name, message)
             return None
+        tally.described += 1
+        if not document.struct_maps():  # SourceObject carries no warning: the log says it, naming the IE
+            types = document.struct_map_types()
+            tally.unordered += 1
+            tally.types.update(dict.fromkeys(types))
+            log.warning("%s: %s has no structMap of TYPE %r (struct_map_type; its TYPEs: %s): its files were taken "
+                        "in fileSec order, which may not be their page order", self.name, pid,
+                        self.settings.struct_map_type, ", ".join(types) or "none")
         own = document.modified()
         modified = max([m for m in (own, *(i.modified for i in items)) if m] or [stamp or datetime.now(timezone.utc)])
         return SourceObject(id=pid, modified=modified, items=items, metadata=document.metadata(),
@@ -561,10 +629,18 @@ class _IeDocument:
                 label=div_label or general.get("label") or None,
                 locator=delivery_url(file_id))
 
+    def struct_maps(self) -> list[ET.Element]:
+        """The IE's structMaps of the configured TYPE (struct_map_type, in any case)."""
+        wanted = self.settings.struct_map_type.upper()
+        return [m for m in self.mets.findall("mets:structMap", NS) if (m.get("TYPE") or "").upper() == wanted]
+
+    def struct_map_types(self) -> list[str]:
+        """The TYPEs of the IE's structMaps, once each, in document order."""
+        return list(dict.fromkeys(m.get("TYPE") or "?" for m in self.mets.findall("mets:structMap", NS)))
+
     def _physical_order(self, rep_id: str, files: dict) -> list[tuple[str, str | None]]:
         """(file id, div LABEL) in the order of the representation's structMap of the configured TYPE."""
-        maps = [m for m in self.mets.findall("mets:structMap", NS)
-                if (m.get("TYPE") or "").upper() == self.settings.struct_map_type.upper()]
+        maps = self.struct_maps()
         maps.sort(key=lambda m: not (m.get("ID") or "").startswith(f"{rep_id}-"))
         for struct_map in maps:
             order = [(fptr.get("FILEID"), div.get("LABEL")) for div in struct_map.iter(f"{{{NS['mets']}}}div")
@@ -643,6 +719,11 @@ def _diagnostic(diagnostic: ET.Element) -> str:
     message, uri, details = (diagnostic.findtext(f"diag:{name}", "", NS).strip()
                              for name in ("message", "uri", "details"))
     return f"{message} ({uri}) {details}".strip()
+
+
+def _out_of_range(diagnostic: ET.Element | None) -> bool:
+    """An SRU diagnostic 61: a startRecord past the result (at 1, the result is empty)."""
+    return diagnostic is not None and diagnostic.findtext("diag:uri", "", NS).strip() == _SRU_OUT_OF_RANGE
 
 
 def _is_soap_fault(response: requests.Response) -> bool:

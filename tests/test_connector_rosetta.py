@@ -58,6 +58,14 @@ def utc(text: str) -> datetime:
     return datetime.fromisoformat(text).replace(tzinfo=timezone.utc)
 
 
+def sru_pages(emulator) -> list:
+    """The searchRetrieve requests of a first run's SRU listing, but the one probing its date clause (the second)."""
+    pages = emulator.requests("operation=searchRetrieve")
+    probe = pages.pop(1)
+    assert probe.arg("maximumRecords") == "1" and f'{SRU_DATE_INDEX}>="1970-01-01 00:00:00"' in probe.arg("query")
+    return pages
+
+
 # --- discovery -----------------------------------------------------------------------------------------------
 
 def test_oai_harvest_pages_through_resumption_tokens_and_skips_deleted_records(emulator):
@@ -95,10 +103,9 @@ def test_until_closes_the_harvest_window(emulator):
 
 def test_sru_harvest_pages_with_start_record(emulator):
     assert [o.id for o in sru(emulator.url).changes(None)] == LIVE_IN_SET
-    starts = [r.arg("startRecord") for r in emulator.requests("operation=searchRetrieve")]
+    starts = [r.arg("startRecord") for r in sru_pages(emulator)]
     assert starts == ["1", "3", "5"]
-    assert all(r.arg("maximumRecords") == "2" and r.arg("auth") == "local"
-               for r in emulator.requests("operation=searchRetrieve"))
+    assert all(r.arg("maximumRecords") == "2" and r.arg("auth") == "local" for r in sru_pages(emulator))
 
 
 def test_sru_incremental_harvest_queries_the_configured_date_index(emulator):
@@ -127,7 +134,7 @@ def test_an_sru_next_record_position_that_does_not_advance_ends_the_listing_with
                                               r"startRecord=3 \(expected 5\): the server would serve the same page "
                                               "again$"):
         list(itertools.islice(sru(emulator.url).changes(None), 30))  # islice: the old loop never ended
-    assert [r.arg("startRecord") for r in emulator.requests("operation=searchRetrieve")] == ["1", "3"]
+    assert [r.arg("startRecord") for r in sru_pages(emulator)] == ["1", "3"]
 
 
 def test_an_empty_sru_page_short_of_the_total_says_so_in_the_listing(emulator):
@@ -158,8 +165,7 @@ def test_sru_result_beyond_rosettas_cap_sorted_oldest_first_is_listed_up_to_the_
     assert type(listed[-1]) is ListingCut and listed[-1].reason == (
         "Rosetta serves the first 3 IEs of an SRU result (sru.max_records), and this one counts 5: the IEs past "
         "them were not served")
-    pages = emulator.requests("/sru")
-    assert [(p.arg("startRecord"), p.arg("maximumRecords")) for p in pages] == [("1", "2"), ("3", "1")]
+    assert [(p.arg("startRecord"), p.arg("maximumRecords")) for p in sru_pages(emulator)] == [("1", "2"), ("3", "1")]
     # a result within the cap is listed whole, with no cut
     assert not any(isinstance(o, ListingMoved) for o in sru(emulator.url, **{**ordered, "max_records": 6}
                                                             ).changes(None))

@@ -96,6 +96,7 @@ class Entity:
     sets: set[str] = field(default_factory=lambda: {"gcis"})
     user_defined_a: str = "GCIS"
     deleted: bool = False
+    struct_maps: tuple[str, ...] = ("PHYSICAL", "LOGICAL")  # the TYPEs of its METS structMaps (of each representation)
 
 
 class RosettaCatalogue:
@@ -312,6 +313,8 @@ class RosettaEmulator:
                 _sub(element, "mets:FLocat", LOCTYPE="URL", **{q("xlink", "href"): f"/permanent/{f.pid}/{f.name}"})
         for rep in reps:
             for suffix, kind, files in (("1", "PHYSICAL", rep.files), ("2", "LOGICAL", rep.files[::-1])):
+                if kind not in entity.struct_maps:
+                    continue
                 div = _sub(_sub(root, "mets:structMap", ID=f"{rep.pid}-{suffix}", TYPE=kind),
                            "mets:div", LABEL=rep.preservation_type)
                 toc = _sub(div, "mets:div", LABEL="Table of Contents")
