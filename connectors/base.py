@@ -202,11 +202,25 @@ class Source(Protocol):
     # be reached now, cheaply: what source_down asks.
     # Optional: `described(object_ids) -> Iterator[SourceObject | UnreadableObject]`, what `described` below makes
     # of `get`, for a source that can do it in one pass.
+    # Optional: `close() -> None`, ending what the source holds on the server (an OTMM session), best effort: what
+    # close_source below calls once a command is done with the source, which may still be used after.
 
 
 def items_unique(source: Source) -> bool:
     """Source.item_ids_unique, False for a source that does not say (a custom connector written before it)."""
     return getattr(source, "item_ids_unique", False) is True
+
+
+def close_source(source: Source) -> None:
+    """Source.close where the source has one (optional): a session left open on the server piles up there, one
+    more every cron run. Never raises: the run's outcome does not hang on it."""
+    close = getattr(source, "close", None)
+    if not callable(close):
+        return
+    try:
+        close()
+    except Exception:  # someone's connector: a close that failed leaves what the server ends itself in time
+        log.warning("%s: closing the source failed", getattr(source, "name", "source"), exc_info=True)
 
 
 def source_down(source: Source, object_id: str, what: str) -> bool:

@@ -7,7 +7,8 @@ reaches the final name, so the converter only ever sees verified files. A body t
 source records is cut there rather than compared once it has ended: an endless body, or a small one decoding to
 ever more, would fill the scratch space first. A transfer slower than the
 policy's min_transfer_bytes_per_second is interrupted: a body trickling in never trips the read timeout,
-which only bounds silences.
+which only bounds silences. A master larger than the scratch space's free room fails alone, before a byte is
+written, where it would otherwise fill the disk and stop the run (the worker stops on a full scratch space).
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import errno
 import hashlib
 import os
 import re
+import stat
 import uuid
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -24,11 +26,15 @@ from typing import BinaryIO, Callable, Iterable, Iterator
 from connectors.base import FetchedFile, Fixity, SourceItem
 from connectors.errors import FetchIntegrityError, TransferInterrupted
 from connectors.retry import RetryBudget, RetryPolicy, TransferPace
+from gcis_etl.durable import DISK_MARGIN, room, special_kind
+from gcis_etl.errors import SourceError
 
 CHUNK_SIZE = 1 << 20
 _KERNEL_COPY = 1 << 30
 # no copy_file_range (kernel or libc); files on two filesystems (refused by most kernels); none on this filesystem
 _NO_KERNEL_COPY = {errno.ENOSYS, errno.EXDEV, errno.EOPNOTSUPP, errno.EINVAL}
+
+_SCRATCH_NAME_MAX = 120  # bytes: a name under NAME_MAX (255) with the temporary name's and a converter's suffixes
 
 CHECKABLE_DIGESTS = ("md5", "sha1", "sha224", "sha256", "sha384", "sha512")  # hashlib names
 _HEX = re.compile(r"^[0-9a-f]+$")
@@ -84,20 +90,38 @@ def _compact(algorithm: str) -> str:
     return re.sub(r"[^a-z0-9]", "", algorithm.lower())
 
 
+def open_regular(path: str | Path) -> BinaryIO:
+    """`path` opened for reading, or OSError when it is no regular file: opened without waiting (a FIFO swapped in
+    since the listing has no writer), checked on the descriptor opened, then read as any file. A FIFO, device or
+    socket found by stat is not opened at all (opening some devices does something)."""
+    kind = special_kind(os.stat(path).st_mode)
+    if kind is None:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+        mode = os.fstat(fd).st_mode
+        kind = special_kind(mode) or (None if stat.S_ISREG(mode) else "a folder")
+        if kind is None:
+            os.set_blocking(fd, True)
+            return os.fdopen(fd, "rb")
+        os.close(fd)
+    raise OSError(errno.EINVAL, f"it is {kind}, not a regular file", str(path))
+
+
 def scratch_name(item: SourceItem) -> str:
-    """A safe, collision-free file name for an item: its id made filesystem-safe, plus the original suffix."""
+    """A safe, collision-free file name for an item: its id made filesystem-safe, plus the original suffix; a long
+    one keeps its beginning, the hash of the whole id making it unique."""
     safe = re.sub(r"[^A-Za-z0-9._-]+", "_", item.id).strip("._") or "item"
-    if safe != item.id:
-        safe = f"{safe}-{hashlib.sha1(item.id.encode()).hexdigest()[:8]}"
     suffix = PurePosixPath(item.original_name.replace("\\", "/")).suffix.lower()
-    if not re.fullmatch(r"\.[a-z0-9]{1,8}", suffix) or safe.lower().endswith(suffix):
+    if not re.fullmatch(r"\.[a-z0-9]{1,8}", suffix):
         suffix = ""
-    return safe + suffix
+    if safe != item.id or len(safe) > _SCRATCH_NAME_MAX:
+        safe = f"{safe[:_SCRATCH_NAME_MAX - 9 - len(suffix)]}-{hashlib.sha1(item.id.encode()).hexdigest()[:8]}"
+    return safe if safe.lower().endswith(suffix) else safe + suffix
 
 
 def fetch_verified(item: SourceItem, dest_dir: Path, open_body: BodyOpener, policy: RetryPolicy) -> FetchedFile:
     """Stream `item` into `dest_dir`, retrying interrupted or unverifiable transfers within `policy`."""
     dest_dir.mkdir(parents=True, exist_ok=True)
+    _refuse_too_large(item, dest_dir)
     final = dest_dir / scratch_name(item)
     budget = RetryBudget(policy)
     expected = item.fixity if item.fixity and hashlib_name(item.fixity.algorithm) else None
@@ -127,8 +151,30 @@ def fetch_verified(item: SourceItem, dest_dir: Path, open_body: BodyOpener, poli
         return FetchedFile(item=item, path=final, size=size, sha256=sha256, fixity_verified=expected is not None)
 
 
+class TooLargeForScratch(SourceError):
+    """The master is larger than the scratch space's free room: its item fails, and the others go on."""
+
+
+def _refuse_too_large(item: SourceItem, dest_dir: Path) -> None:
+    """Fail an item whose listed size exceeds the free room in `dest_dir` (less DISK_MARGIN), rather than
+    fill the disk. A disk already full (no room beyond the margin) or read-only is left to refuse the write, which
+    stops the run as every item would fail alike."""
+    free, read_only = room(dest_dir)
+    if item.size is None or read_only or free <= DISK_MARGIN or item.size <= free - DISK_MARGIN:
+        return
+    raise TooLargeForScratch(f"{item.id} is {item.size / 1e6:.1f} MB; the scratch space has {free / 1e6:.1f} MB "
+                             f"free (scratch: {dest_dir}): too large to fetch here")
+
+
 class _TooLong(Exception):
     """More bytes arrived than the source records: why, the transfer cut there."""
+
+
+def _too_long(received: int, size: int, local: bool) -> str:
+    """Why more bytes than the source records arrived: a local file growing, else a body longer than announced."""
+    if local:
+        return f"more than the {size} bytes listed arrived: it grew while it was read (still being written?)"
+    return f"received {received} bytes, the source records {size}: stopped reading there"
 
 
 def _copy(body: Body, temp: Path, expected: Fixity | None, pace: TransferPace,
@@ -136,27 +182,38 @@ def _copy(body: Body, temp: Path, expected: Fixity | None, pace: TransferPace,
     """Write `body` to `temp`; the size and digests are those of the bytes `temp` received: read from it
     again after a kernel copy, a chunk at a time (mapped whole, a master counted in full in the pool
     process's resident memory, which its recycling and limits go by)."""
+    local = body.file is not None
     with open(temp, "xb") as out:
-        if body.file is None or not _copy_in_kernel(body.file, out):
-            return _digest(_bounded(_paced(body.chunks, pace), size), expected, out)
+        written = _copy_in_kernel(body.file, out, size) if body.file is not None else None
+        if written is None:
+            return _digest(_bounded(_paced(body.chunks, pace), size, local), expected, out)
+    if size is not None and written > size:
+        raise _TooLong(_too_long(written, size, local))
     with open(temp, "rb") as copied:
         return _digest(iter(lambda: copied.read(CHUNK_SIZE), b""), expected)
 
 
-def _copy_in_kernel(source: BinaryIO, out: BinaryIO) -> bool:
+def _copy_in_kernel(source: BinaryIO, out: BinaryIO, size: int | None) -> int | None:
     """Copy `source` into the empty `out` with copy_file_range (a reflink where the filesystem shares
-    blocks), or return False, nothing copied, where the kernel or the filesystems cannot."""
+    blocks), at most one byte past the `size` listed (a file still growing is not copied to its end first);
+    the bytes copied, or None, nothing copied, where the kernel or the filesystems cannot."""
+    limit = None if size is None else size + 1
+    copied = 0
     try:
-        while os.copy_file_range(source.fileno(), out.fileno(), _KERNEL_COPY):
-            pass
+        while limit is None or copied < limit:
+            count = _KERNEL_COPY if limit is None else min(_KERNEL_COPY, limit - copied)
+            done = os.copy_file_range(source.fileno(), out.fileno(), count)
+            if not done:
+                break
+            copied += done
     except OSError as exc:
         if exc.errno not in _NO_KERNEL_COPY:
             raise
         source.seek(0)
         out.seek(0)
         out.truncate()
-        return False
-    return True
+        return None
+    return copied
 
 
 def _digest(chunks: Iterable[bytes], expected: Fixity | None,
@@ -184,15 +241,16 @@ def _paced(chunks: Iterable[bytes], pace: TransferPace) -> Iterator[bytes]:
         yield chunk
 
 
-def _bounded(chunks: Iterable[bytes], size: int | None) -> Iterator[bytes]:
+def _bounded(chunks: Iterable[bytes], size: int | None, local: bool) -> Iterator[bytes]:
     """`chunks`, cut (_TooLong) before the first that takes them past the source's `size`: an endless body, or a
-    small one decoding to ever more (a gzip bomb), must not fill the scratch space before the sizes are compared.
-    The transport itself reads no more than the length it announced (http.client, botocore)."""
+    small one decoding to ever more (a gzip bomb), or a `local` file still being written, must not fill the scratch
+    space before the sizes are compared. The transport itself reads no more than the length it announced
+    (http.client, botocore)."""
     received = 0
     for chunk in chunks:
         received += len(chunk)
         if size is not None and received > size:
-            raise _TooLong(f"received {received} bytes, the source records {size}: stopped reading there")
+            raise _TooLong(_too_long(received, size, local))
         yield chunk
 
 

@@ -7,12 +7,18 @@ modification time say whether a master changed (a chmod re-lists it, to be skipp
 must be a relative path inside the root.
 
 Links: a link to a file is followed wherever it points, outside the root too (masters are often linked into a
-harvest folder from another volume), and lists as the file it links to. A link to a folder is not followed (no
-cycles, no tree pulled in by accident): each listing warns naming it, as its files are not harvested (mount or
-bind-mount the folder under the root, or link its files). A link that cannot be followed (to nothing, such as a
-master on a volume not mounted, or a loop of links) is an item that cannot be read: its object is unreadable
-with the link and its target named, so a master missing is a failure, not a page left out. A root that is such
-a link fails its pipeline's run as a missing root does.
+harvest folder from another volume), and lists as the file it links to; with `links: inside`, only to a file under
+the root (a share others write to must not publish what a link reaches elsewhere): a link elsewhere fails its item,
+naming it. A link to a folder is not followed (no cycles, no tree pulled in by accident): each listing warns naming
+it, as its files are not harvested (mount or bind-mount the folder under the root, or link its files). A link that
+cannot be followed (to nothing, such as a master on a volume not mounted, or a loop of links) is an item that cannot
+be read: its object is unreadable with the link and its target named, so a master missing is a failure, not a page
+left out. A root that is such a link fails its pipeline's run as a missing root does.
+
+A file that cannot be read (its permissions) is found by the listing, as a folder that cannot be listed is: its
+object is unreadable until it can be read, and the chmod that fixes it re-lists it. A FIFO, socket or device is
+no master: each listing warns naming them, and one swapped in for a master after the listing fails its item
+(fetching.open_regular) instead of waiting for a writer for ever.
 
 Object and item ids are paths, and they are text wherever they go (the ledger, store keys, manifests). A
 folder or file named in bytes that are not UTF-8 (a Latin-1 `caf\\xe9` copied from an old server) makes
@@ -30,14 +36,15 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Literal
 
 from pydantic import Field
 
 from connectors.base import SourceItem, SourceObject, UnreadableObject
-from connectors.fetching import CHUNK_SIZE, Body
-from connectors.grouping import Group, GroupedSource, GroupingSettings, StoredFile, natural_key
+from connectors.fetching import CHUNK_SIZE, Body, open_regular
+from connectors.grouping import Group, GroupedSource, GroupingSettings, StoredFile, excluded, natural_key
 from connectors.retry import RetryBudget, RetryPolicy
+from gcis_etl.durable import special_kind
 from gcis_etl.errors import SourceError
 from gcis_etl.settings import Settings
 
@@ -46,6 +53,8 @@ log = logging.getLogger(__name__)
 
 class FilesystemSettings(Settings):
     root: Path
+    links: Literal["anywhere", "inside"] = Field("anywhere", description="a link to a file is followed wherever "
+                                                 "it points, or (inside) only to a file under the root")
     grouping: GroupingSettings = GroupingSettings()
     retry: RetryPolicy = Field(RetryPolicy(max_attempts=2, backoff_base_seconds=0.5),
                                description="a local file that fails verification is read once more")
@@ -88,7 +97,8 @@ class FilesystemSource(GroupedSource):
             why = "not a folder"
         if not is_folder:
             raise SourceError(f"{self.name}: root {self.root} is not a readable folder ({why})")
-        folder_links = []
+        folder_links: list[str] = []
+        specials: list[str] = []
         stack = [(str(self.root), "")]  # a folder, and its path under the root as files' paths begin with it
         while stack:
             folder, relative = stack.pop()
@@ -106,12 +116,15 @@ class FilesystemSource(GroupedSource):
                 continue
             for entry in entries:
                 path = relative + entry.name
+                if excluded(path, self.grouping.exclude):
+                    continue  # an excluded folder is not walked (a .snapshot, a .git)
                 if entry.is_dir(follow_symlinks=False):
                     stack.append((entry.path, path + "/"))
                     continue
                 link = entry.is_symlink()
                 if not (link or entry.is_file(follow_symlinks=False)):
-                    continue  # a socket, a pipe, a device
+                    specials.append(self._special(entry, path))
+                    continue
                 try:
                     stat = entry.stat()
                     own = entry.stat(follow_symlinks=False)
@@ -124,8 +137,13 @@ class FilesystemSource(GroupedSource):
                     folder_links.append(f"{_printable(path)} -> {_printable(os.readlink(entry.path))}")
                     continue
                 if not stats.S_ISREG(stat.st_mode):
+                    specials.append(self._special(entry, path))
                     continue
                 changed = max(_changed(stat), _changed(own))  # a link to an old master made now is new
+                if not os.access(entry.path, os.R_OK):  # a chmod that fixes it changes its ctime: re-listed
+                    yield self._unreadable(entry, path, PermissionError(errno.EACCES, os.strerror(errno.EACCES)),
+                                           folder_changed, changed)
+                    continue
                 modified = _utc(stat.st_mtime)
                 yield StoredFile(path, stat.st_size, modified,
                                  listed_at=changed if changed > modified else None,  # None: modified
@@ -134,6 +152,19 @@ class FilesystemSource(GroupedSource):
             log.warning("%s: %d link(s) to a folder under %s not followed, their files not harvested (mount the "
                         "folder under the root, or link its files): %s%s", self.name, len(folder_links), self.root,
                         ", ".join(folder_links[:5]), " ..." if len(folder_links) > 5 else "")
+        if specials:
+            log.warning("%s: %d FIFO(s), socket(s) or device(s) under %s not harvested, as they are no regular "
+                        "files: %s%s", self.name, len(specials), self.root, ", ".join(specials[:5]),
+                        " ..." if len(specials) > 5 else "")
+
+    def _special(self, entry: os.DirEntry, path: str) -> str:
+        """A FIFO, socket or device the walk found (or a link to one), named for the listing's warning."""
+        try:
+            kind = special_kind(entry.stat().st_mode)
+            target = f" -> {_printable(os.readlink(entry.path))}" if entry.is_symlink() else ""
+        except OSError as exc:
+            return f"{_printable(path)} ({exc.strerror})"
+        return f"{_printable(path)}{target} ({kind})"
 
     def _unlisted(self, relative: str, exc: OSError) -> _UnreadableFile:
         """A folder below the root that cannot be listed (its permissions): its object fails naming it, where one
@@ -147,10 +178,11 @@ class FilesystemSource(GroupedSource):
                   f"objects of its subfolders, are not harvested until it can be)")
         return _UnreadableFile(relative + "*", 0, changed, folder_listed_at=changed, reason=reason)
 
-    def _unreadable(self, entry: os.DirEntry, path: str, exc: OSError,
-                    folder_changed: datetime) -> _UnreadableFile | None:
-        """A file the walk found but cannot stat, listed as such (its object unreadable); None for a file deleted
-        since its folder was read, which is gone."""
+    def _unreadable(self, entry: os.DirEntry, path: str, exc: OSError, folder_changed: datetime,
+                    changed: datetime | None = None) -> _UnreadableFile | None:
+        """A file the walk found but cannot stat or read, listed as such (its object unreadable), by when it
+        `changed` (where it could be stat'ed) else by when its link did; None for a file deleted since its folder
+        was read, which is gone."""
         where = f"{_printable(path)} under {self.root}"
         try:
             own = entry.stat(follow_symlinks=False)
@@ -171,7 +203,8 @@ class FilesystemSource(GroupedSource):
             reason = f"{where} is a link to {_printable(target)} in a loop of links (it leads back to itself)"
         else:
             reason = f"{where} is a link to {_printable(target)}, which cannot be read: {exc.strerror}"
-        return _UnreadableFile(path, own.st_size, _changed(own), folder_listed_at=folder_changed, reason=reason)
+        return _UnreadableFile(path, own.st_size, changed or _changed(own), folder_listed_at=folder_changed,
+                               reason=reason)
 
     def _read(self, path: str) -> bytes:
         try:
@@ -187,8 +220,12 @@ class FilesystemSource(GroupedSource):
         path = Path(item.locator)
         if not path.is_relative_to(self.root) or ".." in path.parts:
             raise SourceError(f"{self.name}: {item.locator!r} is not a file of this source (root {self.root})")
+        target = Path(os.path.realpath(path))
+        if self.settings.links == "inside" and not target.is_relative_to(self.root):
+            raise SourceError(f"{self.name}: {_printable(item.id)} under {self.root} is a link to "
+                              f"{_printable(str(target))}, outside the root (links: inside)")
         try:
-            handle = open(path, "rb")
+            handle = open_regular(path)
         except OSError as exc:
             raise SourceError(f"{self.name}: cannot read {item.id}: {exc.strerror}") from None
         with handle:

@@ -10,17 +10,18 @@ Two ways to group, chosen by `grouping.mode` (auto = sidecar when one exists at 
 An object the store's names do not make (a sidecar row naming a missing file, a key both a root file and a folder)
 is listed as an UnreadableObject in its place, so its failure is recorded and retried and the others go on.
 
-Every regular file is an item except hidden ones (any path part starting with ".") and the sidecars:
-deciding what is an image is the converter's business. An object's `modified` is the newest of its
-files' modification times and of its sidecar entry (the entry's `modified` column when given, else the
-sidecar file's own time, so editing the sidecar re-harvests its objects). It is listed (`changes(since)`)
-by its `listed_at`, which also counts when its files were last moved or copied in (StoredFile.listed_at)
-and, for a folder, when a file was added, renamed or deleted in it: whether an item changed stays a matter
-of its size and modification time (work.fingerprint).
+Every regular file is an item except the sidecars and those `grouping.exclude` names (a pattern matching the file's
+name or one of its folders': hidden ones, upload leftovers, desktop clutter): deciding what is an image is the
+converter's business. An object's `modified` is the newest of its files' modification times and of its sidecar entry
+(the entry's `modified` column when given, else the sidecar file's own time, so editing the sidecar re-harvests its
+objects). It is listed (`changes(since)`) by its `listed_at`, which also counts when its files were last moved or
+copied in (StoredFile.listed_at) and, for a folder, when a file was added, renamed or deleted in it: whether an item
+changed stays a matter of its size and modification time (work.fingerprint).
 """
 from __future__ import annotations
 
 import csv
+import fnmatch
 import io
 import json
 import logging
@@ -30,10 +31,11 @@ from abc import ABC, abstractmethod
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
 from datetime import datetime
+from functools import lru_cache
 from pathlib import Path, PurePosixPath
 from typing import Any, Callable, Iterable, Iterator, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from connectors.base import FetchedFile, Fixity, LangValue, SourceItem, SourceObject, UnreadableObject
 from connectors.errors import ObjectNotFound, SourceDataError
@@ -48,10 +50,26 @@ log = logging.getLogger(__name__)
 _RESERVED_COLUMNS = {"object_id", "file", "sequence", "label", "modified"}
 
 
+# hidden files and folders (.DS_Store, .snapshot, rsync's temporaries), partial uploads and downloads (browsers,
+# WinSCP), Office lock files and what Windows leaves in a folder it shows
+EXCLUDED = (".*", "*.part", "*.filepart", "*.partial", "*.crdownload", "*.tmp", "~$*", "Thumbs.db", "desktop.ini")
+
+
 class GroupingSettings(Settings):
     mode: Literal["auto", "folder", "sidecar"] = "auto"
     sidecar_names: tuple[str, ...] = Field(("objects.csv", "objects.json"), min_length=1,
                                            description="looked for at the root, in this order")
+    exclude: tuple[str, ...] = Field(EXCLUDED, description="glob patterns of file and folder names not harvested, "
+                                                           "matched regardless of case")
+
+    @field_validator("exclude")
+    @classmethod
+    def _names(cls, patterns: tuple[str, ...]) -> tuple[str, ...]:
+        wrong = [p for p in patterns if not p or "/" in p]
+        if wrong:
+            raise ValueError(f"a pattern matches one file or folder name, with no '/' and not empty: got "
+                             f"{', '.join(map(repr, wrong))}")
+        return patterns
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,8 +93,17 @@ def natural_key(text: str) -> tuple:
     return tuple(int(p) if i % 2 else p for i, p in enumerate(parts)), text
 
 
-def is_hidden(path: str) -> bool:
-    return any(part.startswith(".") for part in path.split("/"))
+def excluded(path: str, patterns: tuple[str, ...]) -> bool:
+    """Whether a pattern of `patterns` (grouping.exclude) matches a part of `path`: its name or a folder's."""
+    matches = _exclusion(patterns)
+    return matches is not None and any(matches(part) for part in path.split("/"))
+
+
+@lru_cache(maxsize=16)
+def _exclusion(patterns: tuple[str, ...]) -> Callable[[str], object] | None:
+    if not patterns:
+        return None
+    return re.compile("|".join(fnmatch.translate(p) for p in patterns), re.IGNORECASE).match
 
 
 # --- sidecar ----------------------------------------------------------------------------------------------
@@ -378,7 +405,8 @@ class GroupedSource(ABC):
 
     @abstractmethod
     def _files(self) -> Iterator[StoredFile]:
-        """Every regular file under the root, hidden ones included (they are filtered here)."""
+        """Every regular file under the root, those grouping.exclude names may be included (they are filtered
+        here)."""
 
     @abstractmethod
     def _read(self, path: str) -> bytes:
@@ -410,7 +438,7 @@ class GroupedSource(ABC):
     def _groups(self) -> list[Group]:
         """Every object of the store, unbuilt; what is wrong with the grouping as a whole is raised before any is
         built, what is wrong with one object is its Group's problems."""
-        files = [f for f in self._files() if not is_hidden(f.path)]
+        files = [f for f in self._files() if not excluded(f.path, self.grouping.exclude)]
         sidecar = next((f for n in self.grouping.sidecar_names for f in files if f.path == n), None)
         if self.grouping.mode == "sidecar" and sidecar is None:
             raise SourceError(f"{self.name}: grouping.mode is sidecar but none of "

@@ -7,17 +7,19 @@ folder walk, or an explicit id list. Everything the reference could not confirm 
 the last-modified search field and operator (without them, changes are found by comparing each
 asset's date_last_updated), which content is the master (`/contents`, the master rendition, or a
 named rendition such as the "Access Files" preview), what content_checksum means, and whether an expired
-asset is harvested (OpenText's pyxecm drops it as a deleted one).
+asset is harvested (OpenText's pyxecm drops it as a deleted one). The session is ended (`DELETE /sessions`) when
+the source is closed, so cron runs do not pile sessions up on the server.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import threading
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Literal
+from typing import Any, Callable, Iterable, Iterator, Literal
 from urllib.parse import urlsplit
 
 import requests
@@ -25,7 +27,8 @@ from pydantic import Field, field_validator, model_validator
 
 from connectors.base import (FetchedFile, LangValue, ListingCut, ListingMoved, SourceItem, SourceObject,
                              UnreadableObject, checked_source_url_template, source_url, unreadable)
-from connectors.errors import DESCRIBE_ERRORS, ObjectNotFound, SourceDataError, SourceRequestFailed
+from connectors.errors import (DESCRIBE_ERRORS, AuthenticationFailed, FetchIntegrityError, ObjectNotFound,
+                               SourceDataError, SourceRequestFailed)
 from connectors.fetching import fetch_verified, fixity
 from connectors.grouping import natural_key
 from connectors.http import HttpSession, HttpSourceSettings, refuse_html
@@ -33,6 +36,8 @@ from connectors.idlist import IdListSettings
 from connectors.redaction import Secret, register
 from connectors.retry import RetryBudget
 from connectors.timestamps import as_utc, parse_timestamp, within
+from gcis_etl.errors import SourceError
+from gcis_etl.languages import language_tag
 from gcis_etl.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -105,7 +110,11 @@ class OtmmSettings(HttpSourceSettings):
     content: Literal["contents", "master", "rendition"] = "contents"
     rendition: str = Field("preview", description="rendition_content.<rendition>_content when content=rendition")
     contents_params: dict[str, str] = Field(default_factory=dict, description="e.g. disposition: attachment")
-    content_checksum: Literal["none", "md5"] = Field("none", description="what content_checksum is (undocumented)")
+    content_checksum: Literal["auto", "md5", "none"] = Field(
+        "auto", description="what the content's content_checksum is (undocumented). auto: one of 32 hex digits is "
+        "taken for an MD5 of the content, and a master that disagrees is downloaded again: two downloads that agree "
+        "mean the site's checksum is something else (warned of once; set none), two that differ a damaged "
+        "transfer (the item fails, the next run tries again). md5: an MD5 the master must match. none: not used")
     metadata_map: dict[str, str] = Field(default_factory=dict,
                                          description="field id (or asset.<property>) -> manifest metadata key")
     include_unmapped: bool = True
@@ -124,6 +133,13 @@ class OtmmSettings(HttpSourceSettings):
     def _fillable(cls, value: str | None) -> str | None:
         return checked_source_url_template(value, "base_url")
 
+    @field_validator("metadata_language")
+    @classmethod
+    def _language(cls, value: str | None) -> str | None:
+        """Every value's language in the manifests: refused at load, as manifests.default_language is, rather
+        than written into every manifest (language_tag reads a POSIX locale, en_US, as en-US)."""
+        return language_tag(value) if value is not None else None
+
     @model_validator(mode="after")
     def _consistent(self) -> "OtmmSettings":
         if self.auth == "oauth" and not (self.client_id and self.client_secret):
@@ -134,6 +150,11 @@ class OtmmSettings(HttpSourceSettings):
             raise ValueError("discovery: ids needs id_list.file or id_list.ids")
         if not self.relogin_statuses <= {401, 403}:
             raise ValueError("relogin_statuses may hold 401 and/or 403 only")
+        api_path = "/" + self.api_path.strip("/")
+        if api_path != "/" and (urlsplit(self.base_url).path.rstrip("/") + "/").endswith(api_path + "/"):
+            # every request would go to <api_path><api_path>/..., the login's refused as if for its credentials
+            raise ValueError(f"base_url ends with api_path ({api_path}), which is added to it: give the server's "
+                             f"root (without {api_path})")
         search = self.search
         if search.modified_order and (self.discovery != "search" or self.group is not None
                                       or not search.modified_field_id
@@ -192,6 +213,8 @@ class OtmmSource:
         self._login_lock = threading.Lock()
         self._api = self.http.url(settings.api_path.strip("/"))  # no user-info: locators are made from it
         self._unread_counts: set[str] = set()  # the search counts warned of as not numbers
+        self._checksum_not_md5 = False  # warned of (content_checksum: auto)
+        self._warn_lock = threading.Lock()
         self.lists_in_modified_order = settings.search.modified_order  # validated: sorted on the modified field
         field = settings.search.modified_field_id or "<search.modified_field_id>"
         self.modified_order_setting = (f"search.sort: asc_{field} and search.modified_order: true"
@@ -260,13 +283,65 @@ class OtmmSource:
             self._ensure_login()
             return self.http.download(item.locator, budget, params=params, credentials=ours)
 
-        return fetch_verified(item, Path(dest_dir), open_body, self.settings.retry)
+        if self.settings.content_checksum != "auto" or item.fixity is None:
+            return fetch_verified(item, Path(dest_dir), open_body, self.settings.retry)
+        unchecked = replace(item, fixity=None)
+        return self._checked_by_content_checksum(
+            item, lambda: fetch_verified(unchecked, Path(dest_dir), open_body, self.settings.retry))
+
+    def _checked_by_content_checksum(self, item: SourceItem, download: Callable[[], FetchedFile]) -> FetchedFile:
+        """content_checksum: auto. Whether an asset's content_checksum is an MD5 of its content is not documented:
+        a master whose MD5 is not it is downloaded again. The second matching it, the first was damaged on the
+        way; the two agreeing with each other, the site's checksum is something else (warned of once, and taken
+        unchecked); the two differing, the transfer damages masters: the item fails, and the next run tries it
+        again."""
+        first = download()
+        if _md5(first.path) == item.fixity.value:
+            return replace(first, item=item, fixity_verified=True)
+        second = download()  # in the first's place
+        if _md5(second.path) == item.fixity.value:
+            log.info("%s: asset %s: the first download did not have the content_checksum's MD5, the second has",
+                     self.name, item.id)
+            return replace(second, item=item, fixity_verified=True)
+        if second.sha256 == first.sha256:
+            with self._warn_lock:
+                warn, self._checksum_not_md5 = not self._checksum_not_md5, True
+            if warn:
+                log.warning("%s: asset %s: two downloads of the master agree with each other but not with its "
+                            "content_checksum, so this site's content_checksum is no MD5 of the content: such a "
+                            "master is downloaded twice and taken unchecked; set content_checksum: none under the "
+                            "pipeline's source: to download each once", self.name, item.id)
+            return second
+        second.path.unlink(missing_ok=True)
+        raise FetchIntegrityError(f"{self.name}: asset {item.id}: two downloads of the master differ (SHA-256 "
+                                  f"{first.sha256[:16]}…, {second.sha256[:16]}…) and neither has the MD5 of its "
+                                  "content_checksum: a damaged transfer (the next run tries again)")
 
     def reachable(self) -> None:
         """The root folders (documented, a handful), on the session: the API every asset is described and
         served by answers (connectors.base.source_down)."""
         self._ensure_login()
         self.http.answers(f"{self._api}/folders/rootfolders", {"load_type": "system", "limit": "0"})
+
+    def close(self) -> None:
+        """End the session (`DELETE /sessions`), which the server would otherwise keep until it times out: every
+        cron run logs in anew. Best effort, asked once: a failure is logged, never raised (the run's outcome does
+        not hang on it). An OAuth token has no logout; it is dropped all the same. The source logs in again if
+        used after."""
+        with self._login_lock:
+            if self._token is None:
+                return
+            self._token = None
+            if self.settings.auth == "session":
+                once = RetryBudget(self.settings.retry.model_copy(update={"max_attempts": 1}))
+                once.start_attempt()  # the request's own, as a caller's budget has it counted
+                try:
+                    self.http.request("DELETE", f"{self._api}/sessions", relogin=False, budget=once)
+                    log.debug("%s: logged out of OTMM", self.name)
+                except SourceError as exc:
+                    log.log(logging.DEBUG if isinstance(exc, AuthenticationFailed) else logging.WARNING,
+                            "%s: the OTMM session was not ended (the server ends it when it times out): %s",
+                            self.name, exc)
 
     # --- session ----------------------------------------------------------------------------------------
 
@@ -338,6 +413,8 @@ class OtmmSource:
 
     def _discover(self, since: datetime | None) -> Iterator[dict | ListingMoved]:
         if self.settings.discovery == "search":
+            if since is None and self.settings.search.modified_field_id:
+                self._probe_modified_clause()
             return self._search(self._conditions(since))
         if self.settings.discovery == "folder":
             return self._walk(self.settings.folder.folder_id)
@@ -355,6 +432,27 @@ class OtmmSource:
             condition.setdefault("relational_operator", "and")
         return conditions
 
+    def _probe_modified_clause(self) -> None:
+        """The probe: a listing without `since` (a first run, a dry run, a full listing) sends no date clause, so a
+        wrong modified_field_id or modified_operator_id would pass it and fail only the next run, once a checkpoint
+        is kept. The date query is sent first, once, since the epoch with limit 1: a server refusing it fails this
+        run at once, with _search_page's message naming the search settings."""
+        self._ensure_login()
+        self._search_page({**self._search_params(self._conditions(datetime(1970, 1, 1, tzinfo=timezone.utc))),
+                           "after": "0", "limit": "1"})
+
+    def _search_params(self, conditions: list[dict]) -> dict[str, str]:
+        """A search's parameters but its page's (after, limit)."""
+        s = self.settings.search
+        params = {"keyword_query": s.keyword_query, "load_type": s.load_type, "level_of_detail": s.level_of_detail}
+        for name, value in (("folder_filter", s.folder_filter), ("search_config_id", s.search_config_id),
+                            ("sort", s.sort)):
+            if value:
+                params[name] = value
+        if conditions:
+            params["search_condition_list"] = json.dumps({"search_condition_list": {"search_condition": conditions}})
+        return params
+
     def _search(self, conditions: list[dict]) -> Iterator[dict | ListingMoved]:
         """Paged by offset, each page after the first overlapping the one before (_Overlap): a total_hit_count
         that changes between pages, or a page not starting with the last asset of the one before, says the result
@@ -364,13 +462,7 @@ class OtmmSource:
         pages); without a count, only a page with nothing new does. Such a page short of the count says the rest
         went unserved (a deep-paging cap): a ListingCut."""
         s = self.settings.search
-        base = {"keyword_query": s.keyword_query, "load_type": s.load_type, "level_of_detail": s.level_of_detail}
-        for name, value in (("folder_filter", s.folder_filter), ("search_config_id", s.search_config_id),
-                            ("sort", s.sort)):
-            if value:
-                base[name] = value
-        if conditions:
-            base["search_condition_list"] = json.dumps({"search_condition_list": {"search_condition": conditions}})
+        base = self._search_params(conditions)
         after, total = 0, None
         overlap = _Overlap(s.shift_check)
         previous: set[str] = set()
@@ -596,7 +688,7 @@ class OtmmSource:
         return SourceItem(
             id=asset_id, sequence=sequence, original_name=info.get("name") or asset.get("name") or asset_id,
             size=int(size) if isinstance(size, int) or str(size).isdigit() else None, modified=_updated(asset),
-            fixity=fixity(s.content_checksum, checksum) if s.content_checksum != "none" and checksum else None,
+            fixity=fixity("md5", checksum) if s.content_checksum != "none" and checksum else None,
             label=None, locator=locator)
 
     def _content_url(self, url: str) -> str:
@@ -645,6 +737,11 @@ def _scalar(wrapper: Any) -> str | None:
         found = value.get("display_value") or value.get("value") or (value.get("field_value") or {}).get("value")
         return None if found is None or isinstance(found, (dict, list)) else str(found).strip() or None
     return None
+
+
+def _md5(path: Path) -> str:
+    with open(path, "rb") as file:
+        return hashlib.file_digest(file, "md5").hexdigest()
 
 
 def _updated(asset: dict) -> datetime | None:

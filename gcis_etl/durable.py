@@ -5,6 +5,7 @@ import errno
 import hashlib
 import os
 import secrets
+import stat
 from pathlib import Path
 from typing import IO
 
@@ -12,6 +13,9 @@ CHUNK = 4 * 1024 * 1024
 # A write the filesystem refuses whatever the file: every other write there fails the same way until someone
 # frees space or remounts it, so the work that needs it stops instead of failing item after item.
 DISK_REFUSES_WRITES = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
+# Free space under which a failed write is taken for the disk's when the tool that failed says nothing of why
+# (exiftool: "Error writing image data") and removed what it wrote; and kept free when a master is fetched.
+DISK_MARGIN = 1 << 20
 
 
 def fsync_path(path: str | Path) -> None:
@@ -61,5 +65,15 @@ def room(folder: Path) -> tuple[int, bool]:
     """The free bytes (for an unprivileged user) of the filesystem `folder` is on, or would be on once made, and
     whether it is mounted read-only."""
     folder = next(path for path in (folder, *folder.parents) if path.exists())
-    stat = os.statvfs(folder)
-    return stat.f_bavail * stat.f_frsize, bool(stat.f_flag & os.ST_RDONLY)
+    fs = os.statvfs(folder)
+    return fs.f_bavail * fs.f_frsize, bool(fs.f_flag & os.ST_RDONLY)
+
+
+_SPECIAL = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
+            (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+def special_kind(mode: int) -> str | None:
+    """What a FIFO, device or socket is, in words (None for anything else): opening a FIFO waits for a writer, for
+    ever if none comes, and a device or socket is no master."""
+    return next((what for test, what in _SPECIAL if test(mode)), None)

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import errno
 import os
-import stat
 from pathlib import Path
+
+from gcis_etl.durable import special_kind
 
 # (magic prefix, offset, format name). Order matters: longer, more specific signatures first.
 _SIGNATURES: tuple[tuple[bytes, int, str], ...] = (
@@ -42,15 +43,10 @@ _EXTENSIONS = {
 }
 
 
-_SPECIAL = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
-            (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
-
-
 def refuse_special(path: str | Path) -> None:
     """Raise OSError for a FIFO, device or socket, as opening a folder does: opening a FIFO waits for a writer,
     for ever if none comes, and a device or socket is no image. Before the first read of a file named to us."""
-    mode = os.stat(path).st_mode
-    kind = next((what for test, what in _SPECIAL if test(mode)), None)
+    kind = special_kind(os.stat(path).st_mode)
     if kind:
         raise OSError(errno.EINVAL, f"it is {kind}, not a regular file", str(path))
 

@@ -57,6 +57,7 @@ from pydantic import AfterValidator, AnyUrl, Field, ValidationError, field_valid
 from connectors.base import LangValue, SourceObject
 from gcis_etl.errors import ManifestError
 from gcis_etl.iiif_validation import CONTEXT_2, CONTEXT_3, IMAGE_CONTEXT_2, require_valid
+from gcis_etl.languages import LANGUAGE, language_tag
 from gcis_etl.settings import Settings, redacted
 from gcis_etl.stores import Provenance, Store, StoredObject
 
@@ -70,18 +71,6 @@ _RIGHTS = re.compile(r"https?://(creativecommons\.org/(licenses|publicdomain)/|r
 
 _HTTP_URL = re.compile(r"https?://[^/?#]", re.IGNORECASE)  # and a host (normal_url would make one of http:/x)
 _SURROGATE = re.compile("[\ud800-\udfff]")
-_LANGUAGE = re.compile(r"^[a-zA-Z-]+$")  # a language key as IIIF 3.0 (iiif-prezi3, the schema) accepts it
-
-
-def language_tag(language: str | None) -> str | None:
-    """`language` as a IIIF language key: a POSIX locale (en_US.UTF-8, de_DE@euro) as BCP 47 (en-US). None for
-    no language: none given, empty, or XMP's x-default. ValueError for what is still no tag (`en US`, `*`)."""
-    tag = re.split(r"[.@]", language or "", maxsplit=1)[0].strip().replace("_", "-")
-    if tag.lower() in ("", "x-default"):
-        return None
-    if not _LANGUAGE.match(tag):
-        raise ValueError(f"{language!r} is not a language tag such as en or en-US")
-    return tag
 
 
 def normal_url(url: str) -> str | None:
@@ -127,7 +116,7 @@ class ManifestSettings(Settings):
     rights: MetadataField | None = None            # a rights URI becomes `rights`; other text, a metadata entry
     required_statement: MetadataField | None = None  # e.g. the credit line
     homepage_label: LabelSetting | None = "Source record"  # a homepage to SourceObject.source_url; None: none
-    default_language: str = Field("none", pattern=_LANGUAGE.pattern)  # for values the source gives no language
+    default_language: str = Field("none", pattern=LANGUAGE.pattern)  # for values the source gives no language
     thumbnail_width: int = Field(400, ge=16, le=2000)  # the longer side of a thumbnail
     max_image_size: int | None = Field(None, ge=1, description="the largest width or height the image server "
                                        "renders (iipsrv MAX_CVT); unset: config.yaml's cache.server.max_cvt")

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from http.cookies import SimpleCookie
 from operator import eq, ge, gt, le, lt
+from pathlib import Path
 from typing import Callable
 
 from tests.emulators.catalogue import CorpusFile, utc
@@ -177,6 +178,12 @@ class OtmmEmulator:
         # /contents answers a redirect to where this says (a presigned storage URL) rather than the bytes
         self.contents_redirect: Callable[[Asset], str] | None = None
         self.content_url_base = ""  # prefixed to the content urls an asset gives (an absolute URL, on any host)
+        # what a content's content_checksum is: an MD5 of it here; a site's may be something else (undocumented)
+        self.content_checksum: Callable[[CorpusFile], str] = lambda source: source.digest("md5")
+        # the next this many downloads of content each come with another byte changed, their size right (a link
+        # damaging transfers, where the server's `corrupt` fault changes the same byte every time)
+        self.garbled = 0
+        self._downloads = 0
 
     def expire_sessions(self) -> None:
         """Invalidate every session and OAuth token, as a server-side timeout or restart would."""
@@ -361,7 +368,7 @@ class OtmmEmulator:
     def _asset(self, asset: Asset, with_metadata: bool) -> dict:
         def content(source: CorpusFile, kind: str) -> dict:
             return {"id": asset.content_id(kind), "content_kind": kind.upper(),
-                    "content_manager_id": "ARTESIA.CONTENT.DEFAULT", "content_checksum": source.digest("md5"),
+                    "content_manager_id": "ARTESIA.CONTENT.DEFAULT", "content_checksum": self.content_checksum(source),
                     "content_size": source.size, "mime_type": source.mime, "name": source.name,
                     "content_path": f"data/repository/{kind}/{source.name}", "unit_of_size": "BYTES",
                     "height": -1, "width": -1,
@@ -392,11 +399,18 @@ class OtmmEmulator:
                                     _category("GTRUST.CATEGORY.OBJECT", "Object", asset.fields)]}
         return data
 
-    @staticmethod
-    def _content(user: User, source: CorpusFile) -> Response:
+    def _content(self, user: User, source: CorpusFile) -> Response:
         if not user.can_download:
             return _error(403, "The user does not have permission to download this content", "FORBIDDEN")
-        return Response(200, source.path, source.mime, {"Content-Disposition": f'attachment; filename="{source.name}"'})
+        body: bytes | Path = source.path
+        with self._lock:
+            self._downloads += 1
+            count, garble, self.garbled = self._downloads, self.garbled > 0, max(0, self.garbled - 1)
+        if garble:
+            data = bytearray(source.path.read_bytes())
+            data[count * 7919 % len(data)] ^= 0xFF
+            body = bytes(data)
+        return Response(200, body, source.mime, {"Content-Disposition": f'attachment; filename="{source.name}"'})
 
     @staticmethod
     def _folder(folder: Folder) -> dict:
