@@ -292,6 +292,14 @@ def _read_tiff(path: str) -> _Header:
     return header
 
 
+def _bit_depth(bits: int | tuple[int, ...]) -> int:
+    """One depth for every band: tifffile gives a tuple where they differ (RGB 5-6-5, a damaged tag), which no
+    decoder here converts."""
+    if isinstance(bits, tuple):
+        raise _Unreadable(f"its bands have different bit depths {bits}")
+    return int(bits)
+
+
 def _read_tiff_tags(path: str) -> _Header:
     import tifffile
     try:
@@ -308,7 +316,7 @@ def _read_tiff_tags(path: str) -> _Header:
             icc_tag = tags.get(34675)
             header = _Header(
                 width=p.imagewidth, height=p.imagelength, bands=p.samplesperpixel,
-                bit_depth=int(p.bitspersample),
+                bit_depth=_bit_depth(p.bitspersample),
                 sample_format={1: "uint", 2: "int", 3: "float"}.get(int(p.sampleformat), "uint"),
                 interpretation=_TIFF_PHOTOMETRIC.get(photometric, "multiband"),
                 icc=bytes(icc_tag.value) if icc_tag is not None else None,

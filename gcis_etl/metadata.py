@@ -59,7 +59,11 @@ class _StayOpen:
     def __init__(self, memory_limit_mb: int | None = None) -> None:
         self.memory_limit_mb = memory_limit_mb
         limit = ["prlimit", f"--as={memory_limit_mb << 20}:", "--"] if memory_limit_mb else []
-        self._process = subprocess.Popen(dying_with_thread([*limit, "exiftool", "-stay_open", "True", "-@", "-"]),
+        # -common_args: options of every command (given at the start, they would hold for the first alone);
+        # LargeFileSupport: a BigTIFF's directory past 2 GB (libtiff writes it after the pixels) is read, not
+        # passed over with a warning as holding no tags, a rotated master's orientation among them
+        self._process = subprocess.Popen(dying_with_thread([*limit, "exiftool", "-stay_open", "True", "-@", "-",
+                                                            "-common_args", "-api", "LargeFileSupport=1"]),
                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                          start_new_session=True)
         self._commands = 0

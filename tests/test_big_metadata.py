@@ -60,3 +60,40 @@ def test_a_png_with_megabytes_of_compressed_xmp_is_accepted_with_its_profile_and
     (tmp_path / "damaged.png").write_bytes(damaged)
     assert inspect(tmp_path / "damaged.png").reasons == ("corrupt or truncated PNG header: bad checksum in its "
                                                          "iTXt chunk",)
+
+
+def far_bigtiff(path, width: int, height: int, orientation: int, directory_at: int = 2 ** 31 + 4096,
+                bits: tuple[int, int, int] = (8, 8, 8)) -> None:
+    """An uncompressed RGB BigTIFF whose one directory lies past 2 GB, as libtiff puts it after the pixels of a
+    large master; the gap is a hole, so the file takes a few kB of disk."""
+    pixels = bytes(i % 251 for i in range(width * height * 3))
+    short, long8 = (lambda v: struct.pack("<H", v)), (lambda v: struct.pack("<Q", v))
+    entries = [(256, 3, 1, short(width)), (257, 3, 1, short(height)), (258, 3, 3, struct.pack("<HHH", *bits)),
+               (259, 3, 1, short(1)), (262, 3, 1, short(2)), (273, 16, 1, long8(16)), (274, 3, 1, short(orientation)),
+               (277, 3, 1, short(3)), (278, 3, 1, short(height)), (279, 16, 1, long8(len(pixels)))]
+    with open(path, "wb") as f:
+        f.write(b"II" + struct.pack("<HHHQ", 43, 8, 0, directory_at) + pixels)
+        f.seek(directory_at)
+        f.write(struct.pack("<Q", len(entries)))
+        for tag, kind, count, value in entries:
+            f.write(struct.pack("<HHQ", tag, kind, count) + value.ljust(8, b"\0"))
+        f.write(struct.pack("<Q", 0))
+
+
+def test_a_bigtiff_whose_directory_lies_past_2_gb_keeps_its_orientation(tmp_path):
+    """exiftool passes over 64-bit offsets past 2 GB unless LargeFileSupport is set, with a warning read as "no
+    tags": a rotated 800 Mpx master came out unrotated, and verified."""
+    master = tmp_path / "far.tif"
+    far_bigtiff(master, 24, 16, orientation=6)
+    info = inspect(master)
+    assert (info.format, info.orientation, info.exif) == ("BigTIFF", 6, True)
+    assert "apply orientation 6" in info.reasons
+
+
+def test_a_tiff_whose_bands_have_different_bit_depths_is_rejected_with_the_reason(tmp_path):
+    """tifffile gives the depths as a tuple (RGB 5-6-5, or a damaged tag): inspect raised a TypeError."""
+    master = tmp_path / "565.tif"
+    far_bigtiff(master, 24, 16, orientation=1, directory_at=4096, bits=(5, 6, 5))
+    info = inspect(master)
+    assert info.verdict is Verdict.REJECT
+    assert info.reasons == ("corrupt or truncated BigTIFF header: its bands have different bit depths (5, 6, 5)",)
