@@ -21,7 +21,7 @@ from urllib.parse import quote, quote_plus, unquote, urlsplit, urlunsplit
 
 from pydantic import BaseModel, BeforeValidator, SecretStr
 
-from gcis_etl.settings import Deferred, Settings, redacted
+from gcis_etl.settings import Deferred, FromEnvironment, Settings, annotation_types, redacted
 
 MASK = "***"
 
@@ -112,6 +112,23 @@ def _secret_text(value: object) -> object:
         raise ValueError("still holds a ${VAR} reference: load the configuration through the config loader, "
                          "which takes secrets from the environment")
     return value
+
+
+def written_secrets(model: type[BaseModel], options: Any, where: str) -> Iterator[str]:
+    """The key paths (under `where`) of `model`'s credentials (its Secret fields) that `options`, a source's settings
+    as config.yaml holds them once its ${VAR}s are filled in, writes out instead of taking from the environment:
+    the file is read by whoever may read it, and copied into backups and tickets."""
+    if not isinstance(options, dict):
+        return
+    for name, field in model.model_fields.items():
+        key = field.alias or name
+        value = options.get(key)
+        arms = list(annotation_types(field.annotation))
+        if SecretStr in arms and value not in (None, "") and not isinstance(value, (FromEnvironment, Deferred)):
+            yield f"{where}.{key}"
+        for arm in arms:
+            if isinstance(arm, type) and issubclass(arm, BaseModel):
+                yield from written_secrets(arm, value, f"{where}.{key}")
 
 
 _UNINTERPOLATED = re.compile(r"\$\{[A-Za-z_][A-Za-z0-9_]*\}")

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from gcis_etl import isolation
-from gcis_etl.durable import fsync_path, sha256_file
+from gcis_etl.durable import DISK_MARGIN, fsync_path, sha256_file
 from gcis_etl.errors import ConversionFailed, DiskFull, RejectedMaster, VerificationFailed
 from gcis_etl.formats import names_a_sequence, names_of, sniff
 from gcis_etl.inspection import inspect
@@ -252,7 +252,7 @@ def encode_in_child(job: EncodeJob) -> EncodeOutcome:
     with isolation.scratch() as scratch, isolation.disk_checked(Path(scratch), out.parent):
         # exiftool reads the master beside the decoding and encoding; the encoders ask for it at the end. It
         # removes a carrier it could not write and says only "Error writing image data".
-        carrier = isolation.disk_checked(Path(scratch), needs=isolation.DISK_MARGIN)(
+        carrier = isolation.disk_checked(Path(scratch), needs=DISK_MARGIN)(
             carried_tags if ptiff else metadata_carrier)
         metadata = isolation.beside(carrier, job.info, recipe.metadata.keep, recipe.metadata.exclude,
                                     Path(scratch))

@@ -15,6 +15,7 @@ import numpy as np
 import pyvips
 
 from gcis_etl import codestream, isolation
+from gcis_etl.durable import DISK_MARGIN
 from gcis_etl.errors import ConversionFailed, GcisError, RejectedMaster
 from gcis_etl.models import ImageInfo
 
@@ -30,6 +31,8 @@ _TRANSPOSING_ORIENTATIONS = {5, 6, 7, 8}
 # The tiled intermediate's tile side: libvips caches the tiles it reads; at 256 (512) a 120 Mpx 16-bit master held
 # 18 (60) MB more, and was no faster.
 _TILE = 128
+SAMPLE_BYTES = {"uchar": 1, "char": 1, "ushort": 2, "short": 2, "uint": 4, "int": 4, "float": 4, "double": 8,
+                "complex": 8, "dpcomplex": 16}  # a libvips band format's sample
 
 
 @dataclass
@@ -123,10 +126,11 @@ def _tiled(image: pyvips.Image) -> pyvips.Image:
     descriptor for the image's life. Decoding the master happens here, so its errors are pixel errors, and a
     crash is libvips' reading pixels (the next decoder is tried)."""
     isolation.reading_pixels("vips")
+    needs = image.width * image.height * image.bands * SAMPLE_BYTES[image.format] + DISK_MARGIN
     with isolation.scratch() as folder:
         path = Path(folder, "decoded.tif")
         try:
-            with isolation.disk_checked(Path(folder)):
+            with isolation.disk_checked(Path(folder), needs=needs):
                 image.tiffsave(path, tile=True, tile_width=_TILE, tile_height=_TILE, compression="none",
                                bigtiff=True)
         except pyvips.Error as exc:

@@ -17,13 +17,14 @@ import logging
 import shutil
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
 from datetime import datetime, timedelta
 from functools import cached_property
 from typing import Callable, Collection, Iterator, Sequence
 
 from connectors.base import (LangValue, ListingCut, ListingMoved, Source, SourceItem, SourceObject, UnreadableObject,
-                             described, items_unique, listed_at)
+                             close_source, described, items_unique, listed_at)
 from connectors.errors import RetryStopped
 from connectors.redaction import scrub
 from connectors.retry import waits_end_when
@@ -32,8 +33,8 @@ from gcis_etl.config import Config
 from gcis_etl.errors import ConfigError, GcisError, ManifestError, StoreError, StoreRefused, StoreUnavailable
 from gcis_etl.executors import Executor, open_executor
 from gcis_etl.keys import UnsafeKey
-from gcis_etl.ledger import (ABANDONED, COUNTED, MANIFEST, STOPPED_BY_SIGNAL, STOPPED_ON_REQUEST, ItemRecord, Ledger,
-                             LedgerUnwritable, ObjectRecord, Unprocessed, now)
+from gcis_etl.ledger import (ABANDONED, COUNTED, MANIFEST, OBJECT, STOPPED_BY_SIGNAL, STOPPED_ON_REQUEST, ItemRecord,
+                             Ledger, LedgerUnwritable, ObjectRecord, Unprocessed, now)
 from gcis_etl.locks import LockHeld, pipeline_lock
 from gcis_etl.manifests import CollectionEntry, DepositedImage
 from gcis_etl.pipelines import Pipeline, config_folder
@@ -41,13 +42,12 @@ from gcis_etl.recipes import load_recipe
 from gcis_etl.reports import (PLANNED, PlannedItem, RunReport, counted, prune_reports, report_from_ledger,
                               write_report)
 from gcis_etl.supersession import Retired, retire_superseded
-from gcis_etl.work import ItemResult, ItemTask, Outcome, fingerprint
+from gcis_etl.work import ItemResult, ItemTask, Outcome, fingerprint, remedy, told_what_to_do
 
 log = logging.getLogger("gcis_etl.harvest")  # the name log shippers filter on (progress.py logs items under it)
 
 AT_LIMIT = "stopped at the limit of "  # a run's note at HarvestOptions.limit (a migration words it anew)
 LISTING_CHANGED = "the source's listing settings changed since the checkpoint: listing everything"
-OBJECT = "(object)"  # stands for the item id where the run reports that the source could not describe the object
 STOPS_RUN = (StoreUnavailable, StoreRefused)  # a store error no manifest or collection write gets past: StoreFull too
 
 
@@ -871,7 +871,7 @@ def harvest(config: Config, name: str, options: HarvestOptions = HarvestOptions(
     pipeline = config.pipeline(name)
     progress = progress or Progress()
     stop = as_stop(stop)
-    with Ledger.open(config, read_only=options.dry_run) as ledger:  # a dry run does not even create it
+    with _source_closed(pipeline), Ledger.open(config, read_only=options.dry_run) as ledger:  # a dry run: not made
         run = Harvest(config, pipeline, options, ledger, progress, stop)
         if options.dry_run:
             since, until = run.window()
@@ -916,17 +916,37 @@ def harvest(config: Config, name: str, options: HarvestOptions = HarvestOptions(
                     threading.Thread(target=executor.close, name="gcis-abandoned", daemon=True).start()
                     own = False
             except BaseException as exc:
-                run.abandon(executor, exc, checkpoint)
+                run.abandon(executor, exc, checkpoint)  # raises the ledger's failure, if it could not record it
+                if not isinstance(exc, LedgerUnwritable):  # recorded: its report written as any run's is
+                    _reported(config, ledger, run.run_id)
                 raise
             finally:
                 if own:
                     executor.close()
             ledger.finish_run(run.run_id, "stopped" if run.cut_short else "completed", run.counts,
                               run.manifests_published, checkpoint, run.note(checkpoint))
-            report = write_report(report_from_ledger(ledger, ledger.run(run.run_id)), config.reports_dir)
-            prune_reports(config.reports_dir, ledger, name)
+            report = _reported(config, ledger, run.run_id)
             progress.ended(report)
             return report
+
+
+@contextmanager
+def _source_closed(pipeline: Pipeline) -> Iterator[None]:
+    """The run's source closed after it, if the run opened it (Pipeline.source is made on first use): a session it
+    holds on the server ends with the run instead of piling up there, one more each cron run."""
+    try:
+        yield
+    finally:
+        if "source" in vars(pipeline):
+            close_source(pipeline.source)
+
+
+def _reported(config: Config, ledger: Ledger, run_id: int) -> RunReport:
+    """A recorded run's report, from the ledger, written under reports_dir (harvest --help promises one for every
+    run, a failed one too), where the reports of the pipeline's older runs than the ledger keeps go."""
+    report = write_report(report_from_ledger(ledger, ledger.run(run_id)), config.reports_dir)
+    prune_reports(config.reports_dir, ledger, report.pipeline)
+    return report
 
 
 def open_sources(config: Config, names: Sequence[str]) -> dict[str, Source]:
@@ -980,12 +1000,11 @@ def harvest_pipelines(config: Config, names: Sequence[str] = (), options: Harves
             outcome = PipelineOutcome(name, EXIT_LOCKED, message=_told(exc))
         except LedgerUnwritable as exc:
             not_started = EXIT_USAGE
-            outcome = PipelineOutcome(name, EXIT_USAGE, message=f"{name}: run stopped: {_told(exc)}")
+            outcome = PipelineOutcome(name, EXIT_USAGE, message=f"{name}: run stopped: {_told(exc, name)}")
         except ConfigError:
             raise
         except GcisError as exc:
-            outcome = PipelineOutcome(name, EXIT_ITEM_FAILED, message=f"{name}: run stopped: {_told(exc)} (everything "
-                                                                      f"settled so far is recorded; run again)")
+            outcome = PipelineOutcome(name, EXIT_ITEM_FAILED, message=_stopped(name, exc))
         except Exception as exc:  # a bug (a connector's listing raising KeyError): the run is recorded as crashed
             log.exception("%s: run crashed", name, extra={"pipeline": name})
             outcome = PipelineOutcome(name, EXIT_ITEM_FAILED, message=f"{name}: run crashed: {_told(exc, typed=True)} "
@@ -1003,11 +1022,23 @@ def _moved_to(why: str, checkpoint: datetime) -> str:
     return f"{why}; the checkpoint moved to {checkpoint.isoformat()}, where the listing stopped"
 
 
-def _told(exc: BaseException, typed: bool = False) -> str:
+def _told(exc: BaseException, pipeline: str = "", typed: bool = False) -> str:
     """An error as a run records it (its note) or says it (PipelineOutcome.message): `typed`, after its type's
-    name. Scrubbed of the secrets the sources' settings hold (connectors.redaction), which whatever raised it,
-    someone's connector say, may have put in its text."""
-    return scrub(f"{type(exc).__name__}: {exc}" if typed else str(exc))
+    name; without the `pipeline`'s name it starts with, when what follows says it (a source's errors start with its
+    name, the pipeline's). Scrubbed of the secrets the sources' settings hold (connectors.redaction), which whatever
+    raised it, someone's connector say, may have put in its text."""
+    text = str(exc).removeprefix(f"{pipeline}: ") if pipeline else str(exc)
+    return scrub(f"{type(exc).__name__}: {text}" if typed else text)
+
+
+def _stopped(name: str, exc: GcisError) -> str:
+    """What a run that `exc` stopped says: the error, what to do about it (work.remedy, as an item's halting
+    says it), and "run again" only where neither says what to do ("running again will not help" must not be
+    followed by it)."""
+    then = remedy(exc)
+    told = f"{_told(exc, name)}: {then}" if then else _told(exc, name)
+    again = "" if told_what_to_do(told) else "; run again"
+    return f"{name}: run stopped: {told} (everything settled so far is recorded{again})"
 
 
 def _abort_uploads(config: Config, pipeline: Pipeline, run_id: int, which: str, progress: Progress) -> None:

@@ -34,6 +34,7 @@ import pyvips
 from PIL import Image, ImageCms
 
 from gcis_etl.colour import LAB, is_srgb, layout, normalise, srgb_profile
+from gcis_etl.decoding import SAMPLE_BYTES
 from gcis_etl.isolation import pixel_error
 from gcis_etl.models import ImageInfo
 from gcis_etl.policy import ImagingPolicy
@@ -45,8 +46,6 @@ _PROFILE_SPACES = {"L": "GRAY", "RGBX": "RGB", "CMYK": "CMYK"}  # Pillow mode ->
 # Pixels per ImageCms call: Pillow holds them as 4 bytes each, and LittleCMS runs ~25% faster on 2 MB
 # (cache-sized) parts than on a 256-row band of a 14,600-pixel-wide master (15 MB).
 TRANSFORM_PIXELS = 512 * 1024
-_SAMPLE_BYTES = {"uchar": 1, "char": 1, "ushort": 2, "short": 2, "uint": 4, "int": 4, "float": 4, "double": 8,
-                 "complex": 8, "dpcomplex": 16}
 
 
 @dataclass(frozen=True)
@@ -130,7 +129,7 @@ def _widest(image: pyvips.Image, laid: pyvips.Image, info: ImageInfo, policy: Im
     """A pixel's bytes at the widest step libvips runs for a fetch, decoded master to sRGB: every step holds
     the fetched area in its own buffer, so this sets what a fetch of so many pixels costs. An alpha is
     flattened in float over the colour bands and the alpha (colour._flatten): 16 bytes for RGBA of any depth."""
-    steps = [image.bands * _SAMPLE_BYTES[image.format], laid.bands * _SAMPLE_BYTES[laid.format], 3]
+    steps = [image.bands * SAMPLE_BYTES[image.format], laid.bands * SAMPLE_BYTES[laid.format], 3]
     if info.alpha and policy.alpha == "flatten":
         steps.append(4 * (laid.bands + 1))
     return max(steps)

@@ -14,6 +14,7 @@ before starting a child it removes those of this host's conversion processes tha
 from __future__ import annotations
 
 import errno
+import hashlib
 import importlib
 import json
 import logging
@@ -47,9 +48,69 @@ _encoder_limit_mb: int | None = None  # set in the child: its isolation.encoder_
 _metadata_timeout: float | None = None  # set in the child: its isolation.metadata_timeout_seconds
 _exiftool_deadline = 0.0  # set in the child for each job: when its exiftool must be done (exiftool_time_limit)
 SCRATCH_PREFIX = "gcis-scratch-"
-_CHILD_ENTRY = ("import sys, json; from multiprocessing.connection import Connection; "
+# Run with -P (no working directory on its path: from inside another checkout, the child imported that one's code)
+# and the folder the parent's gcis_etl came from first, when not on the path already.
+_CHILD_ENTRY = ("import sys, json; sys.argv[3] in sys.path or sys.path.insert(0, sys.argv[3]); "
+                "from multiprocessing.connection import Connection; "
                 "from gcis_etl.isolation import _child_main; "
                 "_child_main(Connection(int(sys.argv[1])), json.loads(sys.argv[2]))")
+_PACKAGES = ("gcis_etl", "connectors")  # this distribution's code, beside each other: what its processes import
+_ROOT = Path(__file__).resolve().parent.parent
+
+
+def _code_files() -> list[Path]:
+    return sorted(path for package in _PACKAGES for path in (_ROOT / package).rglob("*.py"))
+
+
+def _stamp(files: list[Path]) -> tuple[tuple[str, int, int], ...]:
+    """Each source file's path, modification time and size: cheap to take again."""
+    return tuple((str(path), stat.st_mtime_ns, stat.st_size) for path, stat in ((p, p.stat()) for p in files))
+
+
+def _fingerprint(files: list[Path]) -> str:
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(f"{path.relative_to(_ROOT)}\0".encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+# Taken as this module is imported, with the first of the package's: the code this process runs. Not the version
+# string, which a release may leave as it was.
+_started_files = _code_files()
+_seen_stamp = _stamp(_started_files)  # the files' last stamp found to hold the code this process started with
+_STARTED_WITH = _fingerprint(_started_files)
+del _started_files
+
+
+def code_fingerprint() -> str:
+    """A digest of the gcis-etl source files as this process found them when it started: a conversion process
+    tells its own to its parent, which refuses one that runs other code."""
+    return _STARTED_WITH
+
+
+def code_changed() -> bool:
+    """Whether the gcis-etl source files on disk no longer hold the code this process started with (upgraded in
+    place): a module it imports from now on would be another version's (a fresh Celery pool process importing
+    the new gcis_etl.conversion beside its old isolation module: ImportError). The files' modification times and
+    sizes are compared, their contents only when those changed (a reinstall of the same code touches them)."""
+    global _seen_stamp
+    try:
+        files = _code_files()
+        stamp = _stamp(files)
+        if stamp == _seen_stamp:
+            return False
+        if _fingerprint(files) != _STARTED_WITH:
+            return True
+    except OSError:  # a file replaced while read: an install under way
+        return True
+    _seen_stamp = stamp
+    return False
+
+
+def running_process() -> str:
+    """This process, as a message asking to restart it names it."""
+    return f"{Path(sys.argv[0]).name or 'python'}, pid {os.getpid()} on {socket.gethostname()}"
 
 
 class CannotStart(ConversionFailed):
@@ -194,18 +255,18 @@ _TMPDIR_SETS = " (the system temp dir: TMPDIR sets where it is)"
 # What libraries say of a disk that refuses a write, in their own messages (libvips: "unix error: No space left
 # on device"), where no errno reaches Python.
 _DISK_SAYS = tuple(os.strerror(code) for code in DISK_REFUSES_WRITES)
-# Free space under which a failed write is taken for the disk's when the tool that failed says nothing of why
-# (exiftool: "Error writing image data") and removed what it wrote: a metadata carrier, a tool's buffers.
-DISK_MARGIN = 1 << 20
 
 
-def disk_refusal(exc: BaseException, *folders: Path, needs: int = 0) -> DiskFull | None:
+def disk_refusal(exc: BaseException, *folders: Path, needs: int = 0,
+                 began: dict[Path, int] | None = None) -> DiskFull | None:
     """`exc`, raised by a step writing into `folders`, as a DiskFull when a disk refused the write rather than the
     master or the tool failing (else None): an OSError of a disk refusing writes (ENOSPC, EDQUOT, EROFS), a
     library's message saying so, a folder on a read-only filesystem, or one with less free space than the step
     `needs` (opj_compress and grk_compress remove their output and say only 'Failed to seek in the stream',
     'failed to compress image'). Ask right after the failure, before the step's scratch is removed. The message
-    names the folder, its free space (or, read-only, what makes it writable), and what sets where it is."""
+    names the folder, its free space (or, read-only, what makes it writable), what the step needs, and what sets
+    where the folder is. `began`: each folder's free space when the step began (disk_checked), which the message
+    gives: once it failed, what the step wrote fills the disk ("0.0 MB free"), saying nothing of what it lacked."""
     if isinstance(exc, DiskFull):
         return exc
     said = exc.strerror if isinstance(exc, OSError) and exc.errno in DISK_REFUSES_WRITES else \
@@ -218,11 +279,13 @@ def disk_refusal(exc: BaseException, *folders: Path, needs: int = 0) -> DiskFull
     folder = min(short if said is None else named or folders, key=lambda f: room[f][0])
     free, read_only = room[folder]
     why = said or (os.strerror(errno.EROFS) if read_only else str(exc))
-    needed = f", up to {needs / 1e6:.1f} MB needed" if said is None and not read_only else ""
+    needed = f", up to {needs / 1e6:.1f} MB needed" if needs and not read_only else ""
+    when = " when it began" if began and folder in began else ""
+    free = began[folder] if when else free
     scratch = folder.name.startswith(SCRATCH_PREFIX)  # a conversion's: named by the temp dir it is made in
     remedy = (": make it writable (remount its filesystem read-write) or choose another folder"
               if why == os.strerror(errno.EROFS) else
-              f" ({free / 1e6:.1f} MB free there{needed}): free space on its filesystem")
+              f" ({free / 1e6:.1f} MB free there{when}{needed}): free space on its filesystem")
     return DiskFull(f"cannot write {folder.parent if scratch else folder}: {why}{remedy}"
                     f"{_TMPDIR_SETS if scratch else ''}")
 
@@ -230,11 +293,16 @@ def disk_refusal(exc: BaseException, *folders: Path, needs: int = 0) -> DiskFull
 @contextmanager
 def disk_checked(*folders: Path, needs: int = 0) -> Iterator[None]:
     """Around a step writing into `folders`: its failure raised as disk_refusal's DiskFull when a disk refused
-    (also a decorator, for a function run beside)."""
+    (also a decorator, for a function run beside). A step that `needs` more than a folder has free fails at
+    once, before minutes of decoding fill the disk to the same end."""
+    began = {folder: durable_room(folder)[0] for folder in folders}
+    short = next((folder for folder, free in began.items() if free < needs), None)
+    if short is not None:
+        raise disk_refusal(OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)), short, needs=needs, began=began)
     try:
         yield
     except Exception as exc:
-        refusal = disk_refusal(exc, *folders, needs=needs)
+        refusal = disk_refusal(exc, *folders, needs=needs, began=began)
         if refusal is None:
             raise
         raise refusal from None
@@ -262,6 +330,7 @@ def _process_exists(pid: int) -> bool:
 
 def _child_main(conn: Connection, settings: dict) -> None:
     global _conn, _threads, _memory_limit_mb, _encoder_limit_mb, _metadata_timeout, _exiftool_deadline
+    conn.send(("hello", code_fingerprint()))  # first, before anything another version may do otherwise
     _conn, _threads, _memory_limit_mb = conn, settings["vips_concurrency"], settings["memory_limit_mb"]
     _encoder_limit_mb, _metadata_timeout = settings["encoder_memory_limit_mb"], settings["metadata_timeout_seconds"]
     limit = settings["memory_limit_mb"] * 1024 * 1024
@@ -470,6 +539,7 @@ class IsolatedProcess:
         self._proc: subprocess.Popen | None = None
         self._conn: Connection | None = None
         self._jobs = 0
+        self._greeted = False  # the child said it runs this process's code (its first message)
         self._turn = threading.RLock()  # reentrant: call() closes the child it recycles
 
     def __enter__(self) -> "IsolatedProcess":
@@ -512,6 +582,9 @@ class IsolatedProcess:
                 except (EOFError, ConnectionResetError, OSError):
                     answered = True
                     raise self._crashed(current_stage) from None
+                if not self._greeted:
+                    self._greet(kind, payload)
+                    continue
                 if kind == "stage":
                     current_stage = payload
                     continue
@@ -565,15 +638,26 @@ class IsolatedProcess:
         with parent, child:
             try:
                 self._proc = _kept_process(
-                    [sys.executable, "-c", _CHILD_ENTRY, str(child.fileno()), json.dumps(self.settings.model_dump())],
+                    [sys.executable, "-P", "-c", _CHILD_ENTRY, str(child.fileno()),
+                     json.dumps(self.settings.model_dump()), str(_ROOT)],
                     pass_fds=(child.fileno(),), stdin=subprocess.DEVNULL, start_new_session=True)
             except OSError as exc:  # not the job's: a caller would take it for its own files' ("cannot write")
                 raise CannotStart(f"the conversion process could not be started: {sys.executable}: "
                                        f"{exc.strerror or exc}") from None
             self._conn = Connection(os.dup(parent.fileno()))
-        self._jobs = 0
+        self._jobs, self._greeted = 0, False
 
-    def _crashed(self, current_stage: str | None) -> WorkerCrashed:
+    def _greet(self, kind: str, payload: Any) -> None:
+        """The child's first message: the fingerprint of the code it runs, which must be this process's (a child
+        started after an in-place upgrade runs the new files). Raises CannotStart otherwise, the child killed."""
+        if kind != "hello" or payload != code_fingerprint():
+            self._kill()
+            raise CannotStart(f"the conversion process runs another version of gcis-etl than the process that "
+                              f"started it ({running_process()}; upgraded in place?): restart that process")
+        self._greeted = True
+
+    def _crashed(self, current_stage: str | None) -> ConversionFailed:
+        """WorkerCrashed; CannotStart for a child that died before its first message (not started, no job's)."""
         try:
             self._proc.wait(5)
         except subprocess.TimeoutExpired:
@@ -583,6 +667,10 @@ class IsolatedProcess:
         self._proc, self._conn = None, None
         name = signal.Signals(-code).name if code is not None and code < 0 else None
         how = f"crashed: {name}" if name else f"exited with code {code}"
+        if not self._greeted:
+            return CannotStart(f"the conversion process {how} before it was ready (its error went to the stderr of "
+                               f"the process that started it, {running_process()}): if gcis-etl was upgraded in "
+                               f"place, restart that process")
         where = f" while {current_stage}" if current_stage else ""
         return WorkerCrashed(f"conversion process {how}{where}", current_stage, name)
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Callable
 
 from gcis_etl import isolation
+from gcis_etl.durable import DISK_MARGIN
 from gcis_etl.errors import ConversionFailed
 from gcis_etl.metadata import RESOLUTION_TAGS, carrier_copy, exiftool_run, kept_tag_values, write_carrier
 from gcis_etl.models import ImageInfo
@@ -260,7 +261,7 @@ def run_encoder(argv: tuple[str, ...], timeout: float, pixels: int | None = None
         # The encoders remove an output they could not finish, and say nothing of the disk. Its room is judged by
         # what even a lossy output would take (ENCODED_SHARE of the input): an encoder that fails for its own
         # reasons (memory) on a big master must not pass for a full disk, which stops every run.
-        needs = max(isolation.DISK_MARGIN, Path(argv[argv.index("-i") + 1]).stat().st_size // ENCODED_SHARE)
+        needs = max(DISK_MARGIN, Path(argv[argv.index("-i") + 1]).stat().st_size // ENCODED_SHARE)
         raise isolation.disk_refusal(failed, output.parent, needs=needs) or failed
 
 

@@ -102,6 +102,7 @@ CREATE TABLE IF NOT EXISTS checkpoints (
 
 COUNTED = ("deposited", "skipped", "rejected", "failed")
 MANIFEST = "(manifest)"  # stands for the item id where a run records an object's manifest problem
+OBJECT = "(object)"  # stands for the item id where the run reports that the source could not describe the object
 _KILLED = "the process ended without finishing the run (killed?): the counts are the items it had recorded"
 STOPPED_ON_REQUEST = "stopped on request"  # the note of a run SIGINT or SIGTERM stopped (which one is not kept)
 ABANDONED = "stopped on request; a second Ctrl-C abandoned the items in flight: the next run redoes them"

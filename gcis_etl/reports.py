@@ -18,7 +18,7 @@ from pathlib import Path
 
 from gcis_etl.commands import EXIT_ITEM_FAILED, EXIT_OK
 from gcis_etl.durable import atomic_write
-from gcis_etl.ledger import COUNTED, MANIFEST, STOPPED_BY_SIGNAL, Ledger, RunItem, RunRecord
+from gcis_etl.ledger import COUNTED, MANIFEST, OBJECT, STOPPED_BY_SIGNAL, Ledger, RunItem, RunRecord
 from gcis_etl.locks import RunLock
 from gcis_etl.logs import printable
 
@@ -308,13 +308,19 @@ class PipelineStatus:
         return "\n".join(map(printable, lines))  # as RunReport.summary's
 
     def _attempts(self, problem: Problem) -> str:
-        """A failed item's attempts, and whether the harvest still tries it or it waits for `gcis-etl retry`."""
+        """A failed item's attempts, and whether the harvest still tries it or it waits for `gcis-etl retry`. An
+        object the source could not describe is described again whenever the source lists it (changed, or in a
+        full listing), its attempts spent or not."""
         if problem.status != "failed":
             return ""
         if self.max_attempts is None:
             return f" (attempts {problem.attempts})"
-        then = (f"waits for `gcis-etl retry {self.pipeline}`" if problem.attempts >= self.max_attempts
-                else "the next run tries again")
+        if problem.attempts < self.max_attempts:
+            then = "the next run tries again"
+        elif problem.item_id == OBJECT:
+            then = f"tried again when the source lists it again, or by `gcis-etl retry {self.pipeline}`"
+        else:
+            then = f"waits for `gcis-etl retry {self.pipeline}`"
         return f" (attempts {problem.attempts} of {self.max_attempts}: {then})"
 
 

@@ -19,10 +19,13 @@ M = TypeVar("M", bound=BaseModel)
 
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 # A name whose value is a credential: a settings key, an environment variable, a header or a query parameter
-# (OTMM's session_id, Rosetta's pds_handle, a presigned URL's X-Amz-*). Masks `auth: session` too: more than
-# needed, never less.
+# (OTMM's session_id, Rosetta's pds_handle, a presigned URL's X-Amz-*). More than needed, never less, but for
+# _MODE_KEY.
 _SECRET_NAME = re.compile(r"pass|pwd|secret|token|credential|(api|access)[_-]?key|auth|cookie|signature|session"
                          r"|pds_handle|ticket|digest|x-amz-", re.IGNORECASE)
+# A settings key naming how to authenticate, not with what (OTMM's `auth: session`, Rosetta's `auth_scheme:
+# Basic`): shown, in the resolved settings and in errors, where a query parameter `auth=` stays masked.
+_MODE_KEY = re.compile(r"auth(?:[_-]?(?:scheme|mode|method|type|kind))?", re.IGNORECASE)
 _SCHEME = r"[A-Za-z][A-Za-z0-9+.-]*://"
 # A URL in a text ends at a blank, a quote or a ';' that starts the next URL of a list.
 _URL = re.compile(rf"{_SCHEME}(?:[^\s\"'<>;]|;(?!{_SCHEME}))*")
@@ -150,18 +153,25 @@ def parse(model: type[M], data: Any, source: str, prefix: str = "") -> M:
                 continue
             got = err.get("input")
             secret = _hidden_input(err)
+            expected = _expected(model, err)
             if isinstance(got, FromEnvironment):
                 shown = " (got a value from the environment, not shown)"
-            elif err["type"] == "missing" or isinstance(got, dict) or secret:
+            elif err["type"] == "missing" or isinstance(got, dict) or secret or _quotes(expected, got):
                 shown = ""
             else:
                 shown = f" (got {redacted(got) if isinstance(got, str) else got!r})"
-            lines.append(f"{source}: {key or '<top>'}: {_expected(model, err)}{shown}")
+            lines.append(f"{source}: {key or '<top>'}: {expected}{shown}")
     if lines:
         raise ConfigError("\n".join(lines))
     if isinstance(settings, Settings):
         settings._from_environment = environment_values(data)
     return settings
+
+
+def secret_key(key: str, header: bool = False) -> bool:
+    """Whether a settings key's value is a credential (masked when printed, not quoted in an error). A `header`'s
+    name says what it carries: `Auth:` a credential."""
+    return bool(_SECRET_NAME.search(key)) and (header or not _MODE_KEY.fullmatch(key))
 
 
 def _key_path(prefix: str, path: Any) -> str:
@@ -193,12 +203,17 @@ def _expected(model: type[BaseModel], error: dict) -> str:
         return error["msg"]
     holders = _holders(model, error["loc"])
     if error["type"] == "extra_forbidden":
-        known = sorted({field.alias or name for holder in holders for name, field in holder.model_fields.items()
-                        if not field.exclude})
+        known = _keys(holders)
         meant = difflib.get_close_matches(str(error["loc"][-1]), known, n=1)
         if meant:
             return f"unknown key (did you mean {meant[0]!r}?)"
         return f"unknown key (keys here: {', '.join(known)})" if 0 < len(known) <= _LISTED_KEYS else "unknown key"
+    if error["type"] == "model_type":  # pydantic's words name our class ("instance of OaiSettings")
+        named = error.get("ctx", {}).get("class_name")
+        known = _keys([arm for annotation in _annotations(model, error["loc"]) for arm in annotation_types(annotation)
+                       if isinstance(arm, type) and issubclass(arm, BaseModel) and arm.__name__ == named])
+        listed = f" (keys: {', '.join(known)})" if 0 < len(known) <= _LISTED_KEYS else ""
+        return f"expected a mapping of settings{listed}"
     sequences = [arm for annotation in _annotations(model, error["loc"]) for arm in annotation_types(annotation)
                  if get_origin(arm) in (list, tuple, set, frozenset)]
     if error["type"] in ("tuple_type", "list_type", "set_type", "frozen_set_type") and len(sequences) == 1:
@@ -213,6 +228,17 @@ def _expected(model: type[BaseModel], error: dict) -> str:
         example = f", e.g. {json.dumps(list(default), default=str)}" if listed else ""
         return f"expected a list{size}{each}{example}"
     return error["msg"]
+
+
+def _keys(models: list[type[BaseModel]]) -> list[str]:
+    """The keys a file may write in a mapping that one of `models` reads."""
+    return sorted({field.alias or name for held in models for name, field in held.model_fields.items()
+                   if not field.exclude})
+
+
+def _quotes(message: str, got: Any) -> bool:
+    """Whether an error's message quotes the value given already (a validator's "unknown time zone 'X'")."""
+    return isinstance(got, str) and bool(got) and repr(got) in message
 
 
 def _reworded(model: type[BaseModel], errors: list[dict]) -> Iterator[dict]:
@@ -332,7 +358,7 @@ def _hidden_input(error: dict) -> bool:
     """An input an error must not show: under a secret-named key or a mapping of headers (a gateway's API key),
     or under a key the model does not have (a misspelt `passwd:` holds a password all the same)."""
     return error["type"] == "extra_forbidden" or any(
-        _SECRET_NAME.search(str(part)) or str(part).lower().endswith("headers") for part in error["loc"])
+        secret_key(str(part)) or str(part).lower().endswith("headers") for part in error["loc"])
 
 
 def checked_url(url: str, schemes: tuple[str, ...], what: str) -> str:
@@ -401,17 +427,18 @@ def environment_values(value: Any) -> EnvironmentValues:
     return found
 
 
-def masked(value: Any, hidden: frozenset[str] = frozenset(), key: str = "") -> Any:
-    """A copy of plain settings data for printing: the values of secret-named keys, and every string in
+def masked(value: Any, hidden: frozenset[str] = frozenset(), key: str = "", header: bool = False) -> Any:
+    """A copy of plain settings data for printing: the values of secret-named keys (secret_key: `auth: session`
+    is shown, a header `Auth:` masked; `header`: `key` names one), and every string in
     `hidden` (the environment's values) wherever it sits but its `urls`, replaced; the `secrets` of hidden
     EnvironmentValues inside any string, and the password of any URL (a source's base_url written with
     user:password@)."""
     if isinstance(value, dict):
-        return {k: masked(v, hidden, str(k)) for k, v in value.items()}
+        return {k: masked(v, hidden, str(k), key.lower().endswith("headers")) for k, v in value.items()}
     if isinstance(value, list):
-        return [masked(v, hidden, key) for v in value]
+        return [masked(v, hidden, key, header) for v in value]
     if ((value in hidden and value not in getattr(hidden, "urls", ()))
-            or (_SECRET_NAME.search(key) and value not in (None, "") and not isinstance(value, bool))):
+            or (secret_key(key, header) and value not in (None, "") and not isinstance(value, bool))):
         return _MASK
     if isinstance(value, str):
         for secret in getattr(hidden, "secrets", ()):

@@ -9,6 +9,7 @@ what makes a redelivered Celery task or a re-run after kill -9 cheap and free of
 from __future__ import annotations
 
 import logging
+import re
 import shutil
 import socket
 import tempfile
@@ -25,7 +26,7 @@ from connectors.fetching import fetch_warnings
 from connectors.redaction import scrub
 from gcis_etl.errors import (ConfigError, GcisError, SourceError, StoreError, StoreFull, StoreRefused, StoreUnavailable,
                              VersionSkew)
-from gcis_etl.isolation import ChildPool, disk_refusal
+from gcis_etl.isolation import ChildPool, code_changed, disk_refusal, running_process
 from gcis_etl.keys import UnsafeKey
 from gcis_etl.models import Status
 from gcis_etl.pipelines import Pipeline, config_folder
@@ -228,19 +229,14 @@ class Worker:
         except SourceError as exc:
             refused = isinstance(exc, AuthenticationFailed)
             if refused or self._source_down(task, exc):
-                then = ("fix the source's credentials, then run again" if refused
-                        else "the source is unavailable: run again once it is back")
-                return halting(base, f"fetching: {exc}", then, transient=not refused)
+                return halting(base, f"fetching: {exc}", remedy(exc), transient=not refused)
             answered = " (the source answers otherwise)" if isinstance(exc, SourceUnavailable) else ""
             result = replace(base, reason=f"fetching: {exc}{answered}",
                              transient=not isinstance(exc, _PERMANENT_SOURCE_ERRORS))
         except StoreUnavailable as exc:  # a Celery worker still retries an outage (transient) before it stops
-            full = isinstance(exc, StoreFull)
-            then = ("the store takes no more data; make room there, then run again" if full
-                    else "run again once it is back")
-            return halting(base, f"depositing: {exc}", then, transient=not full)
+            return halting(base, f"depositing: {exc}", remedy(exc), transient=not isinstance(exc, StoreFull))
         except StoreRefused as exc:  # its message says what to check: until then every item would fail alike
-            return halting(base, f"depositing: {exc}", "then run again", transient=False)
+            return halting(base, f"depositing: {exc}", remedy(exc), transient=False)
         except StoreError as exc:
             result = replace(base, reason=f"depositing: {exc}", transient=True)
         except GcisError as exc:
@@ -289,6 +285,9 @@ class Worker:
                           "then run again", transient=False)
 
     def _process(self, task: ItemTask, base: ItemResult) -> ItemResult:
+        if code_changed():  # what it imports from now on is another version's (ImportError: the item's failure)
+            return halting(base, f"gcis-etl was upgraded under this worker ({running_process()}) since it started",
+                           "restart it, then run again", transient=False)
         from gcis_etl.conversion import convert
         pipeline = self.pipelines[task.pipeline] if task.pipeline in self.pipelines else None
         # A worker deployed apart from the harvest's configuration fails every item alike: the run stops
@@ -309,7 +308,9 @@ class Worker:
                   if pipeline.worker_digests.get(what) != digest]
         if differ:
             return halting(base, f"the {' and '.join(differ)} settings of pipeline {task.pipeline!r} on the worker "
-                                    f"on {socket.gethostname()} are not those the task was planned with", redeploy,
+                                    f"on {socket.gethostname()} are not those the task was planned with: the "
+                                    f"config.yaml files differ, or the harvest and the worker run different versions "
+                                    f"of gcis-etl (a release that adds a setting changes what is compared)", redeploy,
                               transient=False)
         store = pipeline.store
         try:
@@ -384,11 +385,35 @@ def _damaged_transfer(source: Source, fetched: FetchedFile, scratch: Path) -> st
             f"and the source gives no checksum to tell the right one: a damaged transfer, not a rejected master")
 
 
-def halting(base: ItemResult, failure: str, then: str, transient: bool) -> ItemResult:
+def halting(base: ItemResult, failure: str, then: str | None, transient: bool) -> ItemResult:
     """Not the item's failure: no item can be done now (harvesting stops the run, and counts no attempt).
-    `transient`: a Celery worker retries it first."""
-    return replace(base, reason=f"{failure}: {then} (no item's attempt was counted)", transient=transient,
-                   stops_run=True)
+    `then`: what to do, None when `failure` says it (remedy). `transient`: a Celery worker retries it first."""
+    return replace(base, reason=f"{failure}{f': {then}' if then else ''} (no item's attempt was counted)",
+                   transient=transient, stops_run=True)
+
+
+_REMEDIES: tuple[tuple[type[GcisError], str], ...] = (
+    (AuthenticationFailed, "fix the source's credentials, then run again"),
+    (SourceUnavailable, "the source is unavailable: run again once it is back"),
+    (StoreFull, "the store takes no more data; make room there, then run again"),
+    (StoreUnavailable, "run again once it is back"),
+    (StoreRefused, "then run again"),  # its message says what to check
+)
+_TOLD_WHAT_TO_DO = re.compile(r"\brun(ning)? again\b|will not help")
+
+
+def remedy(exc: GcisError) -> str | None:
+    """What to do about an error no item gets past, said after it once, by halting as by the note of a run it
+    stops (harvesting): None when its kind has none, or its message says what to do (a run halted: halting's
+    words; a search the source refuses: "running again will not help")."""
+    if told_what_to_do(str(exc)):
+        return None
+    return next((then for kind, then in _REMEDIES if isinstance(exc, kind)), None)
+
+
+def told_what_to_do(message: str) -> bool:
+    """Whether a message says what to do next (run again, or that running again will not help)."""
+    return _TOLD_WHAT_TO_DO.search(message) is not None
 
 
 def _source_id(task: ItemTask) -> str:

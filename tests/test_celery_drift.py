@@ -18,6 +18,8 @@ from tests.broker import make_masters, pool_config, tasks_of
 
 REDEPLOY = ("restart the workers with the config.yaml and recipes the harvest uses (a worker reads them when it "
             "starts), then run again (no item's attempt was counted)")
+DIFFER = ("the config.yaml files differ, or the harvest and the worker run different versions of gcis-etl (a release "
+          "that adds a setting changes what is compared)")
 
 
 def variant(config: Path, name: str, **pipeline: object) -> Path:
@@ -48,7 +50,7 @@ def test_a_worker_with_another_store_stops_the_run_deposits_nothing_and_once_res
     with pytest.raises(RunHalted) as halted:
         harvest(load_config(config), "demo")
     assert str(halted.value) == (f"the store settings of pipeline 'demo' on the worker on {socket.gethostname()} "
-                                 f"are not those the task was planned with: {REDEPLOY}")
+                                 f"are not those the task was planned with: {DIFFER}: {REDEPLOY}")
     assert files(other) == [] and files(store) == []
     with Ledger.open(load_config(config)) as ledger:
         assert ledger.items("demo") == []  # no attempt counted
@@ -76,7 +78,7 @@ def test_a_worker_converting_under_other_imaging_and_isolation_settings_refuses_
         done = worker.process(ItemTask.from_dict(older))
     assert (refused.outcome, refused.stops_run, refused.transient) == (Outcome.FAILED, True, False)
     assert refused.reason == (f"the imaging and isolation settings of pipeline 'demo' on the worker on "
-                              f"{socket.gethostname()} are not those the task was planned with: {REDEPLOY}")
+                              f"{socket.gethostname()} are not those the task was planned with: {DIFFER}: {REDEPLOY}")
     assert done.outcome is Outcome.DEPOSITED, done.reason
 
 

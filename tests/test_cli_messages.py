@@ -66,7 +66,7 @@ def test_a_run_stopped_by_its_source_is_a_json_line_with_log_json_and_the_same_p
     assert logged.returncode == 1
     [stopped] = [e for e in json_lines(logged.stderr) if e["logger"] == "gcis_etl.cli"]
     assert stopped["level"] == "error" and stopped["pipeline"] == "q"
-    assert stopped["message"].startswith("q: run stopped: q: root ") and stopped["message"].endswith("run again)")
+    assert stopped["message"].startswith("q: run stopped: root ") and stopped["message"].endswith("run again)")
     plain = gcis(two_pipelines, "harvest", "q")
     assert plain.returncode == 1 and plain.stderr.splitlines() == [stopped["message"]]
 

@@ -15,7 +15,7 @@ import yaml
 
 from gcis_etl.config import load_config
 from gcis_etl.harvesting import harvest
-from gcis_etl.ledger import Ledger
+from gcis_etl.ledger import OBJECT, Ledger
 from gcis_etl.locks import pipeline_lock
 from gcis_etl.reports import SHOWN, pipeline_status, report_from_ledger
 from gcis_etl.work import ItemResult, Outcome
@@ -426,3 +426,16 @@ def test_skipped_items_are_kept_item_by_item_for_the_latest_runs_only_and_every_
     assert kept[second] == []
     assert sorted(kept[third]) == sorted(kept[fourth]) == [("a", "skipped"), ("b", "skipped")]
     assert "2 skipped" in cli(site, "report", str(second)).stdout
+
+
+def test_status_says_an_object_the_source_could_not_describe_is_tried_again_when_listed_again(site):
+    """Its attempts go on past max_attempts (the listing yields it whenever it changes): not "waits for retry"."""
+    with Ledger.open(load_config(site / "config.yaml")) as ledger:
+        for _ in range(4):
+            run_id = ledger.begin_run("p", None, None, {})
+            ledger.record(run_id, ItemResult("p", "noread", OBJECT, 0, Outcome.FAILED, "", "r", "d", 0,
+                                             "the source cannot describe it: Permission denied"), None)
+            ledger.finish_run(run_id, "completed", {"failed": 1}, 0, None)
+    text = cli(site, "status").stdout
+    assert (f"  failed: noread/{OBJECT} (attempts 4 of 3: tried again when the source lists it again, or by "
+            f"`gcis-etl retry p`): the source cannot describe it: Permission denied\n") in text, text

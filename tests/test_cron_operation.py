@@ -165,7 +165,7 @@ def test_a_full_scratch_space_stops_the_run_and_spends_no_attempt(tmp_path):
         reason = (f"fetching: cannot write {scratch / 'dam'} (the scratch space: state_dir sets where it is): No "
                   f"space left on device (0.0 MB free there): free space on its filesystem: then run again (no "
                   f"item's attempt was counted)")
-        assert f"dam: run stopped: {reason} (everything settled so far is recorded; run again)" in full.stderr
+        assert f"dam: run stopped: {reason} (everything settled so far is recorded)" in full.stderr
         assert night.runs()[-1] == (2, "failed", f"RunHalted: {reason}")
         assert night.items() == {"a/a/master.tif": ("deposited", 0)}
         assert peek(night.ledger, "SELECT checkpoint FROM checkpoints") == checkpoint
@@ -224,7 +224,7 @@ def test_a_full_local_store_stops_the_run_and_spends_no_attempt(tmp_path):
         stopped = re.search(r"dam: run stopped: depositing: (\S+): cannot write: No space left on device "
                             r"\(0\.0 MB free in the store's filesystem\): the store takes no more data; make room "
                             r"there, then run again \(no item's attempt was counted\) \(everything settled so far "
-                            r"is recorded; run again\)", full.stderr)
+                            r"is recorded\)", full.stderr)
         assert stopped, full.stderr
         assert Path(stopped[1]).parent.parent == store / "dam" and Path(stopped[1]).parent.name in "bc"
         assert night.runs()[-1][:2] == (2, "failed") and night.runs()[-1][2].startswith("RunHalted: depositing: ")

@@ -38,8 +38,8 @@ def test_an_output_folder_that_fills_is_the_disks_failure(tiny):
     result = convert(MASTER, tiny / "out" / "access.tif", "ptiff-jpeg-q90")
 
     assert (result.status, result.disk_full) == (Status.FAILED, True), result.reason
-    assert result.reason == (f"cannot write {tiny / 'out'}: No space left on device (0.0 MB free there): free "
-                             f"space on its filesystem")
+    assert result.reason == (f"cannot write {tiny / 'out'}: No space left on device (0.1 MB free there when it "
+                             f"began): free space on its filesystem")
     assert list(tiny.rglob("*")) == [tiny / "out"]  # no .partial left
 
 
@@ -51,8 +51,8 @@ def test_a_conversion_scratch_that_fills_is_the_disks_failure_not_a_corrupt_mast
         result = convert(MASTER, tmp_path / "access.jp2", "jp2-openjpeg-lossy", worker=child)
 
     assert (result.status, result.disk_full) == (Status.FAILED, True), result.reason
-    assert result.reason == (f"cannot write {tiny}: No space left on device (0.0 MB free there): free space on "
-                             f"its filesystem (the system temp dir: TMPDIR sets where it is)")
+    assert result.reason == (f"cannot write {tiny}: No space left on device (0.1 MB free there when it began): free "
+                             f"space on its filesystem (the system temp dir: TMPDIR sets where it is)")
     assert list(tiny.iterdir()) == [] and list(tmp_path.glob(".*.partial")) == []
 
 
@@ -90,8 +90,8 @@ def test_an_encoder_failing_for_its_own_reasons_on_a_big_master_is_not_taken_for
 
 def test_exiftool_that_cannot_write_its_metadata_carrier_in_scratch_is_the_disks_failure(tiny, tmp_path,
                                                                                         monkeypatch):
-    """8 KB left: the master's metadata does not fit in the carrier exiftool writes, which it removes, saying
-    only 'Error writing output file'."""
+    """8 KB left: the master's metadata would not fit in the carrier exiftool writes, which it removes, saying
+    only 'Error writing output file'; under DISK_MARGIN free, the step is refused before exiftool starts."""
     fill(tiny)
     os.truncate(tiny / "filler", (tiny / "filler").stat().st_size - 8192)
     monkeypatch.setenv("TMPDIR", str(tiny))
@@ -100,10 +100,9 @@ def test_exiftool_that_cannot_write_its_metadata_carrier_in_scratch_is_the_disks
                          worker=child)
 
     assert (result.status, result.disk_full) == (Status.FAILED, True), result.reason
-    assert result.reason.startswith(f"cannot write {tiny}: exiftool: Error: Error writing output file - "), \
-        result.reason
-    assert result.reason.endswith("metadata-carrier.tif (0.0 MB free there, up to 1.0 MB needed): free space on its "
-                                  "filesystem (the system temp dir: TMPDIR sets where it is)"), result.reason
+    assert result.reason == (f"cannot write {tiny}: No space left on device (0.0 MB free there when it began, up to "
+                             f"1.0 MB needed): free space on its filesystem (the system temp dir: TMPDIR sets where "
+                             f"it is)")
 
 
 def test_a_conversion_that_fills_the_scratch_space_stops_the_harvest_and_spends_no_attempt(tmp_path):
@@ -122,8 +121,8 @@ def test_a_conversion_that_fills_the_scratch_space_stops_the_harvest_and_spends_
         assert full.returncode == 1, full.stderr
         assert "Traceback" not in full.stderr
         reason = (f"converting: cannot write {scratch / 'dam'} (the scratch space: state_dir sets where it is): No "
-                  f"space left on device (0.0 MB free there): free space on its filesystem: then run again (no "
-                  f"item's attempt was counted)")
+                  f"space left on device (0.2 MB free there when it began): free space on its filesystem: then run "
+                  f"again (no item's attempt was counted)")
         assert f"dam: run stopped: {reason}" in full.stderr, full.stderr
         assert night.runs() == [(1, "failed", f"RunHalted: {reason}")]
         assert night.items() == {} and peek(night.ledger, "SELECT * FROM run_items") == []
@@ -131,3 +130,22 @@ def test_a_conversion_that_fills_the_scratch_space_stops_the_harvest_and_spends_
     again = night.harvest()
     assert again.returncode == 0, again.stderr
     assert night.items() == {f"{o}/{o}/master.tif": ("deposited", 0) for o in "ab"}
+
+
+def test_a_quarter_turned_master_the_scratch_space_cannot_hold_decoded_fails_before_decoding(tmp_path, monkeypatch):
+    """Orientation 6 in strips: decoded whole into a tiled intermediate in scratch (decoding._tiled), its
+    uncompressed size. The step is refused before it starts, naming what it needs and what was free then: found
+    full, 4.8 GB needed had read as 0.0 MB free, and nothing said how much was missing."""
+    rows = np.linspace(0, 255, 1500, dtype=np.uint8)[:, None, None]
+    tifffile.imwrite(tmp_path / "rotated.tif", np.broadcast_to(rows, (1500, 2000, 3)), photometric="rgb",
+                     compression="zlib", rowsperstrip=16, extratags=[(274, 3, 1, 6, True)])
+    with tmpfs(tmp_path / "small", "size=4m") as small:
+        monkeypatch.setenv("TMPDIR", str(small))
+        with IsolatedProcess() as child:
+            result = convert(tmp_path / "rotated.tif", tmp_path / "access.tif", "ptiff-jpeg-q90", worker=child)
+
+        assert (result.status, result.disk_full) == (Status.FAILED, True), result.reason
+        assert result.reason == (f"cannot write {small}: No space left on device (4.2 MB free there when it began, up "
+                                 f"to 10.0 MB needed): free space on its filesystem (the system temp dir: TMPDIR sets "
+                                 f"where it is)")
+        assert list(small.iterdir()) == []

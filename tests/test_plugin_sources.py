@@ -118,8 +118,9 @@ def test_a_plugin_sources_environment_values_stay_out_of_the_runs_message_and_no
     config = load_config(write_config(tmp_path, "tokened"))
     [outcome] = harvest_pipelines(config)
     assert outcome.exit_code == 1
-    assert outcome.message == ("photos: run stopped: server refused https://api.example/?key=*** (token ***) "
-                               "(everything settled so far is recorded; run again)")
+    assert outcome.message == ("photos: run stopped: server refused https://api.example/?key=*** (token ***): the "
+                               "source is unavailable: run again once it is back (everything settled so far is "
+                               "recorded)")
     with Ledger.open(config, read_only=True) as ledger:
         [run] = ledger.runs("photos")
     assert run.status == "failed" and run.note == "SourceUnavailable: server refused https://api.example/?key=*** " \

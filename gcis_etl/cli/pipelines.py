@@ -315,9 +315,10 @@ def config() -> None:
 @click.pass_context
 def config_check(ctx: click.Context) -> None:
     """Validate the configuration and print it resolved (defaults filled in, secrets masked). Warned of on
-    stderr: a source whose TLS certificate is not checked (verify_tls: false), and what the cache commands would
-    refuse (a pipeline whose recipe writes an extension cache.extensions does not list, or HTJ2K without
-    cache.server.decodes_htj2k).
+    stderr: a source's credential written in the file instead of as a ${VAR} reference to the environment (its
+    value is not shown), a source whose TLS certificate is not checked (verify_tls: false), and what the cache
+    commands would refuse (a pipeline whose recipe writes an extension cache.extensions does not list, or HTJ2K
+    without cache.server.decodes_htj2k).
 
     Exit code 0 when valid, 2 otherwise (the error names the file, the key and what was expected).
 
@@ -327,6 +328,8 @@ def config_check(ctx: click.Context) -> None:
     """
     import yaml
 
+    from connectors import settings_model
+    from connectors.redaction import written_secrets
     from gcis_etl.cache import cache_sources
     from gcis_etl.harvesting import open_sources
     from gcis_etl.logs import say
@@ -340,6 +343,11 @@ def config_check(ctx: click.Context) -> None:
     except ConfigError as exc:  # only the cache commands need them mirrored: a configuration without a cache is valid
         say(f"warning: the cache (gcis-etl cache sync/serve) would refuse this: {exc}", logging.WARNING)
     for name, source in sources.items():
+        written = cfg.pipelines[name].source
+        for key in written_secrets(settings_model(written.kind), written.options, f"pipelines.{name}.source"):
+            say(f"warning: {key}: a credential written in {cfg.source_file} itself, where whoever reads the file (or "
+                f"a copy of it) reads it too: set it in an environment variable and write ${{VARIABLE}} here",
+                logging.WARNING)
         if getattr(getattr(source, "settings", None), "verify_tls", True) is False:
             say(f"warning: pipelines.{name}.source.verify_tls: false: the source's TLS certificate is not checked, "
                 f"so whoever is between here and the source can read and change what the harvest fetches, its "
