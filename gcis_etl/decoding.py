@@ -126,7 +126,9 @@ def _tiled(image: pyvips.Image) -> pyvips.Image:
     descriptor for the image's life. Decoding the master happens here, so its errors are pixel errors, and a
     crash is libvips' reading pixels (the next decoder is tried)."""
     isolation.reading_pixels("vips")
-    needs = image.width * image.height * image.bands * SAMPLE_BYTES[image.format] + DISK_MARGIN
+    across, down = -(-image.width // _TILE), -(-image.height // _TILE)  # edge tiles are written whole
+    needs = (across * down * (_TILE * _TILE * image.bands * SAMPLE_BYTES[image.format] + 16)  # + offset, count
+             + DISK_MARGIN)
     with isolation.scratch() as folder:
         path = Path(folder, "decoded.tif")
         try:

@@ -918,7 +918,10 @@ def harvest(config: Config, name: str, options: HarvestOptions = HarvestOptions(
             except BaseException as exc:
                 run.abandon(executor, exc, checkpoint)  # raises the ledger's failure, if it could not record it
                 if not isinstance(exc, LedgerUnwritable):  # recorded: its report written as any run's is
-                    _reported(config, ledger, run.run_id)
+                    try:
+                        _reported(config, ledger, run.run_id)
+                    except Exception:  # the run's own error is what the command reports
+                        log.warning("%s: the report of run %s was not written", name, run.run_id, exc_info=True)
                 raise
             finally:
                 if own:

@@ -36,7 +36,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, Callable, Iterator, NamedTuple
 
-from gcis_etl.durable import DISK_REFUSES_WRITES
+from gcis_etl.durable import DISK_MARGIN, DISK_REFUSES_WRITES
 from gcis_etl.durable import room as durable_room
 from gcis_etl.errors import ConversionFailed, DiskFull, GcisError, RejectedMaster
 from gcis_etl.policy import IsolationSettings
@@ -49,8 +49,10 @@ _metadata_timeout: float | None = None  # set in the child: its isolation.metada
 _exiftool_deadline = 0.0  # set in the child for each job: when its exiftool must be done (exiftool_time_limit)
 SCRATCH_PREFIX = "gcis-scratch-"
 # Run with -P (no working directory on its path: from inside another checkout, the child imported that one's code)
-# and the folder the parent's gcis_etl came from first, when not on the path already.
-_CHILD_ENTRY = ("import sys, json; sys.argv[3] in sys.path or sys.path.insert(0, sys.argv[3]); "
+# and the folder the parent's gcis_etl came from first, when not on the path already (compared resolved: put first
+# again, site-packages would go before the standard library).
+_CHILD_ENTRY = ("import sys, json, os.path; "
+                "any(os.path.realpath(p) == sys.argv[3] for p in sys.path) or sys.path.insert(0, sys.argv[3]); "
                 "from multiprocessing.connection import Connection; "
                 "from gcis_etl.isolation import _child_main; "
                 "_child_main(Connection(int(sys.argv[1])), json.loads(sys.argv[2]))")
@@ -272,7 +274,10 @@ def disk_refusal(exc: BaseException, *folders: Path, needs: int = 0,
     said = exc.strerror if isinstance(exc, OSError) and exc.errno in DISK_REFUSES_WRITES else \
         next((words for words in _DISK_SAYS if words in str(exc)), None)
     room = {folder: durable_room(folder) for folder in folders}
-    short = [folder for folder, (free, read_only) in room.items() if read_only or free < needs]
+    # short of room by what was free when the step began, where known: a step that failed for its own reasons
+    # (a corrupt strip two thirds in) has filled the disk with what it wrote meanwhile
+    short = [folder for folder, (free, read_only) in room.items()
+             if read_only or (began or {}).get(folder, free) < needs]
     if said is None and not short:
         return None
     named = [folder for folder in folders if str(folder) in f"{getattr(exc, 'filename', None)} {exc}"]
@@ -282,23 +287,35 @@ def disk_refusal(exc: BaseException, *folders: Path, needs: int = 0,
     needed = f", up to {needs / 1e6:.1f} MB needed" if needs and not read_only else ""
     when = " when it began" if began and folder in began else ""
     free = began[folder] if when else free
-    scratch = folder.name.startswith(SCRATCH_PREFIX)  # a conversion's: named by the temp dir it is made in
     remedy = (": make it writable (remount its filesystem read-write) or choose another folder"
               if why == os.strerror(errno.EROFS) else
               f" ({free / 1e6:.1f} MB free there{when}{needed}): free space on its filesystem")
-    return DiskFull(f"cannot write {folder.parent if scratch else folder}: {why}{remedy}"
-                    f"{_TMPDIR_SETS if scratch else ''}")
+    return DiskFull(f"cannot write {_named(folder)}: {why}{remedy}"
+                    f"{_TMPDIR_SETS if folder.name.startswith(SCRATCH_PREFIX) else ''}")
+
+
+def _named(folder: Path) -> Path:
+    """A folder as messages name it: a conversion's scratch by the temp dir it is made in."""
+    return folder.parent if folder.name.startswith(SCRATCH_PREFIX) else folder
 
 
 @contextmanager
 def disk_checked(*folders: Path, needs: int = 0) -> Iterator[None]:
     """Around a step writing into `folders`: its failure raised as disk_refusal's DiskFull when a disk refused
     (also a decorator, for a function run beside). A step that `needs` more than a folder has free fails at
-    once, before minutes of decoding fill the disk to the same end."""
+    once, before minutes of decoding fill the disk to the same end; one that needs more than the folder's whole
+    filesystem holds is the master's failure alone (ConversionFailed): no room freed there would let it run, and
+    a DiskFull would stop every run on it."""
     began = {folder: durable_room(folder)[0] for folder in folders}
+    for folder in folders:
+        fs = os.statvfs(folder)
+        if needs > max(DISK_MARGIN, fs.f_blocks * fs.f_frsize):  # the margin alone is a rule of thumb
+            raise ConversionFailed(f"needs up to {needs / 1e6:.1f} MB in {_named(folder)}, more than its whole "
+                                   f"filesystem holds ({fs.f_blocks * fs.f_frsize / 1e6:.1f} MB)"
+                                   f"{_TMPDIR_SETS if folder.name.startswith(SCRATCH_PREFIX) else ''}")
     short = next((folder for folder, free in began.items() if free < needs), None)
     if short is not None:
-        raise disk_refusal(OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)), short, needs=needs, began=began)
+        raise disk_refusal(OSError(errno.ENOSPC, "not enough free space"), short, needs=needs, began=began)
     try:
         yield
     except Exception as exc:

@@ -8,6 +8,7 @@ scratch, where a JP2 recipe writes its uncompressed reference TIFF.
 from __future__ import annotations
 
 import os
+import re
 
 import numpy as np
 import pytest
@@ -38,8 +39,8 @@ def test_an_output_folder_that_fills_is_the_disks_failure(tiny):
     result = convert(MASTER, tiny / "out" / "access.tif", "ptiff-jpeg-q90")
 
     assert (result.status, result.disk_full) == (Status.FAILED, True), result.reason
-    assert result.reason == (f"cannot write {tiny / 'out'}: No space left on device (0.1 MB free there when it "
-                             f"began): free space on its filesystem")
+    assert re.fullmatch(rf"cannot write {re.escape(str(tiny / 'out'))}: No space left on device \(0\.\d MB free "
+                        r"there when it began\): free space on its filesystem", result.reason), result.reason
     assert list(tiny.rglob("*")) == [tiny / "out"]  # no .partial left
 
 
@@ -51,8 +52,9 @@ def test_a_conversion_scratch_that_fills_is_the_disks_failure_not_a_corrupt_mast
         result = convert(MASTER, tmp_path / "access.jp2", "jp2-openjpeg-lossy", worker=child)
 
     assert (result.status, result.disk_full) == (Status.FAILED, True), result.reason
-    assert result.reason == (f"cannot write {tiny}: No space left on device (0.1 MB free there when it began): free "
-                             f"space on its filesystem (the system temp dir: TMPDIR sets where it is)")
+    assert re.fullmatch(rf"cannot write {re.escape(str(tiny))}: No space left on device \(0\.\d MB free there when "
+                        r"it began\): free space on its filesystem \(the system temp dir: TMPDIR sets where it is\)",
+                        result.reason), result.reason
     assert list(tiny.iterdir()) == [] and list(tmp_path.glob(".*.partial")) == []
 
 
@@ -88,7 +90,7 @@ def test_an_encoder_failing_for_its_own_reasons_on_a_big_master_is_not_taken_for
     assert str(failed.value) == "grk_compress failed (exit 1): [error] failed to compress image"
 
 
-def test_exiftool_that_cannot_write_its_metadata_carrier_in_scratch_is_the_disks_failure(tiny, tmp_path,
+def test_a_metadata_carrier_the_scratch_space_has_no_margin_for_is_the_disks_failure(tiny, tmp_path,
                                                                                         monkeypatch):
     """8 KB left: the master's metadata would not fit in the carrier exiftool writes, which it removes, saying
     only 'Error writing output file'; under DISK_MARGIN free, the step is refused before exiftool starts."""
@@ -100,7 +102,7 @@ def test_exiftool_that_cannot_write_its_metadata_carrier_in_scratch_is_the_disks
                          worker=child)
 
     assert (result.status, result.disk_full) == (Status.FAILED, True), result.reason
-    assert result.reason == (f"cannot write {tiny}: No space left on device (0.0 MB free there when it began, up to "
+    assert result.reason == (f"cannot write {tiny}: not enough free space (0.0 MB free there when it began, up to "
                              f"1.0 MB needed): free space on its filesystem (the system temp dir: TMPDIR sets where "
                              f"it is)")
 
@@ -120,11 +122,12 @@ def test_a_conversion_that_fills_the_scratch_space_stops_the_harvest_and_spends_
 
         assert full.returncode == 1, full.stderr
         assert "Traceback" not in full.stderr
-        reason = (f"converting: cannot write {scratch / 'dam'} (the scratch space: state_dir sets where it is): No "
-                  f"space left on device (0.2 MB free there when it began): free space on its filesystem: then run "
-                  f"again (no item's attempt was counted)")
-        assert f"dam: run stopped: {reason}" in full.stderr, full.stderr
-        assert night.runs() == [(1, "failed", f"RunHalted: {reason}")]
+        reason = re.search(rf"dam: run stopped: (converting: cannot write {re.escape(str(scratch / 'dam'))} \(the "
+                           r"scratch space: state_dir sets where it is\): No space left on device \(0\.\d MB free "
+                           r"there when it began\): free space on its filesystem: then run again \(no item's attempt "
+                           r"was counted\))", full.stderr)
+        assert reason, full.stderr
+        assert night.runs() == [(1, "failed", f"RunHalted: {reason[1]}")]
         assert night.items() == {} and peek(night.ledger, "SELECT * FROM run_items") == []
 
     again = night.harvest()
@@ -132,20 +135,43 @@ def test_a_conversion_that_fills_the_scratch_space_stops_the_harvest_and_spends_
     assert night.items() == {f"{o}/{o}/master.tif": ("deposited", 0) for o in "ab"}
 
 
-def test_a_quarter_turned_master_the_scratch_space_cannot_hold_decoded_fails_before_decoding(tmp_path, monkeypatch):
-    """Orientation 6 in strips: decoded whole into a tiled intermediate in scratch (decoding._tiled), its
-    uncompressed size. The step is refused before it starts, naming what it needs and what was free then: found
-    full, 4.8 GB needed had read as 0.0 MB free, and nothing said how much was missing."""
+def rotated_master(path) -> None:
+    """2000x1500 RGB in zlib strips, EXIF orientation 6: decoded whole into a tiled intermediate in scratch
+    (decoding._tiled), 16 x 12 tiles of 128 x 128 x 3 bytes and their offsets: 10.5 MB with DISK_MARGIN."""
     rows = np.linspace(0, 255, 1500, dtype=np.uint8)[:, None, None]
-    tifffile.imwrite(tmp_path / "rotated.tif", np.broadcast_to(rows, (1500, 2000, 3)), photometric="rgb",
-                     compression="zlib", rowsperstrip=16, extratags=[(274, 3, 1, 6, True)])
-    with tmpfs(tmp_path / "small", "size=4m") as small:
+    tifffile.imwrite(path, np.broadcast_to(rows, (1500, 2000, 3)), photometric="rgb", compression="zlib",
+                     rowsperstrip=16, extratags=[(274, 3, 1, 6, True)])
+
+
+def test_a_quarter_turned_master_the_scratch_space_cannot_hold_decoded_fails_before_decoding(tmp_path, monkeypatch):
+    """The step is refused before it starts, naming what it needs and what was free then: found full, 4.8 GB
+    needed had read as 0.0 MB free, and nothing said how much was missing."""
+    rotated_master(tmp_path / "rotated.tif")
+    with tmpfs(tmp_path / "small", "size=16m") as small:
+        fill(small)
+        os.truncate(small / "filler", (small / "filler").stat().st_size - (4 << 20))  # 4 MB free
         monkeypatch.setenv("TMPDIR", str(small))
         with IsolatedProcess() as child:
             result = convert(tmp_path / "rotated.tif", tmp_path / "access.tif", "ptiff-jpeg-q90", worker=child)
 
         assert (result.status, result.disk_full) == (Status.FAILED, True), result.reason
-        assert result.reason == (f"cannot write {small}: No space left on device (4.2 MB free there when it began, up "
-                                 f"to 10.0 MB needed): free space on its filesystem (the system temp dir: TMPDIR sets "
-                                 f"where it is)")
+        assert re.fullmatch(rf"cannot write {re.escape(str(small))}: not enough free space \(4\.\d MB free there "
+                            r"when it began, up to 10\.5 MB needed\): free space on its filesystem \(the system temp "
+                            r"dir: TMPDIR sets where it is\)", result.reason), result.reason
+        assert sorted(small.iterdir()) == [small / "filler"]
+
+
+def test_a_quarter_turned_master_whose_intermediate_the_whole_scratch_filesystem_cannot_hold_fails_alone(
+        tmp_path, monkeypatch):
+    """No room freed would let it run: the master's failure (its attempts counted), not a full disk that stops every
+    run on it."""
+    rotated_master(tmp_path / "rotated.tif")
+    with tmpfs(tmp_path / "small", "size=4m") as small:
+        monkeypatch.setenv("TMPDIR", str(small))
+        with IsolatedProcess() as child:
+            result = convert(tmp_path / "rotated.tif", tmp_path / "access.tif", "ptiff-jpeg-q90", worker=child)
+
+        assert (result.status, result.disk_full) == (Status.FAILED, False), result.reason
+        assert result.reason == (f"needs up to 10.5 MB in {small}, more than its whole filesystem holds (4.2 MB) (the "
+                                 f"system temp dir: TMPDIR sets where it is)")
         assert list(small.iterdir()) == []
