@@ -29,9 +29,10 @@ class StoreKey:
 
 
 def item_key(record: ItemRecord) -> StoreKey:
-    """An item's access master (its last deposit: a failed re-derivation still serves the old one)."""
-    return StoreKey(record.output_key, record.sha256, record.status == "deposited", record.object_id,
-                    size=record.bytes)
+    """An item's access master: its last deposit, required whatever the item's status (an output_key is only
+    ever recorded by a deposit, and a failed or rejected re-derivation leaves the old one serving, in the store
+    and in the published manifest)."""
+    return StoreKey(record.output_key, record.sha256, True, record.object_id, size=record.bytes)
 
 
 def pipeline_keys(ledger: Ledger, pipeline: Pipeline) -> Iterator[StoreKey]:

@@ -928,8 +928,12 @@ class Ledger:
                 self._execute(f"DROP TABLE IF EXISTS temp.{table}")
             self._execute("CREATE TEMP TABLE audit_entries (position INTEGER PRIMARY KEY, key TEXT NOT NULL, "
                           "payload TEXT NOT NULL)")
-            while batch := list(islice(entries, page)):
+        # a transaction per batch: `entries` reads the ledger, and a transaction open across those reads would hold
+        # its lock (journal_mode delete: no harvest could commit meanwhile)
+        while batch := list(islice(entries, page)):
+            with self._writing():
                 self.db.executemany("INSERT INTO audit_entries (key, payload) VALUES (?,?)", batch)
+        with self._writing():
             self._execute("CREATE TEMP TABLE audit_queued AS SELECT e.key, e.payload FROM audit_entries e "
                           "LEFT JOIN audits a ON a.pipeline=? AND a.key=e.key WHERE ? IS NULL OR a.audited IS NULL "
                           "OR a.audited < ? ORDER BY a.audited IS NOT NULL, a.audited, e.position",

@@ -24,7 +24,9 @@ before any key is read: every key would be missing.
 masters in the source, converted again; their manifests and collections published again), then audits those
 keys again: one found right is counted as repaired. A damaged manifest or collection is deleted first (a
 store's record outlives damage to the bytes it describes, and publishing the same document again would leave
-it be). Without --repair the audit only reports. Unreadable keys are never repaired.
+it be), right before the harvest that republishes it: a run stopped, or out of --max-minutes, before a repair
+reports its keys as found and leaves them be. Without --repair the audit only reports. Unreadable keys are never
+repaired.
 
 \b
 Usage:
@@ -192,13 +194,26 @@ class Audit:
                     settle()
                 self.repair_batch(ledger, pending)
             finally:  # a store gone down: what waits for a repair is reported as found
-                for findings in pending.values():
-                    for item, finding in findings:
-                        self.report(item, finding)
+                self.report_found(pending)
         return audited
 
     def report(self, item: StoreKey, finding: Finding) -> None:
         self.ctx.report.event(item.key, finding.outcome, finding.reason, listed=finding.outcome == "repaired")
+
+    @staticmethod
+    def waiting(pending: dict[str | None, list[tuple[StoreKey, Finding]]]) -> Iterator[tuple[StoreKey, Finding]]:
+        """The entries waiting for a repair, each taken out of `pending` as it is handed over: one reported is
+        never reported again, whatever is raised after it."""
+        for object_id in list(pending):
+            entries = pending[object_id]
+            while entries:
+                yield entries[0]
+                entries.pop(0)
+            del pending[object_id]
+
+    def report_found(self, pending: dict[str | None, list[tuple[StoreKey, Finding]]]) -> None:
+        for item, finding in self.waiting(pending):
+            self.report(item, finding)
 
     def check(self, item: StoreKey) -> Finding:
         """Read the key back; a store that goes down raises (every key would be unreadable alike)."""
@@ -232,7 +247,7 @@ class Audit:
         if item.required:
             return Finding("missing", f"not in {where}")
         return Finding("absent", "a superseded access master, retired since" if item.object_id else
-                       "no collection published yet")
+                       "no collection published yet")  # an item's own access master is always required
 
     def refreshed(self, ledger: Ledger, item: StoreKey) -> StoreKey:
         """A key of an object harvested again: as the ledger records it now (an access master no item has any
@@ -245,27 +260,36 @@ class Audit:
 
     def repair_batch(self, ledger: Ledger, pending: dict[str | None, list[tuple[StoreKey, Finding]]]) -> None:
         """Harvest the objects again, forced, then audit their keys again. A collection is published again by
-        the harvest of any object; a damaged document is deleted first, or its republishing would leave it be."""
+        the harvest of any object; a damaged document is deleted first, or its republishing would leave it be:
+        only right before a harvest that will run (stopped, out of time or cut short, the keys are reported as
+        found, the damaged documents still there)."""
         if not pending:
             return
         objects = [object_id for object_id in pending if object_id is not None]
         if not objects:
             objects = [object_id for object_id in [next(iter(ledger.published(self.pipeline.name)), None)]
                        if object_id is not None]
+        spent = self.ctx.budget.exhausted()
+        if spent and not self.ctx.stop.is_set():
+            self.ctx.report.stop("stopped", f"stopped: {spent} before the repair of "
+                                            f"{counted(len(objects), 'object')}: run again to go on")
+        if not objects or spent or self.ctx.stop.is_set():
+            self.report_found(pending)
+            return
         for item, finding in (entry for entries in pending.values() for entry in entries):
             if item.version is not None and finding.outcome == "damaged":
                 self.store.delete(item.key)
-        if objects:
-            with released(self.repair):
-                self.ctx.harvest(self.pipeline.name, object_ids=tuple(objects), force=True)
-            self.repaired.update(objects)
-        for object_id in list(pending):
-            for item, before in pending[object_id]:
-                item = self.refreshed(ledger, item) if object_id in self.repaired else item
-                after = self.check(item)
-                ledger.record_audit(self.pipeline.name, item.key, after.outcome, after.reason or None)
-                if after.outcome == "ok":
-                    self.report(item, Finding("repaired", f"was {before.outcome}: {before.reason}"))
-                else:
-                    self.report(item, replace(after, reason=f"after a repair: {after.reason}"))
-            del pending[object_id]
+        with released(self.repair):
+            harvested = self.ctx.harvest(self.pipeline.name, object_ids=tuple(objects), force=True)
+        if not harvested:
+            self.report_found(pending)
+            return
+        self.repaired.update(objects)
+        for item, before in self.waiting(pending):
+            item = self.refreshed(ledger, item) if item.object_id in self.repaired else item
+            after = self.check(item)
+            ledger.record_audit(self.pipeline.name, item.key, after.outcome, after.reason or None)
+            if after.outcome == "ok":
+                self.report(item, Finding("repaired", f"was {before.outcome}: {before.reason}"))
+            else:
+                self.report(item, replace(after, reason=f"after a repair: {after.reason}"))

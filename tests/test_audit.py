@@ -5,9 +5,17 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import importlib.util
 import sqlite3
+import sys
 
+import pytest
+
+from gcis_etl.config import load_config
+from gcis_etl.deposits import pipeline_keys
 from gcis_etl.ledger import Ledger
+from gcis_etl.migration import MIGRATIONS, MigrationContext, MigrationReport
+from gcis_etl.stores import open_store
 from tests.test_migrations import PIPELINE, bucket_objects, folder_site, ok, report_of, s3_store
 
 DAMAGED = "museum/b/b~2Fx.jpg.tif"
@@ -189,3 +197,78 @@ def test_a_store_in_minio_is_audited_and_repaired_alike(tmp_path, minio, s3_buck
     stored = bucket_objects(minio, s3_bucket)
     assert set(stored) == set(before)
     assert {key: hashlib.sha256(stored[key]).hexdigest() for key in recorded(site)} == recorded(site)
+
+
+def test_queueing_keys_holds_no_lock_between_batches_so_a_harvest_can_commit(tmp_path):
+    """The entries are read from the ledger as they are queued (pipeline_keys): with journal_mode delete a
+    transaction open across those reads would keep another process's harvest from committing."""
+    path = tmp_path / "ledger.sqlite"
+    Ledger(path, journal_mode="delete").close()
+    committed = []
+
+    def entries(ledger):
+        for n in range(6):
+            if n and n % 2 == 0:
+                ledger.audit("p", "k0")  # a read of the ledger, as the next page of pipeline_keys'
+                with sqlite3.connect(path, timeout=0.2) as other:  # another pipeline's harvest
+                    other.execute("INSERT INTO audits (pipeline, key, audited, outcome) VALUES (?,?,?,?)",
+                                  ("other", f"k{n}", "2024-01-01T00:00:00+00:00", "ok"))
+                committed.append(n)
+            yield f"k{n}", str(n)
+
+    with Ledger(path, journal_mode="delete") as ledger:
+        assert ledger.audit_queue("p", entries(ledger), None, page=2) == 6
+    assert committed == [2, 4]
+
+
+def test_the_access_master_of_an_item_whose_re_derivation_failed_is_still_required(tmp_path):
+    """The item keeps its last deposit, which its published manifest still shows: gone from the store, it is
+    missing, not a superseded access master retired since."""
+    site = loaded(tmp_path)
+    (site.root / "masters" / "b" / "x.jpg").write_bytes(b"not an image any more")
+    ok(site.run("gcis-etl", "harvest"), 1)
+    status, _, key = site.items()["b/x.jpg"]
+    assert status in ("rejected", "failed") and key == DAMAGED
+    (site.store / DAMAGED).unlink()
+    report = audit(site, code=1)
+    assert report["counts"] == {"ok": KEYS - 1, "missing": 1}
+    assert problems(report)[DAMAGED] == ("missing", f"not in {site.store / DAMAGED}")
+
+
+def audit_module():
+    """migrations/audit.py, loaded as run_script loads it."""
+    spec = importlib.util.spec_from_file_location("gcis_migration_audit", MIGRATIONS / "audit.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("cut", ["signal", "max-minutes"])
+def test_a_repair_that_cannot_run_leaves_a_damaged_manifest_in_place_and_reports_it_damaged(tmp_path, cut):
+    """A SIGTERM, or --max-minutes spent, after the last key was read and before the repair: the damaged
+    manifest is not deleted (no harvest would publish it again), and is reported as found."""
+    site = loaded(tmp_path)
+    flip_a_byte(site.store / MANIFEST)
+    damaged = (site.store / MANIFEST).read_bytes()
+    config = load_config(site.config)
+    ctx = MigrationContext(config, MigrationReport("audit", False, config.reports_dir))
+    pipeline = ctx.pipeline(PIPELINE)
+    with ctx.ledger() as ledger, ctx.lock(PIPELINE) as lock:
+        audit = audit_module().Audit(ctx, pipeline, open_store(pipeline.settings.store), ctx.scratch(PIPELINE), lock)
+
+        def keys():
+            yield from pipeline_keys(ledger, pipeline)
+            if cut == "signal":
+                ctx.stop.set()
+            else:
+                ctx.budget.minutes = 1e-9
+
+        assert audit.run(ledger, keys(), 1, None) == KEYS
+    assert ctx.report.counts == {"ok": KEYS - 1, "damaged": 1}
+    assert (site.store / MANIFEST).read_bytes() == damaged
+    assert [e.subject for e in ctx.report.problems] == [MANIFEST]
+    assert ctx.report.runs == []  # no harvest
+    if cut == "max-minutes":  # a signal's is said once the script returns, as for any migration
+        assert (ctx.report.status, ctx.report.notes) == (
+            "stopped", ["stopped: --max-minutes 1e-09 spent before the repair of 1 object: run again to go on"])
