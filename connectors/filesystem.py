@@ -42,7 +42,7 @@ from pydantic import Field
 
 from connectors.base import SourceItem, SourceObject, UnreadableObject
 from connectors.fetching import CHUNK_SIZE, Body, open_regular
-from connectors.grouping import Group, GroupedSource, GroupingSettings, StoredFile, excluded, natural_key
+from connectors.grouping import Group, GroupedSource, GroupingSettings, StoredFile, natural_key
 from connectors.retry import RetryBudget, RetryPolicy
 from gcis_etl.durable import special_kind
 from gcis_etl.errors import SourceError
@@ -116,7 +116,7 @@ class FilesystemSource(GroupedSource):
                 continue
             for entry in entries:
                 path = relative + entry.name
-                if excluded(path, self.grouping.exclude):
+                if self.grouping.leaves_out(path):
                     continue  # an excluded folder is not walked (a .snapshot, a .git)
                 if entry.is_dir(follow_symlinks=False):
                     stack.append((entry.path, path + "/"))
@@ -220,16 +220,22 @@ class FilesystemSource(GroupedSource):
         path = Path(item.locator)
         if not path.is_relative_to(self.root) or ".." in path.parts:
             raise SourceError(f"{self.name}: {item.locator!r} is not a file of this source (root {self.root})")
-        target = Path(os.path.realpath(path))
-        if self.settings.links == "inside" and not target.is_relative_to(self.root):
-            raise SourceError(f"{self.name}: {_printable(item.id)} under {self.root} is a link to "
-                              f"{_printable(str(target))}, outside the root (links: inside)")
         try:
             handle = open_regular(path)
         except OSError as exc:
             raise SourceError(f"{self.name}: cannot read {item.id}: {exc.strerror}") from None
         with handle:
+            if self.settings.links == "inside":
+                self._refuse_outside(item, handle.fileno())
             yield Body(iter(lambda: handle.read(CHUNK_SIZE), b""), file=handle)
+
+    def _refuse_outside(self, item: SourceItem, fd: int) -> None:
+        """links: inside, checked on the file opened (where its descriptor leads), not on the path before opening
+        it: a link swapped in between would be read."""
+        target = Path(os.path.realpath(f"/proc/self/fd/{fd}"))
+        if not target.is_relative_to(self.root):
+            raise SourceError(f"{self.name}: {_printable(item.id)} under {self.root} is a link to "
+                              f"{_printable(str(target))}, outside the root (links: inside)")
 
 
 @dataclass(frozen=True, slots=True)

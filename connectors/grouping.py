@@ -11,12 +11,12 @@ An object the store's names do not make (a sidecar row naming a missing file, a 
 is listed as an UnreadableObject in its place, so its failure is recorded and retried and the others go on.
 
 Every regular file is an item except the sidecars and those `grouping.exclude` names (a pattern matching the file's
-name or one of its folders': hidden ones, upload leftovers, desktop clutter): deciding what is an image is the
-converter's business. An object's `modified` is the newest of its files' modification times and of its sidecar entry
-(the entry's `modified` column when given, else the sidecar file's own time, so editing the sidecar re-harvests its
-objects). It is listed (`changes(since)`) by its `listed_at`, which also counts when its files were last moved or
-copied in (StoredFile.listed_at) and, for a folder, when a file was added, renamed or deleted in it: whether an item
-changed stays a matter of its size and modification time (work.fingerprint).
+name or one of its folders': hidden ones, upload leftovers, desktop clutter; never the sidecar at the root): deciding
+what is an image is the converter's business. An object's `modified` is the newest of its files' modification times
+and of its sidecar entry (the entry's `modified` column when given, else the sidecar file's own time, so editing the
+sidecar re-harvests its objects). It is listed (`changes(since)`) by its `listed_at`, which also counts when its
+files were last moved or copied in (StoredFile.listed_at) and, for a folder, when a file was added, renamed or
+deleted in it: whether an item changed stays a matter of its size and modification time (work.fingerprint).
 """
 from __future__ import annotations
 
@@ -70,6 +70,11 @@ class GroupingSettings(Settings):
             raise ValueError(f"a pattern matches one file or folder name, with no '/' and not empty: got "
                              f"{', '.join(map(repr, wrong))}")
         return patterns
+
+    def leaves_out(self, path: str) -> bool:
+        """Whether `exclude` leaves the file or folder at `path` out. Never a sidecar at the root (an exclude of
+        *.csv, a hidden sidecar name): mode auto would group by folder, every object id changed, silently."""
+        return path not in self.sidecar_names and excluded(path, self.exclude)
 
 
 @dataclass(frozen=True, slots=True)
@@ -438,7 +443,7 @@ class GroupedSource(ABC):
     def _groups(self) -> list[Group]:
         """Every object of the store, unbuilt; what is wrong with the grouping as a whole is raised before any is
         built, what is wrong with one object is its Group's problems."""
-        files = [f for f in self._files() if not excluded(f.path, self.grouping.exclude)]
+        files = [f for f in self._files() if not self.grouping.leaves_out(f.path)]
         sidecar = next((f for n in self.grouping.sidecar_names for f in files if f.path == n), None)
         if self.grouping.mode == "sidecar" and sidecar is None:
             raise SourceError(f"{self.name}: grouping.mode is sidecar but none of "

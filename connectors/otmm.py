@@ -298,12 +298,14 @@ class OtmmSource:
         first = download()
         if _md5(first.path) == item.fixity.value:
             return replace(first, item=item, fixity_verified=True)
-        second = download()  # in the first's place
+        first_sha256 = first.sha256
+        first.path.unlink()  # before the second arrives: scratch holds one master, and has room for it
+        second = download()
         if _md5(second.path) == item.fixity.value:
             log.info("%s: asset %s: the first download did not have the content_checksum's MD5, the second has",
                      self.name, item.id)
             return replace(second, item=item, fixity_verified=True)
-        if second.sha256 == first.sha256:
+        if second.sha256 == first_sha256:
             with self._warn_lock:
                 warn, self._checksum_not_md5 = not self._checksum_not_md5, True
             if warn:
@@ -314,7 +316,7 @@ class OtmmSource:
             return second
         second.path.unlink(missing_ok=True)
         raise FetchIntegrityError(f"{self.name}: asset {item.id}: two downloads of the master differ (SHA-256 "
-                                  f"{first.sha256[:16]}…, {second.sha256[:16]}…) and neither has the MD5 of its "
+                                  f"{first_sha256[:16]}…, {second.sha256[:16]}…) and neither has the MD5 of its "
                                   "content_checksum: a damaged transfer (the next run tries again)")
 
     def reachable(self) -> None:

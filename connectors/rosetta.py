@@ -284,8 +284,9 @@ class RosettaSource:
         self._said_unordered(tally)
 
     def _said_unordered(self, tally: _OrderTally) -> None:
-        """Each IE without a structMap of struct_map_type was named as it was described; all of them without one
-        is said once more, as the likely misspelt setting it is."""
+        """Each IE of more than one file without a structMap of struct_map_type was named as it was described;
+        all of them without one (single-file IEs counted too) is said once more, as the likely misspelt setting it
+        is."""
         if tally.described and tally.unordered == tally.described:
             log.warning("%s: not one of the %d IEs described has a structMap of TYPE %r (they have %s): is "
                         "struct_map_type misspelt? Their files were taken in fileSec order, which may not be their "
@@ -515,9 +516,10 @@ class RosettaSource:
             types = document.struct_map_types()
             tally.unordered += 1
             tally.types.update(dict.fromkeys(types))
-            log.warning("%s: %s has no structMap of TYPE %r (struct_map_type; its TYPEs: %s): its files were taken "
-                        "in fileSec order, which may not be their page order", self.name, pid,
-                        self.settings.struct_map_type, ", ".join(types) or "none")
+            if len(items) > 1:  # one file has no order to lose: not named, though counted
+                log.warning("%s: %s has no structMap of TYPE %r (struct_map_type; its TYPEs: %s): its files were "
+                            "taken in fileSec order, which may not be their page order", self.name, pid,
+                            self.settings.struct_map_type, ", ".join(types) or "none")
         own = document.modified()
         modified = max([m for m in (own, *(i.modified for i in items)) if m] or [stamp or datetime.now(timezone.utc)])
         return SourceObject(id=pid, modified=modified, items=items, metadata=document.metadata(),

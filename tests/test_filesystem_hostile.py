@@ -143,6 +143,36 @@ def test_links_inside_refuses_a_link_out_of_the_root_per_item_and_is_validated(t
         source(root, links="nowhere")
 
 
+def test_links_inside_holds_for_a_link_swapped_out_of_the_root_as_the_master_is_opened(tmp_path, monkeypatch):
+    """Checked on the path, then opened by the path again: a link turned outside the root in between was read.
+    The swap is made as the first path is resolved: whatever was checked, the bytes read are never the outside
+    file's."""
+    root = masters(tmp_path / "masters", "o/p1.tif")
+    outside = tmp_path / "elsewhere" / "p2.tif"
+    outside.parent.mkdir()
+    outside.write_bytes(MASTER.read_bytes()[:-1] + b"\1")  # the listed size: read to its end, no retry
+    link = root / "o/p2.tif"
+    link.symlink_to("p1.tif")
+    fs = source(root, links="inside")
+    (obj,) = fs.get(["o"])
+    resolve = os.path.realpath
+
+    def swapping(path, *args, **kwargs):
+        resolved = resolve(path, *args, **kwargs)
+        if os.readlink(link) != str(outside):
+            link.unlink()
+            link.symlink_to(outside)
+        return resolved
+
+    monkeypatch.setattr(os.path, "realpath", swapping)
+    try:
+        fetched = fs.fetch(obj.items[1], tmp_path / "scratch")
+    except SourceError as refused:
+        assert str(refused).endswith(f"is a link to {outside}, outside the root (links: inside)")
+    else:
+        assert fetched.path.read_bytes() == MASTER.read_bytes()  # opened before the swap
+
+
 @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"),
                     reason="needs root's setpriv to drop the capabilities that let root read any file")
 def test_an_unreadable_file_fails_its_object_at_the_listing_and_is_harvested_once_chmod_fixes_it(tmp_path):
@@ -196,6 +226,15 @@ def test_upload_leftovers_and_hidden_files_are_excluded_by_one_visible_setting(t
         "o/x.crdownload"]  # *.JPG matches page1.jpg and ~$lock.jpg alike
     with pytest.raises(ConfigError, match=r"grouping.exclude: .*no '/' and not empty: got 'o/\*.tif'"):
         source(root, grouping={"exclude": ["o/*.tif"]})
+
+
+@pytest.mark.parametrize("exclude", [["*.csv"], ["objects.*"]])
+def test_an_exclude_pattern_matching_the_sidecar_leaves_it_read(tmp_path, exclude):
+    """Excluded, the sidecar was not found, and mode auto grouped by folder: every object id changed, silently."""
+    root = masters(tmp_path / "masters", "o/page1.tif", "o/page2.tif", "o/notes.csv")
+    (root / "objects.csv").write_text("object_id,file,sequence\n2019.M.1,o/page2.tif,1\n2019.M.1,o/page1.tif,2\n")
+    listed = list(source(root, grouping={"exclude": exclude}).changes(None))
+    assert [(o.id, [i.id for i in o.items]) for o in listed] == [("2019.M.1", ["o/page2.tif", "o/page1.tif"])]
 
 
 def test_a_file_growing_as_it_is_read_is_copied_no_further_than_its_listed_size(tmp_path):

@@ -87,6 +87,33 @@ def test_a_master_that_matches_its_checksum_is_downloaded_once_and_verified(emul
     assert fetched.fixity_verified and len(emulator.requests("/contents")) == 1
 
 
+class ScratchWatched(OtmmEmulator):
+    """What the scratch folder holds each time a master is asked for."""
+
+    def __init__(self, scratch):
+        super().__init__()
+        self.scratch = scratch
+        self.held: list[list[str]] = []
+
+    def _content(self, user, source):
+        self.held.append(sorted(p.name for p in self.scratch.iterdir()))
+        return super()._content(user, source)
+
+
+def test_the_first_download_is_gone_from_scratch_before_the_second_is_asked_for(tmp_path):
+    """Kept until the second arrived, it was counted against the room for the second (a master over half the
+    free space failed as too large) and scratch held two."""
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    with EmulatorServer(ScratchWatched(scratch)) as emulator:
+        source = otmm(emulator.url)
+        (obj,) = source.get([asset_id(emulator, "2019_M_1_recto.tif")])
+        emulator.app.garbled = 1
+        fetched = source.fetch(obj.items[0], scratch)
+        assert emulator.app.held == [[], []]
+    assert fetched.fixity_verified and list(scratch.iterdir()) == [fetched.path]
+
+
 # --- 2, 3. refused at load ---------------------------------------------------------------------------------------
 
 def test_metadata_language_is_refused_at_load_unless_a_language_tag():
