@@ -10,9 +10,9 @@ LANGUAGE = re.compile(r"^(none|[a-zA-Z]{2,3}(-[a-zA-Z]{1,8})*)$")
 
 
 def language_tag(language: str | None) -> str | None:
-    """`language` as a IIIF language key (`none` included): a POSIX locale (en_US.UTF-8, de_DE@euro) as BCP 47 (en-US). None for
-    no language: none given, empty, or XMP's x-default. ValueError for what is still no tag (`en US`, `*`,
-    `english`)."""
+    """`language` as a IIIF language key (`none` included): a POSIX locale (en_US.UTF-8, de_DE@euro) as BCP 47
+    (en-US). None for no language: none given, empty, or XMP's x-default. ValueError for what is still no tag
+    (`en US`, `*`, `english`)."""
     tag = re.split(r"[.@]", language or "", maxsplit=1)[0].strip().replace("_", "-")
     if tag.lower() in ("", "x-default"):
         return None

@@ -185,7 +185,8 @@ def test_a_right_modified_field_is_probed_once_and_the_first_listing_goes_on_wit
     assert probe.form["limit"] == ["1"] and "1970-01-01T00:00:00Z" in probe.form["search_condition_list"][0]
     assert all("search_condition_list" not in page.form for page in pages)
     emulator.log.clear()
-    list(source.changes(utc("2024-01-01 00:00:00")))  # with a checkpoint the listing carries the clause itself: no probe
+    # with a checkpoint the listing carries the clause itself: no probe
+    list(source.changes(utc("2024-01-01 00:00:00")))
     assert all(p.form["limit"] != ["1"] for p in emulator.requests("search/text"))
 
 

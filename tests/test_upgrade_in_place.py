@@ -27,7 +27,8 @@ from tests.broker import make_masters, pool_config, tasks_of
 REPO = Path(__file__).resolve().parent.parent
 MASTER = REPO / "tests" / "corpus" / "rgb8-tiff-uncompressed" / "hopper.tif"
 # what the walk's two versions did to each other: a job message of another shape, an import the old module lacks
-OTHER_JOB_SHAPE = ("gcis_etl/isolation.py", "target, args, deadline, seconds = message", "target, args, deadline = message")
+OTHER_JOB_SHAPE = ("gcis_etl/isolation.py", "target, args, deadline, seconds = message",
+                   "target, args, deadline = message")
 NEEDS_NEW_ISOLATION = ("gcis_etl/conversion.py", "from gcis_etl import isolation\n",
                        "from gcis_etl import isolation\nfrom gcis_etl.isolation import TimeLimitOfTheNewVersion\n")
 OTHER_VERSION = re.compile(r"the conversion process runs another version of gcis-etl than the process that started "
