@@ -57,7 +57,7 @@ from pydantic import AfterValidator, AnyUrl, Field, ValidationError, field_valid
 from connectors.base import LangValue, SourceObject
 from gcis_etl.errors import ManifestError
 from gcis_etl.iiif_validation import CONTEXT_2, CONTEXT_3, IMAGE_CONTEXT_2, require_valid
-from gcis_etl.languages import LANGUAGE, language_tag
+from gcis_etl.languages import LANGUAGE, DigitSubtag, language_tag
 from gcis_etl.settings import Settings, redacted
 from gcis_etl.stores import Provenance, Store, StoredObject
 
@@ -286,10 +286,13 @@ class Manifests:
 
     def _language(self, value: LangValue) -> str:
         """The value's language as language_tag() reads it, or the configured default: for none, and for one
-        that is no tag (with a warning), so that 3.0 and 2.1 say the same and a source's stray tag never stops
-        an object's manifests."""
+        that is no tag (with a warning; a tag with digits, es-419, goes under its nearest key, es), so that 3.0 and
+        2.1 say the same and a source's stray tag never stops an object's manifests."""
         try:
             return language_tag(value.language) or self.settings.default_language
+        except DigitSubtag as exc:
+            self._warnings[f"source language {exc}: its values go out under that"] = None
+            return exc.nearest
         except ValueError as exc:
             self._warnings[f"source language {exc}: its values go out under manifests.default_language "
                            f"{self.settings.default_language!r}"] = None

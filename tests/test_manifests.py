@@ -565,3 +565,24 @@ def test_a_lone_surrogate_in_a_value_goes_out_as_a_replacement_character_with_on
     collection = json.loads(store.get_bytes(manifests.collection_key("3.0")))
     assert [item["label"] for item in collection["items"]] == [{"en": ["Mona \ufffd Lisa"]}]
     assert sorted(w.split(" holds")[0] for w in published.warnings) == ["dc:creator", "dc:title"]
+
+
+def test_a_source_language_with_digits_goes_out_under_its_nearest_key_which_the_schema_accepts(store):
+    """BCP 47 has region and variant subtags of digits (es-419, de-CH-1996) that IIIF 3.0's schema refuses in a
+    key: the values keep their language (es, de-CH), with a warning, rather than taking the default one."""
+    manifests = Manifests(settings(default_language="en"), "demo", store)
+    title = (LangValue("Título", "es-419"), LangValue("Titel", "de-CH-1996"))
+    built = [manifests.build(source_object(**{"dc:title": title}), [image(1)], version) for version in ("3.0", "2.1")]
+    v3, v2 = (b.document for b in built)
+    assert validate(v3).ok and validate(v2).ok, (validate(v3).errors, validate(v2).errors)
+    assert v3["label"] == {"es": ["Título"], "de-CH": ["Titel"]}
+    assert [(v["@language"], v["@value"]) for v in v2["label"]] == [("es", "Título"), ("de-CH", "Titel")]
+    assert built[0].warnings[0] == ("source language 'es-419' has a subtag with digits, which IIIF 3.0 does not "
+                                    "accept in a language key (the nearest it accepts: 'es'): its values go out "
+                                    "under that")
+
+
+def test_a_configured_language_with_digits_is_a_config_error_naming_the_key_iiif_accepts():
+    with pytest.raises(ConfigError, match=r"manifests\.homepage_label: .*'es-419' has a subtag with digits.*"
+                                          r"the nearest it accepts: 'es'"):
+        settings(homepage_label={"es-419": "Registro"})
