@@ -219,8 +219,10 @@ def close_source(source: Source) -> None:
         return
     try:
         close()
-    except Exception:  # someone's connector: a close that failed leaves what the server ends itself in time
-        log.warning("%s: closing the source failed", getattr(source, "name", "source"), exc_info=True)
+    except Exception as exc:  # someone's connector: a close that failed leaves what the server ends itself in time
+        name = getattr(source, "name", "source")
+        log.warning("%s: closing the source failed (%s: %s); the run's outcome stands", name, type(exc).__name__, exc)
+        log.debug("%s: closing the source failed", name, exc_info=True)  # -v: for the connector's author
 
 
 def source_down(source: Source, object_id: str, what: str) -> bool:

@@ -202,3 +202,23 @@ def test_a_source_that_cannot_be_opened_is_a_config_error_naming_the_key(declare
     assert str(raised.value) == f"{path}: pipelines.photos.source.kind: {message}"
     checked = gcis(site, tmp_path, "config", "check")
     assert checked.returncode == 2 and checked.stderr == f"configuration error:\n{raised.value}\n"
+
+
+def test_a_source_whose_close_fails_is_one_warning_line_and_its_traceback_only_at_debug(caplog):
+    """A connector's close is optional and must not sway the run: what went wrong is said on one line (cron mails
+    it), the traceback only for -v, where the connector's author looks."""
+    from connectors.base import close_source
+
+    class ClosesBadly:
+        name = "plugin"
+
+        def close(self):
+            raise KeyError("session")
+
+    with caplog.at_level("DEBUG", logger="connectors.base"):
+        close_source(ClosesBadly())
+    warning, debug = caplog.records
+    assert (warning.levelname, warning.exc_info) == ("WARNING", None)
+    assert warning.getMessage() == ("plugin: closing the source failed (KeyError: 'session'); the run's outcome "
+                                    "stands")
+    assert debug.levelname == "DEBUG" and debug.exc_info[0] is KeyError
