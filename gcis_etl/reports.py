@@ -81,7 +81,10 @@ class RunReport:
         """As the harvest's: 0 everything deposited or skipped; 1 some items rejected or failed, or the run did not
         complete (failed, crashed, killed, still running, or stopped by a signal: the ledger does not keep which
         signal, so 1 rather than the harvest's 130 or 143). A run stopped at its --limit or time limit exits as
-        the harvest did: by its items."""
+        the harvest did: by its items. A dry run as the run it foresees: 1 when it would fail objects (the source
+        cannot describe them), so a check before a cron entry or a migration is scriptable."""
+        if self.status == "dry-run":
+            return EXIT_ITEM_FAILED if self.counts.get("fail") else EXIT_OK
         unfinished = self.status not in ("completed", "stopped", "dry-run") or self.note in STOPPED_BY_SIGNAL
         return EXIT_ITEM_FAILED if unfinished or any(self.counts.get(name) for name in PROBLEMS) else EXIT_OK
 

@@ -280,6 +280,7 @@ def test_an_object_the_source_cannot_describe_fails_alone_and_holds_the_checkpoi
         plan = rig.cli("harvest", "--dry-run")
         assert "fail     IE5010/(object): IE5010: no representation of preservation type" in plan.stdout, plan.stderr
         assert "would process 4 items, skip 0, fail 1 objects the source cannot describe" in plan.stdout
+        assert plan.returncode == 1  # as the run it foresees
         run = rig.cli("harvest")
         assert run.returncode == 1 and "3 deposited, 0 skipped, 1 rejected, 1 failed" in run.stdout, run.stderr
         assert "failed: IE5010/(object): the source cannot describe it: IE5010: no representation" in run.stdout

@@ -136,7 +136,9 @@ def harvest(ctx: click.Context, pipelines: tuple[str, ...], dry_run: bool, since
     run until it is put right); 3 another run holds the pipeline's lock (nothing was done); 130 (Ctrl-C),
     143 (SIGTERM) or 129 (SIGHUP: the terminal closed; not under nohup) stopped by that signal before the
     end, after recording the items in flight (a run the signal reached during its last items completes, and
-    exits as completed), or at once on a second Ctrl-C, which abandons them: the next run redoes them. With several pipelines, the highest code wins.
+    exits as completed), or at once on a second Ctrl-C, which abandons them: the next run redoes them. With
+    several pipelines, the highest code wins. A --dry-run exits 1 when it would fail objects (the source cannot
+    describe them), else 0.
 
     \b
     Examples:
