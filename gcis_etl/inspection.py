@@ -35,6 +35,10 @@ class _Unreadable(Exception):
     """The header cannot be parsed: the file is corrupt or not what its signature claims."""
 
 
+class _Unsupported(_Unreadable):
+    """The header is read, and describes pixels no decoder here converts: the file may well be sound."""
+
+
 @dataclass
 class _Header:
     width: int
@@ -78,6 +82,8 @@ def inspect(path: str | Path, policy: ImagingPolicy | None = None,
         return _reject(path, fmt, f"{fmt}: {what}", warnings)
     try:
         header = _READERS[fmt](path)
+    except _Unsupported as exc:
+        return _reject(path, fmt, f"unsupported {fmt}: {exc}", warnings)
     except _Unreadable as exc:
         return _reject(path, fmt, f"corrupt or truncated {fmt} header: {exc}", warnings)
     if header.dng:
@@ -287,7 +293,7 @@ def _read_tiff(path: str) -> _Header:
         try:
             header = _read_tiff_tags(path)
         except _Unreadable as exc:  # what tifffile skipped says why (a first directory past the end: cut short)
-            raise _Unreadable("; ".join(dict.fromkeys([*complaints, str(exc)]))) from None
+            raise type(exc)("; ".join(dict.fromkeys([*complaints, str(exc)]))) from None
     header.notes.extend(structure_warning(m) for m in complaints)
     return header
 
@@ -296,7 +302,8 @@ def _bit_depth(bits: int | tuple[int, ...]) -> int:
     """One depth for every band: tifffile gives a tuple where they differ (RGB 5-6-5, a damaged tag), which no
     decoder here converts."""
     if isinstance(bits, tuple):
-        raise _Unreadable(f"its bands have different bit depths {bits}")
+        raise _Unsupported(f"its bands have different bit depths {bits} (packed RGB such as 5-6-5, or a damaged "
+                           f"BitsPerSample tag), which no decoder here converts")
     return int(bits)
 
 

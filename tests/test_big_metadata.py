@@ -96,4 +96,5 @@ def test_a_tiff_whose_bands_have_different_bit_depths_is_rejected_with_the_reaso
     far_bigtiff(master, 24, 16, orientation=1, directory_at=4096, bits=(5, 6, 5))
     info = inspect(master)
     assert info.verdict is Verdict.REJECT
-    assert info.reasons == ("corrupt or truncated BigTIFF header: its bands have different bit depths (5, 6, 5)",)
+    assert info.reasons == ("unsupported BigTIFF: its bands have different bit depths (5, 6, 5) (packed RGB such as "
+                            "5-6-5, or a damaged BitsPerSample tag), which no decoder here converts",)
