@@ -58,18 +58,22 @@ class EncodeOutcome:
 
 def convert(src: str | Path, dst: str | Path, recipe: Recipe | str | None = None,
             policy: ImagingPolicy | None = None, worker: IsolatedProcess | None = None,
-            isolation_settings: IsolationSettings | None = None, durable: bool = True) -> ConversionResult:
+            isolation_settings: IsolationSettings | None = None, durable: bool = True,
+            on_stage: Callable[[str], None] | None = None) -> ConversionResult:
     """Convert `src` into the access master `dst`. Never raises for a bad master (nor a missing one): the
     result says why. Both paths are made absolute first, as the result names them: a reused `worker` keeps
     the cwd it started in. `durable`: fsync `dst` and its folder; not for scratch output that a store deposits
     (the store makes durable what it holds, the bytes linked or copied and their names) and that is deleted
-    right after."""
+    right after. `on_stage`: hears each stage as it begins ("inspecting", "encoding with grk_compress", ...), so
+    that a caller can tell a conversion of minutes at work from a hung one; one that raises is logged, never the
+    conversion's failure (isolation.heard)."""
     started = time.monotonic()
     recipe = recipe if isinstance(recipe, Recipe) else load_recipe(recipe or "ptiff-jpeg-q90")
     policy = policy or ImagingPolicy()
     src, unwritable = Path(src).absolute(), _destination_problem(dst)
     dst = Path(dst).absolute()
     base = dict(source=str(src), recipe=recipe.name, recipe_digest=recipe.digest)
+    isolation.heard(on_stage, "inspecting")
     try:
         info = inspect(src, policy, worker.settings if worker else isolation_settings)
     except OSError as exc:  # no master to read: a missing file, a folder
@@ -93,7 +97,8 @@ def convert(src: str | Path, dst: str | Path, recipe: Recipe | str | None = None
     try:
         dst.parent.mkdir(parents=True, exist_ok=True)
         job = EncodeJob(info, policy, _decoders(info, policy), output=str(tmp), recipe=recipe)
-        outcome, notes = _run_with_fallbacks(worker, encode_in_child, job)
+        isolation.heard(on_stage, "starting the conversion")
+        outcome, notes = _run_with_fallbacks(worker, encode_in_child, job, on_stage)
         if durable:
             fsync_path(tmp)
         os.replace(tmp, dst)
@@ -181,14 +186,16 @@ def _decoders(info: ImageInfo, policy: ImagingPolicy) -> tuple[str, ...]:
     return policy.decoders.get(info.format, ("vips",))
 
 
-def _run_with_fallbacks(worker: IsolatedProcess, target, job: DecodeJob):
-    """Run the job; when a decoder crashes the child, retry in a fresh child with the next decoder.
+def _run_with_fallbacks(worker: IsolatedProcess, target, job: DecodeJob,
+                        on_stage: Callable[[str], None] | None = None):
+    """Run the job; when a decoder crashes the child, retry in a fresh child with the next decoder. `on_stage`
+    hears the child's stages (IsolatedProcess.call).
 
     Returns (the job's result, notes on the fallbacks taken and what the child's libraries said of the master)."""
     notes: list[str] = []
     while True:
         try:
-            return worker.call(target, job, notes=notes), tuple(notes)
+            return worker.call(target, job, notes=notes, on_stage=on_stage), tuple(notes)
         except WorkerCrashed as exc:
             crashed = isolation.crashed_decoder(exc.stage)
             remaining = tuple(d for d in job.decoders if d != crashed)

@@ -157,6 +157,18 @@ def crashed_decoder(stage_name: str | None) -> str | None:
     return stage_name.removeprefix(_PIXELS_STAGE) if (stage_name or "").startswith(_PIXELS_STAGE) else None
 
 
+def heard(on_stage: Callable[[str], None] | None, name: str) -> None:
+    """Hand the stage `name` to a caller's listener (a progress line), which runs while the child works on: one
+    that raises is logged and the conversion goes on (raised, it would leave the child's answer unread, the child
+    killed and a good master failed for its display). Not a KeyboardInterrupt (Ctrl-C): that still stops."""
+    if on_stage is None:
+        return
+    try:
+        on_stage(name)
+    except Exception:
+        _log.warning("the listener of the conversion's stages failed on %r", name, exc_info=True)
+
+
 class _ToParent(logging.Handler):
     """In the child, what tifffile logs (what it skips in a damaged master and reads on) goes to the parent as
     a note of the job, a warning of its result: written to the inherited stderr it was a plain line among a
@@ -570,15 +582,17 @@ class IsolatedProcess:
         return self._proc.pid if self._alive() else None
 
     def call(self, target: Callable | str, *args: Any, timeout: float | None = None,
-             notes: list[str] | None = None) -> Any:
+             notes: list[str] | None = None, on_stage: Callable[[str], None] | None = None) -> Any:
         """Run the job in the child; raise WorkerCrashed / WorkerTimeout, or the job's own exception.
-        What the child's libraries log meanwhile (see _ToParent) is added to `notes`; without it, logged here."""
+        What the child's libraries log meanwhile (see _ToParent) is added to `notes`; without it, logged here.
+        `on_stage` hears each stage the child reports (stage()) as it comes, in this thread (see heard)."""
         if callable(target):
             target = f"{target.__module__}.{target.__qualname__}"
         with self._turn:
-            return self._call(target, args, timeout, notes)
+            return self._call(target, args, timeout, notes, on_stage)
 
-    def _call(self, target: str, args: tuple, timeout: float | None, notes: list[str] | None) -> Any:
+    def _call(self, target: str, args: tuple, timeout: float | None, notes: list[str] | None,
+              on_stage: Callable[[str], None] | None) -> Any:
         self.start()
         setting = "" if timeout else " under isolation.timeout_seconds: raise it for masters this size"
         timeout = timeout or self.settings.timeout_seconds
@@ -604,6 +618,7 @@ class IsolatedProcess:
                     continue
                 if kind == "stage":
                     current_stage = payload
+                    heard(on_stage, payload)
                     continue
                 if kind == "note":
                     if notes is None:

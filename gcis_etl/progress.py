@@ -4,7 +4,8 @@
 One conversion of a big master takes minutes, during which nothing settles: so that a working run can be told
 from a hung one, a timer redraws the live line with the items in flight and the age of the oldest, and where
 there is no terminal (cron) logs the oldest once per QUIET_SECONDS without an item settled. A move of a store's
-keys (migrations/move_store.py) shows the same kind of line, and nothing without a terminal."""
+keys (migrations/move_store.py) shows the same kind of line, and nothing without a terminal; so does one master's
+conversion (gcis-etl convert: its stage and the time elapsed), which logs its stages too with -v."""
 from __future__ import annotations
 
 import logging
@@ -19,9 +20,11 @@ import click
 from connectors.base import SourceObject
 from gcis_etl.harvesting import Progress
 from gcis_etl.ledger import COUNTED
+from gcis_etl.logs import printable
 from gcis_etl.reports import PROBLEMS, RunReport, elapsed
 
 log = logging.getLogger("gcis_etl.harvest")
+convert_log = logging.getLogger("gcis_etl.convert")
 
 QUIET_SECONDS = 60.0  # without an item settled, a log line names the oldest item in flight
 TICK_SECONDS = 1.0    # how often the live line is redrawn while items are in flight
@@ -267,3 +270,45 @@ def move_progress(pipeline: str, count: Callable[[], int], deleting: bool, count
 
 def progress_for(pipeline: str, log_end: bool = False) -> TerminalProgress:
     return TerminalProgress(pipeline, live=sys.stderr.isatty(), log_end=log_end)
+
+
+class ConversionLine(LiveLine):
+    """One master's conversion (gcis-etl convert): its stage and the time elapsed, redrawn each tick, so that a
+    conversion of minutes (an 800 Mpx master through OpenJPEG) can be told from a hung one. `log_stages` (-v):
+    a log line per stage too, with the seconds elapsed (without a terminal, all that is shown). Taken down, not
+    left on screen, once the conversion ends: the result's line says the rest."""
+
+    def __init__(self, name: str, live: bool, log_stages: bool, tick_seconds: float = TICK_SECONDS):
+        super().__init__(name, live, tick_seconds)
+        self.log_stages = log_stages
+        self.stage_name = ""
+
+    def __enter__(self) -> "ConversionLine":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.clear()
+
+    def stage(self, name: str) -> None:
+        """The conversion's stage `name` begins (conversion.convert's on_stage)."""
+        with self._lock:
+            self.stage_name = name
+            if self.log_stages and convert_log.isEnabledFor(logging.INFO):
+                self._take_down()  # on a line of its own, not glued to the live one
+                seconds = time.monotonic() - self.began
+                convert_log.info("%s: %s (%s elapsed)", self.pipeline, name, elapsed(seconds),
+                                 extra={"file": self.pipeline, "stage": name, "seconds": round(seconds, 1)})
+            if self.in_flight:
+                self._draw(force=True)
+            else:
+                self._start(self.pipeline)
+
+    def _line(self, seconds: float, width: int) -> str:
+        return fitted(f"{printable(self.pipeline)}: ", [(self.stage_name, ""), (elapsed(seconds),)], (0,), width)
+
+    def _take_down(self) -> None:
+        """Erased: the result's line takes its place."""
+        if self.live and self._drawn:
+            click.echo(f"\r{' ' * self._shown}\r", nl=False, err=True)
+            self._drawn = 0.0
+            self._shown = 0

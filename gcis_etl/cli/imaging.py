@@ -9,8 +9,13 @@ from pathlib import Path
 import click
 
 from gcis_etl.cli import _config, main
-from gcis_etl.commands import EXIT_ITEM_FAILED, EXIT_OK, Interrupted, fail_config, raise_on_signals
+from gcis_etl.commands import (EXIT_ITEM_FAILED, EXIT_OK, VERBOSE, Interrupted, SharedOption, fail_config,
+                               raise_on_signals)
 from gcis_etl.errors import ConfigError
+
+# gcis-etl's -v, said of a conversion's stages rather than of items
+STAGES_VERBOSE = SharedOption(*VERBOSE.decls, **{
+    **VERBOSE.attrs, "help": "-v: a log line per stage, with the time elapsed; -vv: debug."})
 
 
 @main.command()
@@ -80,12 +85,17 @@ def inspect(ctx: click.Context, files: tuple[str, ...], as_json: bool, header_on
 @click.option("--recipe", "-r", default="ptiff-jpeg-q90", show_default=True,
               help="Recipe name (recipes/NAME.yaml beside the config file, or shipped) or path to a recipe YAML file.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
+@STAGES_VERBOSE
 @click.pass_context
-def convert(ctx: click.Context, src: str, dst: str, recipe: str, as_json: bool) -> None:
+def convert(ctx: click.Context, src: str, dst: str, recipe: str, as_json: bool, verbose: int) -> None:
     """Convert one master SRC into a verified access master DST.
 
     DST appears only once the output has been verified (it is written under a temporary name first, removed
     if the conversion fails or is stopped).
+
+    While it runs, a terminal shows one line on stderr with the stage and the time elapsed (e.g. "master.tif:
+    encoding with grk_compress, 1 min 12 s"), redrawn each second and erased before the result is printed. -v
+    logs a line per stage with the time elapsed, also without a terminal (where nothing is shown otherwise).
 
     Exit code 0 when converted, 1 when rejected or failed, 2 on a usage or configuration error (SRC missing,
     an unknown recipe), 130 (Ctrl-C), 143 (SIGTERM) or 129 (SIGHUP) when stopped by that signal.
@@ -96,7 +106,11 @@ def convert(ctx: click.Context, src: str, dst: str, recipe: str, as_json: bool) 
     """
     from gcis_etl.conversion import convert as convert_master
     from gcis_etl.conversion import output_name_problem
+    from gcis_etl.logs import configure
     from gcis_etl.models import pyramid_levels
+    from gcis_etl.progress import ConversionLine
+    if verbose:
+        configure(False, verbose)
     cfg = _config(ctx, single_file=True)
     rec = _recipe(ctx, recipe)
     unservable = output_name_problem(dst)
@@ -104,7 +118,9 @@ def convert(ctx: click.Context, src: str, dst: str, recipe: str, as_json: bool) 
         raise click.BadParameter(unservable, param_hint="DST")
     raise_on_signals()  # `timeout`, systemd: the temporary output is removed as on Ctrl-C
     try:
-        result = convert_master(src, dst, rec, cfg.imaging, isolation_settings=cfg.isolation)
+        with ConversionLine(Path(src).name, live=sys.stderr.isatty(), log_stages=bool(verbose)) as line:
+            result = convert_master(src, dst, rec, cfg.imaging, isolation_settings=cfg.isolation,
+                                    on_stage=line.stage)
     except Interrupted as exc:
         click.echo(f"{src}: stopped by {exc}: {dst} not written", err=True)
         sys.exit(exc.exit_code)
