@@ -61,6 +61,7 @@ class StopRequest(threading.Event):
     and there is nothing left to abandon)."""
 
     signum: int | None = None
+    work = "items"  # what is in flight, as its messages name it (a fixity audit reads keys)
     taken_at = 0.0  # time.monotonic() of the first signal
     abandoned = False
     _waiting = 0  # in_flight() sections open
@@ -84,7 +85,7 @@ class StopRequest(threading.Event):
         if not self.is_set():
             self.signum, self.taken_at = signum, time.monotonic()
             self.set()
-            say("\nstopping after the items in flight (Ctrl-C again to abandon them)", logging.WARNING)
+            say(f"\nstopping after the {self.work} in flight (Ctrl-C again to abandon them)", logging.WARNING)
         elif (signum != signal.SIGINT or self.abandoned
               or time.monotonic() - self.taken_at < DOUBLED_SIGNAL_SECONDS):
             return
@@ -95,7 +96,7 @@ class StopRequest(threading.Event):
             # signal ends it on the spot.
             _on_each(signal.SIG_DFL)
             self.abandoned = True
-            say("\nabandoning the items in flight: the next run redoes them (Ctrl-C again to end the process "
+            say(f"\nabandoning the {self.work} in flight: the next run redoes them (Ctrl-C again to end the process "
                 "now)", logging.WARNING)
             raise Interrupted(self.signum)
 
@@ -138,10 +139,11 @@ def as_stop(stop: threading.Event | Stop | None) -> Stop:
     return stop if isinstance(stop, Stop) else CallersStop(stop)
 
 
-def stop_on_signals() -> StopRequest:
-    """First SIGINT/SIGTERM/SIGHUP: finish the items in flight, record everything, exit. A second Ctrl-C: stop
+def stop_on_signals(work: str = "items") -> StopRequest:
+    """First SIGINT/SIGTERM/SIGHUP: finish the `work` in flight, record everything, exit. A second Ctrl-C: stop
     now."""
     stop = StopRequest()
+    stop.work = work
     _on_each(lambda signum, frame: stop.take(signum))
     return stop
 

@@ -50,6 +50,7 @@ MANIFEST_WARNINGS = """CREATE TABLE IF NOT EXISTS manifest_warnings (
     run_id INTEGER NOT NULL, object_id TEXT NOT NULL, warnings TEXT NOT NULL, at TEXT NOT NULL,
     PRIMARY KEY (run_id, object_id)
 )"""
+AUDIT_PROBLEMS = ("damaged", "missing", "unreadable")  # audit outcomes that stay problems until a key is read right
 AUDITS = """CREATE TABLE IF NOT EXISTS audits (
     pipeline TEXT NOT NULL, key TEXT NOT NULL, audited TEXT NOT NULL, outcome TEXT NOT NULL, reason TEXT,
     PRIMARY KEY (pipeline, key)
@@ -917,8 +918,10 @@ class Ledger:
 
     def audit_queue(self, pipeline: str, entries: Iterable[tuple[str, str]], audited_before: datetime | None,
                     page: int = 1000) -> int:
-        """Queue `entries` (key, payload: what the caller needs again of the key) for audit_queued(): those never
-        audited first, then the oldest audit first, each in the order given; those audited at or after
+        """Queue `entries` (key, payload: what the caller needs again of the key) for audit_queued(): those last
+        found a problem (AUDIT_PROBLEMS) first, whenever that was (a key found damaged is not one audited recently
+        and fine, and every finding is recorded anew: it must not go to the back of the queue), then those never
+        audited, then the oldest audit first, each in the order given; the rest audited at or after
         `audited_before` are left out. Held in TEMP tables (a read-only ledger's too: a dry run counts them),
         sorted by SQLite, which spills to disk: millions of keys never sit in memory. Returns how many are
         queued."""
@@ -934,12 +937,31 @@ class Ledger:
             with self._writing():
                 self.db.executemany("INSERT INTO audit_entries (key, payload) VALUES (?,?)", batch)
         with self._writing():
+            problem = f"a.outcome IN ({','.join('?' * len(AUDIT_PROBLEMS))})"
             self._execute("CREATE TEMP TABLE audit_queued AS SELECT e.key, e.payload FROM audit_entries e "
                           "LEFT JOIN audits a ON a.pipeline=? AND a.key=e.key WHERE ? IS NULL OR a.audited IS NULL "
-                          "OR a.audited < ? ORDER BY a.audited IS NOT NULL, a.audited, e.position",
-                          (pipeline, *(_ts(audited_before),) * 2))
+                          f"OR a.audited < ? OR {problem} "
+                          f"ORDER BY CASE WHEN {problem} THEN 0 WHEN a.audited IS NULL THEN 1 ELSE 2 END, "
+                          "a.audited, e.position",
+                          (pipeline, *(_ts(audited_before),) * 2, *AUDIT_PROBLEMS * 2))
             self._execute("DROP TABLE temp.audit_entries")
         return self._row("SELECT count(*) FROM audit_queued")[0]
+
+    def audit_problems_left(self, pipeline: str, since: datetime, page: int = 1000) -> Iterator[AuditRecord]:
+        """The keys audit_queue() queued whose last audit, before `since` (a run's start), found a problem: those
+        the run did not read again (outside its --limit, or it stopped), which the ledger still holds
+        damaged, missing or unreadable."""
+        after = 0
+        while True:
+            rows = self._rows(f"SELECT q.rowid, {', '.join(f'a.{f.name}' for f in fields(AuditRecord))} "
+                              "FROM audit_queued q JOIN audits a ON a.pipeline=? AND a.key=q.key "
+                              f"WHERE q.rowid > ? AND a.audited < ? AND a.outcome IN "
+                              f"({','.join('?' * len(AUDIT_PROBLEMS))}) ORDER BY q.rowid LIMIT ?",
+                              (pipeline, after, _ts(since), *AUDIT_PROBLEMS, page))
+            yield from (AuditRecord(*row[1:]) for row in rows)
+            if len(rows) < page:
+                return
+            after = rows[-1][0]
 
     def audit_queued(self, page: int = 1000) -> Iterator[tuple[str, str]]:
         """The (key, payload) entries audit_queue() queued, in its order, a page at a time."""

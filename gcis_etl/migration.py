@@ -9,7 +9,9 @@ A script is a module in migrations/ (or any .py path) whose `main(args) -> exit 
 
 @migration adds the options every script shares (--config, --dry-run, --log-json, -v), loads the
 configuration, makes the first Ctrl-C or SIGTERM a clean stop, and ends with the report: a summary on stdout
-and, unless --dry-run, a JSON summary and a CSV of the problems and destructive actions in <state_dir>/reports.
+and, unless --dry-run, a JSON summary and a CSV of the problems and destructive actions in <state_dir>/reports,
+named <script>-<pipeline>-<timestamp> for a script given one pipeline (its --pipeline NAME, the `name` parameter),
+<script>-<timestamp> otherwise; they are kept until removed by hand (no retention, unlike run reports).
 Exit codes are those of `gcis-etl harvest`: 0 done; 1 some items or keys failed or were rejected, or the
 migration stopped on an error; 2 configuration or usage error; 3 another run holds the pipeline; 128 + the
 signal's number (130 Ctrl-C, 143 SIGTERM, 129 SIGHUP) stopped by a signal; a signal that came during the last
@@ -97,8 +99,11 @@ class MigrationReport:
 
     SHOWN = 10
 
-    def __init__(self, script: str, dry_run: bool, directory: Path):
+    def __init__(self, script: str, dry_run: bool, directory: Path, pipeline: str | None = None):
+        """`pipeline`: the one the script works on (its --pipeline), which the report's file names and its JSON
+        name too: <script>-<pipeline>-<timestamp>.json/.csv; None for a script on several (reencode)."""
         self.script = script
+        self.pipeline = pipeline
         self.directory = directory
         self.started = now().isoformat()
         self.finished: str | None = None
@@ -108,7 +113,7 @@ class MigrationReport:
         self.problems: list[Event] = []  # the first SHOWN
         self.problems_total = 0
         self.notes: list[str] = []
-        stem = f"{script}-{now().strftime('%Y%m%dT%H%M%S-%f')}"
+        stem = "-".join(filter(None, (script, pipeline, now().strftime('%Y%m%dT%H%M%S-%f'))))
         self.json_path = None if dry_run else directory / f"{stem}.json"
         self.csv_path = None if dry_run else directory / f"{stem}.csv"
         self._csv: IO[str] | None = None
@@ -162,8 +167,8 @@ class MigrationReport:
         return EXIT_ITEM_FAILED if stopped_on_error or any(self.counts.get(p) for p in PROBLEMS) else EXIT_OK
 
     def to_dict(self) -> dict[str, Any]:
-        return {"script": self.script, "status": self.status, "started": self.started, "finished": self.finished,
-                "counts": self.counts, "harvest_runs": self.runs, "notes": self.notes,
+        return {"script": self.script, "pipeline": self.pipeline, "status": self.status, "started": self.started,
+                "finished": self.finished, "counts": self.counts, "harvest_runs": self.runs, "notes": self.notes,
                 "problems": [vars(p) for p in self.problems], "problems_total": self.problems_total,
                 "csv_path": str(self.csv_path) if self._csv else None}
 
@@ -177,7 +182,8 @@ class MigrationReport:
         note = "; ".join(self.notes) or None
         log.log(logging.INFO if exit_code == EXIT_OK else logging.WARNING, "%s",
                 "; ".join(filter(None, (self.headline(), note))),
-                extra={"script": self.script, "status": self.status, "counts": self.counts, "note": note,
+                extra={"script": self.script, "pipeline": self.pipeline, "status": self.status, "counts": self.counts,
+                       "note": note,
                        "harvest_runs": self.runs, "problems_total": self.problems_total, "exit_code": exit_code,
                        "report": str(self.json_path) if self.json_path and not self._unwritten else None})
 
@@ -456,9 +462,11 @@ def _common_options() -> list[click.Parameter]:
             LOG_JSON.param(), VERBOSE.param()]
 
 
-def migration(help_text: str, budget: bool = False) -> Callable[[Callable[..., None]], Callable[[list[str]], int]]:
+def migration(help_text: str, budget: bool = False,
+              in_flight: str = "items") -> Callable[[Callable[..., None]], Callable[[list[str]], int]]:
     """Make a script's `main(args) -> exit code` from `function(ctx, **its click options)`. With `budget`, the
-    script takes --limit and --max-minutes, handed to it as ctx.budget for its harvest runs to share."""
+    script takes --limit and --max-minutes, handed to it as ctx.budget for its harvest runs to share.
+    `in_flight`: what a Ctrl-C says the script finishes first ("keys" for one that reads store keys)."""
 
     def decorate(function: Callable[..., None]) -> Callable[[list[str]], int]:
         script = Path(inspect.getfile(function)).stem
@@ -467,8 +475,10 @@ def migration(help_text: str, budget: bool = False) -> Callable[[Callable[..., N
             from gcis_etl.logs import configure, say
             configure(log_json, verbose)
             config = load_config(config_file)
-            stop = stop_on_signals()
-            ctx = MigrationContext(config, MigrationReport(script, dry_run, config.reports_dir),
+            stop = stop_on_signals(in_flight)
+            pipeline = options.get("name")  # a script's --pipeline, when it takes one pipeline
+            ctx = MigrationContext(config, MigrationReport(script, dry_run, config.reports_dir,
+                                                           pipeline if isinstance(pipeline, str) else None),
                                    dry_run, verbose, stop)
             if budget:
                 ctx.budget = Budget(options.pop("limit"), options.pop("max_minutes"))

@@ -4,8 +4,9 @@
 One conversion of a big master takes minutes, during which nothing settles: so that a working run can be told
 from a hung one, a timer redraws the live line with the items in flight and the age of the oldest, and where
 there is no terminal (cron) logs the oldest once per QUIET_SECONDS without an item settled. A move of a store's
-keys (migrations/move_store.py) shows the same kind of line, and nothing without a terminal; so does one master's
-conversion (gcis-etl convert: its stage and the time elapsed), which logs its stages too with -v."""
+keys (migrations/move_store.py) and a fixity audit (migrations/audit.py) show the same kind of line, and nothing
+without a terminal; so does one master's conversion (gcis-etl convert: its stage and the time elapsed), which
+logs its stages too with -v."""
 from __future__ import annotations
 
 import logging
@@ -261,11 +262,28 @@ def _rate(done: int, seconds: float) -> tuple[str, ...]:
     return f"{done / seconds * 60 if seconds else 0:.0f}/min", ""
 
 
+class AuditProgress(MoveProgress):
+    """Keys read back by a fixity audit (migrations/audit.py): how many of those queued are done, the problems
+    found and the keys repaired, the rate, the keys in flight and the oldest one's age, the time elapsed."""
+
+    GROUPS = {"problems": ("damaged", "missing", "unreadable"), "repaired": ("repaired",)}
+
+
+def _keys_live() -> bool:
+    """A migration's line of keys is live on a terminal, as a harvest's, unless each key is logged (-v,
+    --log-json), which the line would break into."""
+    return sys.stderr.isatty() and not logging.getLogger("gcis_etl.migration").isEnabledFor(logging.INFO)
+
+
 def move_progress(pipeline: str, count: Callable[[], int], deleting: bool, counted: Mapping[str, int]) -> MoveProgress:
-    """Live on a terminal, as a harvest's line, unless each key is logged (-v, --log-json), which the line would
-    break into. `count()` says how many keys the move will look at: a pass over the ledger, made only then."""
-    live = sys.stderr.isatty() and not logging.getLogger("gcis_etl.migration").isEnabledFor(logging.INFO)
+    """`count()` says how many keys the move will look at: a pass over the ledger, made only when live."""
+    live = _keys_live()
     return MoveProgress(pipeline, count() if live else 0, live, deleting, counted)
+
+
+def audit_progress(pipeline: str, total: int, counted: Mapping[str, int]) -> AuditProgress:
+    """`total`: the keys the audit will read (those queued, up to --limit)."""
+    return AuditProgress(pipeline, total, _keys_live(), False, counted)
 
 
 def progress_for(pipeline: str, log_end: bool = False) -> TerminalProgress:

@@ -134,6 +134,11 @@ class Store(Protocol):
         """Stream the object into `dest`, fsynced, and return the SHA-256 of what was written: access masters
         are too large for get_bytes. StoreError if there is no object."""
 
+    def digest(self, key: str) -> tuple[str, int]:
+        """The SHA-256 (hex) and size of the object's bytes as read back now, streamed through the hash and
+        kept nowhere (a fixity audit needs no scratch room). StoreError if there is no object, or it cannot be
+        read; StoreUnavailable if the store is down, as download() says."""
+
     def head(self, key: str) -> StoredObject | None:
         """What is stored under `key`, or None."""
 
@@ -177,6 +182,27 @@ def _write_durably(dest: Path, fill) -> str:
         raise
     with open(dest, "rb") as f:
         return sha256_stream(f)
+
+
+class _Sha256Sink:
+    """A write-only, non-seekable file that keeps only the SHA-256 and the size of what is written to it: s3transfer
+    writes a ranged download to it in order (DownloadNonSeekableOutputManager), dropping the bytes it wrote already
+    when it retries a part cut short (S3Store.digest says why ranged)."""
+
+    def __init__(self) -> None:
+        self._digest = hashlib.sha256()
+        self.size = 0
+
+    def write(self, data: bytes) -> int:
+        self._digest.update(data)
+        self.size += len(data)
+        return len(data)
+
+    def seekable(self) -> bool:
+        return False
+
+    def result(self) -> tuple[str, int]:
+        return self._digest.hexdigest(), self.size
 
 
 def _holds_nothing(where: str, settings: str, first: str = "") -> StoreError:
@@ -407,6 +433,17 @@ class LocalStore:
             raise StoreError(f"{self.describe(key)}: no such object") from None
         except OSError as exc:
             raise StoreError(f"{self.describe(key)}: cannot copy to {dest}: {exc.strerror}") from None
+
+    def digest(self, key: str) -> tuple[str, int]:
+        sink = _Sha256Sink()
+        try:
+            with open(self.root / check_key(key), "rb") as src:
+                shutil.copyfileobj(src, sink, CHUNK)
+        except FileNotFoundError:
+            raise StoreError(f"{self.describe(key)}: no such object") from None
+        except OSError as exc:
+            raise StoreError(f"{self.describe(key)}: cannot read: {exc.strerror}") from None
+        return sink.result()
 
     def delete(self, key: str) -> bool:
         path = self.root / check_key(key)
@@ -838,20 +875,32 @@ class S3Store:
                               max_request_concurrency=s.max_concurrency, max_bandwidth=s.max_bandwidth,
                               num_download_attempts=s.retry.max_attempts)
 
-    def download(self, key: str, dest: Path) -> str:
-        full_key = self._full_key(key)
-
-        def fill(out: IO[bytes]) -> None:
-            with TransferManager(self.client, self._transfer_config()) as manager:
-                manager.download(self.settings.bucket, full_key, out).result()
+    def _transfer(self, key: str, action: str, out, config: TransferConfig) -> None:
+        """The object's bytes written to `out` (a file, or a non-seekable sink) through s3transfer, whose retries
+        of a body cut short apply."""
         try:
-            return _write_durably(dest, fill)
+            with TransferManager(self.client, config) as manager:
+                manager.download(self.settings.bucket, self._full_key(key), out).result()
         except (BotoCoreError, ClientError) as exc:
-            raise self._error(key, "download", exc) from None
+            raise self._error(key, action, exc) from None
         except RetriesExceededError as exc:  # s3transfer's own retries of a body cut short, every time
-            raise self._error(key, "download", exc.last_exception) from None
+            raise self._error(key, action, exc.last_exception) from None
+
+    def download(self, key: str, dest: Path) -> str:
+        try:
+            return _write_durably(dest, partial(self._transfer, key, "download", config=self._transfer_config()))
         except OSError as exc:
             raise StoreError(f"{self.describe(key)}: cannot write {dest}: {exc.strerror}") from None
+
+    def digest(self, key: str) -> tuple[str, int]:
+        """Every object in ranged parts (multipart_threshold 1): s3transfer writes a single GET to a non-seekable
+        target as it comes, and the GET it retries after a body cut short starts from the first byte again,
+        which would hash the bytes seen twice; ranged parts go through its queue, which drops the bytes seen."""
+        sink = _Sha256Sink()
+        config = self._transfer_config()
+        config.multipart_threshold = 1
+        self._transfer(key, "read", sink, config)
+        return sink.result()
 
     def delete(self, key: str) -> bool:
         existed = self.exists(key)

@@ -1,9 +1,9 @@
 """Read back what a pipeline deposited and check its bytes: a fixity audit of its store.
 
 Every key the ledger knows for the pipeline (each item's access master, the superseded ones not retired yet, each
-published object's manifests, the collections) is streamed from the pipeline's store into scratch (deleted at
-once) and its SHA-256 and size compared with what the ledger recorded (access masters) and with the store's own
-record (sidecar, S3 metadata).
+published object's manifests, the collections) is streamed from the pipeline's store through SHA-256 (nothing is
+written to disk) and its SHA-256 and size compared with what the ledger recorded (access masters) and with the
+store's own record (sidecar, S3 metadata).
 
 \b
 Each key is one of:
@@ -14,19 +14,24 @@ Each key is one of:
   unreadable  the store answered with an error, past its retries: a failure, not damage (run again)
   absent      a superseded access master retired since, or a collection not published yet: no problem
 
-The ledger records when each key was last audited and what was found. A run audits the keys never audited first,
-then those audited longest ago: with --limit a nightly cron job audits a slice, and the next night's goes on
-where it stopped; --older-than DAYS leaves out the keys audited within the last DAYS days. A killed run keeps
-what it recorded. A store holding no object at all (its volume not mounted, its prefix changed) stops the run
-before any key is read: every key would be missing.
+The ledger records when each key was last audited and what was found. A run audits first the keys last found
+damaged, missing or unreadable (whenever that was), then those never audited, then those audited longest ago:
+with --limit a nightly cron job audits a slice, and the next night's goes on where it stopped; --older-than DAYS
+leaves out the keys audited within the last DAYS days and found ok. Keys the ledger still holds damaged, missing
+or unreadable that a run did not read (more of them than --limit, or it stopped) are counted and listed under
+that outcome with their recorded reason ("not read by this run"), and the run exits 1: it never says all is well
+while the ledger records a problem. A killed run keeps what it recorded. A store holding no object at all (its
+volume not mounted, its prefix changed) stops the run before any key is read: every key would be missing.
 
 --repair harvests the objects of damaged or missing access masters and manifests again, forced (from their
-masters in the source, converted again; their manifests and collections published again), then audits those
-keys again: one found right is counted as repaired. A damaged manifest or collection is deleted first (a
-store's record outlives damage to the bytes it describes, and publishing the same document again would leave
-it be), right before the harvest that republishes it: a run stopped, or out of --max-minutes, before a repair
-reports its keys as found and leaves them be. Without --repair the audit only reports. Unreadable keys are never
-repaired.
+masters in the source, converted again: every item of the object, not only the damaged one; their manifests and
+collections published again), then audits those keys again: one found right is counted as repaired. One the
+repair could not bring back says why (its item no longer listed by the source, or rejected or failed). A damaged
+manifest or collection is deleted first (a store's record outlives damage to the bytes it describes, and
+publishing the same document again would leave it be), right before the harvest that republishes it: a run
+stopped, or out of --max-minutes, before a repair reports its keys as found and leaves them be; a harvest that
+fails after the deletion leaves them missing ("deleted for a repair that did not finish"), first in the next
+run's queue. Without --repair the audit only reports. Unreadable keys are never repaired.
 
 \b
 Usage:
@@ -37,22 +42,26 @@ Usage:
   gcis-migrate audit --pipeline museum --dry-run                how many keys a run would read
 
 \b
-Exit codes: 0 every key audited is ok (or was repaired); 1 some keys are damaged, missing or unreadable, or a
-repair's harvest failed items, or stopped on an error (run again); 2 configuration or usage error; 3 another run
-holds the pipeline; 130 (Ctrl-C), 143 (SIGTERM) or 129 (SIGHUP) stopped by that signal after the keys in flight
-(what was audited is recorded: run it again to continue).
+Nightly, outside the harvest's cron window (crontab):
+  30 2 * * *  gcis-migrate audit --pipeline museum --limit 20000 --max-minutes 180 --log-json
+
+\b
+Exit codes: 0 every key audited is ok (or was repaired), and the ledger records no other key as a problem;
+1 some keys are damaged, missing or unreadable (found now, or recorded and not read again), or a repair's harvest
+failed items, or stopped on an error (run again); act on it with `gcis-migrate audit --pipeline NAME --repair`
+(unreadable keys: fix the store and run again); 2 configuration or usage error; 3 another run holds the pipeline
+(a harvest that starts while the audit runs exits 3 too: schedule them apart); 130 (Ctrl-C), 143 (SIGTERM) or 129
+(SIGHUP) stopped by that signal after the keys in flight (what was audited is recorded: run it again to continue).
+On a terminal a live line shows the keys audited of those queued, the problems found, the keys repaired and the
+time elapsed.
 """
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, replace
-from datetime import timedelta
-from pathlib import Path
+from datetime import datetime, timedelta
 from typing import Iterator
 
 import click
@@ -63,6 +72,7 @@ from gcis_etl.ledger import Ledger, now
 from gcis_etl.locks import RunLock
 from gcis_etl.migration import Budget, MigrationContext, migration
 from gcis_etl.pipelines import Pipeline
+from gcis_etl.progress import AuditProgress, audit_progress
 from gcis_etl.reports import counted
 from gcis_etl.stores import Store, StoredObject, open_store
 
@@ -71,24 +81,26 @@ REPAIR_BATCH = 50  # objects harvested again in one run
 SHOWN_DIGITS = 12  # of a SHA-256 in a reason
 
 
-@migration(__doc__)
+@migration(__doc__, in_flight="keys")
 @click.option("--pipeline", "name", required=True, help="The pipeline whose store is audited.")
 @click.option("--repair", is_flag=True,
-              help="Harvest the objects of damaged or missing keys again (forced), then audit those keys again.")
+              help="Harvest the objects of damaged or missing keys again (forced: every item of the object is "
+                   "converted again), then audit those keys again.")
 @click.option("--older-than", type=click.FloatRange(min=0), default=0, show_default=True, metavar="DAYS",
-              help="Leave out the keys audited within the last DAYS days (0: audit every key).")
+              help="Leave out the keys audited within the last DAYS days and found ok (0: audit every key).")
 @click.option("--concurrency", type=click.IntRange(1, 64), default=4, show_default=True,
               help="Keys read at once.")
 @click.option("--limit", type=click.IntRange(min=1),
-              help="Audit no more than this many keys (those never audited, then those audited longest ago, "
-                   "first: the next run goes on with the rest).")
+              help="Audit no more than this many keys (those last found a problem, those never audited, then "
+                   "those audited longest ago, first: the next run goes on with the rest).")
 @click.option("--max-minutes", type=click.FloatRange(min=0, min_open=True),
               help="Start no new key, nor repair, after this many minutes (run again to go on).")
 def main(ctx: MigrationContext, name: str, repair: bool, older_than: float, concurrency: int, limit: int | None,
          max_minutes: float | None) -> None:
     pipeline = ctx.pipeline(name)
     ctx.budget = Budget(minutes=max_minutes)  # the repairs' harvest runs share it
-    audited_before = now() - timedelta(days=older_than) if older_than else None
+    started = now()
+    audited_before = started - timedelta(days=older_than) if older_than else None
     with ctx.ledger() as ledger, nullcontext() if ctx.dry_run else ctx.lock(name) as lock:
         queued = ledger.audit_queue(name, ((k.key, k.to_json()) for k in pipeline_keys(ledger, pipeline)),
                                     audited_before)
@@ -97,10 +109,19 @@ def main(ctx: MigrationContext, name: str, repair: bool, older_than: float, conc
             return
         store = open_store(pipeline.settings.store, concurrency)
         store.check(create=False if ledger.has_deposit(name) else None)
-        audit = Audit(ctx, pipeline, store, ctx.scratch(name), lock if repair else None)
-        shutil.rmtree(audit.scratch, ignore_errors=True)  # what a killed run left: we hold the lock
+        progress = audit_progress(name, min(queued, limit or queued), ctx.report.counts)
+        audit = Audit(ctx, pipeline, store, lock if repair else None, progress)
         keys = (StoreKey.from_json(payload) for _, payload in ledger.audit_queued())
-        audited = audit.run(ledger, keys, concurrency, limit)
+        try:
+            audited = audit.run(ledger, keys, concurrency, limit)
+        finally:
+            progress.clear()  # before the summary
+        left = audit.report_left(ledger, started)
+    if left:
+        were, them = ("was", "it") if left == 1 else ("were", "them")
+        ctx.report.notes.append(f"{counted(left, 'key')} recorded damaged/missing/unreadable {were} not in this "
+                                f"slice (listed with the reason recorded: \"not read by this run\"): run again"
+                                f"{'' if repair else ' with --repair'} to read {them}")
     if ctx.stop.is_set() or ctx.report.status != "completed" or audited == queued:
         return
     spent = ctx.budget.exhausted()
@@ -148,15 +169,16 @@ def compare(item: StoreKey, record: StoredObject, sha256: str, size: int) -> Fin
 
 
 class Audit:
-    def __init__(self, ctx: MigrationContext, pipeline: Pipeline, store: Store, scratch: Path,
-                 repair: RunLock | None):
+    def __init__(self, ctx: MigrationContext, pipeline: Pipeline, store: Store, repair: RunLock | None,
+                 progress: AuditProgress):
         """`repair`: the pipeline's lock, which the harvest runs that repair take in turn; None: no repair."""
         self.ctx = ctx
         self.pipeline = pipeline
         self.store = store
-        self.scratch = scratch
         self.repair = repair
+        self.progress = progress
         self.repaired: set[str] = set()  # objects harvested again: the ledger's records of their keys changed
+        self.deleted: dict[str, Finding] = {}  # documents deleted for a repair: what was found of them
 
     def run(self, ledger: Ledger, keys: Iterator[StoreKey], concurrency: int, limit: int | None) -> int:
         """A bounded window of keys in flight, settled in order on this thread (the ledger's connection is not
@@ -169,7 +191,10 @@ class Audit:
 
             def settle() -> None:
                 item, future = window.popleft()
-                finding = future.result()
+                try:
+                    finding = future.result()
+                finally:
+                    self.progress.settled(item.key, True)
                 ledger.record_audit(self.pipeline.name, item.key, finding.outcome, finding.reason or None)
                 if self.repair and finding.outcome in REPAIRABLE:
                     pending.setdefault(item.object_id, []).append((item, finding))
@@ -182,6 +207,7 @@ class Audit:
                         break
                     if item.object_id in self.repaired:
                         item = self.refreshed(ledger, item)
+                    self.progress.started(item.key)
                     window.append((item, pool.submit(self.check, item)))
                     audited += 1
                     while window and (len(window) >= 2 * concurrency or window[0][1].done()):
@@ -193,12 +219,23 @@ class Audit:
                 while window:
                     settle()
                 self.repair_batch(ledger, pending)
-            finally:  # a store gone down: what waits for a repair is reported as found
+            finally:  # a store gone down: what waits for a repair is reported as found (or deleted for it)
                 self.report_found(pending)
         return audited
 
     def report(self, item: StoreKey, finding: Finding) -> None:
         self.ctx.report.event(item.key, finding.outcome, finding.reason, listed=finding.outcome == "repaired")
+
+    def report_left(self, ledger: Ledger, started: datetime) -> int:
+        """The keys queued that the ledger holds damaged, missing or unreadable from before this run, which it did
+        not read again: each under its recorded outcome (a run never says all is well while the ledger records a
+        problem). How many."""
+        left = 0
+        for record in ledger.audit_problems_left(self.pipeline.name, started):
+            left += 1
+            self.ctx.report.event(record.key, record.outcome, f"not read by this run (outside its slice); recorded "
+                                                              f"{record.audited}: {record.reason or record.outcome}")
+        return left
 
     @staticmethod
     def waiting(pending: dict[str | None, list[tuple[StoreKey, Finding]]]) -> Iterator[tuple[StoreKey, Finding]]:
@@ -221,21 +258,14 @@ class Audit:
             record = self.store.head(item.key)
             if record is None:
                 return self.absent(item)
-            self.scratch.mkdir(parents=True, exist_ok=True)
-            fd, name = tempfile.mkstemp(dir=self.scratch)
-            os.close(fd)
-            copy = Path(name)
             try:
-                sha256 = self.store.download(item.key, copy)
-                size = copy.stat().st_size
+                sha256, size = self.store.digest(item.key)
             except StoreUnavailable:
                 raise
             except StoreError:
                 if self.store.head(item.key) is None:  # deleted since the HEAD
                     return self.absent(item)
                 raise
-            finally:
-                copy.unlink(missing_ok=True)
         except StoreUnavailable:
             raise
         except StoreError as exc:
@@ -258,11 +288,27 @@ class Audit:
                       None)
         return item_key(record) if record else replace(item, sha256=None, size=None, required=False)
 
+    def unrepaired(self, ledger: Ledger, item: StoreKey, run_id: int | None) -> str:
+        """Why the repair's harvest (run `run_id`) did not bring an access master back, from what it recorded of
+        the key's item: the source no longer lists the item (its master deleted or renamed since: the run left
+        its record as it was), or its conversion was rejected or failed."""
+        record = None if item.version is not None else next(
+            (r for r in ledger.items(self.pipeline.name, item.object_id) if r.output_key == item.key), None)
+        if record is None:
+            return "after a repair"
+        if record.last_run != run_id:
+            return (f"the repair could not bring it back: the source no longer lists item {record.item_id!r} of "
+                    f"object {record.object_id!r} (its master deleted or renamed since), whose access master it is")
+        if record.status != "deposited":
+            return f"the repair could not bring it back: its item was {record.status} ({record.reason})"
+        return "after a repair"
+
     def repair_batch(self, ledger: Ledger, pending: dict[str | None, list[tuple[StoreKey, Finding]]]) -> None:
         """Harvest the objects again, forced, then audit their keys again. A collection is published again by
         the harvest of any object; a damaged document is deleted first, or its republishing would leave it be:
         only right before a harvest that will run (stopped, out of time or cut short, the keys are reported as
-        found, the damaged documents still there)."""
+        found, the damaged documents still there). One deleted is recorded missing at once (a harvest that
+        fails, or a kill, leaves it so: first in the next run's queue)."""
         if not pending:
             return
         objects = [object_id for object_id in pending if object_id is not None]
@@ -276,20 +322,28 @@ class Audit:
         if not objects or spent or self.ctx.stop.is_set():
             self.report_found(pending)
             return
-        for item, finding in (entry for entries in pending.values() for entry in entries):
-            if item.version is not None and finding.outcome == "damaged":
-                self.store.delete(item.key)
+        self.progress.clear()  # the harvest shows its own line
+        for entries in pending.values():
+            for n, (item, finding) in enumerate(entries):
+                if item.version is not None and finding.outcome == "damaged":
+                    self.store.delete(item.key)
+                    entries[n] = (item, Finding("missing", f"deleted for a repair that did not finish: run --repair "
+                                                           f"again (was damaged: {finding.reason})"))
+                    ledger.record_audit(self.pipeline.name, item.key, entries[n][1].outcome, entries[n][1].reason)
+                    self.deleted[item.key] = finding
         with released(self.repair):
             harvested = self.ctx.harvest(self.pipeline.name, object_ids=tuple(objects), force=True)
         if not harvested:
             self.report_found(pending)
             return
         self.repaired.update(objects)
+        run_id = self.ctx.report.runs[-1] if self.ctx.report.runs else None
         for item, before in self.waiting(pending):
+            before = self.deleted.pop(item.key, before)
             item = self.refreshed(ledger, item) if item.object_id in self.repaired else item
             after = self.check(item)
+            if after.outcome != "ok":
+                after = replace(after, reason=f"{self.unrepaired(ledger, item, run_id)}: {after.reason}")
             ledger.record_audit(self.pipeline.name, item.key, after.outcome, after.reason or None)
-            if after.outcome == "ok":
-                self.report(item, Finding("repaired", f"was {before.outcome}: {before.reason}"))
-            else:
-                self.report(item, replace(after, reason=f"after a repair: {after.reason}"))
+            self.report(item, Finding("repaired", f"was {before.outcome}: {before.reason}")
+                        if after.outcome == "ok" else after)

@@ -6,17 +6,26 @@ from __future__ import annotations
 import csv
 import hashlib
 import importlib.util
+import json
+import os
+import signal
+import subprocess
 import sqlite3
 import sys
+from pathlib import Path
 
 import pytest
 
 from gcis_etl.config import load_config
 from gcis_etl.deposits import pipeline_keys
-from gcis_etl.ledger import Ledger
+from gcis_etl.ledger import Ledger, now
 from gcis_etl.migration import MIGRATIONS, MigrationContext, MigrationReport
+from gcis_etl.progress import AuditProgress, audit_progress
 from gcis_etl.stores import open_store
-from tests.test_migrations import PIPELINE, bucket_objects, folder_site, ok, report_of, s3_store
+from tests.emulators.faults import Fault, FaultInjector
+from tests.servers import s3_fault_proxy
+from tests.harvests import wait_for
+from tests.test_migrations import BIN, PIPELINE, bucket_objects, folder_site, ok, report_of, s3_store
 
 DAMAGED = "museum/b/b~2Fx.jpg.tif"
 DELETED = "museum/a/a~2Fp1.png.tif"
@@ -153,7 +162,8 @@ def test_a_key_the_store_cannot_read_is_unreadable_not_damaged(tmp_path):
     report = audit(site, code=1)
     assert report["counts"] == {"ok": KEYS - 1, "unreadable": 1}
     outcome, reason = problems(report)[MANIFEST]
-    assert outcome == "unreadable" and reason.startswith(f"{site.store / MANIFEST}: cannot copy to ")
+    assert (outcome, reason) == ("unreadable", f"{site.store / MANIFEST}: cannot read: Is a directory")
+    assert not (site.root / "state" / "scratch" / f"audit-{PIPELINE}").exists()  # nothing copied: no scratch room
 
 
 def test_an_older_ledger_gets_the_audits_table_and_reads_as_never_audited(tmp_path):
@@ -255,7 +265,8 @@ def test_a_repair_that_cannot_run_leaves_a_damaged_manifest_in_place_and_reports
     ctx = MigrationContext(config, MigrationReport("audit", False, config.reports_dir))
     pipeline = ctx.pipeline(PIPELINE)
     with ctx.ledger() as ledger, ctx.lock(PIPELINE) as lock:
-        audit = audit_module().Audit(ctx, pipeline, open_store(pipeline.settings.store), ctx.scratch(PIPELINE), lock)
+        audit = audit_module().Audit(ctx, pipeline, open_store(pipeline.settings.store), lock,
+                                     audit_progress(PIPELINE, KEYS, ctx.report.counts))
 
         def keys():
             yield from pipeline_keys(ledger, pipeline)
@@ -272,3 +283,141 @@ def test_a_repair_that_cannot_run_leaves_a_damaged_manifest_in_place_and_reports
     if cut == "max-minutes":  # a signal's is said once the script returns, as for any migration
         assert (ctx.report.status, ctx.report.notes) == (
             "stopped", ["stopped: --max-minutes 1e-09 spent before the repair of 1 object: run again to go on"])
+
+
+def test_keys_last_found_a_problem_come_first_and_a_slice_that_leaves_some_out_exits_1(tmp_path):
+    """Every finding is recorded with the time it was made: keys found damaged went to the back of the queue, so a
+    --limit or --older-than run skipped them and exited 0 while the ledger recorded them damaged."""
+    site = loaded(tmp_path)
+    assert audit(site)["counts"] == {"ok": KEYS}
+    flip_a_byte(site.store / DAMAGED)
+    (site.store / DELETED).unlink()
+    found = problems(audit(site, code=1))
+    assert {key: outcome for key, (outcome, _) in found.items()} == {DAMAGED: "damaged", DELETED: "missing"}
+
+    report = audit(site, "--older-than", "1", "--limit", "1", code=1)  # every key audited within the day
+    assert report["counts"] == {"damaged": 1, "missing": 1}
+    listed = problems(report)
+    read, = [key for key, (_, reason) in listed.items() if reason == found[key][1]]
+    left, = set(listed) - {read}
+    with site.ledger() as ledger:
+        recorded_at = ledger.audit(PIPELINE, left).audited
+    assert listed[left] == (found[left][0], f"not read by this run (outside its slice); recorded {recorded_at}: "
+                                            f"{found[left][1]}")
+    assert report["notes"][0] == ("1 key recorded damaged/missing/unreadable was not in this slice (listed with the "
+                                  "reason recorded: \"not read by this run\"): run again with --repair to read it")
+
+    report = audit(site, "--older-than", "1", "--repair")
+    assert {outcome: n for outcome, n in report["counts"].items() if n} == {
+        "repaired": 2, "deposited": 3, "manifests published": 2}  # objects a and b harvested again
+    assert audit(site, "--older-than", "1")["counts"] == {}  # all audited today, and found right
+
+
+def test_the_queue_puts_keys_last_found_a_problem_first_whenever_they_were_audited(tmp_path):
+    with Ledger(tmp_path / "ledger.sqlite") as ledger:
+        before = now()
+        ledger.record_audit("p", "damaged", "damaged", "bytes differ")
+        ledger.record_audit("p", "unreadable", "unreadable", "refused")
+        ledger.record_audit("p", "fine", "ok")
+        entries = [(key, key) for key in ("fine", "new", "unreadable", "damaged")]
+        assert ledger.audit_queue("p", entries, None) == 4
+        assert [key for key, _ in ledger.audit_queued()] == ["damaged", "unreadable", "new", "fine"]
+        assert ledger.audit_queue("p", entries, before) == 3  # all audited since: only the one found ok left out
+        assert [key for key, _ in ledger.audit_queued()] == ["damaged", "unreadable", "new"]
+        assert [r.key for r in ledger.audit_problems_left("p", now())] == ["damaged", "unreadable"]
+        assert list(ledger.audit_problems_left("p", before)) == []  # a run that began before: it read them
+
+
+class DownAfterADelete(FaultInjector):
+    """Every request passes until the first DELETE; every one after it is answered 503: the store goes down right
+    after a repair deleted a damaged manifest, before the harvest that would publish it again."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.down = False
+
+    def take(self, method: str, target: str) -> Fault | None:
+        if self.down:
+            return Fault.http(503)
+        self.down = method == "DELETE"
+        return None
+
+
+def test_a_manifest_deleted_for_a_repair_whose_harvest_fails_is_recorded_missing_and_repaired_first(
+        tmp_path, minio, s3_bucket, aws_env):
+    """It was reported, and recorded, damaged as found: but it was gone, and went to the back of the queue."""
+    site = folder_site(tmp_path)
+    with s3_fault_proxy(minio) as proxy:
+        site.configure({**s3_store(minio, s3_bucket), "endpoint_url": f"http://127.0.0.1:{proxy.server_port}",
+                        "retry": {"mode": "standard", "max_attempts": 2}})
+        ok(site.migrate("initial_load", "--pipeline", PIPELINE))
+        site.keys = sorted(bucket_objects(minio, s3_bucket))
+        minio.client().put_object(Bucket=s3_bucket, Key=f"iiif/{MANIFEST}", Body=b"{}")  # another tool's
+        proxy.faults = DownAfterADelete()
+        report = audit(site, "--repair", code=1)
+        assert report["status"] == "stopped on an error", report
+        assert {outcome: n for outcome, n in report["counts"].items() if n} == {"ok": KEYS - 1, "missing": 1}
+        outcome, reason = problems(report)[MANIFEST]
+        assert (outcome, reason.split(" (was damaged: ")[0]) == (
+            "missing", "deleted for a repair that did not finish: run --repair again")
+        assert f"iiif/{MANIFEST}" not in {f"iiif/{key}" for key in bucket_objects(minio, s3_bucket)}
+        assert audits(site)[MANIFEST][1] == "missing"
+
+        proxy.faults = FaultInjector()
+        report = audit(site, "--limit", "1", "--repair")  # first in the queue
+        assert report["counts"]["repaired"] == 1 and "ok" not in report["counts"], report
+        assert problems(report)[MANIFEST][0] == "repaired"
+        assert audit(site)["counts"] == {"ok": KEYS}
+
+
+def test_a_repair_that_cannot_bring_back_an_item_the_source_no_longer_lists_says_so(tmp_path):
+    site = loaded(tmp_path)
+    flip_a_byte(site.store / DELETED)
+    (site.root / "masters" / "a" / "p1.png").unlink()  # its object keeps a/p2.jpg
+    report = audit(site, "--repair", code=1)
+    outcome, reason = problems(report)[DELETED]
+    assert outcome == "damaged"
+    assert reason.startswith("the repair could not bring it back: the source no longer lists item 'a/p1.png' of "
+                             "object 'a' (its master deleted or renamed since), whose access master it is: the ledger "
+                             "recorded SHA-256 "), reason
+
+
+def test_a_live_line_shows_the_keys_audited_of_those_queued_and_the_problems(tmp_path, capsys):
+    site = loaded(tmp_path)
+    flip_a_byte(site.store / DAMAGED)
+    config = load_config(site.config)
+    ctx = MigrationContext(config, MigrationReport("audit", False, config.reports_dir))
+    pipeline = ctx.pipeline(PIPELINE)
+    progress = AuditProgress(PIPELINE, KEYS, True, False, ctx.report.counts)
+    with ctx.ledger() as ledger:
+        audit = audit_module().Audit(ctx, pipeline, open_store(pipeline.settings.store), None, progress)
+        assert audit.run(ledger, pipeline_keys(ledger, pipeline), 1, None) == KEYS
+    progress.clear()
+    last = capsys.readouterr().err.split("\r")[-1]
+    assert last.startswith(f"{PIPELINE}: {KEYS} of {KEYS} keys (problems 1 repaired 0), "), last
+    assert "elapsed" in last
+
+
+def test_the_report_files_and_the_end_line_name_the_pipeline(tmp_path):
+    site = loaded(tmp_path)
+    proc = site.migrate("audit", "--pipeline", PIPELINE, "--log-json")
+    report = report_of(ok(proc))
+    end, = [line for line in map(json.loads, proc.stderr.splitlines()) if "exit_code" in line]
+    assert (report["pipeline"], end["pipeline"]) == (PIPELINE, PIPELINE)
+    assert Path(end["report"]).name.startswith(f"audit-{PIPELINE}-") and end["report"].endswith(".json")
+
+
+def test_a_ctrl_c_says_the_audit_finishes_the_keys_in_flight(tmp_path, minio, s3_bucket, aws_env):
+    site = folder_site(tmp_path)
+    with s3_fault_proxy(minio) as proxy:
+        site.configure({**s3_store(minio, s3_bucket), "endpoint_url": f"http://127.0.0.1:{proxy.server_port}"})
+        ok(site.migrate("initial_load", "--pipeline", PIPELINE))
+        proxy.faults.inject(r"^GET .*manifest", Fault.slow(5), times=1)  # a key held in flight
+        audit = subprocess.Popen([str(BIN / "gcis-migrate"), "audit", "--pipeline", PIPELINE, "--concurrency", "1"],
+                                 cwd=site.root, env={**os.environ, "GCIS_CONFIG": str(site.config)},
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        wait_for(lambda: any(line.endswith(" slow") for line in proxy.answered), "a key in flight")
+        audit.send_signal(signal.SIGINT)
+        out, err = audit.communicate(timeout=120)
+    assert audit.returncode == 130, out + err
+    assert "stopping after the keys in flight (Ctrl-C again to abandon them)" in err, err
