@@ -41,6 +41,7 @@ from gcis_etl.pipelines import Pipeline, config_folder
 from gcis_etl.recipes import load_recipe
 from gcis_etl.reports import (PLANNED, PlannedItem, RunReport, counted, prune_reports, report_from_ledger,
                               write_report)
+from gcis_etl.stores import S3Store, Store
 from gcis_etl.supersession import Retired, retire_superseded
 from gcis_etl.work import ItemResult, ItemTask, Outcome, fingerprint, remedy, told_what_to_do
 
@@ -256,6 +257,7 @@ class Harvest:
         self.superseding = True  # the ledger may hold superseded keys of the pipeline (execute looks)
         # items listed in another object than the one the ledger records them under: {that object: {item: now in}}
         self.moved: dict[str, dict[str, str]] = {}
+        self.notes: list[str] = []  # what the run did besides its items that its report says (a collection rebuilt)
 
     # ------------------------------------------------------------------------------------ listing
 
@@ -789,14 +791,24 @@ class Harvest:
                          manifests=self.manifests_published, note=note, seconds=time.monotonic() - self.began)
 
     def update_collection(self) -> None:
+        """The objects published since the collection was last written added to it; a collection missing from the
+        store (deleted, expired, a restore without it) written again from all the ledger records as published,
+        even by a run that published nothing: one HEAD a version, where nothing waits."""
         manifests = self.pipeline.manifests
-        waiting = self.ledger.awaiting_collection(self.pipeline.name)
-        if manifests is None or not waiting:
+        if manifests is None:
             return
-        manifests.update_collection(
-            CollectionEntry(o.object_id, tuple(LangValue(v, lang) for v, lang in json.loads(o.label)))
-            for o in waiting)
+        waiting = self.ledger.awaiting_collection(self.pipeline.name)
+        if not waiting and (next(self.ledger.published(self.pipeline.name, page=1), None) is None or all(
+                self.pipeline.store.exists(manifests.collection_key(v)) for v in manifests.settings.versions)):
+            return
+        manifests.update_collection((_entry(o) for o in waiting), published=lambda: map(
+            _entry, self.ledger.published_objects(self.pipeline.name)), noted=self.noted)
         self.ledger.mark_in_collection(self.pipeline.name, [o.object_id for o in waiting])
+
+    def noted(self, message: str) -> None:
+        """Something the run did besides its items, which its report says: logged as a warning as it happens."""
+        log.warning("%s: %s", self.pipeline.name, message, extra={"pipeline": self.pipeline.name})
+        self.notes.append(message)
 
     def next_checkpoint(self, since: datetime | None, until: datetime) -> datetime | None:
         """Only a run over the checkpoint's own window moves it, never past an unsettled object, and a run cut
@@ -826,7 +838,7 @@ class Harvest:
             parts = (_moved_to(self.cut_short, checkpoint), self.listing_note)
         else:
             parts = (self.cut_short, self.checkpoint_held, self.relisting(), self.listing_note)
-        return "; ".join(filter(None, parts)) or None
+        return "; ".join(filter(None, (*parts, *self.notes))) or None
 
     def _where_cut(self, checkpoint: datetime | None) -> str | None:
         """Where a listing the server cut short (ListingCut) left the checkpoint: at the last object listed, unless
@@ -883,9 +895,9 @@ def harvest(config: Config, name: str, options: HarvestOptions = HarvestOptions(
         with pipeline_lock(config.state_dir, name):
             last = next(iter(ledger.runs(name, limit=1)), None)
             if last is not None and last.status == "running":  # killed: we hold the lock, it is gone
-                _abort_uploads(config, pipeline, last.run_id, "which was killed", progress)
+                _abort_uploads(config, run, last.run_id, "which was killed")
             elif last is not None and last.note == ABANDONED:
-                _abort_uploads(config, pipeline, last.run_id, "which abandoned its items in flight", progress)
+                _abort_uploads(config, run, last.run_id, "which abandoned its items in flight")
             if options.fresh_attempts:  # under the lock: a running harvest counts attempts too
                 for object_id in options.object_ids:
                     ledger.reset_attempts(name, object_id)
@@ -1044,21 +1056,45 @@ def _stopped(name: str, exc: GcisError) -> str:
     return f"{name}: run stopped: {told} (everything settled so far is recorded{again})"
 
 
-def _abort_uploads(config: Config, pipeline: Pipeline, run_id: int, which: str, progress: Progress) -> None:
+def _abort_uploads(config: Config, run: Harvest, last_run: int, which: str) -> None:
     """A run killed, or that abandoned its items in flight, mid-upload leaves its multipart parts in S3 (never
     completed, invisible, but billed) or its temporary files in a local store. Celery workers outlive the run
     that sent them work: their uploads may still be going for a task's hard time limit, so only older ones are
-    aborted. Only the pipeline's own keys, not another pipeline's in a shared store: its images (and, with the
-    default key templates, its manifests) and its collections, which live outside its folder."""
-    keys = [pipeline.store.keys.image_prefix(pipeline.name)]
+    aborted. Only the pipeline's own keys, never another pipeline's in a shared store: its collections, and its
+    images (with the default key templates, its manifests too) when their keys start with a prefix of its own;
+    without one (store.keys.image not starting with {pipeline}, after fixed text), the ledger does not know which
+    keys the run had in flight, and those of the images are left, as the run's report says."""
+    pipeline = run.pipeline
+    prefix = pipeline.store.keys.own_image_prefix(pipeline.name)
+    keys = [] if prefix is None else [prefix]
     if pipeline.manifests is not None:
         keys += [pipeline.manifests.collection_key(version) for version in pipeline.manifests.settings.versions]
     older_than = timedelta(0) if pipeline.settings.executor == "local" else timedelta(
         seconds=config.celery.limits_for(pipeline.recipe).hard_seconds)
-    aborted = pipeline.store.abort_incomplete_uploads(older_than=older_than, keys=tuple(keys))
+    aborted = pipeline.store.abort_incomplete_uploads(older_than=older_than, keys=tuple(keys)) if keys else []
     if aborted:
-        progress.note(f"aborted {len(aborted)} incomplete uploads left by run {run_id}, {which}: "
-                      f"{', '.join(aborted)}")
+        run.noted(f"aborted {len(aborted)} incomplete uploads left by run {last_run}, {which}: {', '.join(aborted)}")
+    if kept := uploads_kept(pipeline.store, pipeline.name, f"run {last_run}, {which},"):
+        run.noted(kept)
+
+
+def uploads_kept(store: Store, pipeline: str, who: str) -> str | None:
+    """Why the incomplete uploads of images `who` left are not aborted, and what removes them; None when the
+    pipeline's image keys start with a prefix of its own (KeyTemplates.own_image_prefix): without one, any upload
+    under their prefix may be another pipeline's, going on (aborting it failed that pipeline's item)."""
+    if store.keys.own_image_prefix(pipeline) is not None:
+        return None
+    left = ("their parts stay in the bucket (invisible, billed) until a lifecycle rule "
+            "(AbortIncompleteMultipartUpload) removes them" if isinstance(store, S3Store) else
+            "their hidden temporary files (.<name>.<random>.tmp) stay in the store's folders: delete those a day old")
+    return (f"the incomplete uploads of images {who} may have left were not aborted: store.keys.image "
+            f"({store.keys.image!r}) does not start with {{pipeline}}, so they cannot be told from another "
+            f"pipeline's uploads going on in the same store; {left}")
+
+
+def _entry(record: ObjectRecord) -> CollectionEntry:
+    """An object's entry in the collection, as the ledger records its label."""
+    return CollectionEntry(record.object_id, tuple(LangValue(v, lang) for v, lang in json.loads(record.label)))
 
 
 def _usable(obj: SourceObject | UnreadableObject | ListingMoved, source: str

@@ -148,6 +148,13 @@ class KeyTemplates(Settings):
             return head
         return head + escape_identifier(pipeline) + self.image[len(head) + len("{pipeline}"):].split("{", 1)[0]
 
+    def own_image_prefix(self, pipeline: str) -> str | None:
+        """image_prefix when it names the pipeline, which no other pipeline's keys start with; None when the
+        template does not start with {pipeline} (after fixed text): its images share their prefix with those of
+        any pipeline keyed alike in the store."""
+        head = self.image.split("{", 1)[0]
+        return self.image_prefix(pipeline) if self.image.startswith(head + "{pipeline}") else None
+
     def manifest_key(self, pipeline: str, object_id: str, version: int) -> str:
         return self._render("manifest", pipeline=pipeline, object_id=object_id, version=version)
 
@@ -164,8 +171,22 @@ class KeyTemplates(Settings):
             try:
                 safe[name] = escape_identifier(value) if isinstance(value, str) else int(value)
             except UnsafeKey as exc:
-                raise UnsafeKey(f"{exc}: its {{{name}}} in store.keys.{field} ({template!r})") from None
-        return check_key(template.format(**safe))
+                raise UnsafeKey(f"{exc}: its {{{name}}} in store.keys.{field} ({template!r}){_instead(field, name)}"
+                                ) from None
+        try:
+            return check_key(template.format(**safe))
+        except UnsafeKey as exc:
+            used = "item_id" if "item_id" in _placeholders(template) else ""
+            raise UnsafeKey(f"{exc}: store.keys.{field} ({template!r}){_instead(field, used)}") from None
+
+
+def _instead(field: str, name: str) -> str:
+    """What a template whose identifier cannot name a key can use instead: only an item has a number to go by
+    (an object's id names its manifests, which have no other)."""
+    if field != "image" or name != "item_id":
+        return ""
+    return ("; {sequence} in place of {item_id} (an image's place in its object, as in "
+            "\"{pipeline}/{object_id}/{sequence}.{ext}\") takes an item with any id")
 
 
 def _placeholders(template: str) -> set[str]:

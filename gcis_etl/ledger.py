@@ -866,6 +866,11 @@ class Ledger:
                 return
             after = rows[-1]
 
+    def published_objects(self, pipeline: str, page: int = 1000) -> Iterator[ObjectRecord]:
+        """The objects whose manifests are deposited, in id order, a page at a time: all the pipeline's collection
+        lists (withdrawals never reach the store), from which one lost is written again."""
+        return self._paged(ObjectRecord, "objects", ("object_id",), pipeline, "published IS NOT NULL", (), page)
+
     def awaiting_collection(self, pipeline: str) -> list[ObjectRecord]:
         return self._all(ObjectRecord, "objects WHERE pipeline=? AND in_collection=0 AND published IS NOT NULL "
                                        "ORDER BY object_id", pipeline)

@@ -49,7 +49,7 @@ import html
 import json
 import re
 from dataclasses import dataclass
-from typing import Annotated, Any, Iterable, Literal, Sequence
+from typing import Annotated, Any, Callable, Iterable, Literal, Sequence
 from urllib.parse import quote, urlsplit
 
 from pydantic import AfterValidator, AnyUrl, Field, ValidationError, field_validator
@@ -477,14 +477,18 @@ class Manifests:
         keys = [self.manifest_key(object_id, v) for v in self.settings.versions]
         return [key for key in keys if self.store.delete(key)]
 
-    def update_collection(self, added: Iterable[CollectionEntry] = (),
-                          removed: Iterable[str] = ()) -> list[StoredObject]:
+    def update_collection(self, added: Iterable[CollectionEntry] = (), removed: Iterable[str] = (),
+                          published: Callable[[], Iterable[CollectionEntry]] | None = None,
+                          noted: Callable[[str], None] | None = None) -> list[StoredObject]:
         """Add (or relabel) and remove manifests in the pipeline's collection, in every configured version.
 
         A read-modify-write of the deposited collection: run it from one process per pipeline at a time (the
         pipeline's run lock), not from parallel workers. The entries added are checked in every version before
         anything is deposited; the entries read back are kept as deposited, checked when they were written
-        (validating them again took ~0.8 ms of CPU per listed object in every run).
+        (validating them again took ~0.8 ms of CPU per listed object in every run). A deposited collection that
+        is missing or no JSON (deleted, expired, a store restored without it, a changed store.keys.collection) is
+        written again from `published` (every object whose manifests are deposited, as the ledger records them),
+        not from the entries added alone, which listed only the objects of the run; `noted` hears that it was.
         """
         added, removed = list(added), list(removed)
         new = {version: {self.manifest_id(e.object_id, version): self._collection_item(e, version) for e in added}
@@ -494,7 +498,10 @@ class Manifests:
         stored, changed = [], [e.object_id for e in added] + removed
         for version, items in new.items():
             key = self.collection_key(version)
-            listed = self._without(self._listed(key, version), changed, version) | items
+            deposited = self._listed(key, version)
+            if isinstance(deposited, str):
+                deposited = self._rebuilt(key, version, deposited, published, set(items), noted)
+            listed = self._without(deposited, changed, version) | items
             data = _serialised(self.collection(version, [listed[i] for i in sorted(listed)]))
             stored.append(self.store.put_bytes(key, data, content_type=MEDIA_TYPES[version],
                                                provenance=Provenance(source_id=self.pipeline)))
@@ -527,15 +534,35 @@ class Manifests:
                 require_valid(self.collection(version, [item]), f"{where}: the entry of {manifest_id}")
             raise
 
-    def _listed(self, key: str, version: str) -> dict[str, dict]:
-        """The items of the deposited collection, by manifest id."""
+    def _listed(self, key: str, version: str) -> dict[str, dict] | str:
+        """The items of the deposited collection, by manifest id; why there are none to read (missing, no JSON)."""
         if not self.store.exists(key):
-            return {}
+            return "missing"
+        data = self.store.get_bytes(key)
         try:
-            return collection_items(json.loads(self.store.get_bytes(key)), version)
-        except (ValueError, KeyError, TypeError) as exc:
+            document = json.loads(data)
+        except ValueError as exc:  # damage (a truncated or overwritten document): ours to write again
+            return f"not JSON ({exc})"
+        try:
+            return collection_items(document, version)
+        except (KeyError, TypeError) as exc:  # JSON of another's making: not ours to overwrite
             raise ManifestError(f"{self.store.describe(key)}: the deposited collection cannot be read "
                                 f"({type(exc).__name__}: {exc}); it was left as it is") from None
+
+    def _rebuilt(self, key: str, version: str, why: str, published: Callable[[], Iterable[CollectionEntry]] | None,
+                 added: set[str], noted: Callable[[str], None] | None) -> dict[str, dict]:
+        """The entries of every object `published` lists, for a collection `why` has none to read back. A new
+        one lists only what is added; one that is no JSON, or the ledger has listed objects in before (entries
+        beyond those `added`), was lost, which `noted` hears (the harvest logs it, and notes it in its report)."""
+        items = {self.manifest_id(e.object_id, version): self._collection_item(e, version)
+                 for e in (published() if published else ())}
+        lost = len(items.keys() - added)
+        if lost or why != "missing":
+            message = (f"{self.store.describe(key)}: the deposited collection was {why}: written again with the "
+                       f"{len(items)} objects the ledger records as published ({lost} besides this run's)")
+            if noted:
+                noted(message)
+        return items
 
     def _collection_item(self, entry: CollectionEntry, version: str) -> dict:
         manifest_id = self.manifest_id(entry.object_id, version)

@@ -236,6 +236,15 @@ def _object_headers(content_type: str) -> dict[str, str]:
     return headers
 
 
+def _headers_differ(content_type: str, stored: dict[str, str | None]) -> bool:
+    """Whether a document (_object_headers gives it a Cache-Control) is `stored` with other headers than a put of
+    it as `content_type` gives it: those the store keeps (S3: ContentType, CacheControl; a local store records
+    the type). An access master stored with another type is left as it is: its bytes are no small cost to put
+    again for a header."""
+    wanted = _object_headers(content_type)
+    return "CacheControl" in wanted and any(value != wanted.get(name) for name, value in stored.items())
+
+
 def _check_sha256(value: str | None) -> None:
     if value is not None and (len(value) != 64 or set(value) - set("0123456789abcdef")):
         raise ValueError(f"sha256 must be 64 lower-case hex digits, got {value!r}")
@@ -331,7 +340,8 @@ class LocalStore:
                 raise IntegrityError(f"{self.describe(key)}: the file read has SHA-256 {sha256}, "
                                      f"not the {expected} it was produced with; nothing was stored")
             current = None if overwrite else self.head(key)
-            if current is not None and current.sha256 == sha256 and current.size == size:
+            if current is not None and current.sha256 == sha256 and current.size == size \
+                    and not _headers_differ(content_type, {"ContentType": current.content_type}):
                 return replace(current, unchanged=True)
             os.chmod(tmp, 0o644)
             # From the fine clock: the kernel stamps a file's times from a coarse one (a clock tick, before
@@ -782,8 +792,10 @@ class S3Store:
 
     def head(self, key: str) -> StoredObject | None:
         r = self._head(key)
-        if r is None:
-            return None
+        return None if r is None else self._stored(key, r)
+
+    def _stored(self, key: str, r: dict) -> StoredObject:
+        """What a HeadObject response says is stored under `key`."""
         metadata = r.get("Metadata", {})
         sha256 = metadata.get("sha256")
         return StoredObject(key=key, size=r["ContentLength"], sha256=sha256, content_type=r.get("ContentType"),
@@ -793,12 +805,18 @@ class S3Store:
     def exists(self, key: str) -> bool:
         return self._head(key) is not None
 
-    def _unchanged(self, key: str, sha256: str, size: int) -> StoredObject | None:
-        current = self.head(key)
+    def _unchanged(self, key: str, sha256: str, size: int, content_type: str) -> StoredObject | None:
+        """What `key` holds, if it is these bytes as a put would store them: a document (manifest, collection)
+        stored with other headers than _object_headers' (before DOCUMENT_CACHE_CONTROL, or by another tool) is
+        put again, or browsers and CDNs would go on caching it as they please."""
+        r = self._head(key)
+        current = None if r is None else self._stored(key, r)
         if current is not None and current.doubt:
             log.warning("%s: %s; deposited again", self.describe(key), current.doubt)
             return None
-        if current is not None and current.sha256 == sha256 and current.size == size:
+        if current is not None and current.sha256 == sha256 and current.size == size \
+                and not _headers_differ(content_type, {"ContentType": current.content_type,
+                                                       "CacheControl": r.get("CacheControl")}):
             return replace(current, unchanged=True)
         return None
 
@@ -816,7 +834,7 @@ class S3Store:
                 # Needed before sending: for the no-op check, and as the checksum a single PUT announces.
                 sha256 = sha256_stream(f)
                 f.seek(0)
-            done = None if overwrite else self._unchanged(key, sha256, size)
+            done = None if overwrite else self._unchanged(key, sha256, size, content_type)
             if done:
                 return done
             if size < self.settings.multipart_threshold:
@@ -826,7 +844,7 @@ class S3Store:
     def put_bytes(self, key: str, data: bytes, *, content_type: str,
                   provenance: Provenance = Provenance()) -> StoredObject:
         sha256 = hashlib.sha256(data).hexdigest()
-        return self._unchanged(key, sha256, len(data)) or self._put_single(
+        return self._unchanged(key, sha256, len(data), content_type) or self._put_single(
             key, data, len(data), sha256, provenance, content_type)
 
     def _put_single(self, key: str, body: IO[bytes] | bytes, size: int, sha256: str, provenance: Provenance,

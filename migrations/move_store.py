@@ -79,6 +79,7 @@ import click
 
 from gcis_etl.deposits import StoreKey, pipeline_keys
 from gcis_etl.errors import GcisError, IntegrityError, StoreError, StoreUnavailable
+from gcis_etl.harvesting import uploads_kept
 from gcis_etl.ledger import Ledger
 from gcis_etl.manifests import DepositedImage, collection_items, painted_images
 from gcis_etl.migration import Budget, MigrationContext, migration, same_store, shows_through, store_settings
@@ -229,10 +230,14 @@ class Move:
         """What a killed run left: its scratch copies, and its uploads to the target (multipart parts in S3,
         hidden temporary files in a local store). Under the pipeline's lock no run of ours still writes; an
         upload of a killed harvest's worker that is aborted too was never an object, and its item is not
-        recorded as deposited, so the next harvest makes it again."""
+        recorded as deposited, so the next harvest makes it again. Only under the pipeline's own prefix: without
+        one (harvesting.uploads_kept), an upload in the target may be another pipeline's, going on."""
         shutil.rmtree(self.scratch, ignore_errors=True)
+        if kept := uploads_kept(self.target, pipeline.name, "a killed run"):
+            self.ctx.report.notes.append(f"the target: {kept}")
+            return
         aborted = self.target.abort_incomplete_uploads(older_than=timedelta(0),
-                                                       keys=self.target.keys.image_prefix(pipeline.name))
+                                                       keys=self.target.keys.own_image_prefix(pipeline.name))
         if aborted:
             self.ctx.report.notes.append(f"aborted {len(aborted)} incomplete uploads to the target left by a "
                                          f"killed run: {', '.join(aborted)}")

@@ -101,7 +101,9 @@ def test_an_item_id_too_long_for_a_key_is_named_and_a_template_without_it_places
     with pytest.raises(UnsafeKey) as refused:
         KeyTemplates().image_key("prints", "hokusai", item, 1, "tif")
     assert str(refused.value).endswith("is too long for a key segment (286 bytes escaped, at most 255): its "
-                                       "{item_id} in store.keys.image ('{pipeline}/{object_id}/{item_id}.{ext}')")
+                                       "{item_id} in store.keys.image ('{pipeline}/{object_id}/{item_id}.{ext}'); "
+                                       "{sequence} in place of {item_id} (an image's place in its object, as in "
+                                       "\"{pipeline}/{object_id}/{sequence}.{ext}\") takes an item with any id")
 
     by_place = parse(KeyTemplates, {"image": "{pipeline}/{object_id}/{sequence:04d}.{ext}"}, "config.yaml", "store.keys")
     assert by_place.image_key("prints", "hokusai", item, 1, "tif") == "prints/hokusai/0001.tif"
