@@ -110,9 +110,20 @@ def code_changed() -> bool:
     return False
 
 
+_running: str | None = None  # run_as's name of this process
+
+
+def run_as(name: str) -> None:
+    """Name this process, and those it forks, in the messages asking to restart it: a Celery worker's node and
+    main process, the one to restart (a pool process's pid named, its SIGTERM only made the stale main process
+    fork another; shown as `__main__.py` under `python -m celery`)."""
+    global _running
+    _running = name
+
+
 def running_process() -> str:
-    """This process, as a message asking to restart it names it."""
-    return f"{Path(sys.argv[0]).name or 'python'}, pid {os.getpid()} on {socket.gethostname()}"
+    """This process, as a message asking to restart it names it (run_as): by default its program and pid."""
+    return _running or f"{Path(sys.argv[0]).name or 'python'}, pid {os.getpid()} on {socket.gethostname()}"
 
 
 class CannotStart(ConversionFailed):

@@ -190,8 +190,13 @@ class Worker:
     can be forked, threaded or run as a Celery worker without libvips' thread pool in the way.
     """
 
-    def __init__(self, pipelines: dict[str, Pipeline], scratch: Path, children: ChildPool | None = None):
+    def __init__(self, pipelines: dict[str, Pipeline], scratch: Path, children: ChildPool | None = None,
+                 node: str | None = None):
+        """`node`: the Celery worker this Worker runs under (its -n name), None in a harvest's own process: what a
+        refusal names, and what it asks to restart."""
         self.pipelines = pipelines
+        self.node = node
+        self._named = f"the worker {node}" if node else f"the worker on {socket.gethostname()}"
         self.scratch = scratch
         self._own = children is None
         self._children = ChildPool(1) if children is None else children
@@ -286,31 +291,29 @@ class Worker:
 
     def _process(self, task: ItemTask, base: ItemResult) -> ItemResult:
         if code_changed():  # what it imports from now on is another version's (ImportError: the item's failure)
-            return halting(base, f"gcis-etl was upgraded under this worker ({running_process()}) since it started",
-                           "restart it, then run again", transient=False)
+            return upgraded(base) if self.node is None else halting(
+                base, f"gcis-etl was upgraded under {running_process()} since it started", WORKER_STOPS,
+                transient=False)
         from gcis_etl.conversion import convert
         pipeline = self.pipelines[task.pipeline] if task.pipeline in self.pipelines else None
         # A worker deployed apart from the harvest's configuration fails every item alike: the run stops
-        redeploy = "restart the workers with the config.yaml and recipes the harvest uses (a worker reads them when " \
-                   "it starts), then run again"
         if pipeline is None:
-            return halting(base, f"pipeline {task.pipeline!r} is not in the configuration of the worker on "
-                                    f"{socket.gethostname()}", redeploy, transient=False)
+            return halting(base, f"pipeline {task.pipeline!r} is not in the configuration of {self._named}",
+                           REDEPLOY, transient=False)
         try:
             recipe = self._recipes.of(task)
         except ConfigError as exc:  # not found, or unreadable, where this worker looks
-            return halting(base, f"the worker on {socket.gethostname()}: {exc}", redeploy, transient=False)
+            return halting(base, f"{self._named}: {exc}", REDEPLOY, transient=False)
         if recipe.digest != task.recipe_digest:
-            return halting(base, f"recipe {task.recipe!r} on the worker on {socket.gethostname()} has digest "
-                                    f"{recipe.digest}, the task was planned with {task.recipe_digest}", redeploy,
-                              transient=False)
+            return halting(base, f"recipe {task.recipe!r} on {self._named} has digest {recipe.digest}, the task was "
+                                 f"planned with {task.recipe_digest}", REDEPLOY, transient=False)
         differ = [what for what, digest in (task.settings or {}).items()
                   if pipeline.worker_digests.get(what) != digest]
         if differ:
-            return halting(base, f"the {' and '.join(differ)} settings of pipeline {task.pipeline!r} on the worker "
-                                    f"on {socket.gethostname()} are not those the task was planned with: the "
+            return halting(base, f"the {' and '.join(differ)} settings of pipeline {task.pipeline!r} on "
+                                    f"{self._named} are not those the task was planned with: the "
                                     f"config.yaml files differ, or the harvest and the worker run different versions "
-                                    f"of gcis-etl (a release that adds a setting changes what is compared)", redeploy,
+                                    f"of gcis-etl (a release that adds a setting changes what is compared)", REDEPLOY,
                               transient=False)
         store = pipeline.store
         try:
@@ -383,6 +386,21 @@ def _damaged_transfer(source: Source, fetched: FetchedFile, scratch: Path) -> st
         return None
     return (f"fetching: two downloads of the master differ (SHA-256 {fetched.sha256[:16]}…, {second.sha256[:16]}…) "
             f"and the source gives no checksum to tell the right one: a damaged transfer, not a rejected master")
+
+
+# what a refusal for a configuration or recipe the worker and the harvest read apart asks
+REDEPLOY = ("restart every worker with the config.yaml and recipes of the harvest's machine, then run the harvest "
+            "again: either side may be the stale one (a worker reads them as it starts, a harvest as it begins)")
+# what a Celery worker upgraded under it does (gcis_etl.worker shuts it down, warm), and what is left to do
+WORKER_STOPS = ("it stops itself, for its supervisor to start it again on the new files (`celery -A gcis_etl.worker "
+                "status` lists the workers running); then run the harvest again")
+
+
+def upgraded(base: ItemResult) -> ItemResult:
+    """The stop of a harvest whose own process (local executor, or the orchestrator of a Celery pool) runs code
+    its files no longer hold: it ends with the run, and the next run starts on the new files."""
+    return halting(base, f"gcis-etl was upgraded under this harvest ({running_process()}) since it started",
+                   "run again", transient=False)
 
 
 def halting(base: ItemResult, failure: str, then: str | None, transient: bool) -> ItemResult:

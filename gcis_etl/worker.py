@@ -36,7 +36,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Callable, Iterator, TypeVar
+from typing import Any, Callable, Iterator, NoReturn, TypeVar
 from urllib.parse import urlsplit
 
 from connectors.redaction import scrub
@@ -45,10 +45,11 @@ from gcis_etl.commands import fail_config
 from gcis_etl.config import Config, load_config
 from gcis_etl.distributed import OUTAGE_RETRY_CEILING_SECONDS, TASK_NAME, CelerySettings, TaskRetry, redacted
 from gcis_etl.errors import ConfigError, GcisError, VersionSkew
+from gcis_etl.isolation import code_changed, run_as, running_process
 from gcis_etl.pipelines import Pipeline
 from gcis_etl.reports import counted
 from gcis_etl.work import (TASK_PARTS, ItemResult, ItemTask, Outcome, RecipeCache, Worker, halting, image_key,
-                           skew_fields)
+                           skew_fields, upgraded)
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +72,9 @@ def celery_app(settings: CelerySettings, worker: bool = False):
     retries = logging.getLogger("celery.backends.base")
     if not any(isinstance(f, _OneLineRetries) for f in retries.filters):
         retries.addFilter(_OneLineRetries())
+    traced = logging.getLogger("celery.app.trace")
+    if not any(isinstance(f, _UntracedRejects) for f in traced.filters):
+        traced.addFilter(_UntracedRejects())
     app.conf.update(settings.celery_conf(worker))
     app.conf.task_queues = [Queue(name, Exchange(name), routing_key=name)
                             for name in (settings.default_queue, *settings.queues)]
@@ -82,12 +86,20 @@ def celery_app(settings: CelerySettings, worker: bool = False):
     @app.task(name=TASK_NAME, max_retries=settings.retry.max_retries, default_retry_delay=0,
               **({"backend": _waited_for(app)} if worker else {}))
     def process_item(payload: dict[str, Any]) -> dict[str, Any]:
+        if code_changed():  # before _start: the task goes back to its queue as it came, for a worker on the new files
+            _stop_upgraded(payload)
         _start(payload)
         try:
             task = ItemTask.from_dict(payload)
         except VersionSkew as exc:
-            return _unreadable(payload, exc).to_dict()
-        return _pool_process().process(task, settings.retry).to_dict()
+            result = _unreadable(payload, exc)
+        else:
+            result = _pool_process().process(task, settings.retry)
+        if result.stops_run:  # Celery logs the task as succeeded, at INFO
+            log.error("%s: the harvest stops: %s", _named(payload), result.reason)
+            if code_changed():  # upgraded since the check above: its reason says the worker stops (work.WORKER_STOPS)
+                _shut_down()
+        return result.to_dict()
 
     return app
 
@@ -135,6 +147,17 @@ class _OneLineRetries(logging.Filter):
         return True
 
 
+class _UntracedRejects(logging.Filter):
+    """Celery logs a task put back in its queue (Reject, _stop_upgraded) with a traceback of 12 lines: its line and
+    the error before it say why."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from celery.exceptions import Reject
+        if record.exc_info and isinstance(record.exc_info[1], Reject):
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
 # ------------------------------------------------------------------------------------ in the worker
 
 
@@ -145,9 +168,9 @@ class SoftTimeLimit(GcisError):
 class _PoolProcess:
     """The Worker of one pool process, and what its soft time limit does to it."""
 
-    def __init__(self, config: Config, pipelines: dict[str, Pipeline]):
+    def __init__(self, config: Config, pipelines: dict[str, Pipeline], node: str):
         scratch = config.state_dir / "scratch" / "celery" / f"{socket.gethostname()}-{os.getpid()}"
-        self.worker = Worker(pipelines, scratch)
+        self.worker = Worker(pipelines, scratch, node=node)
         self.soft_limit_hit = False
 
     def process(self, task: ItemTask, retry: TaskRetry) -> ItemResult:
@@ -219,7 +242,34 @@ def _pipelines() -> dict[str, Pipeline]:
 
 @functools.cache
 def _pool_process() -> _PoolProcess:
-    return _PoolProcess(_config(), _pipelines())
+    """Made at the pool process's first task: the task names the worker's node."""
+    from celery import current_task
+    return _PoolProcess(_config(), _pipelines(), current_task.request.hostname)
+
+
+def _stop_upgraded(payload: dict[str, Any]) -> NoReturn:
+    """A worker whose gcis-etl files changed since it started (upgraded in place) would run, in the pool processes
+    it forks, the new modules beside its old ones: it shuts itself down, warm, for its supervisor to start it on the
+    new files, and puts the task back in its queue, untouched (SENT), for a worker that runs them. Raises Reject.
+    Not the run's stop: left running, the worker refused every task of every run until restarted by hand."""
+    from celery.exceptions import Reject
+    log.error("%s: gcis-etl was upgraded under %s since it started: the worker stops itself (warm shutdown), for its "
+              "supervisor to start it again on the new files; the task goes back to its queue", _named(payload),
+              running_process())
+    _shut_down()
+    raise Reject("gcis-etl was upgraded under this worker", requeue=True)
+
+
+def _shut_down() -> None:
+    """Asks this task's worker node for a warm shutdown (Celery's remote control: whichever pool runs the task, it
+    reaches the node's main process, which stops taking tasks, lets its running ones end and exits)."""
+    from celery import current_task
+    node = current_task.request.hostname
+    try:
+        current_task.app.control.shutdown(destination=[node])
+    except Exception as exc:  # the broker gone meanwhile: its outage is what the log then says
+        log.error("the worker %s could not ask itself to stop (%s: %s): restart it", node, type(exc).__name__,
+                  scrub(str(exc)))
 
 
 def _start(payload: dict[str, Any]) -> None:
@@ -304,6 +354,8 @@ def _refuse_libvips(where: str) -> None:
 
 
 def _on_worker_init(sender: Any = None, **kwargs: Any) -> None:
+    """Also names the node and this, its main process, in every message asking to restart a process of it."""
+    run_as(f"the Celery worker {sender.hostname}, pid {os.getpid()} on {socket.gethostname()}")
     _pipelines()  # before the pool forks; config.yaml checked each recipe as it loaded
     _refuse_libvips("Celery worker's main process")
     settings = _config().celery
@@ -394,7 +446,7 @@ class CeleryExecutor:
     our SENT marker is gone too (a Redis restart without persistence empties queue and results alike), unless
     the task was last seen running and the broker is another server (a result backend of its own restarted
     empty loses the marker alone: it is put back, _mark_again); after twice visibility_timeout_seconds without
-    progress otherwise.
+    progress otherwise, while a worker consumes its queue (with none, it waits: _waits_for_a_worker).
     A task STARTED by a worker that no longer runs it is sent again once its worker, asked twice
     worker_check_seconds apart, did not answer or did not hold it: Redis redelivers the task of a vanished
     worker only after visibility_timeout_seconds (2 h). A send that raised takes its marker back, so the next
@@ -422,6 +474,7 @@ class CeleryExecutor:
         self._last_poll = 0.0
         self._unreachable = False
         self._queues: set[str] | None = None  # consumed by a worker, or said not to be; None: no worker answered
+        self._unconsumed: set[str] = set()  # queues whose tasks wait for a worker to consume them, said once
         self._lost_together = _one_server(self.settings.broker_url, self.settings.results_url)
 
     def check(self) -> None:
@@ -461,6 +514,8 @@ class CeleryExecutor:
 
     def _submit(self, task: ItemTask) -> list[ItemResult]:
         self._forget_handed()
+        if code_changed():  # as the local executor's Worker: what this process imports from now on is another version's
+            return [upgraded(ItemResult.failed(task))]
         done: list[tuple[str, ItemResult]] = []
         while len(self._flights) >= self.window and not self.stopping():
             finished = self._poll()
@@ -576,6 +631,7 @@ class CeleryExecutor:
         self._last_poll = now = time.monotonic()
         patience = 2 * self.settings.visibility_timeout_seconds
         done, quiet = [], {}
+        consumed: set[str] | None = None  # the queues the workers consume: asked once a poll, when needed
 
         def ended(task_id: str, result: ItemResult | None) -> None:  # None: it was sent again, and flies on
             if result is not None:
@@ -597,6 +653,12 @@ class CeleryExecutor:
                     quiet.setdefault(holder, []).append(task_id)
                 if now - flight.since < patience:
                     continue
+                if status == SENT:
+                    if consumed is None:
+                        consumed = _queue_names(self._ask_workers("active_queues", self._active_queues)) or set()
+                    if self._waits_for_a_worker(flight, consumed):
+                        flight.since = now
+                        continue
             if status in _RUNNING or status == "PENDING":
                 ended(task_id, self._resend(task_id, flight, "lost by the broker" if status == "PENDING" else
                                             f"no progress for {patience} s"))
@@ -605,6 +667,21 @@ class CeleryExecutor:
         for task_id, why in self._unheld(quiet, now).items():
             ended(task_id, self._resend(task_id, self._flights[task_id], why))
         return done
+
+    def _waits_for_a_worker(self, flight: _InFlight, consumed: set[str]) -> bool:
+        """Whether a task still queued past its patience waits for a worker, none consuming its queue (every worker
+        stopped, for an upgrade): its message is most likely there. Sent again, it would be there twice, and after
+        max_resends its item failed, an attempt counted. Said once a queue, until a worker consumes it again."""
+        queue = self.settings.queue_for(self._recipes.of(flight.task))
+        if queue in consumed:
+            self._unconsumed.discard(queue)
+            return False
+        if queue not in self._unconsumed:
+            self._unconsumed.add(queue)
+            log.warning("no Celery worker consumes queue %s: its tasks wait there, and the run with them, until one "
+                        "does (celery -A gcis_etl.worker worker -Q %s, with this config.yaml); no attempt is counted",
+                        queue, queue)
+        return True
 
     def _mark_again(self, task_id: str, flight: _InFlight) -> dict[str, Any]:
         """The marker of a task last seen STARTED by its worker, which the result backend lost (restarted empty)

@@ -16,8 +16,9 @@ from gcis_etl.ledger import Ledger
 from gcis_etl.work import ItemTask, Outcome, Worker
 from tests.broker import make_masters, pool_config, tasks_of
 
-REDEPLOY = ("restart the workers with the config.yaml and recipes the harvest uses (a worker reads them when it "
-            "starts), then run again (no item's attempt was counted)")
+REDEPLOY = ("restart every worker with the config.yaml and recipes of the harvest's machine, then run the harvest "
+            "again: either side may be the stale one (a worker reads them as it starts, a harvest as it begins) (no "
+            "item's attempt was counted)")
 DIFFER = ("the config.yaml files differ, or the harvest and the worker run different versions of gcis-etl (a release "
           "that adds a setting changes what is compared)")
 
@@ -49,7 +50,7 @@ def test_a_worker_with_another_store_stops_the_run_deposits_nothing_and_once_res
 
     with pytest.raises(RunHalted) as halted:
         harvest(load_config(config), "demo")
-    assert str(halted.value) == (f"the store settings of pipeline 'demo' on the worker on {socket.gethostname()} "
+    assert str(halted.value) == (f"the store settings of pipeline 'demo' on the worker w1@{socket.gethostname()} "
                                  f"are not those the task was planned with: {DIFFER}: {REDEPLOY}")
     assert files(other) == [] and files(store) == []
     with Ledger.open(load_config(config)) as ledger:

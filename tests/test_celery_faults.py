@@ -231,7 +231,7 @@ def test_transient_failures_are_retried_with_backoff_and_nothing_else_is(pool, m
 
     assert gave_up[first.item.id].outcome is Outcome.FAILED and not gave_up[first.item.id].transient
     assert gave_up[first.item.id].stops_run
-    assert f"the task was planned with {'0' * 16}: restart the workers" in gave_up[first.item.id].reason
+    assert f"the task was planned with {'0' * 16}: restart every worker" in gave_up[first.item.id].reason
     assert gave_up[second.item.id].outcome is Outcome.FAILED and gave_up[second.item.id].transient
     assert gave_up[second.item.id].reason.startswith("depositing: ")
     second_retries = re.escape(f"{second.object_id}/{second.item.id}: depositing: ") + r".*; retry (\d) of 2 in 1 s"
@@ -437,8 +437,9 @@ def test_a_worker_started_before_its_pipeline_was_added_stops_the_run_and_counts
         started_before.close()
     assert (result.outcome, result.stops_run, result.transient) == (Outcome.FAILED, True, False)
     assert result.reason == (f"pipeline 'demo' is not in the configuration of the worker on {socket.gethostname()}: "
-                             "restart the workers with the config.yaml and recipes the harvest uses (a worker reads "
-                             "them when it starts), then run again (no item's attempt was counted)")
+                             "restart every worker with the config.yaml and recipes of the harvest's machine, then "
+                             "run the harvest again: either side may be the stale one (a worker reads them as it "
+                             "starts, a harvest as it begins) (no item's attempt was counted)")
     assert not (tmp_path / "store").exists()
 
 

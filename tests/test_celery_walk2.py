@@ -123,8 +123,9 @@ def test_a_worker_that_does_not_know_the_recipe_stops_the_run_naming_its_host(tm
         result = worker.process(task)
     assert (result.outcome, result.stops_run, result.transient) == (Outcome.FAILED, True, False)
     assert result.reason.startswith(f"the worker on {socket.gethostname()}: recipe 'ptiff-q80' not found (known: ")
-    assert result.reason.endswith(": restart the workers with the config.yaml and recipes the harvest uses (a worker "
-                                  "reads them when it starts), then run again (no item's attempt was counted)")
+    assert result.reason.endswith(": restart every worker with the config.yaml and recipes of the harvest's machine, "
+                                  "then run the harvest again: either side may be the stale one (a worker reads them "
+                                  "as it starts, a harvest as it begins) (no item's attempt was counted)")
     assert not (tmp_path / "store").exists()
 
 
