@@ -12,6 +12,7 @@ from string import Formatter
 from typing import Collection, Iterable, Iterator, Protocol
 from urllib.parse import quote
 
+from connectors.redaction import scrub
 from connectors.errors import (DESCRIBE_ERRORS, AuthenticationFailed, ObjectNotFound, RetryStopped,
                                SourceUnavailable)
 
@@ -221,7 +222,8 @@ def close_source(source: Source) -> None:
         close()
     except Exception as exc:  # someone's connector: a close that failed leaves what the server ends itself in time
         name = getattr(source, "name", "source")
-        log.warning("%s: closing the source failed (%s: %s); the run's outcome stands", name, type(exc).__name__, exc)
+        log.warning("%s: closing the source failed (%s: %s); the run's outcome stands", name, type(exc).__name__,
+                    scrub(str(exc)))  # someone's text: a URL with its token, a signed query
         log.debug("%s: closing the source failed", name, exc_info=True)  # -v: for the connector's author
 
 

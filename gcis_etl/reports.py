@@ -85,7 +85,7 @@ class RunReport:
         cannot describe them), so a check before a cron entry or a migration is scriptable."""
         if self.status == "dry-run":
             return EXIT_ITEM_FAILED if self.counts.get("fail") else EXIT_OK
-        unfinished = self.status not in ("completed", "stopped", "dry-run") or self.note in STOPPED_BY_SIGNAL
+        unfinished = self.status not in ("completed", "stopped") or self.note in STOPPED_BY_SIGNAL
         return EXIT_ITEM_FAILED if unfinished or any(self.counts.get(name) for name in PROBLEMS) else EXIT_OK
 
     def to_dict(self) -> dict:

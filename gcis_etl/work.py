@@ -196,7 +196,7 @@ class Worker:
         refusal names, and what it asks to restart."""
         self.pipelines = pipelines
         self.node = node
-        self._named = f"the worker {node}" if node else f"the worker on {socket.gethostname()}"
+        self._worker_named = f"the worker {node}" if node else f"the worker on {socket.gethostname()}"
         self.scratch = scratch
         self._own = children is None
         self._children = ChildPool(1) if children is None else children
@@ -290,7 +290,10 @@ class Worker:
                           "then run again", transient=False)
 
     def _process(self, task: ItemTask, base: ItemResult) -> ItemResult:
-        if code_changed():  # what it imports from now on is another version's (ImportError: the item's failure)
+        # What it imports from now on is another version's (ImportError: the item's failure). In a Celery worker,
+        # changed since process_item's own check put tasks back: this task is STARTED, and put back the harvest
+        # would send it again, so the run stops here (the worker shuts itself down on this result).
+        if code_changed():
             return upgraded(base) if self.node is None else halting(
                 base, f"gcis-etl was upgraded under {running_process()} since it started", WORKER_STOPS,
                 transient=False)
@@ -298,20 +301,20 @@ class Worker:
         pipeline = self.pipelines[task.pipeline] if task.pipeline in self.pipelines else None
         # A worker deployed apart from the harvest's configuration fails every item alike: the run stops
         if pipeline is None:
-            return halting(base, f"pipeline {task.pipeline!r} is not in the configuration of {self._named}",
+            return halting(base, f"pipeline {task.pipeline!r} is not in the configuration of {self._worker_named}",
                            REDEPLOY, transient=False)
         try:
             recipe = self._recipes.of(task)
         except ConfigError as exc:  # not found, or unreadable, where this worker looks
-            return halting(base, f"{self._named}: {exc}", REDEPLOY, transient=False)
+            return halting(base, f"{self._worker_named}: {exc}", REDEPLOY, transient=False)
         if recipe.digest != task.recipe_digest:
-            return halting(base, f"recipe {task.recipe!r} on {self._named} has digest {recipe.digest}, the task was "
+            return halting(base, f"recipe {task.recipe!r} on {self._worker_named} has digest {recipe.digest}, the task was "
                                  f"planned with {task.recipe_digest}", REDEPLOY, transient=False)
         differ = [what for what, digest in (task.settings or {}).items()
                   if pipeline.worker_digests.get(what) != digest]
         if differ:
             return halting(base, f"the {' and '.join(differ)} settings of pipeline {task.pipeline!r} on "
-                                    f"{self._named} are not those the task was planned with: the "
+                                    f"{self._worker_named} are not those the task was planned with: the "
                                     f"config.yaml files differ, or the harvest and the worker run different versions "
                                     f"of gcis-etl (a release that adds a setting changes what is compared)", REDEPLOY,
                               transient=False)

@@ -251,13 +251,20 @@ def _stop_upgraded(payload: dict[str, Any]) -> NoReturn:
     """A worker whose gcis-etl files changed since it started (upgraded in place) would run, in the pool processes
     it forks, the new modules beside its old ones: it shuts itself down, warm, for its supervisor to start it on the
     new files, and puts the task back in its queue, untouched (SENT), for a worker that runs them. Raises Reject.
-    Not the run's stop: left running, the worker refused every task of every run until restarted by hand."""
+    Not a stop of the run: a worker that stayed up would refuse every task of every run until restarted by hand.
+    Said and asked once a process: until the shutdown reaches it, the worker may take the task it put back again."""
     from celery.exceptions import Reject
-    log.error("%s: gcis-etl was upgraded under %s since it started: the worker stops itself (warm shutdown), for its "
-              "supervisor to start it again on the new files; the task goes back to its queue", _named(payload),
-              running_process())
-    _shut_down()
+    global _stopping
+    if not _stopping:
+        _stopping = True
+        log.error("%s: gcis-etl was upgraded under %s since it started: the worker stops itself (warm shutdown), for "
+                  "its supervisor to start it again on the new files; the task goes back to its queue",
+                  _named(payload), running_process())
+        _shut_down()
     raise Reject("gcis-etl was upgraded under this worker", requeue=True)
+
+
+_stopping = False  # _stop_upgraded asked this worker to shut down
 
 
 def _shut_down() -> None:

@@ -38,6 +38,20 @@ try:
 except RunHalted as exc:
     print(exc)
 """
+WORKER_IN = """
+import sys
+from pathlib import Path
+from gcis_etl.config import load_config
+from gcis_etl.work import Worker
+from tests.broker import tasks_of
+from tests.test_upgrade_in_place import NEEDS_NEW_ISOLATION, changed
+planned = load_config(sys.argv[1]).pipeline("demo")
+task = tasks_of(planned)[0]
+changed(Path(sys.argv[2]), NEEDS_NEW_ISOLATION)
+with Worker({"demo": planned}, Path(sys.argv[3]), node="w9@rack4") as worker:
+    refused = worker.process(task)
+print(refused.stops_run, refused.reason)
+"""
 
 
 def test_a_celery_worker_upgraded_under_it_stops_itself_and_its_task_waits_for_a_worker_on_the_new_files(
@@ -78,6 +92,23 @@ def test_a_local_harvest_upgraded_under_it_is_told_to_run_again(tmp_path):
     run = python(HARVEST_IN, str(config), str(other), cwd=tmp_path, path=[other, REPO])
     assert run.returncode == 0, run.stdout + run.stderr
     assert HARVEST_UPGRADED.fullmatch(run.stdout.strip()), run.stdout
+    with Ledger.open(load_config(config)) as ledger:
+        assert ledger.items("demo") == []  # nothing recorded: no attempt counted
+
+
+def test_a_celery_worker_upgraded_while_it_starts_a_task_stops_the_run_and_says_it_stops_itself(tmp_path):
+    """Between process_item's check (which puts the task back) and the conversion: the task is STARTED, so the run
+    stops (the harvest would send it again), and the reason says the worker stops itself and what to do next."""
+    other = another_version(tmp_path)
+    masters = make_masters(tmp_path / "masters", objects=1, per_object=1)
+    config = pool_config(tmp_path / "config.yaml", masters=masters, broker_url="redis://127.0.0.1:1/0",
+                         store={"kind": "local", "root": str(tmp_path / "store")})
+    run = python(WORKER_IN, str(config), str(other), str(tmp_path / "scratch"), cwd=tmp_path, path=[other, REPO])
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert re.fullmatch(r"True gcis-etl was upgraded under -c, pid \d+ on .+ since it started: it stops itself, for "
+                        r"its supervisor to start it again on the new files \(`celery -A gcis_etl\.worker status` "
+                        r"lists the workers running\); then run the harvest again \(no item's attempt was "
+                        r"counted\)", run.stdout.strip()), run.stdout
 
 
 def test_a_celery_harvest_upgraded_under_it_stops_before_sending_a_task(tmp_path, redis_server, celery_workers):
