@@ -41,7 +41,7 @@ from gcis_etl.pipelines import Pipeline, config_folder
 from gcis_etl.recipes import load_recipe
 from gcis_etl.reports import (PLANNED, PlannedItem, RunReport, counted, prune_reports, report_from_ledger,
                               write_report)
-from gcis_etl.stores import S3Store, Store
+from gcis_etl.stores import uploads_kept
 from gcis_etl.supersession import Retired, retire_superseded
 from gcis_etl.work import ItemResult, ItemTask, Outcome, fingerprint, remedy, told_what_to_do
 
@@ -217,6 +217,11 @@ class Progress:
     def item(self, object_id: str, item_id: str, outcome: str, reason: str | None,
              warnings: tuple[str, ...] = ()) -> None: ...
     def note(self, message: str) -> None: ...
+
+    def warning(self, pipeline: str, message: str) -> None:
+        """Something the run did besides its items, which its report says (Harvest.noted): logged as it happens,
+        where a live line is drawn on a line of its own."""
+        log.warning("%s: %s", pipeline, message, extra={"pipeline": pipeline})
 
     def retired(self, retired: Retired) -> None:  # an old access master deleted (or kept), as it happens
         by = (f"superseded by {retired.replaced_by}" if retired.replaced_by else
@@ -806,8 +811,8 @@ class Harvest:
         self.ledger.mark_in_collection(self.pipeline.name, [o.object_id for o in waiting])
 
     def noted(self, message: str) -> None:
-        """Something the run did besides its items, which its report says: logged as a warning as it happens."""
-        log.warning("%s: %s", self.pipeline.name, message, extra={"pipeline": self.pipeline.name})
+        """Something the run did besides its items, which its report says: a warning as it happens."""
+        self.progress.warning(self.pipeline.name, message)
         self.notes.append(message)
 
     def next_checkpoint(self, since: datetime | None, until: datetime) -> datetime | None:
@@ -1062,8 +1067,8 @@ def _abort_uploads(config: Config, run: Harvest, last_run: int, which: str) -> N
     that sent them work: their uploads may still be going for a task's hard time limit, so only older ones are
     aborted. Only the pipeline's own keys, never another pipeline's in a shared store: its collections, and its
     images (with the default key templates, its manifests too) when their keys start with a prefix of its own;
-    without one (store.keys.image not starting with {pipeline}, after fixed text), the ledger does not know which
-    keys the run had in flight, and those of the images are left, as the run's report says."""
+    without one (KeyTemplates.own_image_prefix), the ledger does not know which keys the run had in flight, and
+    the uploads of images found are left, as the run's report says (stores.uploads_kept)."""
     pipeline = run.pipeline
     prefix = pipeline.store.keys.own_image_prefix(pipeline.name)
     keys = [] if prefix is None else [prefix]
@@ -1074,22 +1079,8 @@ def _abort_uploads(config: Config, run: Harvest, last_run: int, which: str) -> N
     aborted = pipeline.store.abort_incomplete_uploads(older_than=older_than, keys=tuple(keys)) if keys else []
     if aborted:
         run.noted(f"aborted {len(aborted)} incomplete uploads left by run {last_run}, {which}: {', '.join(aborted)}")
-    if kept := uploads_kept(pipeline.store, pipeline.name, f"run {last_run}, {which},"):
+    if kept := uploads_kept(pipeline.store, pipeline.name, f"run {last_run}, {which},", older_than):
         run.noted(kept)
-
-
-def uploads_kept(store: Store, pipeline: str, who: str) -> str | None:
-    """Why the incomplete uploads of images `who` left are not aborted, and what removes them; None when the
-    pipeline's image keys start with a prefix of its own (KeyTemplates.own_image_prefix): without one, any upload
-    under their prefix may be another pipeline's, going on (aborting it failed that pipeline's item)."""
-    if store.keys.own_image_prefix(pipeline) is not None:
-        return None
-    left = ("their parts stay in the bucket (invisible, billed) until a lifecycle rule "
-            "(AbortIncompleteMultipartUpload) removes them" if isinstance(store, S3Store) else
-            "their hidden temporary files (.<name>.<random>.tmp) stay in the store's folders: delete those a day old")
-    return (f"the incomplete uploads of images {who} may have left were not aborted: store.keys.image "
-            f"({store.keys.image!r}) does not start with {{pipeline}}, so they cannot be told from another "
-            f"pipeline's uploads going on in the same store; {left}")
 
 
 def _entry(record: ObjectRecord) -> CollectionEntry:

@@ -150,10 +150,15 @@ class KeyTemplates(Settings):
 
     def own_image_prefix(self, pipeline: str) -> str | None:
         """image_prefix when it names the pipeline, which no other pipeline's keys start with; None when the
-        template does not start with {pipeline} (after fixed text): its images share their prefix with those of
-        any pipeline keyed alike in the store."""
+        template does not start with {pipeline} (after fixed text), or what follows {pipeline} could go on a
+        pipeline's name: "{pipeline}-{object_id}/" gives "museum-", which the keys of pipeline "museum-prints"
+        start with too, and "{pipeline}{object_id}/" gives "museum", as "museum2/" does. Those images share
+        their prefix with another pipeline's keyed alike in the store."""
         head = self.image.split("{", 1)[0]
-        return self.image_prefix(pipeline) if self.image.startswith(head + "{pipeline}") else None
+        if not self.image.startswith(head + "{pipeline}"):
+            return None
+        after = self.image[len(head) + len("{pipeline}"):]
+        return self.image_prefix(pipeline) if after[:1] not in _NAME_CHARACTERS else None
 
     def manifest_key(self, pipeline: str, object_id: str, version: int) -> str:
         return self._render("manifest", pipeline=pipeline, object_id=object_id, version=version)
@@ -178,6 +183,12 @@ class KeyTemplates(Settings):
         except UnsafeKey as exc:
             used = "item_id" if "item_id" in _placeholders(template) else ""
             raise UnsafeKey(f"{exc}: store.keys.{field} ({template!r}){_instead(field, used)}") from None
+
+
+# What a pipeline's name may be made of (pipelines.PIPELINE_NAME: lower-case letters, digits, "-" and "_"), and
+# the empty string (nothing after {pipeline}, or a placeholder); capitals too, as a store on a file system that
+# ignores case takes them for the same letters.
+_NAME_CHARACTERS = frozenset(string.ascii_letters + string.digits + "-_") | {"", "{"}
 
 
 def _instead(field: str, name: str) -> str:

@@ -551,15 +551,21 @@ class Manifests:
 
     def _rebuilt(self, key: str, version: str, why: str, published: Callable[[], Iterable[CollectionEntry]] | None,
                  added: set[str], noted: Callable[[str], None] | None) -> dict[str, dict]:
-        """The entries of every object `published` lists, for a collection `why` has none to read back. A new
-        one lists only what is added; one that is no JSON, or the ledger has listed objects in before (entries
-        beyond those `added`), was lost, which `noted` hears (the harvest logs it, and notes it in its report)."""
-        items = {self.manifest_id(e.object_id, version): self._collection_item(e, version)
-                 for e in (published() if published else ())}
+        """The entries of every object `published` lists whose manifest of `version` is in the store, for a
+        collection `why` has none to read back: an object published before `version` was configured has none
+        (one HEAD an object not `added`, on this rare path only). A new collection lists only what is added; one
+        that is no JSON, or that listed objects besides those `added`, was lost, which `noted` hears (the harvest
+        logs it, and notes it in its report)."""
+        items = {}
+        for entry in published() if published else ():
+            manifest_id = self.manifest_id(entry.object_id, version)
+            if manifest_id in added or self.store.exists(self.manifest_key(entry.object_id, version)):
+                items[manifest_id] = self._collection_item(entry, version)
         lost = len(items.keys() - added)
         if lost or why != "missing":
             message = (f"{self.store.describe(key)}: the deposited collection was {why}: written again with the "
-                       f"{len(items)} objects the ledger records as published ({lost} besides this run's)")
+                       f"{len(items)} objects the ledger records as published whose manifest of this version is "
+                       f"deposited ({lost} besides this run's)")
             if noted:
                 noted(message)
         return items

@@ -20,7 +20,7 @@ import click
 
 from connectors.base import SourceObject
 from gcis_etl.harvesting import Progress
-from gcis_etl.ledger import COUNTED
+from gcis_etl.ledger import AUDIT_PROBLEMS, COUNTED
 from gcis_etl.logs import printable
 from gcis_etl.reports import PROBLEMS, RunReport, elapsed
 
@@ -180,6 +180,11 @@ class TerminalProgress(LiveLine, Progress):
             self._take_down()
             log.info("%s", message, extra={"pipeline": self.pipeline})  # a value: it quotes ids (PlainFormatter)
 
+    def warning(self, pipeline: str, message: str) -> None:
+        with self._lock:
+            self._take_down()
+            super().warning(pipeline, message)
+
     def ended(self, report: RunReport) -> None:
         """One line at the end of every run, so that a night's log tells alone how it went: INFO when it exits
         0, WARNING otherwise (shown without -v, so cron mails it even with --quiet). Not where the summary says
@@ -266,7 +271,7 @@ class AuditProgress(MoveProgress):
     """Keys read back by a fixity audit (migrations/audit.py): how many of those queued are done, the problems
     found and the keys repaired, the rate, the keys in flight and the oldest one's age, the time elapsed."""
 
-    GROUPS = {"problems": ("damaged", "missing", "unreadable"), "repaired": ("repaired",)}
+    GROUPS = {"problems": AUDIT_PROBLEMS, "repaired": ("repaired",)}
 
 
 def _keys_live() -> bool:

@@ -115,6 +115,8 @@ class Store(Protocol):
     """What the pipeline (its items and manifests), migrations and the iipsrv cache sync need from a store."""
 
     keys: KeyTemplates
+    uploads_left: ClassVar[str]
+    """What becomes of an incomplete upload nothing aborts, and what removes it (uploads_kept says it)."""
 
     def put(self, key: str, path: Path, *, sha256: str | None = None, provenance: Provenance = Provenance(),
             content_type: str | None = None, overwrite: bool = False) -> StoredObject:
@@ -151,10 +153,11 @@ class Store(Protocol):
         """Objects whose key starts with `prefix`, in key order."""
 
     def abort_incomplete_uploads(self, older_than: timedelta = timedelta(days=1),
-                                 keys: str | tuple[str, ...] = "", exact: bool = False) -> list[str]:
+                                 keys: str | tuple[str, ...] = "", exact: bool = False,
+                                 dry: bool = False) -> list[str]:
         """Remove what uploads of keys starting with `keys` (a prefix, or several: one listing serves them all;
         `exact`, whole keys), begun more than `older_than` ago, left behind when their process was killed;
-        return those keys."""
+        return those keys. `dry`: only list them."""
 
     def describe(self, key: str) -> str:
         """Where `key` lives, for messages (never carries credentials)."""
@@ -272,6 +275,8 @@ class LocalStore:
     """
 
     META = ".meta"
+    uploads_left: ClassVar[str] = ("their hidden temporary files (.<name>.<random>.tmp) stay in the store's folders: "
+                                   "delete those a day old")
 
     def __init__(self, settings: LocalStoreSettings):
         self.settings = settings
@@ -501,7 +506,8 @@ class LocalStore:
             yield from (Path(dirpath, name) for name in filenames if not name.startswith("."))
 
     def abort_incomplete_uploads(self, older_than: timedelta = timedelta(days=1),
-                                 keys: str | tuple[str, ...] = "", exact: bool = False) -> list[str]:
+                                 keys: str | tuple[str, ...] = "", exact: bool = False,
+                                 dry: bool = False) -> list[str]:
         """The hidden temporary files (".<name>.<random>.tmp", of objects and of sidecars) that writes killed
         before their rename leave behind."""
         prefixes = _list_prefixes(keys)
@@ -518,7 +524,8 @@ class LocalStore:
                         continue
                     key = Path(dirpath, name[1:].rsplit(".", 2)[0]).relative_to(top).as_posix().removesuffix(suffix)
                     if _among(key, prefixes, exact):
-                        temporary.unlink(missing_ok=True)
+                        if not dry:
+                            temporary.unlink(missing_ok=True)
                         aborted.add(key)
         return sorted(aborted)
 
@@ -689,6 +696,9 @@ class S3Store:
     compared with the one computed from the same reads; and the whole-object SHA-256 is kept in the object's
     metadata (`sha256`) for head(), the ledger and no-op detection.
     """
+
+    uploads_left: ClassVar[str] = ("their parts stay in the bucket (invisible, billed) until a lifecycle rule "
+                                   "(AbortIncompleteMultipartUpload) removes them")
 
     def __init__(self, settings: S3StoreSettings, threads: int = 1):
         """`threads`: how many threads put and get at once through this store (a harvest's items in flight,
@@ -913,10 +923,15 @@ class S3Store:
     def digest(self, key: str) -> tuple[str, int]:
         """Every object in ranged parts (multipart_threshold 1): s3transfer writes a single GET to a non-seekable
         target as it comes, and the GET it retries after a body cut short starts from the first byte again,
-        which would hash the bytes seen twice; ranged parts go through its queue, which drops the bytes seen."""
+        which would hash the bytes seen twice; ranged parts go through its queue, which drops the bytes seen.
+        That queue holds the parts come before an earlier one, up to max_in_memory_download_chunks (s3transfer's
+        10) x multipart_chunksize a key: 160 MiB with the default 16 MiB parts, ~10 GiB under an audit's
+        --concurrency 64. A window of max_concurrency parts (at least 2, one written while the next arrives)
+        keeps every request of the key busy and bounds it to max_concurrency x multipart_chunksize (64 MiB)."""
         sink = _Sha256Sink()
         config = self._transfer_config()
         config.multipart_threshold = 1
+        config.max_in_memory_download_chunks = max(2, config.max_request_concurrency)
         self._transfer(key, "read", sink, config)
         return sink.result()
 
@@ -938,7 +953,8 @@ class S3Store:
             yield ListedObject(o["Key"][len(self._base):], o["Size"], o["LastModified"])
 
     def abort_incomplete_uploads(self, older_than: timedelta = timedelta(days=1),
-                                 keys: str | tuple[str, ...] = "", exact: bool = False) -> list[str]:
+                                 keys: str | tuple[str, ...] = "", exact: bool = False,
+                                 dry: bool = False) -> list[str]:
         """Abort the multipart uploads of keys starting with `keys` started more than `older_than` ago, and
         return their keys. A process killed mid-upload leaves its parts behind (invisible, but billed); on AWS
         a bucket lifecycle rule (AbortIncompleteMultipartUpload) does the same. This is housekeeping, not what
@@ -952,6 +968,9 @@ class S3Store:
                      if _among(u["Key"], prefixes, exact) and u["Initiated"] <= cutoff]
             for upload in stale:
                 key = upload["Key"][len(self._base):]
+                if dry:
+                    aborted.append(key)
+                    continue
                 try:
                     self.client.abort_multipart_upload(Bucket=self.settings.bucket, Key=upload["Key"],
                                                        UploadId=upload["UploadId"])
@@ -991,6 +1010,23 @@ def _among(key: str, prefixes: tuple[str, ...], exact: bool) -> bool:
     """Whether abort_incomplete_uploads' `keys` take in `key`: a key "p/o/a.tif" is a prefix of item "a.tif"'s
     "p/o/a.tif.tif", whose upload may be going on."""
     return key in prefixes if exact else key.startswith(prefixes)
+
+
+def uploads_kept(store: Store, pipeline: str, who: str, older_than: timedelta = timedelta(0)) -> str | None:
+    """Why the incomplete uploads of images under the pipeline's prefix, begun more than `older_than` ago, which
+    `who` may have left, are not aborted, and what removes them; None when there are none (one listing, dry), or
+    the pipeline's image keys start with a prefix of its own (KeyTemplates.own_image_prefix), under which they
+    are aborted: without one, any upload under their prefix may be another pipeline's, going on (aborting it
+    failed that pipeline's item)."""
+    if store.keys.own_image_prefix(pipeline) is not None:
+        return None
+    found = store.abort_incomplete_uploads(older_than, keys=store.keys.image_prefix(pipeline), dry=True)
+    if not found:
+        return None
+    return (f"{len(found)} incomplete uploads of images were not aborted, though {who} may have left some: "
+            f"store.keys.image ({store.keys.image!r}) does not begin, after any fixed text, with {{pipeline}} and a "
+            f"character no pipeline name has (such as \"/\"), so they cannot be told from another pipeline's "
+            f"uploads going on in the same store; {store.uploads_left}")
 
 
 StoreSettings = Annotated[Union[LocalStoreSettings, S3StoreSettings], Field(discriminator="kind")]

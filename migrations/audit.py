@@ -13,6 +13,8 @@ Each key is one of:
               recorded and found SHA-256 (first 12 digits) and sizes
   unreadable  the store answered with an error, past its retries: a failure, not damage (run again)
   absent      a superseded access master retired since, or a collection not published yet: no problem
+  lost        damaged or missing again, after a repair that could not bring it back because the source no
+              longer lists its item: reported once as a problem, then no more (see --repair)
 
 The ledger records when each key was last audited and what was found. A run audits first the keys last found
 damaged, missing or unreadable (whenever that was), then those never audited, then those audited longest ago:
@@ -26,7 +28,11 @@ volume not mounted, its prefix changed) stops the run before any key is read: ev
 --repair harvests the objects of damaged or missing access masters and manifests again, forced (from their
 masters in the source, converted again: every item of the object, not only the damaged one; their manifests and
 collections published again), then audits those keys again: one found right is counted as repaired. One the
-repair could not bring back says why (its item no longer listed by the source, or rejected or failed). A damaged
+repair could not bring back says why (its item no longer listed by the source, or rejected or failed). One whose
+item the source no longer lists is reported damaged or missing by that run (exit 1), and recorded lost: not read
+first, nor counted a problem, by the runs after it (no repair brings it back while the source lacks its master);
+read again in its turn, it is reported lost (listed in the CSV). Put its master back in the source (under its
+old name) and run --repair again: found right, it is repaired. A damaged
 manifest or collection is deleted first (a store's record outlives damage to the bytes it describes, and
 publishing the same document again would leave it be), right before the harvest that republishes it: a run
 stopped, or out of --max-minutes, before a repair reports its keys as found and leaves them be; a harvest that
@@ -77,6 +83,9 @@ from gcis_etl.reports import counted
 from gcis_etl.stores import Store, StoredObject, open_store
 
 REPAIRABLE = ("damaged", "missing")
+LOST = "lost"  # recorded, not a problem (ledger.AUDIT_PROBLEMS), for a key whose item the source no longer lists
+LOST_ADVICE = ("put its master back in the source (under its old name) and run --repair again; until then it is "
+               "recorded lost, and no more reported as a problem")
 REPAIR_BATCH = 50  # objects harvested again in one run
 SHOWN_DIGITS = 12  # of a SHA-256 in a reason
 
@@ -193,10 +202,14 @@ class Audit:
                 item, future = window.popleft()
                 try:
                     finding = future.result()
-                finally:
-                    self.progress.settled(item.key, True)
+                except BaseException:  # its store went down: not read
+                    self.progress.settled(item.key, False)
+                    raise
+                self.progress.settled(item.key, True)
+                if finding.outcome in REPAIRABLE and self.lost(ledger, item.key):
+                    finding = Finding(LOST, f"{finding.reason} (its item no longer in the source: {LOST_ADVICE})")
                 ledger.record_audit(self.pipeline.name, item.key, finding.outcome, finding.reason or None)
-                if self.repair and finding.outcome in REPAIRABLE:
+                if self.repair and finding.outcome in (*REPAIRABLE, LOST):
                     pending.setdefault(item.object_id, []).append((item, finding))
                 else:
                     self.report(item, finding)
@@ -224,7 +237,12 @@ class Audit:
         return audited
 
     def report(self, item: StoreKey, finding: Finding) -> None:
-        self.ctx.report.event(item.key, finding.outcome, finding.reason, listed=finding.outcome == "repaired")
+        self.ctx.report.event(item.key, finding.outcome, finding.reason, listed=finding.outcome in ("repaired", LOST))
+
+    def lost(self, ledger: Ledger, key: str) -> bool:
+        """Whether the ledger records `key` lost: its item gone from the source, as a repair found."""
+        record = ledger.audit(self.pipeline.name, key)
+        return record is not None and record.outcome == LOST
 
     def report_left(self, ledger: Ledger, started: datetime) -> int:
         """The keys queued that the ledger holds damaged, missing or unreadable from before this run, which it did
@@ -288,20 +306,21 @@ class Audit:
                       None)
         return item_key(record) if record else replace(item, sha256=None, size=None, required=False)
 
-    def unrepaired(self, ledger: Ledger, item: StoreKey, run_id: int | None) -> str:
+    def unrepaired(self, ledger: Ledger, item: StoreKey, run_id: int | None) -> tuple[str, bool]:
         """Why the repair's harvest (run `run_id`) did not bring an access master back, from what it recorded of
-        the key's item: the source no longer lists the item (its master deleted or renamed since: the run left
-        its record as it was), or its conversion was rejected or failed."""
+        the key's item, and whether the key is lost: the source no longer lists the item (its master deleted or
+        renamed since: the run left its record as it was); or its conversion was rejected or failed."""
         record = None if item.version is not None else next(
             (r for r in ledger.items(self.pipeline.name, item.object_id) if r.output_key == item.key), None)
         if record is None:
-            return "after a repair"
+            return "after a repair", False
         if record.last_run != run_id:
             return (f"the repair could not bring it back: the source no longer lists item {record.item_id!r} of "
-                    f"object {record.object_id!r} (its master deleted or renamed since), whose access master it is")
+                    f"object {record.object_id!r} (its master deleted or renamed since), whose access master it "
+                    f"is ({LOST_ADVICE})"), True
         if record.status != "deposited":
-            return f"the repair could not bring it back: its item was {record.status} ({record.reason})"
-        return "after a repair"
+            return f"the repair could not bring it back: its item was {record.status} ({record.reason})", False
+        return "after a repair", False
 
     def repair_batch(self, ledger: Ledger, pending: dict[str | None, list[tuple[StoreKey, Finding]]]) -> None:
         """Harvest the objects again, forced, then audit their keys again. A collection is published again by
@@ -342,8 +361,11 @@ class Audit:
             before = self.deleted.pop(item.key, before)
             item = self.refreshed(ledger, item) if item.object_id in self.repaired else item
             after = self.check(item)
+            lost = False
             if after.outcome != "ok":
-                after = replace(after, reason=f"{self.unrepaired(ledger, item, run_id)}: {after.reason}")
-            ledger.record_audit(self.pipeline.name, item.key, after.outcome, after.reason or None)
-            self.report(item, Finding("repaired", f"was {before.outcome}: {before.reason}")
-                        if after.outcome == "ok" else after)
+                why, lost = self.unrepaired(ledger, item, run_id)
+                after = replace(after, reason=f"{why}: {after.reason}")
+            # lost: reported as found this once (exit 1), recorded so that it is not read first ever after
+            ledger.record_audit(self.pipeline.name, item.key, LOST if lost else after.outcome, after.reason or None)
+            self.report(item, Finding("repaired", f"was {before.outcome}: {before.reason}") if after.outcome == "ok"
+                        else replace(after, outcome=LOST) if lost and before.outcome == LOST else after)

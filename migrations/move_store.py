@@ -79,17 +79,16 @@ import click
 
 from gcis_etl.deposits import StoreKey, pipeline_keys
 from gcis_etl.errors import GcisError, IntegrityError, StoreError, StoreUnavailable
-from gcis_etl.harvesting import uploads_kept
 from gcis_etl.ledger import Ledger
 from gcis_etl.manifests import DepositedImage, collection_items, painted_images
 from gcis_etl.migration import Budget, MigrationContext, migration, same_store, shows_through, store_settings
 from gcis_etl.pipelines import Pipeline
 from gcis_etl.progress import MoveProgress, move_progress
 from gcis_etl.reports import counted
-from gcis_etl.stores import Store, StoredObject, open_store
+from gcis_etl.stores import Store, StoredObject, open_store, uploads_kept
 
 
-@migration(__doc__)
+@migration(__doc__, in_flight="keys")
 @click.option("--pipeline", "name", required=True, help="The pipeline whose deposits move.")
 @click.option("--to-store", "to_spec", metavar="STORE", help="The target (default: the configured store).")
 @click.option("--from-store", "from_spec", metavar="STORE", help="The source (default: the configured store).")
@@ -231,13 +230,15 @@ class Move:
         hidden temporary files in a local store). Under the pipeline's lock no run of ours still writes; an
         upload of a killed harvest's worker that is aborted too was never an object, and its item is not
         recorded as deposited, so the next harvest makes it again. Only under the pipeline's own prefix: without
-        one (harvesting.uploads_kept), an upload in the target may be another pipeline's, going on."""
+        one, an upload in the target may be another pipeline's, going on (stores.uploads_kept says so, when
+        there are any)."""
         shutil.rmtree(self.scratch, ignore_errors=True)
-        if kept := uploads_kept(self.target, pipeline.name, "a killed run"):
-            self.ctx.report.notes.append(f"the target: {kept}")
+        prefix = self.target.keys.own_image_prefix(pipeline.name)
+        if prefix is None:
+            if kept := uploads_kept(self.target, pipeline.name, "a killed run"):
+                self.ctx.report.notes.append(f"the target: {kept}")
             return
-        aborted = self.target.abort_incomplete_uploads(older_than=timedelta(0),
-                                                       keys=self.target.keys.own_image_prefix(pipeline.name))
+        aborted = self.target.abort_incomplete_uploads(older_than=timedelta(0), keys=prefix)
         if aborted:
             self.ctx.report.notes.append(f"aborted {len(aborted)} incomplete uploads to the target left by a "
                                          f"killed run: {', '.join(aborted)}")

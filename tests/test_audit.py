@@ -8,6 +8,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sqlite3
@@ -18,6 +19,7 @@ import pytest
 
 from gcis_etl.config import load_config
 from gcis_etl.deposits import pipeline_keys
+from gcis_etl.errors import StoreUnavailable
 from gcis_etl.ledger import Ledger, now
 from gcis_etl.migration import MIGRATIONS, MigrationContext, MigrationReport
 from gcis_etl.progress import AuditProgress, audit_progress
@@ -25,7 +27,8 @@ from gcis_etl.stores import open_store
 from tests.emulators.faults import Fault, FaultInjector
 from tests.servers import s3_fault_proxy
 from tests.harvests import wait_for
-from tests.test_migrations import BIN, PIPELINE, bucket_objects, folder_site, ok, report_of, s3_store
+from tests.test_migrations import (BIN, CORPUS, MASTERS, PIPELINE, bucket_objects, folder_site, ok, report_of,
+                                   s3_store)
 
 DAMAGED = "museum/b/b~2Fx.jpg.tif"
 DELETED = "museum/a/a~2Fp1.png.tif"
@@ -378,8 +381,28 @@ def test_a_repair_that_cannot_bring_back_an_item_the_source_no_longer_lists_says
     outcome, reason = problems(report)[DELETED]
     assert outcome == "damaged"
     assert reason.startswith("the repair could not bring it back: the source no longer lists item 'a/p1.png' of "
-                             "object 'a' (its master deleted or renamed since), whose access master it is: the ledger "
-                             "recorded SHA-256 "), reason
+                             "object 'a' (its master deleted or renamed since), whose access master it is (put its "
+                             "master back in the source (under its old name) and run --repair again; until then it "
+                             "is recorded lost, and no more reported as a problem): the ledger recorded SHA-256 "
+                             ), reason
+
+
+def test_a_key_whose_item_the_source_no_longer_lists_is_reported_once_then_recorded_lost(tmp_path):
+    """It stayed damaged, read first every night, and every run exited 1 for ever: no repair brings it back."""
+    site = loaded(tmp_path)
+    flip_a_byte(site.store / DELETED)
+    (site.root / "masters" / "a" / "p1.png").unlink()
+    assert problems(audit(site, "--repair", code=1))[DELETED][0] == "damaged"
+    assert audits(site)[DELETED][1] == "lost"
+    for args in ((), ("--repair",)):
+        report = audit(site, *args)
+        outcome, reason = problems(report)[DELETED]
+        assert outcome == "lost" and "put its master back in the source" in reason, reason
+        assert report["counts"].get("lost") == 1 and audits(site)[DELETED][1] == "lost"
+
+    shutil.copy(CORPUS / MASTERS["a/p1.png"], site.root / "masters" / "a" / "p1.png")  # put back: repaired
+    report = audit(site, "--repair")
+    assert problems(report)[DELETED][0] == "repaired" and audits(site)[DELETED][1] == "ok"
 
 
 def test_a_live_line_shows_the_keys_audited_of_those_queued_and_the_problems(tmp_path, capsys):
@@ -421,3 +444,22 @@ def test_a_ctrl_c_says_the_audit_finishes_the_keys_in_flight(tmp_path, minio, s3
         out, err = audit.communicate(timeout=120)
     assert audit.returncode == 130, out + err
     assert "stopping after the keys in flight (Ctrl-C again to abandon them)" in err, err
+
+
+def test_a_key_whose_store_went_down_is_not_counted_audited_on_the_live_line(tmp_path, minio, s3_bucket, aws_env):
+    """It was: the line counted the key whose read raised StoreUnavailable as done."""
+    site = folder_site(tmp_path)
+    with s3_fault_proxy(minio) as proxy:
+        site.configure({**s3_store(minio, s3_bucket), "endpoint_url": f"http://127.0.0.1:{proxy.server_port}",
+                        "retry": {"max_attempts": 1}})
+        ok(site.migrate("initial_load", "--pipeline", PIPELINE))
+        proxy.faults.inject(r"^(HEAD|GET) ", Fault.http(503), times=None)
+        config = load_config(site.config)
+        ctx = MigrationContext(config, MigrationReport("audit", False, config.reports_dir))
+        pipeline = ctx.pipeline(PIPELINE)
+        progress = AuditProgress(PIPELINE, KEYS, False, False, ctx.report.counts)
+        with ctx.ledger() as ledger:
+            audit = audit_module().Audit(ctx, pipeline, open_store(pipeline.settings.store), None, progress)
+            with pytest.raises(StoreUnavailable):
+                audit.run(ledger, pipeline_keys(ledger, pipeline), 1, None)
+    assert progress.done == 0 and ctx.report.counts == {}

@@ -156,3 +156,32 @@ def test_converting_and_verifying_load_no_store_module():
                              "print(' '.join(sys.modules))"], capture_output=True, text=True, check=True,
                             cwd=Path(__file__).resolve().parent.parent).stdout.split()
     assert "gcis_etl.formats" in loaded and not {"gcis_etl.keys", "gcis_etl.stores"} & set(loaded)
+
+
+@pytest.mark.parametrize("image, own", [
+    ("{pipeline}/{object_id}/{item_id}.{ext}", "museum/"),
+    ("images/{pipeline}/{object_id}/{item_id}.{ext}", "images/museum/"),
+    ("images/{pipeline}.{object_id}/{item_id}.{ext}", "images/museum."),
+    ("{pipeline}-{object_id}/{item_id}.{ext}", None),  # "museum-": pipeline "museum-prints" too
+    ("{pipeline}_{object_id}/{item_id}.{ext}", None),
+    ("{pipeline}{object_id}/{item_id}.{ext}", None),  # "museum": "museum2/" too
+    ("{pipeline}X{object_id}/{item_id}.{ext}", None),  # a file system that ignores case: "museumx..."
+    ("{object_id}/{item_id}.{ext}", None),
+    ("images/{object_id}/{pipeline}-{item_id}.{ext}", None),
+])
+def test_a_pipelines_own_image_prefix_is_one_no_other_pipelines_keys_start_with(image, own):
+    """A killed run's uploads are aborted under it: "{pipeline}-..." gave "museum-", which the uploads of
+    pipeline "museum-prints" going on in the same store start with too."""
+    assert KeyTemplates(image=image).own_image_prefix("museum") == own
+
+
+def test_an_item_id_too_long_for_a_key_says_sequence_takes_it():
+    with pytest.raises(UnsafeKey, match=r"its \{item_id\} in store\.keys\.image .*; \{sequence\} in place of "
+                                        r"\{item_id\} .*takes an item with any id"):
+        KeyTemplates().image_key("museum", "o", "\u5c71" * 90, 1, "tif")
+    with pytest.raises(UnsafeKey, match=r"segment longer than 255 bytes: store\.keys\.image .*\{sequence\} in place"):
+        KeyTemplates(image="{pipeline}/{object_id}-{item_id}.{ext}").image_key("museum", "o" * 150, "i" * 150, 1,
+                                                                               "tif")
+    with pytest.raises(UnsafeKey) as raised:
+        KeyTemplates(image="{pipeline}/{object_id}/{sequence}.{ext}").image_key("museum", "o" * 300, "i", 1, "tif")
+    assert "{sequence} in place" not in str(raised.value)

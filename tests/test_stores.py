@@ -22,7 +22,9 @@ from gcis_etl.config import load_config
 from gcis_etl.errors import ConfigError, IntegrityError, StoreError, StoreRefused
 from gcis_etl.keys import UnsafeKey
 from gcis_etl.settings import parse
-from gcis_etl.stores import (LocalStore, LocalStoreSettings, Provenance, S3Store, S3StoreSettings, open_store)
+from gcis_etl.manifests import MEDIA_TYPES
+from gcis_etl.stores import (DOCUMENT_CACHE_CONTROL, LocalStore, LocalStoreSettings, Provenance, S3Store,
+                             S3StoreSettings, open_store)
 
 from tests.conftest import MiB, s3_settings
 from tests.emulators.faults import Fault
@@ -632,3 +634,34 @@ def test_a_local_delete_the_filesystem_refuses_is_a_store_refusal_naming_the_key
         assert store.head("demo/IE1/a.tif").sha256 == sha
     finally:
         subprocess.run(["umount", str(root)], check=True)
+
+
+def test_a_document_stored_without_its_cache_control_is_put_again_then_left(minio, s3_bucket, aws_env):
+    """A manifest deposited before DOCUMENT_CACHE_CONTROL (or by another tool, its metadata kept) kept no
+    Cache-Control for ever: same bytes, same size, 'unchanged' (walk finding 3)."""
+    store = open_store(s3_settings(minio, s3_bucket))
+    data = b'{"id": "m"}\n'
+    sha256 = hashlib.sha256(data).hexdigest()
+    minio.client().put_object(Bucket=s3_bucket, Key="iiif/access/museum/a/manifest-v3.json", Body=data,
+                              ContentType=MEDIA_TYPES["3.0"], Metadata={"sha256": sha256},
+                              ChecksumSHA256=base64.b64encode(hashlib.sha256(data).digest()).decode())
+    assert isinstance(store, S3Store) and store.head("museum/a/manifest-v3.json").doubt is None
+    put = store.put_bytes("museum/a/manifest-v3.json", data, content_type=MEDIA_TYPES["3.0"])
+    assert not put.unchanged
+    served = minio.client().head_object(Bucket=s3_bucket, Key="iiif/access/museum/a/manifest-v3.json")
+    assert served["CacheControl"] == DOCUMENT_CACHE_CONTROL and served["ContentType"] == MEDIA_TYPES["3.0"]
+    assert store.put_bytes("museum/a/manifest-v3.json", data, content_type=MEDIA_TYPES["3.0"]).unchanged
+    # another type than the one a put gives: put again as well
+    assert not store.put_bytes("museum/a/manifest-v3.json", data, content_type="application/json").unchanged
+
+
+def test_a_local_documents_recorded_type_follows_the_put(tmp_path):
+    store = LocalStore(LocalStoreSettings(root=tmp_path))
+    store.put_bytes("collections/museum-v3.json", b"{}", content_type="application/json")
+    assert not store.put_bytes("collections/museum-v3.json", b"{}", content_type=MEDIA_TYPES["3.0"]).unchanged
+    assert store.head("collections/museum-v3.json").content_type == MEDIA_TYPES["3.0"]
+    assert store.put_bytes("collections/museum-v3.json", b"{}", content_type=MEDIA_TYPES["3.0"]).unchanged
+    # an access master's type alone is not worth its bytes again
+    (tmp_path / "m.tif").write_bytes(b"II*\0")
+    store.put("museum/a/p1.tif", tmp_path / "m.tif", content_type="image/x-tiff")
+    assert store.put("museum/a/p1.tif", tmp_path / "m.tif").unchanged
