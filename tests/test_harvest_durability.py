@@ -138,7 +138,7 @@ def test_a_signal_while_the_last_item_is_in_flight_lets_the_run_complete_and_exi
 
 
 def test_a_store_error_while_the_collection_is_updated_records_the_run_as_failed(tmp_path):
-    """The collection is updated after every item is settled: an error there (a damaged collection document,
+    """The collection is updated after every item is settled: an error there (a collection document of another's making,
     a store down at that moment) must end the run as failed, with the reason, not leave it 'running' for
     status and report to call killed."""
     rig = FolderHarvest(tmp_path)
@@ -146,7 +146,7 @@ def test_a_store_error_while_the_collection_is_updated_records_the_run_as_failed
     rig.add("obj0", "obj1")
     assert rig.cli("harvest").returncode == 0
     collection = rig.store / "collections" / "dam-v3.json"
-    collection.write_text('{"not": "a collection"')
+    collection.write_text('{"not": "a collection"}')  # JSON of another's making (one not JSON is written again)
     shutil.copy(CORPUS / SAMPLES["obj1"], tmp_path / "src" / "obj0")  # a page added: the object is published again
 
     second = rig.cli("harvest")
