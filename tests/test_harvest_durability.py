@@ -138,8 +138,8 @@ def test_a_signal_while_the_last_item_is_in_flight_lets_the_run_complete_and_exi
 
 
 def test_a_store_error_while_the_collection_is_updated_records_the_run_as_failed(tmp_path):
-    """The collection is updated after every item is settled: an error there (a collection document of another's making,
-    a store down at that moment) must end the run as failed, with the reason, not leave it 'running' for
+    """The collection is updated after every item is settled: an error there (a collection document of another's
+    making, a store down at that moment) must end the run as failed, with the reason, not leave it 'running' for
     status and report to call killed."""
     rig = FolderHarvest(tmp_path)
     rig.released.touch()
