@@ -162,7 +162,9 @@ def test_a_task_queued_while_no_worker_consumes_its_queue_waits_for_one_neither_
     message in the queue), and after max_resends failed its item, an attempt counted, saying only "no progress"."""
     masters = make_masters(tmp_path / "masters", objects=1, per_object=1)
     config = pool_config(tmp_path / "config.yaml", masters=masters, broker_url=redis_server.url(),
-                         store={"kind": "local", "root": str(tmp_path / "store")}, celery={"max_resends": 0})
+                         store={"kind": "local", "root": str(tmp_path / "store")},
+                         celery={"max_resends": 0, "visibility_timeout_seconds": 5,  # a patience of 10 s
+                                 "time_limits": {"default": {"soft_seconds": 3, "hard_seconds": 4}}})
     pipeline = load_config(config).pipeline("demo")
     caplog.set_level(logging.WARNING)
     executor = CeleryExecutor({"demo": pipeline}, 2, tmp_path / "unused", load_config(config).celery)
