@@ -313,13 +313,17 @@ def disk_refusal(exc: BaseException, *folders: Path, needs: int = 0,
     remedy = (": make it writable (remount its filesystem read-write) or choose another folder"
               if why == os.strerror(errno.EROFS) else
               f" ({free / 1e6:.1f} MB free there{when}{needed}): free space on its filesystem")
-    return DiskFull(f"cannot write {_named(folder)}: {why}{remedy}"
-                    f"{_TMPDIR_SETS if folder.name.startswith(SCRATCH_PREFIX) else ''}")
+    return DiskFull(f"cannot write {_named(folder)}: {why}{remedy}{_set_by(folder)}")
 
 
 def _named(folder: Path) -> Path:
     """A folder as messages name it: a conversion's scratch by the temp dir it is made in."""
     return folder.parent if folder.name.startswith(SCRATCH_PREFIX) else folder
+
+
+def _set_by(folder: Path) -> str:
+    """What sets where the folder is, for a conversion's scratch (the temp dir); nothing for another."""
+    return _TMPDIR_SETS if folder.name.startswith(SCRATCH_PREFIX) else ""
 
 
 @contextmanager
@@ -334,8 +338,7 @@ def disk_checked(*folders: Path, needs: int = 0) -> Iterator[None]:
         fs = os.statvfs(folder)
         if needs > max(DISK_MARGIN, fs.f_blocks * fs.f_frsize):  # the margin alone is a rule of thumb
             raise ConversionFailed(f"needs up to {needs / 1e6:.1f} MB in {_named(folder)}, more than its whole "
-                                   f"filesystem holds ({fs.f_blocks * fs.f_frsize / 1e6:.1f} MB)"
-                                   f"{_TMPDIR_SETS if folder.name.startswith(SCRATCH_PREFIX) else ''}")
+                                   f"filesystem holds ({fs.f_blocks * fs.f_frsize / 1e6:.1f} MB){_set_by(folder)}")
     short = next((folder for folder, free in began.items() if free < needs), None)
     if short is not None:
         raise disk_refusal(OSError(errno.ENOSPC, "not enough free space"), short, needs=needs, began=began)

@@ -51,6 +51,7 @@ MANIFEST_WARNINGS = """CREATE TABLE IF NOT EXISTS manifest_warnings (
     PRIMARY KEY (run_id, object_id)
 )"""
 AUDIT_PROBLEMS = ("damaged", "missing", "unreadable")  # audit outcomes that stay problems until a key is read right
+_AUDIT_PROBLEM_MARKS = ",".join("?" * len(AUDIT_PROBLEMS))  # their SQL parameters
 AUDITS = """CREATE TABLE IF NOT EXISTS audits (
     pipeline TEXT NOT NULL, key TEXT NOT NULL, audited TEXT NOT NULL, outcome TEXT NOT NULL, reason TEXT,
     PRIMARY KEY (pipeline, key)
@@ -942,7 +943,7 @@ class Ledger:
             with self._writing():
                 self.db.executemany("INSERT INTO audit_entries (key, payload) VALUES (?,?)", batch)
         with self._writing():
-            problem = f"a.outcome IN ({','.join('?' * len(AUDIT_PROBLEMS))})"
+            problem = f"a.outcome IN ({_AUDIT_PROBLEM_MARKS})"
             self._execute("CREATE TEMP TABLE audit_queued AS SELECT e.key, e.payload FROM audit_entries e "
                           "LEFT JOIN audits a ON a.pipeline=? AND a.key=e.key WHERE ? IS NULL OR a.audited IS NULL "
                           f"OR a.audited < ? OR {problem} "
@@ -956,25 +957,23 @@ class Ledger:
         """The keys audit_queue() queued whose last audit, before `since` (a run's start), found a problem: those
         the run did not read again (outside its --limit, or it stopped), which the ledger still holds
         damaged, missing or unreadable."""
-        after = 0
-        while True:
-            rows = self._rows(f"SELECT q.rowid, {', '.join(f'a.{f.name}' for f in fields(AuditRecord))} "
-                              "FROM audit_queued q JOIN audits a ON a.pipeline=? AND a.key=q.key "
-                              f"WHERE q.rowid > ? AND a.audited < ? AND a.outcome IN "
-                              f"({','.join('?' * len(AUDIT_PROBLEMS))}) ORDER BY q.rowid LIMIT ?",
-                              (pipeline, after, _ts(since), *AUDIT_PROBLEMS, page))
-            yield from (AuditRecord(*row[1:]) for row in rows)
-            if len(rows) < page:
-                return
-            after = rows[-1][0]
+        rows = self._queue_pages(f"{', '.join(f'a.{f.name}' for f in fields(AuditRecord))} FROM audit_queued q "
+                                 f"JOIN audits a ON a.pipeline=? AND a.key=q.key WHERE a.audited < ? AND a.outcome "
+                                 f"IN ({_AUDIT_PROBLEM_MARKS})", (pipeline, _ts(since), *AUDIT_PROBLEMS), page)
+        return (AuditRecord(*row) for row in rows)
 
     def audit_queued(self, page: int = 1000) -> Iterator[tuple[str, str]]:
         """The (key, payload) entries audit_queue() queued, in its order, a page at a time."""
+        return self._queue_pages("q.key, q.payload FROM audit_queued q WHERE 1", (), page)
+
+    def _queue_pages(self, select: str, args: tuple, page: int) -> Iterator[tuple]:
+        """The rows `select` gives of audit_queued (`q`; its WHERE last) in queue order, a page at a time: no read
+        transaction stays open while the caller reads the store."""
         after = 0
         while True:
-            rows = self._rows("SELECT rowid, key, payload FROM audit_queued WHERE rowid > ? ORDER BY rowid LIMIT ?",
-                              (after, page))
-            yield from ((key, payload) for _, key, payload in rows)
+            rows = self._rows(f"SELECT q.rowid, {select} AND q.rowid > ? ORDER BY q.rowid LIMIT ?",
+                              (*args, after, page))
+            yield from (row[1:] for row in rows)
             if len(rows) < page:
                 return
             after = rows[-1][0]

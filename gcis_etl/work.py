@@ -308,8 +308,8 @@ class Worker:
         except ConfigError as exc:  # not found, or unreadable, where this worker looks
             return halting(base, f"{self._worker_named}: {exc}", REDEPLOY, transient=False)
         if recipe.digest != task.recipe_digest:
-            return halting(base, f"recipe {task.recipe!r} on {self._worker_named} has digest {recipe.digest}, the task was "
-                                 f"planned with {task.recipe_digest}", REDEPLOY, transient=False)
+            return halting(base, f"recipe {task.recipe!r} on {self._worker_named} has digest {recipe.digest}, the "
+                                 f"task was planned with {task.recipe_digest}", REDEPLOY, transient=False)
         differ = [what for what, digest in (task.settings or {}).items()
                   if pipeline.worker_digests.get(what) != digest]
         if differ:

@@ -74,7 +74,7 @@ import click
 
 from gcis_etl.deposits import StoreKey, item_key, pipeline_keys
 from gcis_etl.errors import StoreError, StoreUnavailable
-from gcis_etl.ledger import Ledger, now
+from gcis_etl.ledger import ItemRecord, Ledger, now
 from gcis_etl.locks import RunLock
 from gcis_etl.migration import Budget, MigrationContext, migration
 from gcis_etl.pipelines import Pipeline
@@ -113,12 +113,13 @@ def main(ctx: MigrationContext, name: str, repair: bool, older_than: float, conc
     with ctx.ledger() as ledger, nullcontext() if ctx.dry_run else ctx.lock(name) as lock:
         queued = ledger.audit_queue(name, ((k.key, k.to_json()) for k in pipeline_keys(ledger, pipeline)),
                                     audited_before)
+        reading = min(queued, limit or queued)
         if ctx.dry_run:
-            ctx.report.add("would audit", min(queued, limit or queued))
+            ctx.report.add("would audit", reading)
             return
         store = open_store(pipeline.settings.store, concurrency)
         store.check(create=False if ledger.has_deposit(name) else None)
-        progress = audit_progress(name, min(queued, limit or queued), ctx.report.counts)
+        progress = audit_progress(name, reading, ctx.report.counts)
         audit = Audit(ctx, pipeline, store, lock if repair else None, progress)
         keys = (StoreKey.from_json(payload) for _, payload in ledger.audit_queued())
         try:
@@ -154,7 +155,7 @@ def released(lock: RunLock) -> Iterator[None]:
 
 @dataclass(frozen=True)
 class Finding:
-    outcome: str  # ok, missing, damaged, unreadable, absent
+    outcome: str  # ok, missing, damaged, unreadable, absent; after a repair, repaired or lost
     reason: str = ""
 
 
@@ -302,16 +303,21 @@ class Audit:
         more was superseded: it need not be there)."""
         if item.version is not None:
             return item
-        record = next((r for r in ledger.items(self.pipeline.name, item.object_id) if r.output_key == item.key),
-                      None)
+        record = self.holder(ledger, item)
         return item_key(record) if record else replace(item, sha256=None, size=None, required=False)
+
+    def holder(self, ledger: Ledger, item: StoreKey) -> ItemRecord | None:
+        """The item whose access master `item` is, as the ledger records it now; None for a document, or a key no
+        item has any more."""
+        if item.version is not None:
+            return None
+        return next((r for r in ledger.items(self.pipeline.name, item.object_id) if r.output_key == item.key), None)
 
     def unrepaired(self, ledger: Ledger, item: StoreKey, run_id: int | None) -> tuple[str, bool]:
         """Why the repair's harvest (run `run_id`) did not bring an access master back, from what it recorded of
         the key's item, and whether the key is lost: the source no longer lists the item (its master deleted or
         renamed since: the run left its record as it was); or its conversion was rejected or failed."""
-        record = None if item.version is not None else next(
-            (r for r in ledger.items(self.pipeline.name, item.object_id) if r.output_key == item.key), None)
+        record = self.holder(ledger, item)
         if record is None:
             return "after a repair", False
         if record.last_run != run_id:
