@@ -130,13 +130,13 @@ def fetch_verified(item: SourceItem, dest_dir: Path, open_body: BodyOpener, poli
         temp = dest_dir / f".{final.name}.{uuid.uuid4().hex[:12]}.part"
         try:
             with open_body(budget) as body:
-                size, sha256, fixity_digest = _copy(body, temp, expected, TransferPace(policy), item.size)
+                size, sha256, fixity_digest = _copy(body, temp, expected, TransferPace(policy, item.id), item.size)
                 announced = body.length
                 transferred = body.transferred() if body.transferred else size
             problem = _disagreement(item, expected, announced, transferred, size, fixity_digest)
-        except TransferInterrupted as exc:
+        except TransferInterrupted as exc:  # it names what was read: the transport its request, the pace the item
             temp.unlink(missing_ok=True)
-            budget.after_failure(f"{item.id}: {exc}")
+            budget.after_failure(str(exc))
             continue
         except _TooLong as exc:
             problem = str(exc)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import email.utils
 import html
+import json
 import logging
 import os
 import re
@@ -38,7 +39,7 @@ from urllib3.exceptions import ProtocolError, ReadTimeoutError
 from connectors.errors import (AuthenticationFailed, PermissionDenied, SourceDataError, SourceRequestFailed,
                                SourceUnavailable, TransferInterrupted)
 from connectors.fetching import CHUNK_SIZE, Body
-from connectors.redaction import register, scrub, scrub_url
+from connectors.redaction import credential_keys, register, scrub, scrub_url
 from connectors.retry import RetryBudget, RetryPolicy, TransferPace
 from gcis_etl.settings import Settings, checked_url
 
@@ -145,6 +146,8 @@ class HttpSession:
         self._pid = 0
         self._userinfo: dict[tuple[str, str | None, int | None], requests.auth.HTTPBasicAuth] = {}
         self.base_url = self.credential_free(settings.base_url).rstrip("/")
+        # what a 401 names to fix: the keys (never the values) of the settings the session authenticates with
+        self.credentials = credential_keys(settings) + (("source.base_url's user-info",) if self._userinfo else ())
 
     def url(self, path: str) -> str:
         return self.base_url + "/" + path.lstrip("/")
@@ -268,7 +271,8 @@ class HttpSession:
             hint = self._hint(response, what, stream)
             response.close()
             if status == 401:
-                raise AuthenticationFailed(f"{reason}: the source refused the configured credentials{hint}")
+                keys = f" ({', '.join(self.credentials)})" if self.credentials else ""
+                raise AuthenticationFailed(f"{reason}: the source refused the configured credentials{keys}{hint}")
             if status == 403:
                 raise PermissionDenied(f"{reason}: the configured user is not allowed to do this{hint}")
             raise SourceRequestFailed(f"{reason}{hint}", status)
@@ -341,14 +345,35 @@ class HttpSession:
         return f"connection failed ({_root_cause(exc)})"
 
     def _hint(self, response: requests.Response, what: str, streamed: bool) -> str:
-        """A short, scrubbed excerpt of an error body: the source's own words help the operator."""
+        """A short, scrubbed excerpt of an error body: the source's own words help the operator (not when they
+        only repeat the status's reason, as Rosetta's "Unauthorized" page does)."""
         try:
             head = self._read(response, what, _HINT_BYTES) if streamed else response.content[:_HINT_BYTES]
         except TransferInterrupted:
             return ""
         # scrubbed before the cut: a secret the cut splits would no longer match
-        text = scrub(" ".join(head.decode(response.encoding or "utf-8", "replace").split()))[:200]
-        return f": {text}" if text else ""
+        text = scrub(" ".join(_server_words(head, response.encoding or "utf-8").split()))[:200]
+        return f": {text}" if text and text.lower() != (response.reason or "").lower() else ""
+
+
+def _server_words(head: bytes, charset: str) -> str:
+    """What an error body says in the server's words, what it means first: OTMM's exception_body message and
+    error_code, then its debug_message (which comes before them, and may echo the whole request); an HTML page's
+    title or text (Rosetta's); else the body."""
+    text = head.decode(charset, "replace")
+    try:
+        data = json.loads(text)
+    except ValueError:
+        data = None
+    error = data.get("exception_body") if isinstance(data, dict) else None
+    if isinstance(error, dict) and (error.get("message") or error.get("error_code")):
+        message, code, debug = error.get("message"), error.get("error_code"), error.get("debug_message")
+        meaning = f"{message} ({code})" if message and code else f"{message or code}"
+        return f"{meaning}; {debug}" if debug else meaning
+    if _HTML_START.match(head):
+        title = _TITLE.search(text)
+        return html.unescape(title.group(1) if title else _TAG.sub(" ", text))
+    return text
 
 
 def _chain(exc: BaseException) -> Iterator[BaseException]:
@@ -395,6 +420,7 @@ _HTML_START = re.compile(rb"(?:\xef\xbb\xbf)?\s*(?:<\?xml[^>]*>\s*)?(?:<!--.*?--
                          re.IGNORECASE | re.DOTALL)
 _HTML_TYPES = ("text/html", "application/xhtml+xml")
 _TITLE = re.compile(r"<title[^>]*>(.*?)</title", re.IGNORECASE | re.DOTALL)
+_TAG = re.compile(r"<[^>]*>")
 
 
 def refuse_html(body: bytes, content_type: str | None, what: str, expected: str, readable: bool = False) -> None:

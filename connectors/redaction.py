@@ -131,6 +131,19 @@ def written_secrets(model: type[BaseModel], options: Any, where: str) -> Iterato
                 yield from written_secrets(arm, value, f"{where}.{key}")
 
 
+def credential_keys(settings: Settings, where: str = "source") -> tuple[str, ...]:
+    """The keys (under `where`) of the credentials `settings` holds, for a refusal to name what to fix, never their
+    values: the `username` they go with (every built-in HTTP source's) and each Secret field set, "from the
+    environment" when a ${VAR} filled it in (what cron's environment exports)."""
+    keys = [f"{where}.username"] if "username" in type(settings).model_fields else []
+    for name, field in type(settings).model_fields.items():
+        value = getattr(settings, name)
+        if isinstance(value, SecretStr):
+            filled = value.get_secret_value() in settings.from_environment
+            keys.append(f"{where}.{field.alias or name}{' from the environment' if filled else ''}")
+    return tuple(keys)
+
+
 _UNINTERPOLATED = re.compile(r"\$\{[A-Za-z_][A-Za-z0-9_]*\}")
 
 Secret = Annotated[SecretStr, BeforeValidator(_secret_text)]

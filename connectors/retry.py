@@ -81,7 +81,9 @@ class RetryBudget:
                       give_up: type[SourceError] = SourceUnavailable) -> None:
         """Sleep before the next attempt, or raise `give_up` when attempts or total time are used up.
 
-        `reason` must already be free of credentials: it goes to the log and into the exception.
+        `reason` must already be free of credentials: it goes to the log and into the exception. A retry is
+        logged at INFO: one that then succeeds is no problem (cron mails the WARNING lines of `harvest --quiet`),
+        and one that gives up says so in the error raised, which fails the item or the run, with the attempts.
         """
         policy = self.policy
         elapsed = time.monotonic() - self.started
@@ -93,7 +95,7 @@ class RetryBudget:
         if elapsed + delay > policy.max_total_seconds:
             raise give_up(f"{reason}; gave up after {self.attempts} attempt(s): waiting {delay:.1f}s more "
                           f"would exceed max_total_seconds={policy.max_total_seconds:g}")
-        log.warning("%s; retrying in %.2fs (attempt %d of %d)", reason, delay, self.attempts + 1, policy.max_attempts)
+        log.info("%s; retrying in %.2fs (attempt %d of %d)", reason, delay, self.attempts + 1, policy.max_attempts)
         _wait(delay, reason)
 
 
@@ -113,8 +115,10 @@ class TransferPace:
     """Cuts off a transfer that brings less than min_transfer_bytes_per_second over a read_timeout_seconds
     window: the read timeout bounds silences, and a body trickling in a byte at a time is never silent."""
 
-    def __init__(self, policy: RetryPolicy):
+    def __init__(self, policy: RetryPolicy, subject: str = ""):
+        """`subject`: what the transfer is, named in the message where the transport does not name it."""
         self.policy = policy
+        self.subject = subject
         self._since, self._bytes = time.monotonic(), 0
 
     def arrived(self, size: int) -> None:
@@ -123,6 +127,8 @@ class TransferPace:
         if elapsed < self.policy.read_timeout_seconds:
             return
         if self._bytes < self.policy.min_transfer_bytes_per_second * elapsed:
-            raise TransferInterrupted(f"transfer too slow: {self._bytes} bytes in the last {elapsed:.1f}s, under "
-                                      f"min_transfer_bytes_per_second={self.policy.min_transfer_bytes_per_second:g}")
+            named = f"{self.subject}: " if self.subject else ""
+            floor = self.policy.min_transfer_bytes_per_second
+            raise TransferInterrupted(f"{named}transfer too slow: {self._bytes} bytes in the last {elapsed:.1f}s, "
+                                      f"under min_transfer_bytes_per_second={floor:g}")
         self._since, self._bytes = time.monotonic(), 0

@@ -29,7 +29,8 @@ _MODE_KEY = re.compile(r"auth(?:[_-]?(?:scheme|mode|method|type|kind))?", re.IGN
 _SCHEME = r"[A-Za-z][A-Za-z0-9+.-]*://"
 # A URL in a text ends at a blank, a quote or a ';' that starts the next URL of a list.
 _URL = re.compile(rf"{_SCHEME}(?:[^\s\"'<>;]|;(?!{_SCHEME}))*")
-_QUERY_PAIR = re.compile(rf"((?<=[?&])([^=&\s\"'#;]+)=)((?:[^&\s\"'#;]|;(?!{_SCHEME}))*)")
+# A value ends where the URL does, or at a ':' closing the URL in a text ("GET …?api_key=…: HTTP 401").
+_QUERY_PAIR = re.compile(rf"((?<=[?&])([^=&\s\"'#;]+)=)((?:[^&\s\"'#;:]|:(?!\s|$)|;(?!{_SCHEME}))*)")
 _MIN_SECRET = 4  # shorter environment values ("0", "yes") are no secrets; masked everywhere, they hide settings
 _MASK = "********"
 _LISTED_KEYS = 16  # an unknown key's message lists the keys allowed beside it when there are at most so many

@@ -18,7 +18,7 @@ def test_a_first_ctrl_c_during_a_retry_wait_of_the_listing_stops_the_run_at_once
     with serving(RosettaEmulator()) as emulator:
         emulator.inject("GET /oaiprovider/request", Fault.http(503, retry_after=20), times=None)
         rig.write(rosetta_source(emulator.url))
-        run = rig.start("harvest")
+        run = rig.start("harvest", "-v")  # a retry is logged at INFO
         stderr: list[str] = []
         reader = threading.Thread(target=lambda: stderr.extend(run.stderr), daemon=True)
         reader.start()
