@@ -225,5 +225,6 @@ VERBOSE = SharedOption("-v", "--verbose", count=True,
 LIMIT = SharedOption("--limit", type=click.IntRange(min=1),
                      help="Process at most this many items (deposited, rejected or failed; skips do not count).")
 MAX_MINUTES = SharedOption("--max-minutes", type=click.FloatRange(min=0, min_open=True),
-                           help="Take no new item after this many minutes (a harvest: the pipeline's "
-                                "max_run_minutes otherwise; a migration: no time limit otherwise).")
+                           help="Take no new item after this many minutes (a harvest: across all its pipelines, "
+                                "each taking an equal share of what is left; without it, the pipelines' "
+                                "max_run_minutes. A migration: across its runs; no time limit otherwise).")

@@ -7,7 +7,9 @@
 - `celery`: tasks go to a broker and run on any number of machines (gcis_etl.worker).
 
 The caller plans in its own thread (listing, ledger decisions) and submits one task at a time; submit waits
-only while every slot is busy, so a backlog of millions of items streams through a bounded window.
+only while every slot is busy, so a backlog of millions of items streams through a bounded window. Once a slot
+is free it asks `stopping()` again: the time limit may have passed, or a stop come, while it waited, and then
+it sends nothing (the caller finds the task unanswered once drained: the next run does it).
 """
 from __future__ import annotations
 
@@ -27,7 +29,8 @@ class Executor(Protocol):
         """Raise GcisError when no task could run (e.g. the broker is unreachable): called before any item."""
 
     def submit(self, task: ItemTask) -> list[ItemResult]:
-        """Start `task` as soon as a slot is free; return the results that finished meanwhile."""
+        """Start `task` as soon as a slot is free, unless `stopping()` by then; return the results that finished
+        meanwhile."""
 
     def drain(self) -> Iterator[ItemResult]:
         """The results of every task still running, as they finish."""
@@ -37,9 +40,11 @@ class Executor(Protocol):
 
 
 class LocalExecutor:
-    def __init__(self, pipelines: dict[str, Pipeline], concurrency: int, scratch: Path, transfer_slots: int = 0):
+    def __init__(self, pipelines: dict[str, Pipeline], concurrency: int, scratch: Path, transfer_slots: int = 0,
+                 stopping: Callable[[], bool] | None = None):
         self.pipelines = pipelines
         self.scratch = scratch
+        self.stopping = stopping or (lambda: False)
         self._children = ChildPool(concurrency)
         self._todo: queue.Queue = queue.Queue()
         self._done: queue.Queue = queue.Queue()
@@ -56,8 +61,11 @@ class LocalExecutor:
 
     def submit(self, task: ItemTask) -> list[ItemResult]:
         self._slots.acquire()
-        self._running += 1
-        self._todo.put(task)
+        if self.stopping():  # came while it waited for the slot: the task is not sent
+            self._slots.release()
+        else:
+            self._running += 1
+            self._todo.put(task)
         return self._finished(block=False)
 
     def drain(self) -> Iterator[ItemResult]:
@@ -104,10 +112,11 @@ class LocalExecutor:
 
 def open_executor(kind: str, pipelines: dict[str, Pipeline], concurrency: int, scratch: Path,
                   transfer_slots: int, stopping: Callable[[], bool] | None = None) -> Executor:
-    """`stopping()` true (a stop asked for, the run's time up: Harvest.stopping), the run waits only for what has
-    started: Celery leaves a task still in its queue there. The local executor need not ask: each task it
-    holds has a thread of its own, free when the task was handed over, so all have started."""
+    """`stopping()` true (a stop asked for, the run's time up: Harvest.stopping), no task is sent, not even one
+    that waited in submit for a slot while it became true, and the run waits only for what has started: Celery
+    leaves a task still in its queue there. The local executor has nothing to leave: each task it holds has a
+    thread of its own, free when the task was handed over, so all have started."""
     if kind == "celery":
         from gcis_etl.worker import CeleryExecutor
         return CeleryExecutor(pipelines, concurrency, scratch, stopping=stopping)
-    return LocalExecutor(pipelines, concurrency, scratch, transfer_slots)
+    return LocalExecutor(pipelines, concurrency, scratch, transfer_slots, stopping)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import shutil
 import threading
 import time
@@ -47,6 +48,7 @@ from gcis_etl.work import ItemResult, ItemTask, Outcome, fingerprint, remedy, to
 
 log = logging.getLogger("gcis_etl.harvest")  # the name log shippers filter on (progress.py logs items under it)
 
+NO_TIME_LEFT = 1e-6  # minutes: a run given these stops before its first item (HarvestOptions takes no 0)
 AT_LIMIT = "stopped at the limit of "  # a run's note at HarvestOptions.limit (a migration words it anew)
 LISTING_CHANGED = "the source's listing settings changed since the checkpoint: listing everything"
 STOPS_RUN = (StoreUnavailable, StoreRefused)  # a store error no manifest or collection write gets past: StoreFull too
@@ -113,6 +115,23 @@ class HarvestOptions:
                             f"not {self.object_ids!r}")
         if self.described and tuple(obj.id for obj in self.described) != tuple(dict.fromkeys(self.object_ids)):
             raise ValueError("HarvestOptions.described holds the objects of object_ids, one per id in order")
+
+
+@dataclass(kw_only=True)
+class TimeLimit:
+    """A time limit that runs one after another share (a harvest's pipelines, a migration's harvest runs): its
+    clock starts once, and each run gets its share of what is left when it starts, so that what one does not use
+    passes to those after it. `minutes` None: no limit."""
+
+    minutes: float | None = None
+    started: float = field(default_factory=time.monotonic)
+
+    def minutes_left(self) -> float:
+        return math.inf if self.minutes is None else self.minutes - (time.monotonic() - self.started) / 60
+
+    def share(self, runs: int = 1) -> float:
+        """The minutes of the next of `runs` runs left, sharing what is left equally; NO_TIME_LEFT when none is."""
+        return max(self.minutes_left() / runs, NO_TIME_LEFT)
 
 
 def retry_statuses(failed: bool, rejected: bool) -> list[str]:
@@ -484,8 +503,8 @@ class Harvest:
 
     def should_stop(self, listed_all: bool = False) -> bool:
         """`listed_all`: asked once the listing is over (a break set cut_short already): the time limit, which
-        stops the taking of new objects, has none left to stop, though it passed while the last item waited for
-        a slot; the run is cut short by it only if the executor leaves items undone (execute)."""
+        stops the taking of new objects, has none left to stop; the run is cut short by it only if the executor
+        leaves items undone (execute): one it did not send, the limit having passed while it waited for a slot."""
         if self.cut_short or self.halted:
             return True
         if self.stop.is_set():
@@ -1000,14 +1019,18 @@ def harvest_pipelines(config: Config, names: Sequence[str] = (), options: Harves
     (gcis_etl.progress.progress_for on a terminal; none by default). `stop` may be the caller's own Event, as for
     harvest(): set, it stops the runs as a signal would, and they exit 1 as a report of a run that did not
     complete does (there is no signal to report). `names` is a sequence of names: a str alone is refused, as
-    HarvestOptions.object_ids refuses one (it would be read as one name per character)."""
+    HarvestOptions.object_ids refuses one (it would be read as one name per character).
+    The time limit spans the call, not each run: options.max_run_minutes, else the pipelines' own max_run_minutes
+    (the longest, when each has one; cron's interval is the call's); each pipeline gets an equal share of what is
+    left of it when it starts (_shared), so what one does not use passes to those after it."""
     if isinstance(names, str):
         raise TypeError(f"harvest_pipelines' names are a sequence of pipeline names: ({names!r},), not {names!r}")
     names = list(names) or sorted(config.pipelines)
     stop = as_stop(stop)
+    limit = TimeLimit(minutes=_longest(config, names) if options.max_run_minutes is None else options.max_run_minutes)
     open_sources(config, names)
     not_started = None  # the exit code of the pipelines left, once none can start
-    for name in names:
+    for runs_left, name in zip(range(len(names), 0, -1), names):
         if not_started is None and stop.is_set():  # the command was cut short
             not_started = stop.exit_code
         if not_started is not None:
@@ -1015,7 +1038,7 @@ def harvest_pipelines(config: Config, names: Sequence[str] = (), options: Harves
             continue
         progress = progress_for(name) if progress_for else Progress()
         try:
-            report = harvest(config, name, options, progress, stop)
+            report = harvest(config, name, _shared(options, config.pipeline(name), limit, runs_left), progress, stop)
         except LockHeld as exc:
             outcome = PipelineOutcome(name, EXIT_LOCKED, message=_told(exc))
         except LedgerUnwritable as exc:
@@ -1035,6 +1058,24 @@ def harvest_pipelines(config: Config, names: Sequence[str] = (), options: Harves
         finally:
             progress.clear()
         yield outcome
+
+
+def _longest(config: Config, names: Sequence[str]) -> float | None:
+    """The pipelines' longest max_run_minutes; None (no limit) when one of them has none."""
+    own = [config.pipeline(name).settings.max_run_minutes for name in names]
+    return None if None in own else max(own, default=None)
+
+
+def _shared(options: HarvestOptions, pipeline: Pipeline, limit: TimeLimit, runs: int) -> HarvestOptions:
+    """`options` with the pipeline's time: its share of what is left of `limit` among the `runs` left, or its own
+    max_run_minutes where that is shorter (unless options.max_run_minutes, the operator's --max-minutes, set the
+    limit: a catch-up run may be longer than cron's). None left, it gets NO_TIME_LEFT: the run takes no item, and
+    its report says it stopped at the run time limit."""
+    if limit.minutes is None:
+        return options
+    own = pipeline.settings.max_run_minutes if options.max_run_minutes is None else None
+    share = limit.share(runs)
+    return replace(options, max_run_minutes=share if own is None else min(own, share))
 
 
 def _moved_to(why: str, checkpoint: datetime) -> str:

@@ -28,10 +28,8 @@ import importlib.util
 import inspect
 import json
 import logging
-import math
 import sys
 import threading
-import time
 import uuid
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -46,7 +44,7 @@ from gcis_etl.commands import (CONFIG, EXIT_ITEM_FAILED, EXIT_LOCKED, EXIT_OK, E
 from gcis_etl.config import Config, anchor_in, anchored_store, load_config
 from gcis_etl.durable import atomic_write
 from gcis_etl.errors import ConfigError, GcisError, StoreError
-from gcis_etl.harvesting import AT_LIMIT, HarvestOptions, Progress, harvest
+from gcis_etl.harvesting import AT_LIMIT, HarvestOptions, Progress, TimeLimit, harvest
 from gcis_etl.ledger import Ledger, now
 from gcis_etl.locks import LockHeld, RunLock, pipeline_lock
 from gcis_etl.pipelines import Pipeline
@@ -265,17 +263,13 @@ def _phrase(n: int, outcome: str) -> str:
 
 
 @dataclass
-class Budget:
-    """--limit (items) and --max-minutes across every harvest run of a migration: each run gets what is left.
-    Without --max-minutes there is no time limit (a pipeline's max_run_minutes is a cron limit)."""
+class Budget(TimeLimit):
+    """--limit (items) and --max-minutes (`minutes`) across every harvest run of a migration: each run gets what is
+    left, one after another (runs are not known ahead, so share() of one). Without --max-minutes there is no time
+    limit (a pipeline's max_run_minutes is a cron limit)."""
 
     limit: int | None = None
-    minutes: float | None = None
-    started: float = field(default_factory=time.monotonic)
     processed: int = 0
-
-    def minutes_left(self) -> float:
-        return math.inf if self.minutes is None else self.minutes - (time.monotonic() - self.started) / 60
 
     def exhausted(self) -> str | None:
         """Why no further harvest run may start, or None."""
@@ -287,9 +281,8 @@ class Budget:
 
     def options(self, **options: Any) -> HarvestOptions:
         limit = None if self.limit is None else self.limit - self.processed
-        # spent since exhausted() said otherwise: the run stops before its first item, as HarvestOptions takes no 0
-        minutes = max(self.minutes_left(), 1e-6)
-        return HarvestOptions(limit=limit, max_run_minutes=minutes, **options)
+        # spent since exhausted() said otherwise: NO_TIME_LEFT, and the run stops before its first item
+        return HarvestOptions(limit=limit, max_run_minutes=self.share(), **options)
 
     def spend(self, run: RunReport) -> None:
         self.processed += sum(run.counts.get(outcome, 0) for outcome in ("deposited", "rejected", "failed"))
@@ -481,7 +474,7 @@ def migration(help_text: str, budget: bool = False,
                                                            pipeline if isinstance(pipeline, str) else None),
                                    dry_run, verbose, stop)
             if budget:
-                ctx.budget = Budget(options.pop("limit"), options.pop("max_minutes"))
+                ctx.budget = Budget(options.pop("limit"), minutes=options.pop("max_minutes"))
             code = None
             try:
                 function(ctx, **options)

@@ -165,9 +165,9 @@ class Started(Progress):
         self.items.append(object_id)
 
 
-def test_a_run_whose_listing_ended_completes_though_its_time_limit_passed_while_the_last_item_waited(site):
+def test_a_run_whose_time_limit_passed_while_its_last_item_waited_for_a_slot_leaves_that_item_to_the_next(site):
     """One slot: the last IE's item waits in submit for it while the first one's download is held past the
-    time limit; the listing has no object left, so the run got through it."""
+    time limit: it is not sent (a run takes no item after its limit), and the next run takes it."""
     gate = Gate(RosettaEmulator(catalogue({7400: {"gcis"}, 7410: {"gcis"}})), "DeliveryManagerServlet")
     with serving(gate) as server:
         cfg = site(rosetta_source(server.url, retry=PATIENT_RETRY), max_run_minutes=0.05)  # 3 s
@@ -176,13 +176,15 @@ def test_a_run_whose_listing_ended_completes_though_its_time_limit_passed_while_
         run = threading.Thread(target=lambda: reports.append(harvest(cfg, "p", progress=progress)))
         run.start()
         wait_for(lambda: gate.held, "the first download is held")
-        assert progress.items == ["IE7400"] and time.monotonic() - began < 2.5  # the last one waits for its slot
+        assert progress.items == ["IE7400"]  # the last one waits for its slot
         time.sleep(max(0.0, began + 3.3 - time.monotonic()))  # past the time limit
         gate.open()
         run.join(120)
-    [report] = reports
-    assert report.status == "completed" and report.note is None, report.note
-    assert deposited(cfg, report.run_id) == ["IE7400", "IE7410"] and report.checkpoint_after is not None
+        [report] = reports
+        assert report.status == "stopped" and report.note.startswith("stopped at the run time limit"), report.note
+        assert deposited(cfg, report.run_id) == ["IE7400"] and report.checkpoint_after is None
+        again = harvest(cfg, "p")
+        assert deposited(cfg, again.run_id) == ["IE7410"] and again.status == "completed"
 
 
 def test_an_object_touched_only_has_no_manifest_counted_and_its_collection_is_not_rewritten(site, tmp_path):

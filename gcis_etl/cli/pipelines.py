@@ -138,7 +138,16 @@ def harvest(ctx: click.Context, pipelines: tuple[str, ...], dry_run: bool, since
     end, after recording the items in flight (a run the signal reached during its last items completes, and
     exits as completed), or at once on a second Ctrl-C, which abandons them: the next run redoes them. With
     several pipelines, the highest code wins. A --dry-run exits 1 when it would fail objects (the source cannot
-    describe them), else 0.
+    describe them), else 0. A run stopped at the time limit exits as a completed one would (0 unless items were
+    rejected or failed); its note says where the next run starts.
+
+    The time limit (--max-minutes, else the pipelines' max_run_minutes: the longest, when each has one) spans
+    the command, not each pipeline: each pipeline gets an equal share of what is left when it starts (what one
+    does not use passes to those after it), or, without --max-minutes, its own max_run_minutes where that is
+    shorter; one started with
+    none left takes no item. At the limit no new item is sent, and the items in flight are finished (each within
+    its source's retry.max_total_seconds and isolation.timeout_seconds; with Celery, those a worker started, within
+    celery.time_limits): leave that much room below the cron interval.
 
     \b
     Examples:
