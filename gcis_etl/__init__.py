@@ -2,6 +2,8 @@
 
 The library's front door, for a script or a notebook: one master or access master at a time (inspect,
 convert, verify), recipes, and a configured harvest. The CLI and the Celery worker use the modules behind it.
+Nothing here reads config.yaml by itself: pass a load_config()'s `imaging` and `isolation` to the calls. Many
+masters in one thread convert faster through one reused IsolatedProcess (`worker=`) than with a new one each.
 """
 # Pillow before pyvips, in every process that imports gcis_etl: libvips brings the system's OpenJPEG into the
 # global symbol scope, and a Pillow loaded after it binds to that one instead of its wheel's (seen with
@@ -37,8 +39,11 @@ def verify(path, expect=None, isolation_settings: IsolationSettings | None = Non
 
 
 _LAZY = {**dict.fromkeys(("convert", "check_decoding"), "gcis_etl.conversion"),
-         **dict.fromkeys(("ConfigError", "ConversionFailed", "GcisError", "RejectedMaster", "VerificationFailed"),
-                         "gcis_etl.errors"),
+         **dict.fromkeys(("ConfigError", "ConversionFailed", "GcisError", "RejectedMaster", "SourceError",
+                          "VerificationFailed"), "gcis_etl.errors"),
+         "IsolatedProcess": "gcis_etl.isolation",
+         "LockHeld": "gcis_etl.locks",
+         "RunReport": "gcis_etl.reports",
          "inspect": "gcis_etl.inspection",
          **dict.fromkeys(("ConversionResult", "ImageInfo", "Status", "Verdict", "VerifyReport"), "gcis_etl.models"),
          **dict.fromkeys(("Recipe", "load_recipe"), "gcis_etl.recipes"),
@@ -61,7 +66,7 @@ def __dir__() -> list[str]:
     return sorted({*globals(), *_LAZY})
 
 
-__all__ = ["inspect", "convert", "verify", "check_decoding", "load_recipe", "Recipe", "ImageInfo",
-           "load_config", "Config", "harvest", "HarvestOptions", "harvest_pipelines", "PipelineOutcome",
+__all__ = ["inspect", "convert", "verify", "check_decoding", "IsolatedProcess", "load_recipe", "Recipe", "ImageInfo",
+           "load_config", "Config", "harvest", "HarvestOptions", "harvest_pipelines", "PipelineOutcome", "RunReport",
            "ConversionResult", "VerifyReport", "Status", "Verdict", "GcisError", "ConfigError",
-           "RejectedMaster", "ConversionFailed", "VerificationFailed"]
+           "RejectedMaster", "ConversionFailed", "VerificationFailed", "LockHeld", "SourceError"]

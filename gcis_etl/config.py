@@ -27,6 +27,10 @@ from gcis_etl.settings import (Settings, annotation_types, environment_values, i
                                read_yaml)
 
 
+BUILT_IN_CODE = "<Config built in code>"  # what errors name a Config not read from a file
+NO_FILE = "<built-in defaults: no --config, no $GCIS_CONFIG, no config.yaml in the working folder>"
+
+
 class LedgerSettings(Settings):
     path: Path | None = Field(None, description="default: <state_dir>/ledger.sqlite")
     journal_mode: Literal["wal", "delete", "truncate"] = Field(
@@ -38,6 +42,12 @@ class LedgerSettings(Settings):
 
 
 class Config(Settings):
+    """config.yaml, validated: read it with load_config. Built in code (`Config(**data)`), it is not checked as
+    load_config checks a file (pipelines' sources and recipes only when used), its relative paths are the working
+    directory's, and its errors name it `<Config built in code>`. Its `imaging` and `isolation` are what the
+    library's convert, inspect and verify take as `policy`, `limits` and `isolation_settings`: they read no
+    config themselves."""
+
     imaging: ImagingPolicy = ImagingPolicy()
     isolation: IsolationSettings = IsolationSettings()
     state_dir: Path = Field(Path("var/state"), description="ledger, run locks, run reports, scratch")
@@ -46,8 +56,7 @@ class Config(Settings):
     pipelines: dict[str, PipelineSettings] = {}
     celery: CelerySettings = CelerySettings()
     cache: CacheSettings = CacheSettings()
-    source_file: str = Field("<built-in defaults: no --config, no $GCIS_CONFIG, no config.yaml in the working folder>",
-                             exclude=True)  # where the settings were read: not a key of the file
+    source_file: str = Field(BUILT_IN_CODE, exclude=True)  # where the settings were read: not a key of the file
 
     def printable(self) -> dict[str, Any]:
         """The resolved settings as plain data (each source as its connector's settings read it, defaults filled
@@ -105,9 +114,12 @@ def load_single_file_config(path: str | Path | None = None) -> SingleFileConfig:
 
 
 def load_config(path: str | Path | None = None) -> Config:
+    """The configuration in `path`; None: $GCIS_CONFIG, else ./config.yaml in the working directory (a
+    service's, which may not be yours), else the built-in defaults with no pipelines. ConfigError names the
+    file, each key and what was expected."""
     found = config_path(path)
     if found is None:
-        return Config()
+        return Config(source_file=NO_FILE)
     source = str(found)
     data = _filled(_read_mapping(found), found, _anchored, _SOURCES)
     hidden = environment_values(data)

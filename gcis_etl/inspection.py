@@ -68,7 +68,9 @@ def inspect(path: str | Path, policy: ImagingPolicy | None = None,
     """Describe a master and give the policy's verdict, without decoding its pixels. The path is made absolute:
     the description (and a conversion child reusing it) must name the same file whatever the cwd becomes.
     exiftool reads its metadata here, in the caller's process, held to the isolation `limits` (the defaults when
-    None): metadata inflating past them (a PNG's zTXt bomb) raises ConversionFailed, this master's failure."""
+    None): metadata inflating past them (a PNG's zTXt bomb) raises ConversionFailed, this master's failure. Raises
+    OSError when there is no file to read (a missing file, a folder), where convert() answers FAILED. Only the
+    header is read: `gcis-etl inspect` also decodes every pixel, which is check_decoding()."""
     policy = policy or ImagingPolicy()
     path = str(Path(path).absolute())
     fmt = formats.sniff(path)  # a FIFO or device raises OSError, as a folder does

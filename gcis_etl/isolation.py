@@ -171,7 +171,8 @@ def crashed_decoder(stage_name: str | None) -> str | None:
 def heard(on_stage: Callable[[str], None] | None, name: str) -> None:
     """Hand the stage `name` to a caller's listener (a progress line), which runs while the child works on: one
     that raises is logged and the conversion goes on (raised, it would leave the child's answer unread, the child
-    killed and a good master failed for its display). Not a KeyboardInterrupt (Ctrl-C): that still stops."""
+    killed and a good master failed for its display). Not a KeyboardInterrupt (Ctrl-C): that still stops. One
+    that blocks past isolation.timeout_seconds fails nothing the child answered meanwhile (IsolatedProcess.call)."""
     if on_stage is None:
         return
     try:
@@ -373,7 +374,10 @@ def _process_exists(pid: int) -> bool:
 
 def _child_main(conn: Connection, settings: dict) -> None:
     global _conn, _threads, _memory_limit_mb, _encoder_limit_mb, _metadata_timeout, _exiftool_deadline
-    conn.send(("hello", code_fingerprint()))  # first, before anything another version may do otherwise
+    try:
+        conn.send(("hello", code_fingerprint()))  # first, before anything another version may do otherwise
+    except OSError:  # the parent closed its end as it started this process (a Ctrl-C there): no one to work for,
+        return       # and a BrokenPipeError's traceback went to the stderr it shares with the caller
     _conn, _threads, _memory_limit_mb = conn, settings["vips_concurrency"], settings["memory_limit_mb"]
     _encoder_limit_mb, _metadata_timeout = settings["encoder_memory_limit_mb"], settings["metadata_timeout_seconds"]
     limit = settings["memory_limit_mb"] * 1024 * 1024
@@ -572,7 +576,9 @@ def _picklable(exc: Exception) -> bool:
 
 
 class IsolatedProcess:
-    """One reusable child process; call() runs `module.function(*args)` in it.
+    """One reusable child process; call() runs `module.function(*args)` in it. A library caller converting many
+    masters passes one as convert()'s, check_decoding()'s `worker` (`with IsolatedProcess(cfg.isolation) as
+    worker:`): a new process for each master costs several times the conversion of a small one.
 
     It serves one call at a time: threads sharing one wait for each other (their jobs and answers went over one
     socket, each thread taking another's answer). Threads that want to convert in parallel make one each."""
@@ -617,8 +623,10 @@ class IsolatedProcess:
         answered = False
         try:
             while True:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0 or not self._conn.poll(remaining):
+                # what the child sent is taken whatever the clock says: a listener (heard) holding this thread
+                # past the deadline has let the child's answer wait, not made the child late. The deadline is
+                # the child's, which works on meanwhile: one that has not answered by then is killed
+                if not self._conn.poll(max(deadline - time.monotonic(), 0)):
                     self._kill()
                     where = f" while {current_stage}" if current_stage else ""
                     raise WorkerTimeout(f"timed out after {timeout:g} s{where}{setting}")
@@ -712,7 +720,7 @@ class IsolatedProcess:
         self._conn.close()
         self._proc, self._conn = None, None
         name = signal.Signals(-code).name if code is not None and code < 0 else None
-        how = f"crashed: {name}" if name else f"exited with code {code}"
+        how = f"crashed: {name}" if name else _exited(code)
         if not self._greeted:
             return CannotStart(f"the conversion process {how} before it was ready (its error went to the stderr of "
                                f"the process that started it, {running_process()}): if gcis-etl was upgraded in "
@@ -744,6 +752,15 @@ class IsolatedProcess:
         rss = self.rss_bytes() or 0
         if self._jobs >= self.settings.max_jobs_per_process or rss > self.settings.max_rss_mb * 1024 * 1024:
             self.close()
+
+
+def _exited(code: int) -> str:
+    """How a child that no signal killed ended, as a message tells it. In a host that ignores SIGCHLD (some
+    daemons do) the kernel reaps the children and keeps no exit status: wait() says 0 whatever happened, a SIGSEGV
+    included."""
+    if signal.getsignal(signal.SIGCHLD) is signal.SIG_IGN:
+        return "ended, its exit status unknown (this process ignores SIGCHLD, so the kernel reaped it)"
+    return f"exited with code {code}"
 
 
 def _kept_process(argv: list[str], **popen: Any) -> subprocess.Popen:

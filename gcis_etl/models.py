@@ -6,6 +6,10 @@ from enum import Enum
 
 
 class Verdict(str, Enum):
+    """What policy makes of a master (ImageInfo.verdict): accepted as it is, accepted once converted (a colour
+    space, depth or layout the access master changes), rejected (ImageInfo.reasons say why), or not checked (its
+    full decode ran out of memory or time: no verdict on the master itself)."""
+
     ACCEPT = "accept"
     ACCEPT_AFTER_CONVERSION = "accept-after-conversion"
     REJECT = "reject"
@@ -48,6 +52,10 @@ class ImageInfo:
 
 
 class Status(str, Enum):
+    """How a conversion ended (ConversionResult.status): converted (the output verified and in place), rejected
+    (the master breaks policy or cannot be decoded: trying again changes nothing) or failed (anything else: a
+    limit, a crash, the disk; trying again may succeed). The values are what the CLI prints and the JSON holds."""
+
     CONVERTED = "converted"
     REJECTED = "rejected"
     FAILED = "failed"

@@ -82,6 +82,11 @@ class Jp2Parameters(Settings):
 
 
 class Recipe(Settings):
+    """How a master becomes an access master: the encoder and its parameters. load_recipe reads one from a file
+    (its name is the file's); one built in code (`Recipe(name=..., quality=85)`) raises pydantic's
+    ValidationError, and one derived with model_copy(update=...) a ConfigError. `digest` identifies the
+    parameters: a harvest re-encodes what another digest made."""
+
     name: str
     description: str = ""
     encoder: Literal["ptiff", "tifffile", "kakadu", "openjpeg", "grok"] = "ptiff"
@@ -171,10 +176,19 @@ class Recipe(Settings):
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
     def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Recipe:
-        """A copy with other parameters has another digest: the one taken of this recipe is not carried over."""
-        copied = super().model_copy(update=update, deep=deep)
-        copied.__dict__.pop("digest", None)
-        return copied
+        """A copy; with `update`, a recipe derived in code, validated as a recipe file is (ConfigError naming each
+        key: pydantic's own model_copy checks nothing, and a tile of 300 or a quality of 180 went to the encoder).
+        It has another digest, which a harvest compares, but keeps this recipe's name unless `update` gives one:
+        give it one when results and the ledger must not name the recipe it came from."""
+        if not update:
+            copied = super().model_copy(deep=deep)
+            copied.__dict__.pop("digest", None)  # taken again, of the same parameters
+            return copied
+        # the keys this recipe set, as a file sets them (encoder defaults and misplaced keys are judged as there)
+        data = {**self.model_dump(exclude_unset=True),
+                **{key: value.model_dump(exclude_unset=True) if isinstance(value, Settings) else value
+                   for key, value in update.items()}}
+        return parse(Recipe, data, f"<recipe {self.name!r} derived in code>")
 
 
 class _Misfit(ValueError):

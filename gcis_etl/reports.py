@@ -56,6 +56,13 @@ class Warned:
 
 @dataclass
 class RunReport:
+    """One harvest run, as harvest() returns it and `gcis-etl report` shows it. `status`: running, completed,
+    stopped (at --limit, the time limit or on request: `note` says which), failed (its source, store, ledger
+    or workers failed as a whole: `note` says why), crashed (a bug, or the run was killed) or dry-run.
+    `counts`: items by outcome, deposited, skipped, rejected and failed (a dry run's: process, skip and fail,
+    its items in `planned`); `problems`: the items rejected or failed; `exit_code`: the CLI's for this run;
+    `summary()`: the lines it prints."""
+
     pipeline: str
     run_id: int | None
     status: str
