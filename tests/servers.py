@@ -10,9 +10,11 @@ import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Iterator
+
+from tests.emulators.server import LoopbackServer
 
 
 def free_port() -> int:
@@ -104,11 +106,10 @@ def terminate(proc: subprocess.Popen, grace: float = 10) -> None:
 
 
 @contextmanager
-def http_server(handler, **state) -> Iterator[ThreadingHTTPServer]:
+def http_server(handler, **state) -> Iterator[LoopbackServer]:
     """A threaded http.server on loopback for a misbehaving `handler`, with `state` as attributes and `stopping`,
     set at the end so that a handler waiting on it (a trickle) lets the server shut down."""
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    httpd.daemon_threads = True
+    httpd = LoopbackServer(("127.0.0.1", 0), handler)
     httpd.stopping = threading.Event()
     for name, value in state.items():
         setattr(httpd, name, value)
@@ -173,7 +174,7 @@ class _S3FaultProxy(BaseHTTPRequestHandler):
 
 
 @contextmanager
-def s3_fault_proxy(minio: MinioServer) -> Iterator[ThreadingHTTPServer]:
+def s3_fault_proxy(minio: MinioServer) -> Iterator[LoopbackServer]:
     """MinIO behind a proxy whose `faults` answer chosen requests with an error MinIO itself gives only by chance
     (during a stop); `answered` lists the requests they took. Its endpoint: http://127.0.0.1:{server_port}."""
     from tests.emulators.faults import FaultInjector

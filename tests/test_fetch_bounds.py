@@ -6,7 +6,7 @@ import re
 import threading
 import zlib
 from functools import cache
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import pytest
 
@@ -16,6 +16,7 @@ from connectors.fetching import fetch_verified
 from connectors.http import HttpSession, HttpSourceSettings
 from connectors.retry import RetryPolicy
 from tests.emulators import FAST_RETRY
+from tests.emulators.server import LoopbackServer
 
 MB = 1 << 20
 ENDLESS = 64 * MB  # "endless": what the old code would write to scratch before comparing sizes
@@ -68,8 +69,7 @@ class Hostile(BaseHTTPRequestHandler):
 
 @pytest.fixture(scope="module")
 def hostile():
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Hostile)
-    server.daemon_threads = True
+    server = LoopbackServer(("127.0.0.1", 0), Hostile)
     thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
     thread.start()
     yield f"http://127.0.0.1:{server.server_address[1]}"
