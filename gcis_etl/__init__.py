@@ -1,7 +1,8 @@
 """gcis-etl: masters from the DAMs in, verified IIIF access masters out.
 
 The library's front door, for a script or a notebook: one master or access master at a time (inspect,
-convert, verify), recipes, and a configured harvest. The CLI and the Celery worker use the modules behind it.
+convert, verify), recipes, a configured harvest, and the migration scripts (migrate: the fixity audit among
+them). The CLI and the Celery worker use the modules behind it.
 Nothing here reads config.yaml by itself: pass a load_config()'s `imaging` and `isolation` to the calls. Many
 masters in one thread convert faster through one reused IsolatedProcess (`worker=`) than with a new one each.
 """
@@ -48,7 +49,8 @@ _LAZY = {**dict.fromkeys(("convert", "check_decoding"), "gcis_etl.conversion"),
          **dict.fromkeys(("ConversionResult", "ImageInfo", "Status", "Verdict", "VerifyReport"), "gcis_etl.models"),
          **dict.fromkeys(("Recipe", "load_recipe"), "gcis_etl.recipes"),
          **dict.fromkeys(("load_config", "Config"), "gcis_etl.config"),
-         **dict.fromkeys(("harvest", "HarvestOptions", "harvest_pipelines", "PipelineOutcome"), "gcis_etl.harvesting")}
+         **dict.fromkeys(("harvest", "HarvestOptions", "harvest_pipelines", "PipelineOutcome"), "gcis_etl.harvesting"),
+         **dict.fromkeys(("migrate", "MigrationReport"), "gcis_etl.migration")}
 
 
 def __getattr__(name: str):
@@ -68,5 +70,6 @@ def __dir__() -> list[str]:
 
 __all__ = ["inspect", "convert", "verify", "check_decoding", "IsolatedProcess", "load_recipe", "Recipe", "ImageInfo",
            "load_config", "Config", "harvest", "HarvestOptions", "harvest_pipelines", "PipelineOutcome", "RunReport",
+           "migrate", "MigrationReport",
            "ConversionResult", "VerifyReport", "Status", "Verdict", "GcisError", "ConfigError",
            "RejectedMaster", "ConversionFailed", "VerificationFailed", "LockHeld", "SourceError"]

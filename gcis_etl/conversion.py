@@ -201,7 +201,9 @@ def _run_with_fallbacks(worker: IsolatedProcess, target, job: DecodeJob,
             remaining = tuple(d for d in job.decoders if d != crashed)
             if crashed is None or not remaining or remaining == job.decoders:
                 raise
-            notes.append(f"decoder {crashed} crashed ({exc.signal_name or 'exit'}); retried with {remaining[0]}")
+            # no signal: the child's exit as isolation words it (its status unknown where SIGCHLD is ignored)
+            how = f" crashed ({exc.signal_name})" if exc.signal_name else f": {exc}"
+            notes.append(f"decoder {crashed}{how}; retried with {remaining[0]}")
             job = replace(job, decoders=remaining)
 
 

@@ -20,6 +20,10 @@ items of its last harvest run, which completed all the same, leaves it completed
 Work that is a harvest goes through harvest(), where the ledger decides what is already settled: re-running a
 migration continues where the last run stopped. Other work (copying between stores) uses the stores and the
 ledger directly.
+
+From Python, migrate() runs a script as a library call: the same function, no signal handling, no logging set
+up, nothing printed, from any thread; it returns the MigrationReport. run_script() is the command line's way:
+it leaves the process's signal handlers and root logger as it found them when it returns.
 """
 from __future__ import annotations
 
@@ -28,19 +32,24 @@ import importlib.util
 import inspect
 import json
 import logging
+import os
+import signal
 import sys
 import threading
 import uuid
+import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import IO, Any, Callable
+from types import ModuleType
+from typing import IO, TYPE_CHECKING, Any, Callable, Iterator, TypeVar
 from urllib.parse import urlsplit
 
 import click
 import yaml
 
 from gcis_etl.commands import (CONFIG, EXIT_ITEM_FAILED, EXIT_LOCKED, EXIT_OK, EXIT_USAGE, LIMIT, LOG_JSON, MAX_MINUTES,
-                               VERBOSE, fail_config, stop_on_signals)
+                               VERBOSE, as_stop, fail_config, stop_on_signals)
 from gcis_etl.config import Config, anchor_in, anchored_store, load_config
 from gcis_etl.durable import atomic_write
 from gcis_etl.errors import ConfigError, GcisError, StoreError
@@ -54,7 +63,11 @@ from gcis_etl.settings import Settings, interpolate_env, load_yaml, parse, read_
 from gcis_etl.stores import LocalStoreSettings, S3StoreSettings, Store, StoreSettings
 from gcis_etl.supersession import Retired
 
+if TYPE_CHECKING:
+    from gcis_etl.progress import LiveLine
+
 log = logging.getLogger(__name__)
+L = TypeVar("L", bound="LiveLine")
 
 MIGRATIONS = Path(__file__).resolve().parent.parent / "migrations"
 PROBLEMS = (*RUN_PROBLEMS, "missing", "damaged", "unreadable")
@@ -64,19 +77,54 @@ def available() -> list[str]:
     return sorted(p.stem for p in MIGRATIONS.glob("*.py") if not p.name.startswith("_"))
 
 
-def run_script(script: str, args: list[str]) -> int:
+def load_script(script: str) -> ModuleType:
+    """The migration script `script` names (a name in migrations/, or a .py path), loaded; ConfigError if none."""
     path = Path(script)
     if path.suffix != ".py":
         path = MIGRATIONS / f"{script}.py"
     if not path.is_file():
-        names = ", ".join(available()) or "none yet"
-        click.echo(f"no migration script {script!r} (available: {names})", err=True)
-        return EXIT_USAGE
+        raise ConfigError(f"no migration script {script!r} (available: {', '.join(available()) or 'none yet'})")
     spec = importlib.util.spec_from_file_location(f"gcis_migration_{path.stem}", path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up while the script is being loaded
     spec.loader.exec_module(module)
+    return module
+
+
+def run_script(script: str, args: list[str]) -> int:
+    """`gcis-migrate SCRIPT ARGS...`: its exit code. A command line (summary on stdout, its own log handler,
+    Ctrl-C and SIGTERM a clean stop), which leaves the signal handlers and the root logger as it found them."""
+    try:
+        module = load_script(script)
+    except ConfigError as exc:
+        click.echo(str(exc), err=True)
+        return EXIT_USAGE
     return int(module.main(args) or 0)
+
+
+def migrate(script: str, config: Config | str | os.PathLike, *, dry_run: bool = False,
+            stop: threading.Event | None = None, **options: Any) -> MigrationReport:
+    """Run migration script `script` (audit, initial_load, move_store, reencode, or a .py path) as a library
+    call: what `gcis-migrate SCRIPT` does, by the same function, returning its MigrationReport (which says how the
+    command would have exited: report.exit_code). It installs no signal handler, sets up no logging (its lines go
+    to the caller's loggers, "gcis_etl.migration" among them), prints nothing, and may run on any thread.
+
+    `config`: a Config, or the path of a config.yaml (load_config). `options`: the script's own options, named
+    as `gcis-migrate SCRIPT --help` lists them without the dashes (pipeline="museum", older_than=90, repair=True;
+    its parameter's name, such as name="museum", is taken too), checked as the command line checks them; the
+    others take the command line's defaults. `stop`: the caller's threading.Event; set, the migration finishes
+    what is in flight and stops, its report "stopped" (exit_code 1). A harvest run it makes writes its own run
+    report, as `gcis-etl harvest` does. Raises ConfigError for an unknown script, a bad configuration or an
+    option that is unknown, missing or out of range; LockHeld never (another run holding the pipeline is the
+    report's status "stopped", exit_code 3); what a script raises that is no GcisError (a bug) goes through."""
+    migration: Migration = load_script(script).main.migration
+    if not isinstance(config, Config):
+        config = load_config(config)
+    try:
+        return migration.run(config, migration.options(options), dry_run, stop=stop or threading.Event(),
+                             terminal=False)
+    except click.ClickException as exc:  # a value the script itself checks (move_store's --to-store)
+        raise ConfigError(f"{migration.script}: {exc.format_message()}") from None
 
 
 # ------------------------------------------------------------------------------------------------- report
@@ -93,7 +141,25 @@ class MigrationReport:
     """What a migration did: counts by outcome, the harvest runs it made, the first problems, and (written as
     they happen, so a move of millions of keys, or a load of millions of rejected items, holds only counts in
     memory) a CSV row for every problem, its harvest runs' among them, and every listed action such as a
-    deletion. A folder that cannot be written loses the files, not the migration: a warning, then the summary."""
+    deletion. A folder that cannot be written loses the files, not the migration: a warning, then the summary.
+
+    What migrate() returns, once the migration has ended:
+      script, pipeline   the script's name; the one pipeline it worked on (None for one on several: reencode)
+      status             "completed", "dry-run", "stopped" (a stop asked for, a limit spent, another run holding
+                         the pipeline) or "stopped on an error"
+      exit_code          how `gcis-migrate` exits for it: 0 done; 1 problems, or stopped (a caller's stop) or
+                         stopped on an error; 3 another run holds the pipeline; 128 + n stopped by signal n
+      counts             outcome -> how many ("ok", "damaged", "missing", "copied", "deposited", ...; a dry run's
+                         "would ..."): the script's --help says what each means
+      notes              what the summary's "note:" lines say (why it stopped, what is left, what to do)
+      problems           the first SHOWN problems, each an Event(subject, outcome, reason); problems_total: all
+      runs               the ids of the harvest runs it made (`gcis-etl report RUN`)
+      started, finished  ISO 8601 times
+      json_file          the JSON summary written under <state_dir>/reports, or None (a dry run, or a folder
+                         that could not be written: a warning is logged)
+      csv_file           the CSV with one row per problem and listed action (deletion, kept key), or None
+                         (nothing to list, a dry run, or not written)
+      summary()          what the command line prints"""
 
     SHOWN = 10
 
@@ -111,6 +177,7 @@ class MigrationReport:
         self.problems: list[Event] = []  # the first SHOWN
         self.problems_total = 0
         self.notes: list[str] = []
+        self.cut_short = EXIT_OK  # the exit code of what stopped it short: a lock held, a signal, a caller's stop
         stem = "-".join(filter(None, (script, pipeline, now().strftime('%Y%m%dT%H%M%S-%f'))))
         self.json_path = None if dry_run else directory / f"{stem}.json"
         self.csv_path = None if dry_run else directory / f"{stem}.csv"
@@ -162,7 +229,18 @@ class MigrationReport:
     @property
     def exit_code(self) -> int:
         stopped_on_error = self.status == "stopped on an error"
-        return EXIT_ITEM_FAILED if stopped_on_error or any(self.counts.get(p) for p in PROBLEMS) else EXIT_OK
+        found = EXIT_ITEM_FAILED if stopped_on_error or any(self.counts.get(p) for p in PROBLEMS) else EXIT_OK
+        return max(found, self.cut_short)
+
+    @property
+    def json_file(self) -> Path | None:
+        """The JSON summary, once written (finish())."""
+        return self.json_path if self.finished and self.json_path and not self._unwritten else None
+
+    @property
+    def csv_file(self) -> Path | None:
+        """The CSV of problems and listed actions, if any row was written."""
+        return self.csv_path if self._csv and not self._unwritten else None
 
     def to_dict(self) -> dict[str, Any]:
         return {"script": self.script, "pipeline": self.pipeline, "status": self.status, "started": self.started,
@@ -183,7 +261,7 @@ class MigrationReport:
                 extra={"script": self.script, "pipeline": self.pipeline, "status": self.status, "counts": self.counts,
                        "note": note,
                        "harvest_runs": self.runs, "problems_total": self.problems_total, "exit_code": exit_code,
-                       "report": str(self.json_path) if self.json_path and not self._unwritten else None})
+                       "report": str(self.json_file) if self.json_file else None})
 
     def summary(self) -> str:
         lines = [self.headline()]
@@ -194,11 +272,11 @@ class MigrationReport:
         lines += [f"  {p.outcome}: {p.subject}: {p.reason}" for p in self.problems]
         if self.problems_total > len(self.problems):
             lines.append(f"  ... and {self.problems_total - len(self.problems)} more ({self._listed_in()})")
-        if self._csv and not self._unwritten:
+        if self.csv_file:
             lines.append(f"  one line per problem, deletion, kept key or item no longer in the source: "
-                         f"{self.csv_path}")
-        if self.json_path and not self._unwritten:
-            lines.append(f"  report: {self.json_path}")
+                         f"{self.csv_file}")
+        if self.json_file:
+            lines.append(f"  report: {self.json_file}")
         return "\n".join(lines)
 
     def finish(self) -> None:
@@ -323,6 +401,13 @@ class MigrationContext:
     stop: threading.Event = field(default_factory=threading.Event)
     budget: Budget = field(default_factory=Budget)
     stop_heeded: bool = False  # a harvest run met the stop: the report's status says whether it left work undone
+    terminal: bool = True  # the command line's: live lines where stderr is a terminal; migrate() draws none
+
+    def shown(self, progress: L) -> L:
+        """A script's live line (gcis_etl.progress), drawn only for the command line: a library call's stderr
+        may be a terminal (a REPL), and is not its to draw on."""
+        progress.live = progress.live and self.terminal
+        return progress
 
     def pipeline(self, name: str) -> Pipeline:
         return self.config.pipeline(name)
@@ -353,7 +438,7 @@ class MigrationContext:
         if spent:
             self.report.stop("stopped", f"{spent} before {name}'s next harvest run: run again to continue")
             return False
-        progress = RetiredReported(progress_for(name), self.report)
+        progress = RetiredReported(self.shown(progress_for(name)), self.report)
         with self.ledger() as ledger:
             last = next((r.run_id for r in ledger.runs(name, limit=1)), 0)
         try:
@@ -455,11 +540,110 @@ def _common_options() -> list[click.Parameter]:
             LOG_JSON.param(), VERBOSE.param()]
 
 
+@dataclass(frozen=True)
+class Migration:
+    """A script's function and the command line made of it: run() is what both the command line (the callback
+    of `command`) and migrate() run."""
+
+    script: str
+    function: Callable[..., None]
+    budget: bool
+    command: click.Command
+
+    def run(self, config: Config, options: dict[str, Any], dry_run: bool = False, verbose: int = 0,
+            stop: threading.Event | None = None, terminal: bool = True) -> MigrationReport:
+        """The script's function on `options` (its own, as click gives them), ended with its report finished and
+        the exit code set; a ConfigError, or what is not a GcisError, is raised. `stop`: a StopRequest for the
+        command line (a signal sets it), a caller's Event otherwise. `terminal`: MigrationContext.terminal."""
+        pipeline = options.get("name")  # a script's --pipeline, when it takes one pipeline
+        ctx = MigrationContext(config, MigrationReport(self.script, dry_run, config.reports_dir,
+                                                       pipeline if isinstance(pipeline, str) else None),
+                               dry_run, verbose, stop or threading.Event(), terminal=terminal)
+        options = dict(options)
+        if self.budget:
+            ctx.budget = Budget(options.pop("limit"), minutes=options.pop("max_minutes"))
+        try:
+            self.function(ctx, **options)
+        except LockHeld as exc:
+            ctx.report.stop("stopped", str(exc))
+            ctx.report.cut_short = EXIT_LOCKED
+        except ConfigError:
+            raise
+        except GcisError as exc:
+            ctx.report.stop("stopped on an error", f"{type(exc).__name__}: {exc} (everything settled so far "
+                                                    f"is recorded: remove the cause and run again)")
+        if ctx.stop.is_set() and ctx.report.status == "completed" and not ctx.stop_heeded:
+            ctx.report.stop("stopped", "stopped on request: run again to continue")
+        ctx.report.finish()
+        if ctx.report.status != "completed":
+            ctx.report.cut_short = max(ctx.report.cut_short, as_stop(ctx.stop).exit_code)
+        return ctx.report
+
+    def options(self, given: dict[str, Any]) -> dict[str, Any]:
+        """A library caller's options (by the long option's name, dashes as underscores, or the parameter's
+        name) as the command line gives them to the function: each given one parsed and checked as its flag
+        would be, the others their defaults. ConfigError names an unknown, missing or bad one."""
+        own = [p for p in self.command.params if p.name not in _COMMON]
+        named = {key: p for p in own for key in (p.name, *(o[2:].replace("-", "_") for o in p.opts
+                                                           if o.startswith("--")))}
+        unknown = sorted(set(given) - set(named))
+        if unknown:
+            raise ConfigError(f"{self.script}: no option {', '.join(map(repr, unknown))} (it takes "
+                              f"{', '.join(sorted({p.opts[0][2:].replace('-', '_') for p in own}))})")
+        args: list[str] = []
+        for key, value in given.items():
+            param = named[key]
+            if [k for k in given if named[k] is param] != [key]:
+                raise ConfigError(f"{self.script}: {param.opts[0]} given twice: as "
+                                  f"{' and '.join(k for k in given if named[k] is param)}")
+            args += _flagged(param, value, self.script)
+        try:
+            parsed = self.command.make_context(f"gcis-migrate {self.script}", args).params
+        except click.ClickException as exc:
+            raise ConfigError(f"{self.script}: {exc.format_message()}") from None
+        return {p.name: parsed[p.name] for p in own}
+
+
+_COMMON = frozenset({"config_file", "dry_run", "log_json", "verbose"})  # _common_options(): not a script's own
+
+
+def _flagged(param: click.Parameter, value: Any, script: str) -> list[str]:
+    """`value` as the command line would give it to `param`: its flag alone for True, nothing for False or None
+    (the default), the flag once per value of a repeatable option."""
+    flag = next(o for o in param.opts if o.startswith("--"))
+    if value is None:
+        return []
+    if getattr(param, "is_flag", False):
+        if not isinstance(value, bool):
+            raise ConfigError(f"{script}: {flag} is True or False, not {value!r}")
+        return [flag] if value else []
+    values = value if param.multiple and isinstance(value, (list, tuple)) else [value]
+    return [f"{flag}={os.fspath(v) if isinstance(v, os.PathLike) else v}" for v in values]
+
+
+@contextmanager
+def _logging_kept() -> Iterator[None]:
+    """The root logger's handlers and level, and Python's warning hook, put back as they were: the command line
+    sets them up (logs.configure) for its run only."""
+    root = logging.getLogger()
+    handlers, level, showwarning = list(root.handlers), root.level, warnings.showwarning
+    try:
+        yield
+    finally:
+        root.handlers[:] = handlers
+        root.setLevel(level)
+        warnings.showwarning = showwarning
+
+
+_STOPPING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # those stop_on_signals handles
+
+
 def migration(help_text: str, budget: bool = False,
               in_flight: str = "items") -> Callable[[Callable[..., None]], Callable[[list[str]], int]]:
     """Make a script's `main(args) -> exit code` from `function(ctx, **its click options)`. With `budget`, the
     script takes --limit and --max-minutes, handed to it as ctx.budget for its harvest runs to share.
-    `in_flight`: what a Ctrl-C says the script finishes first ("keys" for one that reads store keys)."""
+    `in_flight`: what a Ctrl-C says the script finishes first ("keys" for one that reads store keys).
+    `main.migration` is the Migration, which migrate() runs."""
 
     def decorate(function: Callable[..., None]) -> Callable[[list[str]], int]:
         script = Path(inspect.getfile(function)).stem
@@ -468,56 +652,44 @@ def migration(help_text: str, budget: bool = False,
             from gcis_etl.logs import configure, say
             configure(log_json, verbose)
             config = load_config(config_file)
+            handlers = {signum: signal.getsignal(signum) for signum in _STOPPING}
             stop = stop_on_signals(in_flight)
-            pipeline = options.get("name")  # a script's --pipeline, when it takes one pipeline
-            ctx = MigrationContext(config, MigrationReport(script, dry_run, config.reports_dir,
-                                                           pipeline if isinstance(pipeline, str) else None),
-                                   dry_run, verbose, stop)
-            if budget:
-                ctx.budget = Budget(options.pop("limit"), minutes=options.pop("max_minutes"))
-            code = None
             try:
-                function(ctx, **options)
-            except LockHeld as exc:
-                ctx.report.stop("stopped", str(exc))
-                if log_json:  # otherwise the summary's note says it
-                    say(f"{script}: {exc}", script=script)
-                code = EXIT_LOCKED
-            except ConfigError:
-                raise
-            except GcisError as exc:
-                ctx.report.stop("stopped on an error", f"{type(exc).__name__}: {exc} (everything settled so far "
-                                                        f"is recorded: remove the cause and run again)")
-                if log_json:
-                    say(f"{script}: stopped on an error: {ctx.report.notes[-1]}", script=script)
-            if ctx.stop.is_set() and ctx.report.status == "completed" and not ctx.stop_heeded:
-                ctx.report.stop("stopped", "stopped on request: run again to continue")
-            ctx.report.finish()
-            click.echo(ctx.report.summary())
-            signalled = EXIT_OK if ctx.report.status == "completed" else stop.exit_code
-            code = max(ctx.report.exit_code if code is None else code, signalled)
-            if log_json:  # otherwise the summary says it
-                ctx.report.ended(code)
-            return code
+                report = migration.run(config, options, dry_run, verbose, stop)
+            finally:  # a second Ctrl-C that abandoned the work in flight left the defaults: the process is ending
+                if not stop.abandoned:
+                    for signum, handler in handlers.items():
+                        signal.signal(signum, handler)
+            if log_json and report.status == "stopped on an error":  # otherwise the summary says it
+                say(f"{script}: stopped on an error: {report.notes[-1]}", script=script)
+            elif log_json and report.cut_short == EXIT_LOCKED:
+                say(f"{script}: {report.notes[-1]}", script=script)
+            click.echo(report.summary())
+            if log_json:
+                report.ended(report.exit_code)
+            return report.exit_code
 
         params = _common_options() + list(reversed(getattr(function, "__click_params__", []))) + (
             [LIMIT.param(), MAX_MINUTES.param()] if budget else [])
         command = click.Command(script, callback=callback, params=params, help=help_text,
                                 context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+        migration = Migration(script, function, budget, command)
 
         def main(args: list[str]) -> int:
-            try:
-                return command.main(args, prog_name=f"gcis-migrate {script}", standalone_mode=False)
-            except click.ClickException as exc:
-                exc.show()
-                return EXIT_USAGE
-            except ConfigError as exc:
-                fail_config(exc)
-            except click.Abort:
-                click.echo("aborted", err=True)
-                return EXIT_ITEM_FAILED
+            with _logging_kept():
+                try:
+                    return command.main(args, prog_name=f"gcis-migrate {script}", standalone_mode=False)
+                except click.ClickException as exc:
+                    exc.show()
+                    return EXIT_USAGE
+                except ConfigError as exc:
+                    fail_config(exc)
+                except click.Abort:
+                    click.echo("aborted", err=True)
+                    return EXIT_ITEM_FAILED
 
         main.command = command
+        main.migration = migration
         return main
 
     return decorate

@@ -131,7 +131,9 @@ class Pipeline:
 
     @cached_property
     def recipe(self) -> Recipe:
-        return load_recipe(self.settings.recipe, config_folder(self.config_file))
+        """Checked as load_config checks it: an error names `pipelines.<name>.recipe` (a Config built in code is
+        not checked before)."""
+        return checked_recipe(self.settings.recipe, self.config_file, f"pipelines.{self.name}.recipe")
 
     @cached_property
     def manifests(self) -> Manifests | None:

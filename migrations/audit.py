@@ -119,7 +119,7 @@ def main(ctx: MigrationContext, name: str, repair: bool, older_than: float, conc
             return
         store = open_store(pipeline.settings.store, concurrency)
         store.check(create=False if ledger.has_deposit(name) else None)
-        progress = audit_progress(name, reading, ctx.report.counts)
+        progress = ctx.shown(audit_progress(name, reading, ctx.report.counts))
         audit = Audit(ctx, pipeline, store, lock if repair else None, progress)
         keys = (StoreKey.from_json(payload) for _, payload in ledger.audit_queued())
         try:

@@ -130,8 +130,8 @@ def main(ctx: MigrationContext, name: str, to_spec: str | None, from_spec: str |
                     kept[f"the store pipeline {name!r} uses"] = open_store(configured)
                 check_apart(move.source, kept)
         budget = Budget(minutes=max_minutes)
-        progress = move_progress(name, lambda: sum(1 for _ in pipeline_keys(ledger, pipeline)), delete_source,
-                                 ctx.report.counts)
+        progress = ctx.shown(move_progress(name, lambda: sum(1 for _ in pipeline_keys(ledger, pipeline)),
+                                           delete_source, ctx.report.counts))
         try:
             cut = move.run(pipeline_keys(ledger, pipeline), concurrency, budget, progress, limit)
         finally:
