@@ -70,6 +70,10 @@ class StopRequest(threading.Event):
     def exit_code(self) -> int:
         return EXIT_OK if self.signum is None else EXIT_SIGNALLED + self.signum
 
+    @property
+    def stopped_by(self) -> str:
+        return "a request" if self.signum is None else signal.Signals(self.signum).name
+
     @contextmanager
     def in_flight(self) -> Iterator[None]:
         """Where a second Ctrl-C abandons the work in flight, raising Interrupted (the caller records it)."""
@@ -80,12 +84,14 @@ class StopRequest(threading.Event):
             self._waiting -= 1
 
     def take(self, signum: int) -> None:
-        """What the signal handler does (stop_on_signals)."""
+        """What the signal handler does (stop_on_signals). Only a second Ctrl-C abandons the work in flight: a
+        SIGTERM (cron, `timeout`, systemd) is named instead, its sender having no Ctrl-C to press."""
         from gcis_etl.logs import say
         if not self.is_set():
             self.signum, self.taken_at = signum, time.monotonic()
             self.set()
-            say(f"\nstopping after the {self.work} in flight (Ctrl-C again to abandon them)", logging.WARNING)
+            then = "Ctrl-C again to abandon them" if signum == signal.SIGINT else self.stopped_by
+            say(f"\nstopping after the {self.work} in flight ({then})", logging.WARNING)
         elif (signum != signal.SIGINT or self.abandoned
               or time.monotonic() - self.taken_at < DOUBLED_SIGNAL_SECONDS):
             return
@@ -110,6 +116,10 @@ class Stop(Protocol):
     @property
     def exit_code(self) -> int: ...
 
+    @property
+    def stopped_by(self) -> str:
+        """Who stopped it, for a message: a signal's name, or its caller."""
+
     def in_flight(self) -> ContextManager[None]: ...
 
 
@@ -126,6 +136,8 @@ class CallersStop:
     @property
     def exit_code(self) -> int:
         return EXIT_ITEM_FAILED if self.event.is_set() else EXIT_OK
+
+    stopped_by = "its caller"
 
     @contextmanager
     def in_flight(self) -> Iterator[None]:

@@ -35,7 +35,7 @@ from gcis_etl.errors import ConfigError, GcisError, ManifestError, StoreError, S
 from gcis_etl.executors import Executor, open_executor
 from gcis_etl.keys import UnsafeKey
 from gcis_etl.ledger import (ABANDONED, COUNTED, MANIFEST, OBJECT, STOPPED_BY_SIGNAL, STOPPED_ON_REQUEST, ItemRecord,
-                             Ledger, LedgerUnwritable, ObjectRecord, Unprocessed, now)
+                             Ledger, LedgerError, LedgerUnwritable, ObjectRecord, Unprocessed, now)
 from gcis_etl.locks import LockHeld, pipeline_lock
 from gcis_etl.manifests import CollectionEntry, DepositedImage
 from gcis_etl.pipelines import Pipeline, config_folder
@@ -552,7 +552,12 @@ class Harvest:
 
     def execute(self, executor: Executor, since: datetime | None, until: datetime) -> None:
         """An object's items not processed are recorded together (one transaction), before the next item is sent
-        to be done and once the object is planned, so they are recorded in the order they were decided."""
+        to be done and once the object is planned, so they are recorded in the order they were decided. A run
+        given no time (harvest_pipelines: NO_TIME_LEFT), or stopped before it began, asks neither the store, the
+        workers nor the source anything: listing its first object only to stop there would move the checkpoint over
+        nothing, and its note call that where the listing stopped."""
+        if self.should_stop():
+            return
         self.check_store()
         executor.check()
         self.superseding = self.ledger.has_superseded(self.pipeline.name)
@@ -882,9 +887,10 @@ class Harvest:
     def relisting(self) -> str | None:
         """What a run cut short over the checkpoint's window says when its source does not list in modified
         order: the next one starts where it did, and where that cannot go on for ever, what to do."""
-        if (not self.cut_short or self.checkpoint_held or self.pipeline.source.lists_in_modified_order
-                or self.options.since is not None or self.options.object_ids):
-            return None
+        if (not self.cut_short or not self.listed or self.checkpoint_held
+                or self.pipeline.source.lists_in_modified_order or self.options.since is not None
+                or self.options.object_ids):
+            return None  # not listed: a run given no time, which a longer max_run_minutes would not help
         source = self.pipeline.source
         sorting = (f"set {source.modified_order_setting} under pipelines.{self.pipeline.name}.source (a listing "
                    f"sorted oldest first on the modified date), " if source.modified_order_setting else "")
@@ -998,8 +1004,8 @@ def open_sources(config: Config, names: Sequence[str]) -> dict[str, Source]:
 @dataclass(frozen=True)
 class PipelineOutcome:
     """A pipeline's part in harvest_pipelines. exit_code: as `gcis-etl harvest` would exit for it alone
-    (gcis_etl.commands). No report: the run stopped on an error, which `message` words for whoever ran it, or
-    (no message either) it was not started, as a stop asked for, or a ledger that cannot be written, came first."""
+    (gcis_etl.commands). No report: `message` words for whoever ran it why: the run stopped on an error, or it was
+    not started, as a stop asked for, or a ledger that cannot be written, came first."""
 
     name: str
     exit_code: int
@@ -1015,34 +1021,42 @@ def harvest_pipelines(config: Config, names: Sequence[str] = (), options: Harves
     run holding a pipeline's lock, its source, store or scratch space failing as a whole, or a bug (an exception
     that is not a GcisError, its traceback logged), ends that pipeline's run alone; a ledger that cannot be
     written leaves the pipelines after it unstarted (they share it), as does a stop asked for (stop_on_signals
-    sets it); a ConfigError is raised. `progress_for(name)`: what shows a pipeline's run
-    (gcis_etl.progress.progress_for on a terminal; none by default). `stop` may be the caller's own Event, as for
-    harvest(): set, it stops the runs as a signal would, and they exit 1 as a report of a run that did not
-    complete does (there is no signal to report). `names` is a sequence of names: a str alone is refused, as
-    HarvestOptions.object_ids refuses one (it would be read as one name per character).
+    sets it), each said in its outcome's message; a ConfigError is raised. `progress_for(name)`: what shows a
+    pipeline's run (gcis_etl.progress.progress_for on a terminal; none by default). `stop` may be the caller's
+    own Event, as for harvest(): set, it stops the runs as a signal would, and they exit 1 as a report of a run
+    that did not complete does (there is no signal to report). `names` is a sequence of names: a str alone is
+    refused, as HarvestOptions.object_ids refuses one (it would be read as one name per character).
     The time limit spans the call, not each run: options.max_run_minutes, else the pipelines' own max_run_minutes
     (the longest, when each has one; cron's interval is the call's); each pipeline gets an equal share of what is
-    left of it when it starts (_shared), so what one does not use passes to those after it."""
+    left of it when it starts (_shared), so what one does not use passes to those after it. One that overruns its
+    share (a source hanging, a Celery task a worker started) leaves less to those after it, or none: one started
+    with none left takes no item, and a WARNING says so and who took its time. With no names, the pipelines run in
+    turn (_in_turn), so that it is not the same one every time; names given run in their order."""
     if isinstance(names, str):
         raise TypeError(f"harvest_pipelines' names are a sequence of pipeline names: ({names!r},), not {names!r}")
-    names = list(names) or sorted(config.pipelines)
+    names = list(names) or _in_turn(config)
     stop = as_stop(stop)
     limit = TimeLimit(minutes=_longest(config, names) if options.max_run_minutes is None else options.max_run_minutes)
     open_sources(config, names)
-    not_started = None  # the exit code of the pipelines left, once none can start
+    not_started: tuple[int, str] | None = None  # the exit code of the pipelines left, once none can start, and why
+    turns: list[_Turn] = []
     for runs_left, name in zip(range(len(names), 0, -1), names):
         if not_started is None and stop.is_set():  # the command was cut short
-            not_started = stop.exit_code
+            not_started = stop.exit_code, f"the harvest was stopped by {stop.stopped_by}"
         if not_started is not None:
-            yield PipelineOutcome(name, not_started)
+            yield PipelineOutcome(name, not_started[0], message=f"{name}: not started: {not_started[1]}")
             continue
         progress = progress_for(name) if progress_for else Progress()
+        given = _shared(options, config.pipeline(name), limit, runs_left)
+        if given.max_run_minutes is not None and given.max_run_minutes <= NO_TIME_LEFT:
+            log.warning("%s", _no_time_left(name, options, limit, turns), extra={"pipeline": name})
+        turn = _Turn(name, given.max_run_minutes)
         try:
-            report = harvest(config, name, _shared(options, config.pipeline(name), limit, runs_left), progress, stop)
+            report = harvest(config, name, given, progress, stop)
         except LockHeld as exc:
             outcome = PipelineOutcome(name, EXIT_LOCKED, message=_told(exc))
         except LedgerUnwritable as exc:
-            not_started = EXIT_USAGE
+            not_started = EXIT_USAGE, "the ledger cannot be written (said above)"
             outcome = PipelineOutcome(name, EXIT_USAGE, message=f"{name}: run stopped: {_told(exc, name)}")
         except ConfigError:
             raise
@@ -1057,7 +1071,52 @@ def harvest_pipelines(config: Config, names: Sequence[str] = (), options: Harves
             outcome = PipelineOutcome(name, max(report.exit_code, stopped), report)
         finally:
             progress.clear()
+            turns.append(turn.ended())
         yield outcome
+
+
+@dataclass(frozen=True)
+class _Turn:
+    """A pipeline's run in harvest_pipelines: the minutes it was given (None: no limit), and the seconds it took."""
+
+    name: str
+    minutes: float | None
+    began: float = field(default_factory=time.monotonic)
+    seconds: float = 0.0
+
+    def ended(self) -> _Turn:
+        return replace(self, seconds=time.monotonic() - self.began)
+
+    @property
+    def overran(self) -> bool:
+        return self.minutes is not None and self.seconds > self.minutes * 60
+
+
+def _no_time_left(name: str, options: HarvestOptions, limit: TimeLimit, turns: Sequence[_Turn]) -> str:
+    """What a pipeline started with none of the command's time left says, naming the runs before it that took
+    more than they were given (a source hanging, a Celery task a worker started: finished past the limit)."""
+    of = (f"--max-minutes {options.max_run_minutes:g}" if options.max_run_minutes is not None
+          else f"the pipelines' max_run_minutes ({limit.minutes:g})")
+    took = ", ".join(f"{t.name} ran {_seconds(t.seconds)} of its {_seconds(t.minutes * 60)}"
+                     for t in turns if t.overran)
+    return f"{name}: no time left of {of}{f' ({took})' if took else ''}: no item taken"
+
+
+def _seconds(seconds: float) -> str:
+    return f"{round(seconds, 1):g} s"
+
+
+def _in_turn(config: Config) -> list[str]:
+    """Every pipeline, in turn: the one whose last run given time started longest ago first (those never given
+    any first of all, by name). A run given none (NO_TIME_LEFT) had no turn, so a pipeline that a slow one before
+    it left without time goes first next time, instead of losing its turn to it on every run. A ledger that
+    cannot be read leaves them by name: the first run says what is wrong with it."""
+    try:
+        with Ledger.open(config, read_only=True) as ledger:
+            last = ledger.last_runs_given(NO_TIME_LEFT)
+    except LedgerError:
+        last = {}
+    return sorted(config.pipelines, key=lambda name: (last.get(name, 0), name))
 
 
 def _longest(config: Config, names: Sequence[str]) -> float | None:

@@ -608,6 +608,13 @@ class Ledger:
             return self._all(RunRecord, "runs ORDER BY run_id DESC LIMIT ?", limit)
         return self._all(RunRecord, "runs WHERE pipeline=? ORDER BY run_id DESC LIMIT ?", pipeline, limit)
 
+    def last_runs_given(self, more_than_minutes: float) -> dict[str, int]:
+        """{pipeline: its latest run given more than `more_than_minutes`} (the run's id, which grows with its
+        start; its time, the max_run_minutes its options record, none meaning no limit); dry runs left out."""
+        return dict(self._rows("SELECT pipeline, max(run_id) FROM runs WHERE status!='dry-run' AND NOT "
+                               "coalesce(json_extract(options, '$.max_run_minutes') <= ?, 0) GROUP BY pipeline",
+                               (more_than_minutes,)))
+
     def run_items(self, run_id: int, outcome: str | None = None, warned: bool = False,
                   limit: int = -1) -> list[RunItem]:
         """`warned`: only the items with warnings; `limit`: the first so many (-1: all), in the order recorded."""

@@ -192,9 +192,12 @@ class TerminalProgress(LiveLine, Progress):
         if not self.log_end:
             return
         level = logging.INFO if report.exit_code == 0 else logging.WARNING
+        # a run that ended on an error raised it, and whoever caught it says it with what to do (harvest_pipelines'
+        # message): the text says it once, the JSON line keeps the note
+        said = None if report.status in ("failed", "crashed") else report.note
         with self._lock:
             self._take_down()
-            log.log(level, "%s", "; ".join(filter(None, (report.headline(), report.took(), report.note))),
+            log.log(level, "%s", "; ".join(filter(None, (report.headline(), report.took(), said))),
                     extra={"pipeline": report.pipeline, "run_id": report.run_id, "status": report.status,
                            "counts": report.counts, "manifests": report.manifests, "seconds": report.seconds,
                            "checkpoint": report.checkpoint_after, "note": report.note})

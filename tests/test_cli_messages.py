@@ -137,7 +137,7 @@ def test_the_signal_taken_is_a_json_line_with_log_json(tmp_path):
         reader.join(10)
     assert run.returncode == 0  # its only item was in flight: the run got to its end all the same
     said = [(e["level"], e["message"]) for e in json_lines("".join(stderr)) if e["logger"] == "gcis_etl.cli"]
-    assert said == [("warning", "stopping after the items in flight (Ctrl-C again to abandon them)")]
+    assert said == [("warning", "stopping after the items in flight (SIGTERM)")]
 
 
 # -------------------------------------------------------------------------------------------- spans of time

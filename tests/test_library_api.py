@@ -223,7 +223,7 @@ def test_harvest_pipelines_passes_over_a_locked_pipeline_and_runs_the_next(tmp_p
 
 def test_harvest_pipelines_takes_the_callers_own_event_as_its_stop(tmp_path):
     """A plain threading.Event, as harvest() takes: set while the first pipeline starts, that run takes no
-    item and is recorded stopped, the next is not started, and both exit 1, as a run that did not complete (no
+    item and is recorded stopped, the next is not started, and says so, and both exit 1, as a run that did not complete (no
     signal to report: not 130). It used to fail at the end of the first run: an Event has no exit code."""
     config = _two_pipelines(tmp_path)
     stop = threading.Event()
@@ -235,5 +235,6 @@ def test_harvest_pipelines_takes_the_callers_own_event_as_its_stop(tmp_path):
     archive, museum = gcis_etl.harvest_pipelines(config, stop=stop, progress_for=progress_for)
     assert (archive.name, archive.exit_code, archive.message) == ("archive", 1, None)
     assert (archive.report.status, archive.report.counts["deposited"]) == ("stopped", 0)
-    assert (museum.name, museum.exit_code, museum.report, museum.message) == ("museum", 1, None, None)
+    assert (museum.name, museum.exit_code, museum.report) == ("museum", 1, None)
+    assert museum.message == "museum: not started: the harvest was stopped by its caller"
     assert not [path for path in (tmp_path / "store").rglob("*") if path.is_file()]

@@ -75,15 +75,14 @@ def _run(ctx: click.Context, names: tuple[str, ...], options, log_json: bool, ve
         say(note, logging.WARNING)
     cfg = _config(ctx)
     code = EXIT_OK
+    _pipelines(cfg, names)  # a name config.yaml does not have: exit 2; none: all, in turn (harvest_pipelines)
     try:
-        for outcome in harvest_pipelines(cfg, _pipelines(cfg, names), options, stop,
+        for outcome in harvest_pipelines(cfg, names, options, stop,
                                          lambda name: progress_for(name, log_end=quiet or log_json)):
             code = max(code, outcome.exit_code)
             report = outcome.report
-            if outcome.message:
+            if outcome.message:  # a run that stopped on an error, or was not started: no report
                 say(outcome.message, pipeline=outcome.name)
-            elif report is None:  # not started
-                continue
             elif options.dry_run or not quiet:  # a dry run says its plan whatever --quiet: it is its output
                 for planned in report.planned:  # a dry run's alone
                     click.echo(planned.line())
@@ -120,6 +119,10 @@ def harvest(ctx: click.Context, pipelines: tuple[str, ...], dry_run: bool, since
             full: bool, max_minutes, quiet: bool, log_json: bool, verbose: int) -> None:
     """Bring the store up to date with the sources: the cron job. All pipelines when none is named.
 
+    Pipelines named run in the order given. With none named, all run in turn: the one whose last run given
+    time started longest ago first (one never run, first), so that one left no time by a pipeline before it
+    (see the time limit below) goes first the next time.
+
     For each pipeline: the source's changes since the last checkpoint are fetched, converted, verified and
     deposited; each object's manifest is published once all its items are settled; the collection and the
     checkpoint follow. Unchanged items are skipped, rejected ones wait for the source to change, failed ones
@@ -144,10 +147,11 @@ def harvest(ctx: click.Context, pipelines: tuple[str, ...], dry_run: bool, since
     The time limit (--max-minutes, else the pipelines' max_run_minutes: the longest, when each has one) spans
     the command, not each pipeline: each pipeline gets an equal share of what is left when it starts (what one
     does not use passes to those after it), or, without --max-minutes, its own max_run_minutes where that is
-    shorter; one started with
-    none left takes no item. At the limit no new item is sent, and the items in flight are finished (each within
-    its source's retry.max_total_seconds and isolation.timeout_seconds; with Celery, those a worker started, within
-    celery.time_limits): leave that much room below the cron interval.
+    shorter. At the limit no new item is sent, and the items in flight are finished (each within its source's
+    retry.max_total_seconds and isolation.timeout_seconds; with Celery, those a worker started, within
+    celery.time_limits): leave that much room below the cron interval. A pipeline that overruns its share so
+    leaves less to those after it, and one started with none left takes no item: a WARNING names it and the
+    pipelines that took its time, and it exits 0.
 
     \b
     Examples:
