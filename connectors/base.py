@@ -169,7 +169,8 @@ class Source(Protocol):
     """True when `changes(since)` lists oldest first for certain: every object not yet yielded is modified no
     earlier than the last one yielded (as listed: one edited after its page was read may come with a later
     time). A run cut short then moves its checkpoint to where its listing stopped; otherwise the next run lists
-    the same window again from its start."""
+    the same window again from its start. An UnreadableObject with no stamp may come anywhere: it marks no place
+    in the listing, and holds the checkpoint at the window's start while it has attempts left."""
     modified_order_setting: str | None
     """Where lists_in_modified_order is False: the settings under the pipeline's `source:` that sort the listing
     oldest first and say so ("search.sort: asc_<id> and search.modified_order: true"), for a run cut short to
@@ -197,7 +198,9 @@ class Source(Protocol):
         in one call: a source that must list its store to find an object lists it once."""
 
     def fetch(self, item: SourceItem, dest_dir: Path) -> FetchedFile:
-        """Stream the item's bytes into dest_dir, verify size and fixity, and return the local file."""
+        """Stream the item's bytes into dest_dir, verify size and fixity, and return the local file: what
+        connectors.fetching.fetch_verified does (room in scratch, retries, atomic rename) given a way to open the
+        item's bytes as a Body."""
 
     # Optional: `reachable() -> None`, raising SourceUnavailable (or AuthenticationFailed) when the source cannot
     # be reached now, cheaply: what source_down asks.
@@ -205,6 +208,10 @@ class Source(Protocol):
     # of `get`, for a source that can do it in one pass.
     # Optional: `close() -> None`, ending what the source holds on the server (an OTMM session), best effort: what
     # close_source below calls once a command is done with the source, which may still be used after.
+    # Optional: `transport_settings: tuple[str, ...]`, a class attribute: the settings (dotted when nested,
+    # "search.page_size") that change how the source is reached, not what it lists, beside those every source has
+    # (gcis_etl.pipelines.TRANSPORT); a change of any other setting, credentials aside, makes the next run list
+    # everything.
 
 
 def items_unique(source: Source) -> bool:

@@ -132,7 +132,11 @@ class _Session(requests.Session):
 
 
 class HttpSession:
-    """requests with bounded retries, timeouts, optional re-login on 401 and redacted errors."""
+    """requests with bounded retries, timeouts, optional re-login on 401 and redacted errors.
+
+    It takes HttpSourceSettings: a connector's settings model subclasses it (a 401 names that model's `username`
+    and Secret fields), or, where reaching a server is optional for the source, builds one from its own settings
+    (HttpSourceSettings(base_url=..., retry=..., verify_tls=...))."""
 
     def __init__(self, settings: HttpSourceSettings):
         self.settings = settings

@@ -164,10 +164,12 @@ class Decision:
 
 def decide(record: ItemRecord | None, item_fingerprint: str, recipe_digest: str, max_attempts: int,
            force: bool = False, redo_rejected: bool = False, reencode: str | None = None,
-           placed: str | None = None) -> Decision:
+           placed: str | None = None, recipe_name: str | None = None) -> Decision:
     """Whether an item needs work, from what the ledger knows of it. `placed`: the key the store's keys give
     its access master now; another than the one deposited when the item moved within its object (`{sequence}`
-    keys: a page inserted, removed or reordered), where its old key names another page's image now."""
+    keys: a page inserted, removed or reordered), where its old key names another page's image now.
+    `recipe_name`: the name of the recipe whose digest is `recipe_digest`; an item deposited under that name with
+    another digest was made by the recipe before it was edited in place, which the reason says."""
     if record is None:
         return Decision(True, "new")
     if record.fingerprint != item_fingerprint:
@@ -188,6 +190,10 @@ def decide(record: ItemRecord | None, item_fingerprint: str, recipe_digest: str,
     if record.recipe_digest != recipe_digest:
         if record.recipe == reencode:
             return Decision(True, f"deposited with recipe {record.recipe} ({record.recipe_digest}); re-deriving")
+        if record.recipe == recipe_name:
+            return Decision(False, f"unchanged; deposited with an older version of recipe {recipe_name} (digest "
+                                   f"{record.recipe_digest}, now {recipe_digest}): `gcis-migrate reencode "
+                                   f"--from-recipe {recipe_name}` re-derives it")
         return Decision(False, f"unchanged; deposited with recipe {record.recipe} ({record.recipe_digest}): "
                                f"--force or the reencode migration re-derives it")
     return Decision(False, "unchanged")
@@ -424,7 +430,8 @@ class Harvest:
         settings = self.pipeline.settings
         decisions = {item.id: decide(records.get(item.id), fingerprint(item), self.recipe.digest,
                                      settings.max_attempts, self.options.force, self.options.redo_rejected,
-                                     self.options.reencode, self._placed(obj.id, item, records.get(item.id)))
+                                     self.options.reencode, self._placed(obj.id, item, records.get(item.id)),
+                                     self.recipe.name)
                      for item in obj.items}
         processed = any(d.process for d in decisions.values())
         manifests = None if processed else self._manifests(obj, records)

@@ -104,7 +104,7 @@ def run_script(script: str, args: list[str]) -> int:
 
 def migrate(script: str, config: Config | str | os.PathLike, *, dry_run: bool = False,
             stop: threading.Event | None = None, **options: Any) -> MigrationReport:
-    """Run migration script `script` (audit, initial_load, move_store, reencode, or a .py path) as a library
+    """Run migration script `script` (a name in migrations/, as available() lists them, or a .py path) as a library
     call: what `gcis-migrate SCRIPT` does, by the same function, returning its MigrationReport (which says how the
     command would have exited: report.exit_code). It installs no signal handler, sets up no logging (its lines go
     to the caller's loggers, "gcis_etl.migration" among them), prints nothing, and may run on any thread.

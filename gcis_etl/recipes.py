@@ -85,7 +85,9 @@ class Recipe(Settings):
     """How a master becomes an access master: the encoder and its parameters. load_recipe reads one from a file
     (its name is the file's); one built in code (`Recipe(name=..., quality=85)`) raises pydantic's
     ValidationError, and one derived with model_copy(update=...) a ConfigError. `digest` identifies the
-    parameters: a harvest re-encodes what another digest made."""
+    parameters: the ledger records it with each deposit, and `gcis-migrate reencode` (or --force) re-derives what
+    another digest made. It covers the name and every field but the description, defaults included: a new field
+    must default to None (which the digest leaves out) unless every access master deposited is to be re-derived."""
 
     name: str
     description: str = ""

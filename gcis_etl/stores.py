@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from datetime import datetime, timedelta, timezone
 from functools import partial
 from pathlib import Path
-from typing import IO, Annotated, ClassVar, Iterable, Iterator, Literal, Protocol, Union
+from typing import IO, Annotated, Callable, ClassVar, Iterable, Iterator, Literal, Protocol, Union
 from urllib.parse import quote, unquote, urlsplit
 
 import boto3
@@ -44,7 +44,7 @@ from s3transfer.subscribers import BaseSubscriber
 from s3transfer.utils import ChunksizeAdjuster, signal_not_transferring, signal_transferring
 
 from gcis_etl.durable import DISK_REFUSES_WRITES, fsync_path, sha256_stream
-from gcis_etl.errors import IntegrityError, StoreError, StoreFull, StoreRefused, StoreUnavailable
+from gcis_etl.errors import ConfigError, IntegrityError, StoreError, StoreFull, StoreRefused, StoreUnavailable
 from gcis_etl.keys import KeyTemplates, UnsafeKey, check_key, check_prefix
 from gcis_etl.settings import Settings
 
@@ -1032,8 +1032,19 @@ def uploads_kept(store: Store, pipeline: str, who: str, older_than: timedelta = 
 StoreSettings = Annotated[Union[LocalStoreSettings, S3StoreSettings], Field(discriminator="kind")]
 
 
+STORE_KINDS: dict[str, Callable[..., Store]] = {
+    "local": lambda settings, threads: LocalStore(settings),  # no connection pool to size
+    "s3": S3Store,
+}
+"""How open_store opens each kind of StoreSettings, called with (settings, threads): a kind added to the union
+needs its entry here."""
+
+
 def open_store(settings: LocalStoreSettings | S3StoreSettings, threads: int = 1) -> Store:
-    """`threads`: how many threads use the store at once (S3Store sizes its connection pool for them)."""
-    if isinstance(settings, S3StoreSettings):
-        return S3Store(settings, threads)
-    return LocalStore(settings)
+    """`threads`: how many threads use the store at once (S3Store sizes its connection pool for them). A kind
+    with no entry in STORE_KINDS is a ConfigError, rather than opened as another kind's store."""
+    opener = STORE_KINDS.get(settings.kind)
+    if opener is None:
+        raise ConfigError(f"store: kind {settings.kind!r} has no implementation (gcis_etl.stores.STORE_KINDS knows "
+                          f"{', '.join(STORE_KINDS)})")
+    return opener(settings, threads)

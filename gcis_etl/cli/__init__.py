@@ -36,6 +36,16 @@ class EntryCommand(EntryPoint, click.Command):
     pass
 
 
+class MigrateCommand(EntryCommand):
+    """gcis-migrate: its help ends with the scripts in migrations/, read when the help is shown (importing
+    gcis_etl.migration, which no other use of the command line pays for)."""
+
+    def format_epilog(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        from gcis_etl.migration import available
+        formatter.write_paragraph()
+        formatter.write_text(f"Scripts in migrations/ (each takes --help): {', '.join(available())}")
+
+
 class Span(click.ParamType):
     """A span of time in the syntax every option shares (gcis_etl.spans)."""
 
@@ -78,7 +88,7 @@ def main(ctx: click.Context, config_file: str | None) -> None:
     ctx.obj = config_file
 
 
-@click.command(cls=EntryCommand, context_settings={"help_option_names": ["-h", "--help"],
+@click.command(cls=MigrateCommand, context_settings={"help_option_names": ["-h", "--help"],
                                                   "ignore_unknown_options": True, "allow_interspersed_args": False})
 @CONFIG
 @click.argument("script")

@@ -197,7 +197,8 @@ def recipes(ctx: click.Context) -> None:
             recipe = load_recipe(path)
             click.echo(f"{recipe.name:24} {recipe.digest}  {recipe.description[:70]}")
         except ConfigError as exc:
-            click.echo(f"{name:24} INVALID: {exc}")
+            head = f"{name:24} INVALID: "
+            click.echo(head + str(exc).replace("\n", "\n" + " " * len(head)))  # each error under the first
 
 
 def _recipe_folder(ctx: click.Context):
