@@ -1260,7 +1260,9 @@ def _as_json(value: object) -> object:
 
 
 def _options(options: HarvestOptions) -> dict:
-    return {k: v for k, v in asdict(replace(options, described=())).items() if v not in (None, (), False)}
+    """What the ledger records of a run's options: those set (a migration's run without --max-minutes has an
+    infinite max_run_minutes, which JSON cannot hold: left out, as no limit is)."""
+    return {k: v for k, v in asdict(replace(options, described=())).items() if v not in (None, (), False, math.inf)}
 
 
 def _iso(value: datetime | None) -> str | None:

@@ -610,10 +610,11 @@ class Ledger:
 
     def last_runs_given(self, more_than_minutes: float) -> dict[str, int]:
         """{pipeline: its latest run given more than `more_than_minutes`} (the run's id, which grows with its
-        start; its time, the max_run_minutes its options record, none meaning no limit); dry runs left out."""
-        return dict(self._rows("SELECT pipeline, max(run_id) FROM runs WHERE status!='dry-run' AND NOT "
-                               "coalesce(json_extract(options, '$.max_run_minutes') <= ?, 0) GROUP BY pipeline",
-                               (more_than_minutes,)))
+        start; its time, the max_run_minutes its options record, none meaning no limit); dry runs left out. Options
+        that are no JSON (earlier versions recorded a migration's infinite limit as `Infinity`) had no limit."""
+        return dict(self._rows("SELECT pipeline, max(run_id) FROM runs WHERE status!='dry-run' AND NOT coalesce("
+                               "CASE WHEN json_valid(options) THEN json_extract(options, '$.max_run_minutes') END <= ?,"
+                               " 0) GROUP BY pipeline", (more_than_minutes,)))
 
     def run_items(self, run_id: int, outcome: str | None = None, warned: bool = False,
                   limit: int = -1) -> list[RunItem]:

@@ -9,12 +9,15 @@ the test opens it, beside filesystem pipelines of tiny TIFFs.
 """
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import signal
+import sqlite3
 import subprocess
 import threading
 
+import gcis_etl
 from gcis_etl.harvesting import harvest_pipelines
 from gcis_etl.ledger import Ledger
 from gcis_etl.progress import Progress
@@ -112,3 +115,18 @@ def test_a_run_that_ended_on_an_error_says_it_once(site, tmp_path):
     said = [line for line in done.stderr.splitlines() if "the store's root folder is missing" in line]
     assert len(said) == 1 and said[0].startswith("b: run stopped: "), done.stderr
     assert re.search(r"^WARNING .*b: run 2 failed: 0 deposited", done.stderr, re.M), done.stderr
+
+
+def test_the_turns_are_read_after_a_migrations_run_without_a_time_limit(site, tmp_path):
+    """A migration's harvest run without --max-minutes has an infinite limit: recorded as JSON `Infinity`, it made
+    every later `harvest` with no names fail (sqlite: malformed JSON). Now it is left out, and a ledger holding one
+    from before reads it as a run given time (no limit): b, whose last run was the migration's, goes after a."""
+    cfg = site({"a": folder(tmp_path, "a"), "b": folder(tmp_path, "b")})
+    assert list(every(cfg, ["a"], None)) == ["a"]
+    assert gcis_etl.migrate("initial_load", cfg, pipeline="b").status == "completed"
+    with Ledger.open(cfg, read_only=True) as ledger:
+        [load] = ledger.runs("b", limit=1)
+    assert "max_run_minutes" not in json.loads(load.options)
+    with sqlite3.connect(cfg.ledger_path) as db:  # as an earlier version recorded it
+        db.execute("UPDATE runs SET options='{\"max_run_minutes\": Infinity}' WHERE run_id=?", (load.run_id,))
+    assert list(every(cfg, [], None)) == ["a", "b"]
