@@ -35,6 +35,9 @@ class Executor(Protocol):
     def drain(self) -> Iterator[ItemResult]:
         """The results of every task still running, as they finish."""
 
+    def left_queued(self, pipeline: str) -> int:
+        """The pipeline's tasks left to the workers, not started, once close() ended a stopped run (its note)."""
+
     def close(self) -> None:
         """Release workers (after drain)."""
 
@@ -67,6 +70,9 @@ class LocalExecutor:
             self._running += 1
             self._todo.put(task)
         return self._finished(block=False)
+
+    def left_queued(self, pipeline: str) -> int:
+        return 0  # a stop waits for every task it handed over, each with a thread of its own: all started
 
     def drain(self) -> Iterator[ItemResult]:
         while self._running:

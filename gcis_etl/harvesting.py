@@ -975,6 +975,8 @@ def harvest(config: Config, name: str, options: HarvestOptions = HarvestOptions(
             finally:
                 if own:
                     executor.close()
+            if left := executor.left_queued(name):
+                run.notes.append(f"{counted(left, 'task')} left queued for the next run")
             ledger.finish_run(run.run_id, "stopped" if run.cut_short else "completed", run.counts,
                               run.manifests_published, checkpoint, run.note(checkpoint))
             report = _reported(config, ledger, run.run_id)

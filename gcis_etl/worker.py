@@ -32,6 +32,7 @@ import socket
 import sys
 import threading
 import time
+from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import timedelta
@@ -177,7 +178,10 @@ class _PoolProcess:
         """A transient failure is retried here, after its backoff, not by Celery's retry with a countdown: that
         new message would be taken at once by a worker and held, unacknowledged, behind its running tasks while
         other workers idle, and redelivered past the visibility timeout to run twice at once. Here the task is
-        held at most its hard time limit, which the backoffs count against."""
+        held at most its hard time limit, which the backoffs count against. The soft limit's failure says what
+        the last try that ended on its own met, and is that try's kind: the retries of a source's or store's
+        outage stop the run and count no attempt, as they do when they run out; those of the item's transient
+        failure count one, as they do then; a try the limit cut (a conversion, a download) counts one."""
         from billiard.pool import SIG_SOFT_TIMEOUT
         from celery import current_task
         from celery.utils.time import get_exponential_backoff_interval
@@ -185,6 +189,7 @@ class _PoolProcess:
         signal.signal(SIG_SOFT_TIMEOUT, self._on_soft_limit)  # billiard installs its own after our init
         began = time.time()
         result = self.worker.process(task)
+        ended = None if self.soft_limit_hit else result  # the last try that ended on its own
         for retries in range(retry.max_retries):
             if result.outcome is not Outcome.FAILED or not result.transient or self.soft_limit_hit:
                 break
@@ -197,10 +202,14 @@ class _PoolProcess:
             except SoftTimeLimit:
                 break
             result = self.worker.process(task)
+            ended = ended if self.soft_limit_hit else result
         if self.soft_limit_hit:
             soft = current_task.request.timelimit[1]
-            return replace(result, outcome=Outcome.FAILED, transient=False,
-                           reason=f"took longer than the soft time limit of {soft} s for recipe {task.recipe}")
+            if ended is None:
+                return replace(result, outcome=Outcome.FAILED, transient=False, stops_run=False,
+                               reason=f"took longer than the soft time limit of {soft} s for recipe {task.recipe}")
+            return replace(ended, reason=f"took longer than the soft time limit of {soft} s retrying (its last "
+                                         f"try: {ended.reason})")
         key = self.worker.image_key(task) if current_task.request.retries else None  # Celery retries a task
         if key:  # only after its process died; this try failing too leaves that try's upload all the same
             _abort_dead_upload(self.worker.pipelines[task.pipeline], task, key,
@@ -436,7 +445,7 @@ def celery_task_id(task: ItemTask) -> str:
 class _InFlight:
     task: ItemTask
     progress: tuple[str, str]  # state and its details (a redelivered task is STARTED by another process)
-    since: float               # last send or progress (monotonic)
+    since: float               # last send or progress (monotonic; a send by an earlier run: _heard_since)
     sends: int = 0
     asked: float = 0.0         # when its worker was last asked whether it runs the task (monotonic)
     unheld: int = 0            # answers in a row that it does not (no answer counts as one)
@@ -453,25 +462,27 @@ class CeleryExecutor:
     our SENT marker is gone too (a Redis restart without persistence empties queue and results alike), unless
     the task was last seen running and the broker is another server (a result backend of its own restarted
     empty loses the marker alone: it is put back, _mark_again); after twice visibility_timeout_seconds without
-    progress otherwise, while a worker consumes its queue (with none, it waits: _waits_for_a_worker).
+    progress otherwise, counted from its send by the later runs too (its marker says when: a cron harvest's runs
+    are shorter than that), while a worker consumes its queue (with none, it waits: _waits_for_a_worker).
     A task STARTED by a worker that no longer runs it is sent again once its worker, asked twice
     worker_check_seconds apart, did not answer or did not hold it: Redis redelivers the task of a vanished
     worker only after visibility_timeout_seconds (2 h). A send that raised takes its marker back, so the next
     run sends the task at once; a message that went out all the same is not run. At worst a task runs twice
     while it is waited for, and the second run finds the first's output in the store; a message that comes
     back once its outcome is recorded, or taken, is not run (_start), and one running then records none
-    (_WaitedFor).
+    (_WaitedFor). An outcome that would stop the run (_stale_halt) recorded before this run sent its task is sent
+    again rather than taken: it told how things stood then.
     Once `stopping()` (a stop asked for, the run's time up; never by default), no task is sent and those not
-    started yet are not waited for: they stay in their queue, and the next run takes their outcomes (with no
-    worker running, waiting for them would never end; their markers are kept result_expires_hours, after which
-    a worker no longer runs them and the next run sends them again).
+    started yet are not waited for: they are left to the workers (in their queue, unless the broker lost them),
+    and the next run takes their outcomes (with no worker running, waiting for them would never end), or sends
+    them again once their patience, from their send, is spent.
     """
 
     def __init__(self, pipelines: dict[str, Pipeline], concurrency: int, scratch: Path,
                  settings: CelerySettings | None = None, stopping: Callable[[], bool] | None = None):
         self.pipelines = pipelines
         self.stopping = stopping or (lambda: False)
-        self._left = 0  # tasks left in their queue, not started, when the run stopped
+        self._left: Counter[str] = Counter()  # by pipeline: tasks not started when the run stopped, left to workers
         self.window = concurrency
         self.settings = settings or _settings_of(pipelines)
         self.app = celery_app(self.settings)
@@ -534,9 +545,12 @@ class CeleryExecutor:
             meta = self.app.backend.get_task_meta(task_id)
             unsent = _InFlight(task, (SENT, "None"), 0.0)  # a task this run sends, or sends again
             if meta["status"] in _RUNNING:
-                self._flights[task_id] = _InFlight(task, _progress(meta), time.monotonic())
+                self._flights[task_id] = _InFlight(task, _progress(meta), _heard_since(meta))
             elif meta["status"] == "PENDING":
                 self._send(task_id, unsent)
+            elif (stale := _stale_halt(meta)) is not None:
+                self.app.backend.forget(task_id)  # Celery records no SENT marker over a SUCCESS
+                self._resend(task_id, unsent, stale, level=logging.INFO)
             elif (result := self._finished(task_id, unsent, meta)) is not None:
                 done.append((task_id, result))
         if time.monotonic() - self._last_poll >= self.settings.poll_seconds:
@@ -564,23 +578,30 @@ class CeleryExecutor:
         if not self._unreachable:
             self._forget_handed()
         hours = self.settings.result_expires_hours
-        if self._flights:
-            stays = "its outcome stays" if len(self._flights) == 1 else "their outcomes stay"
-            log.warning("%s still in flight: %s in the result backend for %g hours",
-                        counted(len(self._flights), "task"), stays, hours)
-        if self._left:
-            stays, them, their = (("stays in its queue", "it", "its outcome") if self._left == 1 else
-                                  ("stay in their queue", "them", "their outcomes"))
-            log.warning("%s not started yet %s: a worker runs %s, and the next run takes %s (kept %g hours)",
-                        counted(self._left, "task"), stays, them, their, hours)
+        for pipeline, flying in Counter(flight.task.pipeline for flight in self._flights.values()).items():
+            stays = "its outcome stays" if flying == 1 else "their outcomes stay"
+            log.warning("%s: %s still in flight: %s in the result backend for %g hours", pipeline,
+                        counted(flying, "task"), stays, hours)
+        for pipeline, left in self._left.items():  # as designed, at a time limit: not mailed (INFO)
+            one = left == 1
+            log.info("%s: %s sent and not started yet %s left to the workers: the next run takes %s (kept %g "
+                     "hours), or sends %s again if no worker started %s within %g s of %s send", pipeline,
+                     counted(left, "task"), "is" if one else "are", "its outcome" if one else "their outcomes",
+                     hours, "it" if one else "them", "it" if one else "them",
+                     2 * self.settings.visibility_timeout_seconds, "its" if one else "their")
         self.app.close()
 
+    def left_queued(self, pipeline: str) -> int:
+        """The pipeline's tasks left to the workers, not started, when the run stopped (for the run's note)."""
+        return self._left[pipeline]
+
     def _leave_queued(self) -> None:
-        """The run stops after the tasks in flight: one still SENT has not reached a worker's pool process."""
+        """The run stops after the tasks in flight: one still SENT has not reached a worker's pool process (nor
+        is known to be in its queue: the broker may have lost it)."""
         for task_id, flight in list(self._flights.items()):
             if flight.progress[0] == SENT:
                 del self._flights[task_id]
-                self._left += 1
+                self._left[flight.task.pipeline] += 1
 
     def _send(self, task_id: str, flight: _InFlight) -> None:
         recipe = self._recipes.of(flight.task)
@@ -588,7 +609,8 @@ class CeleryExecutor:
         queue = self.settings.queue_for(recipe)
         self._watch(queue)
         app = self.app
-        app.backend.store_result(task_id, None, SENT)
+        marker = {"sent": time.time()}  # wall clock: the next runs measure the patience from it (_heard_since)
+        app.backend.store_result(task_id, marker, SENT)
         # Published directly rather than through app.send_task, which would also subscribe this process to
         # each task's result channel: outcomes are read by id instead, which also works after a restart.
         # argsrepr is what task events (Flower) and worker logs show of the arguments: scrubbed, in case a
@@ -607,7 +629,8 @@ class CeleryExecutor:
         except BaseException:  # the broker is down, or a second Ctrl-C while it stalls
             self._unmark(task_id)
             raise
-        flight.progress, flight.since, flight.sends = (SENT, "None"), time.monotonic(), flight.sends + 1
+        flight.progress, flight.since, flight.sends = _progress({"result": marker, "status": SENT}), \
+            time.monotonic(), flight.sends + 1
         flight.asked, flight.unheld, flight.host = flight.since, 0, None  # the worker of this send, once seen
         self._flights[task_id] = flight
 
@@ -760,7 +783,8 @@ class CeleryExecutor:
             return self._resend(task_id, flight, unrecorded, item_failed=False)
         return self._outcome(task_id, flight, meta)
 
-    def _resend(self, task_id: str, flight: _InFlight, why: str, item_failed: bool = True) -> ItemResult | None:
+    def _resend(self, task_id: str, flight: _InFlight, why: str, item_failed: bool = True,
+                level: int = logging.WARNING) -> ItemResult | None:
         """The task sent again under its id (a deposit it made is found in the store, not made again), or, after
         max_resends, its failure: the item's, or, when the result backend failed it (_unrecorded), one that stops
         the run and counts no attempt."""
@@ -770,7 +794,7 @@ class CeleryExecutor:
             return failed if item_failed else replace(
                 failed, transient=True, stops_run=True, reason=f"{failed.reason}: not the item's failure, the "
                                                                f"result backend's (no attempt counted)")
-        log.warning("%s/%s: task %s; sending it again", task.object_id, task.item.id, why)
+        log.log(level, "%s/%s: task %s; sending it again", task.object_id, task.item.id, why)
         self._send(task_id, flight)
         return None
 
@@ -891,6 +915,34 @@ def _undecoded(error: Any) -> str | None:
 
 def _progress(meta: dict[str, Any]) -> tuple[str, str]:
     return meta["status"], str(meta.get("result"))
+
+
+def _heard_since(meta: dict[str, Any]) -> float:
+    """When a task found running was last heard of, on this process's monotonic clock: for one SENT, its send, by
+    the wall-clock time its marker holds (written by the run that sent it), so that the patience spans the runs
+    of a cron harvest shorter than it; else (a marker of a version before it, a running task) now. Runs on hosts
+    whose clocks differ shift the patience (2 x visibility_timeout_seconds, hours) by as much: a reader ahead of
+    the sender sends the task again that much early (at worst it runs twice, the second run finding the first's
+    output in the store), one behind that much late; a send time ahead of this clock counts as now."""
+    now = time.monotonic()
+    sent = meta["result"].get("sent") if meta["status"] == SENT and isinstance(meta["result"], dict) else None
+    if not isinstance(sent, (int, float)):
+        return now
+    return now - max(0.0, time.time() - sent)
+
+
+def _stale_halt(meta: dict[str, Any]) -> str | None:
+    """Why a recorded outcome found before this run sent its task is sent again rather than taken, or None. An
+    outcome that stops the run (a store or source down, workers of another configuration) tells how things stood
+    when a worker ran the task, after the run that sent it had stopped: taken, it would stop this run though the
+    store may be back. It counted no attempt; sent again, the task tells how things stand now."""
+    if meta["status"] != "SUCCESS":
+        return None
+    try:
+        result = ItemResult.from_dict(meta["result"])
+    except VersionSkew:  # _outcome says so
+        return None
+    return f"whose outcome, recorded before this run, would stop it ({result.reason})" if result.stops_run else None
 
 
 def _settings_of(pipelines: dict[str, Pipeline]) -> CelerySettings:

@@ -52,48 +52,50 @@ def test_a_broker_outage_while_the_worker_is_asked_about_its_task_is_ridden_out(
     if separate:
         (tmp_path / "broker").mkdir()
         broker.start()
-    masters = tmp_path / "slow-masters"
-    slow_master(masters / "big" / "a.tif", size=3000)
-    config = pool_config(tmp_path / "outage.yaml", masters=masters, broker_url=broker.url(),
-                         store={"kind": "local", "root": str(tmp_path / "store")},
-                         celery={"result_backend": pool.redis.url(), "worker_check_seconds": 1,
-                                 "time_limits": {"default": {"soft_seconds": 60, "hard_seconds": 70}},
-                                 "visibility_timeout_seconds": 80,
-                                 "outage_retries": 2 if outage == "down-for-good" else 10})
-    pool.start("w1", config)
-    settings = load_config(config)
-    pipeline = settings.pipeline("demo")
-    task = tasks_of(pipeline)[0]
-    executor = CeleryExecutor({"demo": pipeline}, 2, Path("unused"), settings.celery)
-    executor.check()
-    ended: list = []
+    try:  # a separate broker stops whatever fails
+        masters = tmp_path / "slow-masters"
+        slow_master(masters / "big" / "a.tif", size=3000)
+        config = pool_config(tmp_path / "outage.yaml", masters=masters, broker_url=broker.url(),
+                             store={"kind": "local", "root": str(tmp_path / "store")},
+                             celery={"result_backend": pool.redis.url(), "worker_check_seconds": 1,
+                                     "time_limits": {"default": {"soft_seconds": 60, "hard_seconds": 70}},
+                                     "visibility_timeout_seconds": 80,
+                                     "outage_retries": 2 if outage == "down-for-good" else 10})
+        pool.start("w1", config)
+        settings = load_config(config)
+        pipeline = settings.pipeline("demo")
+        task = tasks_of(pipeline)[0]
+        executor = CeleryExecutor({"demo": pipeline}, 2, Path("unused"), settings.celery)
+        executor.check()
+        ended: list = []
 
-    def run() -> None:
+        def run() -> None:
+            try:
+                ended.append(run_all(executor, [task]))
+            except GcisError as exc:
+                ended.append(exc)
+
+        runner = threading.Thread(target=run, daemon=True)
+        runner.start()
+        pid = _started(executor, celery_task_id(task))
+        os.kill(pid, signal.SIGSTOP)  # the task stays STARTED while the worker is asked about it, before and after
         try:
-            ended.append(run_all(executor, [task]))
-        except GcisError as exc:
-            ended.append(exc)
-
-    runner = threading.Thread(target=run, daemon=True)
-    runner.start()
-    pid = _started(executor, celery_task_id(task))
-    os.kill(pid, signal.SIGSTOP)  # the task stays STARTED while the worker is asked about it, before and after
-    try:
-        time.sleep(2.5)  # asked at least once on the pooled connection
-        if outage == "restarted-with-its-data":
-            redis_client.Redis.from_url(broker.url()).save()
-            broker.restart()  # kill -9, then started again: it loads what was saved
-        else:
-            broker.stop()
-            time.sleep(3)
-            if outage == "down-for-seconds":
-                broker.start()
-        runner.join(5 if outage == "down-for-good" else 6)  # asked again: it ends now only if the run stops
+            time.sleep(2.5)  # asked at least once on the pooled connection
+            if outage == "restarted-with-its-data":
+                redis_client.Redis.from_url(broker.url()).save()
+                broker.restart()  # kill -9, then started again: it loads what was saved
+            else:
+                broker.stop()
+                time.sleep(3)
+                if outage == "down-for-seconds":
+                    broker.start()
+            runner.join(5 if outage == "down-for-good" else 6)  # asked again: it ends now only if the run stops
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        runner.join(120)
     finally:
-        os.kill(pid, signal.SIGCONT)
-    runner.join(120)
-    if separate:
-        broker.stop()
+        if separate:
+            broker.stop()
 
     assert ended, "the run did not end"
     retries = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Failed operation query_task")]
@@ -162,8 +164,8 @@ def test_a_worker_consuming_none_of_the_tasks_queue_is_said_once(pool, caplog):
     executor.close()
     unconsumed = (f"no Celery worker that answered within {WORKER_PING_SECONDS:g} s consumes queue gcis: its tasks "
                   f"wait there until one does (celery -A gcis_etl.worker worker -Q gcis, with this config.yaml)")
-    assert [r.getMessage() for r in caplog.records] == [unconsumed, "2 tasks still in flight: their outcomes stay in "
-                                                                    "the result backend for 72 hours"]
+    assert [r.getMessage() for r in caplog.records] == [
+        unconsumed, "demo: 2 tasks still in flight: their outcomes stay in the result backend for 72 hours"]
 
     caplog.clear()
     pool.start("all", config)
