@@ -8,8 +8,8 @@ PY := $(VENV)/bin/python
 TOOLS_BIN ?= $(HOME)/.cache/gcis-etl/bin
 MINIO_VERSION := v0.0.0-20260212201848-7aac2a2c5b7c
 MINIO := $(TOOLS_BIN)/minio
+TEST_WORKERS ?= $(shell n=$$(nproc); echo $$(( n < 4 ? n + 1 : 5 )))  # pytest processes (see test:)
 # Go builds MinIO: the one on PATH, else the machine image's (not on PATH under sudo or cron).
-TEST_WORKERS ?= $(shell n=$$(nproc); echo $$(( n < 4 ? n + 1 : 5 )))
 GO ?= $(or $(shell command -v go 2>/dev/null),$(wildcard /usr/local/go/bin/go))
 export GCIS_MINIO_BIN := $(MINIO)
 

@@ -53,7 +53,9 @@ _TRANSIENT = (requests.exceptions.ConnectionError, requests.exceptions.Timeout,
 _PORTABLE_HEADERS = frozenset({"user-agent", "accept", "accept-encoding", "accept-language", "connection",
                                "proxy-authorization"})  # set by requests for the new hop's own proxy
 _DEFAULT_PORTS = {"http": 80, "https": 443}
-_HINT_BYTES = 4096
+# what an error body is read of: OTMM's JSON puts its debug_message, which may echo the whole request, before the
+# message that says what is wrong, and only a whole body parses (the excerpt quoted stays 200 characters)
+_HINT_BYTES = 64 * 1024
 ANSWER_BYTES = 256 << 20
 """The most an answer read whole (search pages, XML, JSON; not a download) may decode to: HttpSession.answer_bytes."""
 

@@ -204,11 +204,14 @@ def _on_signals(handle: Callable[[int], None]) -> None:
     _on_each(handler)
 
 
+STOPPING_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # those that stop a command (_on_each)
+
+
 def _on_each(handler: Callable | signal.Handlers) -> None:
     """`handler` for each signal that stops a command: SIGINT, SIGTERM, and SIGHUP (a terminal closed, an ssh
     session dropped), which ended it on the spot, recording nothing, unless the process was started ignoring
     SIGHUP (nohup): then it is asked to outlive its terminal, and keeps ignoring it."""
-    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    for signum in STOPPING_SIGNALS:
         if signum != signal.SIGHUP or signal.getsignal(signum) != signal.SIG_IGN:
             signal.signal(signum, handler)
 

@@ -36,7 +36,7 @@ class Executor(Protocol):
         """The results of every task still running, as they finish."""
 
     def left_queued(self, pipeline: str) -> int:
-        """The pipeline's tasks left to the workers, not started, once close() ended a stopped run (its note)."""
+        """The pipeline's tasks left to the workers, not started, once drain() ended a stopped run (its note)."""
 
     def close(self) -> None:
         """Release workers (after drain)."""

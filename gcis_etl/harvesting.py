@@ -49,6 +49,7 @@ from gcis_etl.work import ItemResult, ItemTask, Outcome, fingerprint, remedy, to
 log = logging.getLogger("gcis_etl.harvest")  # the name log shippers filter on (progress.py logs items under it)
 
 NO_TIME_LEFT = 1e-6  # minutes: a run given these stops before its first item (HarvestOptions takes no 0)
+TIME_UP = "stopped at the run time limit"  # a run's note at its time limit (max_run_minutes, --max-minutes)
 AT_LIMIT = "stopped at the limit of "  # a run's note at HarvestOptions.limit (a migration words it anew)
 LISTING_CHANGED = "the source's listing settings changed since the checkpoint: listing everything"
 STOPS_RUN = (StoreUnavailable, StoreRefused)  # a store error no manifest or collection write gets past: StoreFull too
@@ -517,7 +518,7 @@ class Harvest:
         if self.stop.is_set():
             self.cut_short = STOPPED_ON_REQUEST
         elif self._out_of_time() and not listed_all:
-            self.cut_short = "stopped at the run time limit"
+            self.cut_short = TIME_UP
         else:
             self.cut_short = self._at_limit()
         return self.cut_short is not None
@@ -894,17 +895,18 @@ class Harvest:
     def relisting(self) -> str | None:
         """What a run cut short over the checkpoint's window says when its source does not list in modified
         order: the next one starts where it did, and where that cannot go on for ever, what to do."""
-        if (not self.cut_short or not self.listed or self.checkpoint_held
-                or self.pipeline.source.lists_in_modified_order or self.options.since is not None
-                or self.options.object_ids):
-            return None  # not listed: a run given no time, which a longer max_run_minutes would not help
+        if (not self.cut_short or self.cut_short in STOPPED_BY_SIGNAL or not self.listed
+                or self.checkpoint_held or self.pipeline.source.lists_in_modified_order
+                or self.options.since is not None or self.options.object_ids):
+            return None  # a stop asked for is no lack of reach; not listed: a run given no time
         source = self.pipeline.source
         sorting = (f"set {source.modified_order_setting} under pipelines.{self.pipeline.name}.source (a listing "
                    f"sorted oldest first on the modified date), " if source.modified_order_setting else "")
         cannot = "" if sorting else f" ({source.name}'s listing cannot be sorted on the modified date)"
         return (f"the checkpoint stays where it was, so the next run lists the same window again from its start "
                 f"({source.name} is not known to list oldest first); if runs keep stopping before they get through "
-                f"it, raise max_run_minutes, {sorting}or load the backlog once with `gcis-migrate initial_load`"
+                f"it, raise max_run_minutes or --max-minutes, {sorting}or load the backlog once with "
+                f"`gcis-migrate initial_load`"
                 f"{cannot}")
 
 
@@ -958,7 +960,8 @@ def harvest(config: Config, name: str, options: HarvestOptions = HarvestOptions(
                 # After the checkpoint: the collection lists what the ledger holds, not what the run listed, so a
                 # collection the store will not take (its key a folder) stops this run without holding every later
                 # run's listing back; the next run writes it.
-                run.update_collection()
+                if run.listed or not run.cut_short:  # a run that stopped before its first object asks the store nothing
+                    run.update_collection()
             except Interrupted:  # what is in flight finishes unseen, or dies with the process: not waited for
                 run.cut_short = ABANDONED
                 if own:  # a library caller's process lives on: its workers go once their items are done
@@ -976,7 +979,11 @@ def harvest(config: Config, name: str, options: HarvestOptions = HarvestOptions(
                 if own:
                     executor.close()
             if left := executor.left_queued(name):
-                run.notes.append(f"{counted(left, 'task')} left queued for the next run")
+                queued = f"{counted(left, 'task')} left queued for the next run"
+                if run.cut_short in STOPPED_BY_SIGNAL:  # its note is the stop's alone (reports.py reads it)
+                    log.warning("%s: %s", name, queued, extra={"pipeline": name})
+                else:
+                    run.notes.append(queued)
             ledger.finish_run(run.run_id, "stopped" if run.cut_short else "completed", run.counts,
                               run.manifests_published, checkpoint, run.note(checkpoint))
             report = _reported(config, ledger, run.run_id)
@@ -1014,12 +1021,13 @@ def open_sources(config: Config, names: Sequence[str]) -> dict[str, Source]:
 class PipelineOutcome:
     """A pipeline's part in harvest_pipelines. exit_code: as `gcis-etl harvest` would exit for it alone
     (gcis_etl.commands). No report: `message` words for whoever ran it why: the run stopped on an error, or it was
-    not started, as a stop asked for, or a ledger that cannot be written, came first."""
+    not started (`started` False), as a stop asked for, or a ledger that cannot be written, came first."""
 
     name: str
     exit_code: int
     report: RunReport | None = None
     message: str | None = None
+    started: bool = True
 
 
 def harvest_pipelines(config: Config, names: Sequence[str] = (), options: HarvestOptions = HarvestOptions(),
@@ -1045,7 +1053,8 @@ def harvest_pipelines(config: Config, names: Sequence[str] = (), options: Harves
         raise TypeError(f"harvest_pipelines' names are a sequence of pipeline names: ({names!r},), not {names!r}")
     names = list(names) or _in_turn(config)
     stop = as_stop(stop)
-    limit = TimeLimit(minutes=_longest(config, names) if options.max_run_minutes is None else options.max_run_minutes)
+    limit = TimeLimit(minutes=None if options.dry_run else  # a dry run takes its time: it plans every item
+                      _longest(config, names) if options.max_run_minutes is None else options.max_run_minutes)
     open_sources(config, names)
     not_started: tuple[int, str] | None = None  # the exit code of the pipelines left, once none can start, and why
     turns: list[_Turn] = []
@@ -1053,7 +1062,8 @@ def harvest_pipelines(config: Config, names: Sequence[str] = (), options: Harves
         if not_started is None and stop.is_set():  # the command was cut short
             not_started = stop.exit_code, f"the harvest was stopped by {stop.stopped_by}"
         if not_started is not None:
-            yield PipelineOutcome(name, not_started[0], message=f"{name}: not started: {not_started[1]}")
+            yield PipelineOutcome(name, not_started[0], message=f"{name}: not started: {not_started[1]}",
+                                  started=False)
             continue
         progress = progress_for(name) if progress_for else Progress()
         given = _shared(options, config.pipeline(name), limit, runs_left)
@@ -1098,7 +1108,7 @@ class _Turn:
 
     @property
     def overran(self) -> bool:
-        return self.minutes is not None and self.seconds > self.minutes * 60
+        return self.minutes is not None and self.minutes > NO_TIME_LEFT and self.seconds > self.minutes * 60
 
 
 def _no_time_left(name: str, options: HarvestOptions, limit: TimeLimit, turns: Sequence[_Turn]) -> str:

@@ -382,6 +382,8 @@ def _child_main(conn: Connection, settings: dict) -> None:
     _encoder_limit_mb, _metadata_timeout = settings["encoder_memory_limit_mb"], settings["metadata_timeout_seconds"]
     limit = settings["memory_limit_mb"] * 1024 * 1024
     resource.setrlimit(resource.RLIMIT_AS, (limit, resource.getrlimit(resource.RLIMIT_AS)[1]))  # soft only
+    # a host ignoring SIGCHLD passes that on, and every subprocess here (encoders, exiftool) would say exit 0
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when the child stops, a terminal's
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # hang-up to its process group included (commands._on_each)
     logging.getLogger("tifffile").addHandler(_ToParent(logging.WARNING))

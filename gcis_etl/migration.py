@@ -22,7 +22,7 @@ migration continues where the last run stopped. Other work (copying between stor
 ledger directly.
 
 From Python, migrate() runs a script as a library call: the same function, no signal handling, no logging set
-up, nothing printed, from any thread; it returns the MigrationReport. run_script() is the command line's way:
+up, nothing printed on stdout, from any thread; it returns the MigrationReport. run_script() is the command line's way:
 it leaves the process's signal handlers and root logger as it found them when it returns.
 """
 from __future__ import annotations
@@ -49,7 +49,7 @@ import click
 import yaml
 
 from gcis_etl.commands import (CONFIG, EXIT_ITEM_FAILED, EXIT_LOCKED, EXIT_OK, EXIT_USAGE, LIMIT, LOG_JSON, MAX_MINUTES,
-                               VERBOSE, as_stop, fail_config, stop_on_signals)
+                               STOPPING_SIGNALS, VERBOSE, as_stop, fail_config, stop_on_signals)
 from gcis_etl.config import Config, anchor_in, anchored_store, load_config
 from gcis_etl.durable import atomic_write
 from gcis_etl.errors import ConfigError, GcisError, StoreError
@@ -107,7 +107,8 @@ def migrate(script: str, config: Config | str | os.PathLike, *, dry_run: bool = 
     """Run migration script `script` (a name in migrations/, as available() lists them, or a .py path) as a library
     call: what `gcis-migrate SCRIPT` does, by the same function, returning its MigrationReport (which says how the
     command would have exited: report.exit_code). It installs no signal handler, sets up no logging (its lines go
-    to the caller's loggers, "gcis_etl.migration" among them), prints nothing, and may run on any thread.
+    to the caller's loggers, "gcis_etl.migration" among them: with none set up, Python shows the WARNING ones on
+    stderr), prints nothing on stdout, and may run on any thread.
 
     `config`: a Config, or the path of a config.yaml (load_config). `options`: the script's own options, named
     as `gcis-migrate SCRIPT --help` lists them without the dashes (pipeline="museum", older_than=90, repair=True;
@@ -616,7 +617,8 @@ def _flagged(param: click.Parameter, value: Any, script: str) -> list[str]:
     if getattr(param, "is_flag", False):
         if not isinstance(value, bool):
             raise ConfigError(f"{script}: {flag} is True or False, not {value!r}")
-        return [flag] if value else []
+        off = param.secondary_opts[:1]  # a --x/--no-x flag: False says so, which may not be its default
+        return [flag] if value else off
     values = value if param.multiple and isinstance(value, (list, tuple)) else [value]
     return [f"{flag}={os.fspath(v) if isinstance(v, os.PathLike) else v}" for v in values]
 
@@ -635,9 +637,6 @@ def _logging_kept() -> Iterator[None]:
         warnings.showwarning = showwarning
 
 
-_STOPPING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # those stop_on_signals handles
-
-
 def migration(help_text: str, budget: bool = False,
               in_flight: str = "items") -> Callable[[Callable[..., None]], Callable[[list[str]], int]]:
     """Make a script's `main(args) -> exit code` from `function(ctx, **its click options)`. With `budget`, the
@@ -652,7 +651,7 @@ def migration(help_text: str, budget: bool = False,
             from gcis_etl.logs import configure, say
             configure(log_json, verbose)
             config = load_config(config_file)
-            handlers = {signum: signal.getsignal(signum) for signum in _STOPPING}
+            handlers = {signum: signal.getsignal(signum) for signum in STOPPING_SIGNALS}
             stop = stop_on_signals(in_flight)
             try:
                 report = migration.run(config, options, dry_run, verbose, stop)
@@ -673,6 +672,10 @@ def migration(help_text: str, budget: bool = False,
             [LIMIT.param(), MAX_MINUTES.param()] if budget else [])
         command = click.Command(script, callback=callback, params=params, help=help_text,
                                 context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+        unnamed = [p.human_readable_name for p in command.params
+                   if not any(o.startswith("--") for o in getattr(p, "opts", ()))]
+        if unnamed:  # migrate() names a script's options as their --long flags
+            raise TypeError(f"migration script {script}: {', '.join(unnamed)} has no --long option name")
         migration = Migration(script, function, budget, command)
 
         def main(args: list[str]) -> int:

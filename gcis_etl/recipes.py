@@ -181,7 +181,9 @@ class Recipe(Settings):
         """A copy; with `update`, a recipe derived in code, validated as a recipe file is (ConfigError naming each
         key: pydantic's own model_copy checks nothing, and a tile of 300 or a quality of 180 went to the encoder).
         It has another digest, which a harvest compares, but keeps this recipe's name unless `update` gives one:
-        give it one when results and the ledger must not name the recipe it came from."""
+        give it one when results and the ledger must not name the recipe it came from. A section given as a dict
+        replaces this recipe's whole (`{"jp2": {"levels": 5}}` drops its rates): to change one of its keys, pass
+        `recipe.jp2.model_copy(update={...})`."""
         if not update:
             copied = super().model_copy(deep=deep)
             copied.__dict__.pop("digest", None)  # taken again, of the same parameters

@@ -42,7 +42,7 @@ def test_a_store_kind_open_store_has_no_implementation_for_is_a_config_error():
         open_store(FtpStoreSettings())
 
 
-def test_every_kind_of_store_settings_opens():
+def test_every_kind_of_store_settings_has_an_opener():
     from gcis_etl.stores import STORE_KINDS, StoreSettings
     union, _ = typing.get_args(StoreSettings)
     kinds = {typing.get_args(model.model_fields["kind"].annotation)[0] for model in typing.get_args(union)}

@@ -195,7 +195,7 @@ def test_a_dam_not_known_to_list_in_modified_order_keeps_the_checkpoint_and_says
         assert first.status == "stopped" and first.checkpoint_after is None and state(cfg)[1] is None
         assert first.note.startswith("stopped at the limit of 2 items; the checkpoint stays where it was, so the "
                                      "next run lists the same window again from its start")
-        for advice in ("raise max_run_minutes", "modified_order: true under pipelines.p.source",
+        for advice in ("raise max_run_minutes or --max-minutes", "modified_order: true under pipelines.p.source",
                        "`gcis-migrate initial_load`"):
             assert advice in first.note
         assert caplog.text.count("the next run lists the same window again") == 1

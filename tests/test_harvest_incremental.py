@@ -168,8 +168,8 @@ def test_a_run_cut_short_leaves_the_checkpoint_and_the_next_run_finishes(rig):
         assert run.status == "stopped" and run.checkpoint_after is None
         assert run.note.startswith("stopped at the limit of 2 items; the checkpoint stays where it was, so the next "
                                    "run lists the same window again from its start (dam is not known to list")
-        assert run.note.endswith("raise max_run_minutes, or load the backlog once with `gcis-migrate initial_load` "
-                                 "(dam's listing cannot be sorted on the modified date)")  # no OAI setting sorts
+        assert run.note.endswith("raise max_run_minutes or --max-minutes, or load the backlog once with "
+                                 "`gcis-migrate initial_load` (dam's listing cannot be sorted on the modified date)")  # no OAI setting sorts
         assert run.counts == {"deposited": 2, "skipped": 0, "rejected": 0, "failed": 0}
         with rig.ledger() as ledger:
             assert ledger.checkpoint(rig.pipeline) is None
@@ -194,7 +194,7 @@ def test_a_run_cut_short_on_an_unsorted_listing_names_the_settings_that_sort_it(
         rig.write(source(server.url))
         run = rig.harvest(limit=1)
     assert run.status == "stopped" and run.checkpoint_after is None
-    assert (f"raise max_run_minutes, set {setting} under pipelines.{rig.pipeline}.source (a listing sorted oldest "
+    assert (f"raise max_run_minutes or --max-minutes, set {setting} under pipelines.{rig.pipeline}.source (a listing sorted oldest "
             f"first on the modified date), or load the backlog once with `gcis-migrate initial_load`") in run.note
 
 

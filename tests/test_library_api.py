@@ -223,8 +223,9 @@ def test_harvest_pipelines_passes_over_a_locked_pipeline_and_runs_the_next(tmp_p
 
 def test_harvest_pipelines_takes_the_callers_own_event_as_its_stop(tmp_path):
     """A plain threading.Event, as harvest() takes: set while the first pipeline starts, that run takes no
-    item and is recorded stopped, the next is not started, and says so, and both exit 1, as a run that did not complete (no
-    signal to report: not 130). It used to fail at the end of the first run: an Event has no exit code."""
+    item and is recorded stopped, the next is not started, and says so, and both exit 1, as a run that did not
+    complete (no signal to report: not 130). It used to fail at the end of the first run: an Event has no exit
+    code."""
     config = _two_pipelines(tmp_path)
     stop = threading.Event()
 

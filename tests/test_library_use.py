@@ -1,4 +1,4 @@
-"""gcis_etl as a service or notebook uses it (the s33 library walk): a slow stage listener, a recipe derived in
+"""gcis_etl as a service or notebook uses it: a slow stage listener, a recipe derived in
 code, a Ctrl-C as the conversion process starts, a host that ignores SIGCHLD, a Config built in code, and the
 names the front door offers."""
 from __future__ import annotations
@@ -130,6 +130,16 @@ def test_a_crash_in_a_host_that_ignores_sigchld_does_not_read_as_a_clean_exit():
         signal.signal(signal.SIGCHLD, kept)
     assert "code 0" not in str(crashed.value)
     assert "exit status unknown (this process ignores SIGCHLD" in str(crashed.value)
+
+
+def test_the_conversion_process_of_a_host_that_ignores_sigchld_still_reads_its_subprocesses_exit_status():
+    """The ignored SIGCHLD passed on to the conversion process, where every encoder and exiftool then said 0."""
+    kept = signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+    try:
+        with IsolatedProcess() as worker:
+            assert worker.call("tests.jobs.exit_status", 3) == 3
+    finally:
+        signal.signal(signal.SIGCHLD, kept)
 
 
 def test_a_config_built_in_code_is_named_so_in_its_errors(tmp_path, monkeypatch):

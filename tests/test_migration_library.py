@@ -184,3 +184,24 @@ def test_a_decoder_crash_in_a_host_that_ignores_sigchld_says_its_exit_status_is_
     fallback, = [w for w in result.warnings if w.startswith("decoder vips")]
     assert "(exit)" not in fallback
     assert "exit status unknown (this process ignores SIGCHLD" in fallback and fallback.endswith("retried with pillow")
+
+
+def test_a_script_of_ones_own_takes_a_flag_turned_off_and_is_refused_an_option_without_a_long_name(tmp_path):
+    """migrate() gives options as their --long flags: False for a --x/--no-x flag that defaults to True was the
+    default, True; a positional argument had no flag to give (StopIteration, a raw traceback)."""
+    (tmp_path / "counted.py").write_text(
+        "import click\nfrom gcis_etl.migration import migration\n\n\n"
+        "@migration('Counts.')\n@click.option('--pipeline', 'name', required=True)\n"
+        "@click.option('--with-rejected/--without-rejected', default=True)\n"
+        "def main(ctx, name, with_rejected):\n    ctx.report.add('with rejected' if with_rejected else 'without', 1)\n")
+    (tmp_path / "positional.py").write_text(
+        "import click\nfrom gcis_etl.migration import migration\n\n\n"
+        "@migration('Takes a positional argument.')\n@click.argument('name')\ndef main(ctx, name):\n    pass\n")
+    config = Config(pipelines={"p": {"source": {"kind": "filesystem", "root": str(tmp_path)},
+                                     "store": {"kind": "local", "root": str(tmp_path / "store")}}},
+                    state_dir=tmp_path / "state")
+    assert gcis_etl.migrate(str(tmp_path / "counted.py"), config, pipeline="p", with_rejected=False).counts == {
+        "without": 1}
+    assert gcis_etl.migrate(str(tmp_path / "counted.py"), config, pipeline="p").counts == {"with rejected": 1}
+    with pytest.raises(TypeError, match=r"migration script positional: NAME has no --long option name"):
+        gcis_etl.migrate(str(tmp_path / "positional.py"), config)

@@ -82,7 +82,7 @@ def _run(ctx: click.Context, names: tuple[str, ...], options, log_json: bool, ve
             code = max(code, outcome.exit_code)
             report = outcome.report
             if outcome.message:  # a run that stopped on an error, or was not started: no report
-                say(outcome.message, pipeline=outcome.name)
+                say(outcome.message, logging.ERROR if outcome.started else logging.WARNING, pipeline=outcome.name)
             elif options.dry_run or not quiet:  # a dry run says its plan whatever --quiet: it is its output
                 for planned in report.planned:  # a dry run's alone
                     click.echo(planned.line())
