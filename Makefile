@@ -29,10 +29,11 @@ demo: system-deps python-deps
 # shared): it is mostly end-to-end runs that wait on servers and child processes, and with one per core about a
 # fifth of the cores' time went idle (TEST_WORKERS=N to choose). Compiled first: it starts hundreds of Python processes
 # (CLI runs, conversion children, Celery workers), and where PYTHONDONTWRITEBYTECODE is set each would compile
-# the project's modules again. One file alone: `.venv/bin/python -m pytest tests/test_X.py`.
+# the project's modules again. It ends with its 25 slowest tests, where to look when it nears its 20-minute budget.
+# One file alone: `.venv/bin/python -m pytest tests/test_X.py`.
 test: system-deps python-deps minio mirador
 	$(PY) -m compileall -q gcis_etl connectors migrations tests
-	$(PY) -m pytest --numprocesses $(TEST_WORKERS) --dist loadfile
+	$(PY) -m pytest --numprocesses $(TEST_WORKERS) --dist loadfile --durations 25
 
 # The consumer on loopback: sync the cache, then lighttpd + iipsrv (and Mirador at /viewer/) until Ctrl-C.
 serve: system-deps python-deps mirador
