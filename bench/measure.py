@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 from typing import Callable, Iterator
@@ -37,6 +37,9 @@ class Run:
     peak_rss_mb: float    # the largest single process (ours: the conversion process or an encoder it ran)
     output_bytes: int
     megapixels: float
+    # ours: (stage, seconds) in the order the conversion reported them (the first from the call's start, the
+    # last to its end): where the time beside the bare tool's goes
+    stages: list[tuple[str, float]] = field(default_factory=list)
 
     @property
     def mps(self) -> float:
@@ -68,7 +71,8 @@ def conversion_process(recipe: str, out: Path, memory_limit_mb: int | None = Non
     exiftool), that converts masters to `out` one call at a time: wall time of the call; CPU of the process
     and everything it ran (encoders, exiftool) during the call; peak RSS of the largest of them over the
     process's life (the conversion process's or an encoder's: ru_maxrss would carry the parent's across the
-    exec). `memory_limit_mb` replaces the conversion process's address-space limit; `vips_concurrency` is the threads it may use (isolation.vips_concurrency)."""
+    exec); the seconds of each stage it reported (Run.stages). `memory_limit_mb` replaces the conversion process's
+    address-space limit; `vips_concurrency` is the threads it may use (isolation.vips_concurrency)."""
     import psutil
 
     from gcis_etl.conversion import convert
@@ -84,12 +88,16 @@ def conversion_process(recipe: str, out: Path, memory_limit_mb: int | None = Non
         def convert_one(master: Path, name: str, mp: float, label: str) -> Run:
             before = _cpu(child)
             started = time.monotonic()
-            result = convert(master, out, recipe, worker=worker)
-            seconds = time.monotonic() - started
+            marks = [("starting", started)]
+            result = convert(master, out, recipe, worker=worker,
+                             on_stage=lambda stage: marks.append((stage, time.monotonic())))
+            ended = time.monotonic()
             cpu = _cpu(child) - before
             if not result.ok:
                 raise RuntimeError(f"{label} failed: {result.reason}")
-            return Run(name, label, seconds, cpu, result.peak_rss_mb, result.bytes, mp)  # encoders' included
+            stages = [(stage, end - start) for (stage, start), (_, end) in zip(marks, marks[1:] + [("", ended)])]
+            return Run(name, label, ended - started, cpu, result.peak_rss_mb, result.bytes, mp,  # encoders' included
+                       stages)
 
         yield convert_one
 
