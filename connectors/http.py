@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import email.utils
 import html
-import json
 import logging
 import os
 import re
@@ -53,11 +52,16 @@ _TRANSIENT = (requests.exceptions.ConnectionError, requests.exceptions.Timeout,
 _PORTABLE_HEADERS = frozenset({"user-agent", "accept", "accept-encoding", "accept-language", "connection",
                                "proxy-authorization"})  # set by requests for the new hop's own proxy
 _DEFAULT_PORTS = {"http": 80, "https": 443}
-# what an error body is read of: OTMM's JSON puts its debug_message, which may echo the whole request, before the
-# message that says what is wrong, and only a whole body parses (the excerpt quoted stays 200 characters)
+# what an error body is read of: a connector's ErrorWords may need it whole (OTMM's JSON puts its debug_message, which
+# may echo the whole request, before the message that says what is wrong, and only a whole body parses); the excerpt
+# quoted stays 200 characters
 _HINT_BYTES = 64 * 1024
 ANSWER_BYTES = 256 << 20
 """The most an answer read whole (search pages, XML, JSON; not a download) may decode to: HttpSession.answer_bytes."""
+
+ErrorWords = Callable[[str], str | None]
+"""A connector's reading of its server's error body (decoded): what it says, what it means first, or None for a body
+not in that server's own shape (a proxy's page in front of it), which is then read as any web server's is."""
 
 
 _SWITCHES = {"true": True, "yes": True, "on": True, "1": True, "false": False, "no": False, "off": False, "0": False}
@@ -116,6 +120,12 @@ class HttpSourceSettings(Settings):
     verify_tls: VerifyTls = True
     user_agent: str = "gcis-etl"
 
+    def credential_settings(self) -> tuple[str, ...] | None:
+        """The fields the configured auth authenticates with, which a 401 names (never their values): for a model
+        whose auth modes use different ones, or a plain-text one (a username, a client id). None: each Secret
+        field set (connectors.redaction.credential_keys)."""
+        return None
+
 
 class _Session(requests.Session):
     """requests.Session whose redirects to another origin go without the credentials the first request carried."""
@@ -136,12 +146,15 @@ class _Session(requests.Session):
 class HttpSession:
     """requests with bounded retries, timeouts, optional re-login on 401 and redacted errors.
 
-    It takes HttpSourceSettings: a connector's settings model subclasses it (a 401 names that model's `username`
-    and Secret fields), or, where reaching a server is optional for the source, builds one from its own settings
-    (HttpSourceSettings(base_url=..., retry=..., verify_tls=...))."""
+    It takes HttpSourceSettings: a connector's settings model subclasses it (a 401 names the fields its
+    credential_settings() gives, else its Secret fields set), or, where reaching a server is optional for the source,
+    builds one from its own settings (HttpSourceSettings(base_url=..., retry=..., verify_tls=...)). `error_words` is
+    the connector's reading of its server's error bodies (OTMM's JSON); without it, or where it reads nothing, an
+    error quotes an HTML page's title or text, else the body."""
 
-    def __init__(self, settings: HttpSourceSettings):
+    def __init__(self, settings: HttpSourceSettings, error_words: ErrorWords | None = None):
         self.settings = settings
+        self.error_words = error_words
         self.policy = settings.retry
         self.headers: dict[str, str] = {"User-Agent": settings.user_agent}
         self.auth: requests.auth.AuthBase | None = None
@@ -153,7 +166,8 @@ class HttpSession:
         self._userinfo: dict[tuple[str, str | None, int | None], requests.auth.HTTPBasicAuth] = {}
         self.base_url = self.credential_free(settings.base_url).rstrip("/")
         # what a 401 names to fix: the keys (never the values) of the settings the session authenticates with
-        self.credentials = credential_keys(settings) + (("source.base_url's user-info",) if self._userinfo else ())
+        self.credentials = (credential_keys(settings, settings.credential_settings())
+                            + (("source.base_url's user-info",) if self._userinfo else ()))
 
     def url(self, path: str) -> str:
         return self.base_url + "/" + path.lstrip("/")
@@ -358,28 +372,20 @@ class HttpSession:
         except TransferInterrupted:
             return ""
         # scrubbed before the cut: a secret the cut splits would no longer match
-        text = scrub(" ".join(_server_words(head, response.encoding or "utf-8").split()))[:200]
+        text = scrub(" ".join(self._server_words(head, response.encoding or "utf-8").split()))[:200]
         return f": {text}" if text and text.lower() != (response.reason or "").lower() else ""
 
-
-def _server_words(head: bytes, charset: str) -> str:
-    """What an error body says in the server's words, what it means first: OTMM's exception_body message and
-    error_code, then its debug_message (which comes before them, and may echo the whole request); an HTML page's
-    title or text (Rosetta's); else the body."""
-    text = head.decode(charset, "replace")
-    try:
-        data = json.loads(text)
-    except ValueError:
-        data = None
-    error = data.get("exception_body") if isinstance(data, dict) else None
-    if isinstance(error, dict) and (error.get("message") or error.get("error_code")):
-        message, code, debug = error.get("message"), error.get("error_code"), error.get("debug_message")
-        meaning = f"{message} ({code})" if message and code else f"{message or code}"
-        return f"{meaning}; {debug}" if debug else meaning
-    if _HTML_START.match(head):
-        title = _TITLE.search(text)
-        return html.unescape(title.group(1) if title else _TAG.sub(" ", text))
-    return text
+    def _server_words(self, head: bytes, charset: str) -> str:
+        """What an error body says in the server's words: as the connector reads its server's own shape
+        (error_words), else as any web server's, an HTML page's title or text (Rosetta's), else the body."""
+        text = head.decode(charset, "replace")
+        said = self.error_words(text) if self.error_words else None
+        if said is not None:
+            return said
+        if _HTML_START.match(head):
+            title = _TITLE.search(text)
+            return html.unescape(title.group(1) if title else _TAG.sub(" ", text))
+        return text
 
 
 def _chain(exc: BaseException) -> Iterator[BaseException]:

@@ -140,6 +140,12 @@ class OtmmSettings(HttpSourceSettings):
         than written into every manifest (language_tag reads a POSIX locale, en_US, as en-US)."""
         return language_tag(value) if value is not None else None
 
+    def credential_settings(self) -> tuple[str, ...]:
+        """A session's login sends the user's; the OAuth password grant the client's too (a client_secret
+        left set under `auth: session` is sent nowhere)."""
+        user = ("username", "password")
+        return user + ("client_id", "client_secret") if self.auth == "oauth" else user
+
     @model_validator(mode="after")
     def _consistent(self) -> "OtmmSettings":
         if self.auth == "oauth" and not (self.client_id and self.client_secret):
@@ -202,7 +208,7 @@ class OtmmSource:
     def __init__(self, settings: OtmmSettings, name: str = "otmm"):
         self.name = name
         self.settings = settings
-        self.http = HttpSession(settings)
+        self.http = HttpSession(settings, _error_words)
         self.http.headers.update({"Accept": "application/json", **settings.extra_headers})
         register(settings.password.get_secret_value(),
                                settings.client_secret.get_secret_value() if settings.client_secret else None)
@@ -748,6 +754,22 @@ def _md5(path: Path) -> str:
 
 def _updated(asset: dict) -> datetime | None:
     return parse_timestamp(asset.get("date_last_updated")) or parse_timestamp(asset.get("date_imported"))
+
+
+def _error_words(body: str) -> str | None:
+    """What an OTMM error body says (dam-apis.md §2.9), what it means first: exception_body's message and error_code,
+    then its debug_message (which comes before them, and may echo the whole request); None for any other body (a
+    proxy's page, a gateway's JSON)."""
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return None
+    error = data.get("exception_body") if isinstance(data, dict) else None
+    if not (isinstance(error, dict) and (error.get("message") or error.get("error_code"))):
+        return None
+    message, code, debug = error.get("message"), error.get("error_code"), error.get("debug_message")
+    meaning = f"{message} ({code})" if message and code else f"{message or code}"
+    return f"{meaning}; {debug}" if debug else meaning
 
 
 def _header_value(value: Any, what: str) -> str:

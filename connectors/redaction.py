@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import re
 import threading
-from typing import Annotated, Any, Iterator
+from typing import Annotated, Any, Iterable, Iterator
 from urllib.parse import quote, quote_plus, unquote, urlsplit, urlunsplit
 
 from pydantic import BaseModel, BeforeValidator, SecretStr
@@ -131,16 +131,20 @@ def written_secrets(model: type[BaseModel], options: Any, where: str) -> Iterato
                 yield from written_secrets(arm, value, f"{where}.{key}")
 
 
-def credential_keys(settings: Settings, where: str = "source") -> tuple[str, ...]:
-    """The keys (under `where`) of the credentials `settings` holds, for a refusal to name what to fix, never their
-    values: the `username` they go with (every built-in HTTP source's) and each Secret field set, "from the
-    environment" when a ${VAR} filled it in (what cron's environment exports)."""
-    keys = [f"{where}.username"] if "username" in type(settings).model_fields else []
-    for name, field in type(settings).model_fields.items():
+def credential_keys(settings: Settings, fields: Iterable[str] | None = None, where: str = "source") -> tuple[str, ...]:
+    """The keys (under `where`) of the credentials `settings` authenticates with, for a refusal to name what to fix,
+    never their values: `fields`, those its configured auth uses (its settings know: OTMM's `auth: oauth` adds
+    client_id and client_secret), else each Secret field set (not a `username` field: an auth mode by token has
+    none to send); "from the environment" when a ${VAR} filled it in (what cron's environment exports)."""
+    model_fields = type(settings).model_fields
+    if fields is None:
+        fields = [name for name in model_fields if isinstance(getattr(settings, name), SecretStr)]
+    keys = []
+    for name in fields:
         value = getattr(settings, name)
-        if isinstance(value, SecretStr):
-            filled = value.get_secret_value() in settings.from_environment
-            keys.append(f"{where}.{field.alias or name}{' from the environment' if filled else ''}")
+        text = value.get_secret_value() if isinstance(value, SecretStr) else value
+        filled = isinstance(text, str) and text in settings.from_environment
+        keys.append(f"{where}.{model_fields[name].alias or name}{' from the environment' if filled else ''}")
     return tuple(keys)
 
 

@@ -136,6 +136,11 @@ class RosettaSettings(HttpSourceSettings):
     not_found_fault: str = r"(?i)does not exist|not found|no such|NotInPermanent"
     ie_pid_pattern: str = r"^IE\d+$"
 
+    def credential_settings(self) -> tuple[str, ...]:
+        """The login every request carries, {username}-institutionCode-{institution_code}:{password} (whichever
+        auth_scheme word goes before it)."""
+        return ("username", "institution_code", "password") if self.institution_code else ("username", "password")
+
     @field_validator("auth_scheme", mode="before")
     @classmethod
     def _scheme_word(cls, value: object) -> object:

@@ -72,8 +72,9 @@ def test_rosettas_refusal_names_the_settings_rather_than_quote_its_html_page(tmp
         done = harvest(tmp_path, rosetta_source(emulator.url), ROSETTA_PASSWORD=WRONG)
     assert done.returncode == 1, done.stderr
     [said] = [line for line in done.stderr.splitlines() if "run stopped" in line]
-    assert ("HTTP 401 Unauthorized: the source refused the configured credentials (source.username, source.password "
-            "from the environment): fix the source's credentials") in said, said
+    named = "source.username, source.institution_code, source.password from the environment"
+    assert f"HTTP 401 Unauthorized: the source refused the configured credentials ({named}): fix the source's " \
+           "credentials" in said, said
     assert "<html>" not in said and WRONG not in done.stderr and ROSETTA_PASSWORD not in done.stderr
 
 
