@@ -8,8 +8,9 @@ import re
 import sys
 import threading
 import warnings
+from contextlib import contextmanager
 from datetime import datetime, timezone
-from typing import Mapping
+from typing import Iterator, Mapping
 
 import click
 
@@ -78,6 +79,7 @@ class JsonFormatter(logging.Formatter):
 
 
 def configure(json_lines: bool, verbose: int) -> None:
+    """The process's logging for a command: what kept() puts back."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if json_lines else PlainFormatter())
     root = logging.getLogger()
@@ -85,6 +87,24 @@ def configure(json_lines: bool, verbose: int) -> None:
     root.setLevel(logging.DEBUG if verbose > 1 else logging.INFO if verbose or json_lines else logging.WARNING)
     guard(root)
     warnings.showwarning = _log_warning
+
+
+@contextmanager
+def kept() -> Iterator[None]:
+    """Everything configure() changes put back as it was when the block ends: the root logger's handlers and level,
+    the levels guard() gives the AWS and HTTP libraries' loggers (a host's own choice for them stood lowered to
+    WARNING), Python's warning hook. For a command run in a host's process (gcis_etl.migration.run_script)."""
+    root = logging.getLogger()
+    handlers, level, showwarning = list(root.handlers), root.level, warnings.showwarning
+    levels = {name: logging.getLogger(name).level for name in _NOISY}
+    try:
+        yield
+    finally:
+        root.handlers[:] = handlers
+        root.setLevel(level)
+        for name, noisy in levels.items():
+            logging.getLogger(name).setLevel(noisy)
+        warnings.showwarning = showwarning
 
 
 def _log_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int, file=None,

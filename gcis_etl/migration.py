@@ -23,7 +23,7 @@ ledger directly.
 
 From Python, migrate() runs a script as a library call: the same function, no signal handling, no logging set
 up, nothing printed on stdout, from any thread; it returns the MigrationReport. run_script() is the command line's way:
-it leaves the process's signal handlers and root logger as it found them when it returns.
+it leaves the process's signal handlers and logging (logs.kept) as it found them when it returns.
 """
 from __future__ import annotations
 
@@ -37,12 +37,10 @@ import signal
 import sys
 import threading
 import uuid
-import warnings
-from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import ModuleType
-from typing import IO, TYPE_CHECKING, Any, Callable, Iterator, TypeVar
+from typing import IO, TYPE_CHECKING, Any, Callable, TypeVar
 from urllib.parse import urlsplit
 
 import click
@@ -77,23 +75,44 @@ def available() -> list[str]:
     return sorted(p.stem for p in MIGRATIONS.glob("*.py") if not p.name.startswith("_"))
 
 
+_loaded: dict[Path, tuple[tuple[int, int], ModuleType]] = {}  # a script's file -> (its mtime and size, its module)
+_loading = threading.RLock()  # RLock: a script that loads another as it is loaded waits for no one
+
+
 def load_script(script: str) -> ModuleType:
-    """The migration script `script` names (a name in migrations/, or a .py path), loaded; ConfigError if none."""
+    """The migration script `script` names (a name in migrations/, or a .py path), loaded once: every call, on any
+    thread, gets the same module (a load per call executed the script again under another thread's run, whose
+    objects were then of classes its module's name no longer led to: pickle, isinstance). A file changed since is
+    loaded again, as the command line would run it: an edited script is not run stale (a run under way keeps the
+    module it began with). ConfigError if there is none."""
     path = Path(script)
     if path.suffix != ".py":
         path = MIGRATIONS / f"{script}.py"
     if not path.is_file():
         raise ConfigError(f"no migration script {script!r} (available: {', '.join(available()) or 'none yet'})")
-    spec = importlib.util.spec_from_file_location(f"gcis_migration_{path.stem}", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the script is being loaded
-    spec.loader.exec_module(module)
-    return module
+    path = path.resolve()
+    name = f"gcis_migration_{path.stem}"
+    with _loading:
+        stat = path.stat()
+        version = (stat.st_mtime_ns, stat.st_size)
+        known = _loaded.get(path)
+        if known and known[0] == version and sys.modules.get(name) is known[1]:  # not replaced by a namesake's
+            return known[1]
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # dataclasses look their module up while the script is being loaded
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            del sys.modules[name]  # as a failed import leaves it: the next call tries again
+            raise
+        _loaded[path] = (version, module)
+        return module
 
 
 def run_script(script: str, args: list[str]) -> int:
     """`gcis-migrate SCRIPT ARGS...`: its exit code. A command line (summary on stdout, its own log handler,
-    Ctrl-C and SIGTERM a clean stop), which leaves the signal handlers and the root logger as it found them."""
+    Ctrl-C and SIGTERM a clean stop), which leaves the signal handlers and logging as it found them (logs.kept)."""
     try:
         module = load_script(script)
     except ConfigError as exc:
@@ -108,7 +127,8 @@ def migrate(script: str, config: Config | str | os.PathLike, *, dry_run: bool = 
     call: what `gcis-migrate SCRIPT` does, by the same function, returning its MigrationReport (which says how the
     command would have exited: report.exit_code). It installs no signal handler, sets up no logging (its lines go
     to the caller's loggers, "gcis_etl.migration" among them: with none set up, Python shows the WARNING ones on
-    stderr), prints nothing on stdout, and may run on any thread.
+    stderr), prints nothing on stdout, and may run on any thread. The script is loaded once, and again when its
+    file changes (load_script).
 
     `config`: a Config, or the path of a config.yaml (load_config). `options`: the script's own options, named
     as `gcis-migrate SCRIPT --help` lists them without the dashes (pipeline="museum", older_than=90, repair=True;
@@ -282,17 +302,23 @@ class MigrationReport:
 
     def finish(self) -> None:
         self.finished = now().isoformat()
-        if self._csv:
-            try:
-                self._csv.close()
-            except OSError as exc:
-                self._not_written(exc)
+        self.close()
         if self.json_path and not self._unwritten:
             try:
                 self.directory.mkdir(parents=True, exist_ok=True)
                 atomic_write(self.json_path, json.dumps(self.to_dict(), indent=2) + "\n")
             except OSError as exc:
                 self._not_written(exc)
+
+    def close(self) -> None:
+        """The CSV closed, its rows written: by finish(), and by Migration.run whatever ends the run (a script's
+        bug, a ConfigError, a second Ctrl-C), which left its file open."""
+        with self._lock:
+            if self._csv and not self._csv.closed:
+                try:
+                    self._csv.close()
+                except OSError as exc:
+                    self._not_written(exc)
 
     def _problem(self, event: Event, at: str | None) -> None:
         """Under the lock."""
@@ -554,8 +580,9 @@ class Migration:
     def run(self, config: Config, options: dict[str, Any], dry_run: bool = False, verbose: int = 0,
             stop: threading.Event | None = None, terminal: bool = True) -> MigrationReport:
         """The script's function on `options` (its own, as click gives them), ended with its report finished and
-        the exit code set; a ConfigError, or what is not a GcisError, is raised. `stop`: a StopRequest for the
-        command line (a signal sets it), a caller's Event otherwise. `terminal`: MigrationContext.terminal."""
+        the exit code set; a ConfigError, or what is not a GcisError, is raised (the report's CSV closed). `stop`:
+        a StopRequest for the command line (a signal sets it), a caller's Event otherwise. `terminal`:
+        MigrationContext.terminal."""
         pipeline = options.get("name")  # a script's --pipeline, when it takes one pipeline
         ctx = MigrationContext(config, MigrationReport(self.script, dry_run, config.reports_dir,
                                                        pipeline if isinstance(pipeline, str) else None),
@@ -573,6 +600,8 @@ class Migration:
         except GcisError as exc:
             ctx.report.stop("stopped on an error", f"{type(exc).__name__}: {exc} (everything settled so far "
                                                     f"is recorded: remove the cause and run again)")
+        finally:
+            ctx.report.close()
         if ctx.stop.is_set() and ctx.report.status == "completed" and not ctx.stop_heeded:
             ctx.report.stop("stopped", "stopped on request: run again to continue")
         ctx.report.finish()
@@ -623,20 +652,6 @@ def _flagged(param: click.Parameter, value: Any, script: str) -> list[str]:
     return [f"{flag}={os.fspath(v) if isinstance(v, os.PathLike) else v}" for v in values]
 
 
-@contextmanager
-def _logging_kept() -> Iterator[None]:
-    """The root logger's handlers and level, and Python's warning hook, put back as they were: the command line
-    sets them up (logs.configure) for its run only."""
-    root = logging.getLogger()
-    handlers, level, showwarning = list(root.handlers), root.level, warnings.showwarning
-    try:
-        yield
-    finally:
-        root.handlers[:] = handlers
-        root.setLevel(level)
-        warnings.showwarning = showwarning
-
-
 def migration(help_text: str, budget: bool = False,
               in_flight: str = "items") -> Callable[[Callable[..., None]], Callable[[list[str]], int]]:
     """Make a script's `main(args) -> exit code` from `function(ctx, **its click options)`. With `budget`, the
@@ -679,7 +694,8 @@ def migration(help_text: str, budget: bool = False,
         migration = Migration(script, function, budget, command)
 
         def main(args: list[str]) -> int:
-            with _logging_kept():
+            from gcis_etl.logs import kept
+            with kept():  # the command line sets logging up (logs.configure) for its run only
                 try:
                     return command.main(args, prog_name=f"gcis-migrate {script}", standalone_mode=False)
                 except click.ClickException as exc:

@@ -1,6 +1,6 @@
 """gcis_etl as a service or notebook uses it: a slow stage listener, a recipe derived in
-code, a Ctrl-C as the conversion process starts, a host that ignores SIGCHLD, a Config built in code, and the
-names the front door offers."""
+code, a Ctrl-C as the conversion process starts, a host that ignores SIGCHLD (a decoder's crash in it too), a
+Config built in code (a pipeline's bad recipe in it too), and the names the front door offers."""
 from __future__ import annotations
 
 import signal
@@ -17,9 +17,10 @@ from gcis_etl.config import Config, load_config
 from gcis_etl.errors import ConfigError
 from gcis_etl.isolation import IsolatedProcess, WorkerCrashed
 from gcis_etl.models import Status
-from gcis_etl.policy import IsolationSettings
+from gcis_etl.policy import ImagingPolicy, IsolationSettings
 from gcis_etl.recipes import DEFAULT_RECIPE, load_recipe, recipe_files
 from tests.conftest import CORPUS
+from tests.test_isolation import CRASHER, TO_VIPS, through_a_vips_crash
 
 QUIET = CORPUS / "rgb8-tiff-lzw/hopper_lzw.tif"
 
@@ -132,6 +133,20 @@ def test_a_crash_in_a_host_that_ignores_sigchld_does_not_read_as_a_clean_exit():
     assert "exit status unknown (this process ignores SIGCHLD" in str(crashed.value)
 
 
+def test_a_decoder_crash_in_a_host_that_ignores_sigchld_says_its_exit_status_is_unknown(tmp_path):
+    """The kernel reaps the child and keeps no status: the fallback's note said "decoder vips crashed (exit)"."""
+    kept = signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+    try:
+        result = through_a_vips_crash(lambda: gcis_etl.convert(CRASHER, tmp_path / "a.tif",
+                                                               policy=ImagingPolicy(**TO_VIPS)))
+    finally:
+        signal.signal(signal.SIGCHLD, kept)
+    assert result.status is Status.CONVERTED and result.decoder == "pillow"
+    fallback, = [w for w in result.warnings if w.startswith("decoder vips")]
+    assert "(exit)" not in fallback
+    assert "exit status unknown (this process ignores SIGCHLD" in fallback and fallback.endswith("retried with pillow")
+
+
 def test_the_conversion_process_of_a_host_that_ignores_sigchld_still_reads_its_subprocesses_exit_status():
     """The ignored SIGCHLD passed on to the conversion process, where every encoder and exiftool then said 0."""
     kept = signal.signal(signal.SIGCHLD, signal.SIG_IGN)
@@ -150,6 +165,15 @@ def test_a_config_built_in_code_is_named_so_in_its_errors(tmp_path, monkeypatch)
     monkeypatch.delenv("GCIS_CONFIG", raising=False)
     with pytest.raises(ConfigError, match=r"^<built-in defaults: no --config, no \$GCIS_CONFIG"):
         load_config().pipeline("lib")
+
+
+def test_a_bad_recipe_in_a_config_built_in_code_names_its_key(tmp_path):
+    """load_config names `pipelines.<name>.recipe`; a Config built in code said only "recipe 'nope' not found"."""
+    config = Config(**{"pipelines": {"lib": {"source": {"kind": "filesystem", "root": str(tmp_path)},
+                                             "store": {"kind": "local", "root": str(tmp_path / "store")},
+                                             "recipe": "nope"}}})
+    with pytest.raises(ConfigError, match=r"^<Config built in code>: pipelines\.lib\.recipe: recipe 'nope' not found"):
+        config.pipeline("lib").recipe
 
 
 def test_the_front_door_offers_what_its_calls_take_and_raise():

@@ -1,26 +1,24 @@
 """The migrations, the fixity audit first, called from Python (gcis_etl.migrate): the command line's function, with
-nothing done to the host's process (signal handlers, root logger, stdout), from any thread; and run_script, the
-command line's way, leaving the process as it found it. Also two messages a library caller meets: a pipeline's
-bad recipe in a Config built in code, and a decoder's crash in a host that ignores SIGCHLD."""
+nothing done to the host's process (signal handlers, logging, stdout), from any thread, a script loaded once for
+all of them; and run_script, the command line's way, leaving the process as it found it."""
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 import threading
 import warnings
+from pathlib import Path
 
 import pytest
 
 import gcis_etl
-from gcis_etl.config import Config
+from gcis_etl.config import load_config
 from gcis_etl.errors import ConfigError
 from gcis_etl.migration import run_script
-from gcis_etl.models import Status
-from gcis_etl.policy import ImagingPolicy
 from tests.conftest import run_on_a_terminal
 from tests.test_audit import DAMAGED, KEYS, audit, flip_a_byte, loaded, problems
-from tests.test_isolation import CRASHER, TO_VIPS, through_a_vips_crash
 from tests.test_migrations import BIN, PIPELINE
 
 STOPPING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -32,9 +30,11 @@ def host_handler(signum, frame) -> None:
 
 def process_state() -> tuple:
     """What a call must leave as it found it: the handlers of the signals that stop a command, the root logger's
-    handlers and level, Python's warning hook."""
+    handlers and level, every logger's level, Python's warning hook."""
     root = logging.getLogger()
-    return ({signum: signal.getsignal(signum) for signum in STOPPING}, list(root.handlers), root.level,
+    levels = {name: logger.level for name, logger in root.manager.loggerDict.items()
+              if isinstance(logger, logging.Logger) and logger.level != logging.NOTSET}
+    return ({signum: signal.getsignal(signum) for signum in STOPPING}, list(root.handlers), root.level, levels,
             warnings.showwarning)
 
 
@@ -163,45 +163,134 @@ def test_run_script_twice_leaves_the_signal_handlers_and_the_root_logger_as_it_f
     assert process_state() == before
 
 
-def test_a_bad_recipe_in_a_config_built_in_code_names_its_key(tmp_path):
-    """load_config names `pipelines.<name>.recipe`; a Config built in code said only "recipe 'nope' not found"."""
-    config = Config(**{"pipelines": {"lib": {"source": {"kind": "filesystem", "root": str(tmp_path)},
-                                             "store": {"kind": "local", "root": str(tmp_path / "store")},
-                                             "recipe": "nope"}}})
-    with pytest.raises(ConfigError, match=r"^<Config built in code>: pipelines\.lib\.recipe: recipe 'nope' not found"):
-        config.pipeline("lib").recipe
+def own_script(tmp_path, name: str, text: str) -> str:
+    """A migration script of one's own, `text` after the imports every script makes: its path."""
+    path = tmp_path / name
+    path.write_text(f"import click\nfrom gcis_etl.migration import migration\n\n\n{text}")
+    return str(path)
 
 
-def test_a_decoder_crash_in_a_host_that_ignores_sigchld_says_its_exit_status_is_unknown(tmp_path):
-    """The kernel reaps the child and keeps no status: the fallback's note said "decoder vips crashed (exit)"."""
-    kept = signal.signal(signal.SIGCHLD, signal.SIG_IGN)
-    try:
-        result = through_a_vips_crash(lambda: gcis_etl.convert(CRASHER, tmp_path / "a.tif",
-                                                               policy=ImagingPolicy(**TO_VIPS)))
-    finally:
-        signal.signal(signal.SIGCHLD, kept)
-    assert result.status is Status.CONVERTED and result.decoder == "pillow"
-    fallback, = [w for w in result.warnings if w.startswith("decoder vips")]
-    assert "(exit)" not in fallback
-    assert "exit status unknown (this process ignores SIGCHLD" in fallback and fallback.endswith("retried with pillow")
+def own_config(tmp_path) -> Path:
+    """A config.yaml of one pipeline, "p", for scripts of one's own (which read no source)."""
+    config = tmp_path / "config.yaml"
+    config.write_text(f"state_dir: {tmp_path / 'state'}\npipelines:\n  p:\n"
+                      f"    source: {{kind: filesystem, root: {tmp_path}}}\n"
+                      f"    store: {{kind: local, root: {tmp_path / 'store'}}}\n")
+    return config
+
+
+COUNTED = """\
+@migration("Counts.")
+@click.option("--pipeline", "name", required=True)
+@click.option("--with-rejected/--without-rejected", default=True)
+def main(ctx, name, with_rejected):
+    ctx.report.add("with rejected" if with_rejected else "without", 1)
+"""
 
 
 def test_a_script_of_ones_own_takes_a_flag_turned_off_and_is_refused_an_option_without_a_long_name(tmp_path):
     """migrate() gives options as their --long flags: False for a --x/--no-x flag that defaults to True was the
     default, True; a positional argument had no flag to give (StopIteration, a raw traceback)."""
-    (tmp_path / "counted.py").write_text(
-        "import click\nfrom gcis_etl.migration import migration\n\n\n"
-        "@migration('Counts.')\n@click.option('--pipeline', 'name', required=True)\n"
-        "@click.option('--with-rejected/--without-rejected', default=True)\n"
-        "def main(ctx, name, with_rejected):\n    ctx.report.add('with rejected' if with_rejected else 'without', 1)\n")
-    (tmp_path / "positional.py").write_text(
-        "import click\nfrom gcis_etl.migration import migration\n\n\n"
-        "@migration('Takes a positional argument.')\n@click.argument('name')\ndef main(ctx, name):\n    pass\n")
-    config = Config(pipelines={"p": {"source": {"kind": "filesystem", "root": str(tmp_path)},
-                                     "store": {"kind": "local", "root": str(tmp_path / "store")}}},
-                    state_dir=tmp_path / "state")
-    assert gcis_etl.migrate(str(tmp_path / "counted.py"), config, pipeline="p", with_rejected=False).counts == {
-        "without": 1}
-    assert gcis_etl.migrate(str(tmp_path / "counted.py"), config, pipeline="p").counts == {"with rejected": 1}
+    counted = own_script(tmp_path, "counted.py", COUNTED)
+    positional = own_script(tmp_path, "positional.py", "@migration('Takes a positional argument.')\n"
+                                                       "@click.argument('name')\ndef main(ctx, name):\n    pass\n")
+    config = load_config(own_config(tmp_path))
+    assert gcis_etl.migrate(counted, config, pipeline="p", with_rejected=False).counts == {"without": 1}
+    assert gcis_etl.migrate(counted, config, pipeline="p").counts == {"with rejected": 1}
     with pytest.raises(TypeError, match=r"migration script positional: NAME has no --long option name"):
-        gcis_etl.migrate(str(tmp_path / "positional.py"), config)
+        gcis_etl.migrate(positional, config)
+
+
+PICKLED = """\
+import pickle
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+with Path(__file__).with_suffix(".loads").open("a") as loads:
+    loads.write("loaded\\n")
+time.sleep(0.5)  # a slow import: the other thread's call comes while it loads
+
+
+@dataclass
+class Found:
+    subject: str
+
+
+@migration("Pickles an object of its own class.")
+@click.option("--pipeline", "name", required=True)
+def main(ctx, name):
+    ctx.report.add(pickle.loads(pickle.dumps(Found("a/1"))).subject, 1)
+"""
+
+
+def test_two_threads_migrating_with_one_script_at_once_load_it_once_and_an_edited_script_again(tmp_path):
+    """Each call executed the script again, under the other thread's run: its objects were then of a class its
+    module's name no longer led to (pickle: "not the same object", or no such attribute yet)."""
+    script = own_script(tmp_path, "pickled.py", PICKLED)
+    config = own_config(tmp_path)
+    reports, raised = [], []
+
+    def call() -> None:
+        try:
+            reports.append(gcis_etl.migrate(script, config, pipeline="p"))
+        except Exception as exc:  # what a thread raises is lost otherwise
+            raised.append(exc)
+
+    threads = [threading.Thread(target=call) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert raised == []
+    assert [report.counts for report in reports] == [{"a/1": 1}] * 2
+    loads = Path(script).with_suffix(".loads")
+    assert loads.read_text() == "loaded\n"
+    own_script(tmp_path, "pickled.py", PICKLED.replace('"a/1"', '"b/2"'))  # as a notebook's user edits it
+    assert gcis_etl.migrate(script, config, pipeline="p").counts == {"b/2": 1}
+    assert loads.read_text() == "loaded\n" * 2
+
+
+def open_files() -> set[Path]:
+    """The files this process holds open."""
+    held = set()
+    for fd in Path("/proc/self/fd").iterdir():
+        try:
+            held.add(Path(os.readlink(fd)))
+        except OSError:  # the listing's own descriptor, closed since
+            pass
+    return held
+
+
+def test_a_script_that_fails_on_a_bug_after_a_problem_leaves_its_csv_closed_and_holding_it(tmp_path):
+    """What a script raises that is no GcisError goes through migrate(): the report's CSV was left open for as
+    long as the exception was kept (a notebook keeps the last one, a service may log it later)."""
+    buggy = own_script(tmp_path, "buggy.py", '@migration("Finds a problem, then fails on a bug.")\n'
+                                             '@click.option("--pipeline", "name", required=True)\n'
+                                             'def main(ctx, name):\n'
+                                             '    ctx.report.event("a/1", "damaged", "a byte flipped")\n'
+                                             '    raise RuntimeError("a bug")\n')
+    config = load_config(own_config(tmp_path))
+    with pytest.raises(RuntimeError, match="a bug") as raised:  # kept, as a notebook keeps it
+        gcis_etl.migrate(buggy, config, pipeline="p")
+    written, = config.reports_dir.glob("buggy-p-*.csv")
+    assert written.resolve() not in open_files() and raised.type is RuntimeError
+    header, row = written.read_text().splitlines()
+    assert (header, row.rsplit(",", 1)[0]) == ("subject,outcome,reason,at", "a/1,damaged,a byte flipped")
+
+
+def test_run_script_puts_back_the_levels_a_host_gave_the_loggers_it_quiets(tmp_path, host):
+    """The command line holds the AWS and HTTP libraries' loggers at WARNING (their DEBUG lines carry credentials):
+    a host's own levels for them stood changed after run_script, a host debugging its S3 calls left blind."""
+    counted = own_script(tmp_path, "counted.py", COUNTED)
+    chosen = {"botocore": logging.DEBUG, "urllib3": logging.ERROR}
+    kept = {name: logging.getLogger(name).level for name in chosen}
+    for name, level in chosen.items():
+        logging.getLogger(name).setLevel(level)
+    try:
+        before = process_state()
+        assert run_script(counted, ["--pipeline", "p", "--config", str(own_config(tmp_path)), "-vv"]) == 0
+        assert process_state() == before
+    finally:
+        for name, level in kept.items():
+            logging.getLogger(name).setLevel(level)
