@@ -54,6 +54,7 @@ from gcis_etl.errors import ConfigError, GcisError, StoreError
 from gcis_etl.harvesting import AT_LIMIT, HarvestOptions, Progress, TimeLimit, harvest
 from gcis_etl.ledger import Ledger, now
 from gcis_etl.locks import LockHeld, RunLock, pipeline_lock
+from gcis_etl.models import item_label
 from gcis_etl.pipelines import Pipeline
 from gcis_etl.reports import PROBLEMS as RUN_PROBLEMS
 from gcis_etl.reports import RunReport, counted, report_from_ledger
@@ -153,7 +154,7 @@ def migrate(script: str, config: Config | str | os.PathLike, *, dry_run: bool = 
 
 @dataclass(frozen=True)
 class Event:
-    subject: str  # a store key, or object/item
+    subject: str  # a store key, or an item (models.item_label)
     outcome: str
     reason: str = ""
 
@@ -233,7 +234,7 @@ class MigrationReport:
             self.add("manifests published", run.manifests)
         with self._lock:
             for item in run.problems:
-                self._problem(Event(f"{item.object_id}/{item.item_id}", item.outcome, item.reason or ""), item.at)
+                self._problem(Event(item_label(item.object_id, item.item_id), item.outcome, item.reason or ""), item.at)
             unread = (run.problems_total or 0) - len(run.problems)
             self.problems_total += max(unread, 0)
         if unread > 0:

@@ -104,6 +104,14 @@ class ConversionResult:
         return d
 
 
+def item_label(object_id: str, item_id: str) -> str:
+    """An item as logs, progress lines and reports name it for people: `object/item`, or the item id alone when it
+    starts with its object's id and a slash already (a filesystem source's `obj02/p00.jpg` of object `obj02`: not
+    `obj02/obj02/p00.jpg`); a DAM's ids stay joined (`IE123/FL456`). For people only: provenance, store keys, the
+    ledger and JSON fields keep the two ids as they are."""
+    return item_id if item_id.startswith(f"{object_id}/") else f"{object_id}/{item_id}"
+
+
 def pyramid_levels(count: int, jp2: bool = False) -> str:
     """A pyramid's size for people; a JP2's as JPEG 2000 counts it: its recipe's `levels` are wavelet levels, one
     fewer than its resolutions (the pyramid levels a PTIFF would have)."""

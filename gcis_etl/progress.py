@@ -22,6 +22,7 @@ from connectors.base import SourceObject
 from gcis_etl.harvesting import Progress
 from gcis_etl.ledger import AUDIT_PROBLEMS, COUNTED
 from gcis_etl.logs import printable
+from gcis_etl.models import item_label
 from gcis_etl.reports import PROBLEMS, RunReport, elapsed
 
 log = logging.getLogger("gcis_etl.harvest")
@@ -169,7 +170,7 @@ class TerminalProgress(LiveLine, Progress):
             level = logging.WARNING if outcome in PROBLEMS else logging.INFO
             if log.isEnabledFor(level):
                 self._take_down()  # on a line of its own, not glued to the live one
-            log.log(level, "%s %s/%s%s%s", outcome, object_id, item_id, f": {reason}" if reason else "",
+            log.log(level, "%s %s%s%s", outcome, item_label(object_id, item_id), f": {reason}" if reason else "",
                     f" (warnings: {'; '.join(warnings)})" if warnings else "",
                     extra={"pipeline": self.pipeline, "object_id": object_id, "item_id": item_id,
                            "outcome": outcome, "reason": reason, "warnings": list(warnings)})
@@ -216,7 +217,7 @@ class TerminalProgress(LiveLine, Progress):
         self._heard = time.monotonic()
         count = len(self.in_flight)
         items = "1 item in flight for" if count == 1 else f"{count} items in flight, the oldest for"
-        log.info("%s: %s %s: %s/%s", self.pipeline, items, elapsed(age), object_id, item_id,
+        log.info("%s: %s %s: %s", self.pipeline, items, elapsed(age), item_label(object_id, item_id),
                  extra={"pipeline": self.pipeline, "object_id": object_id, "item_id": item_id,
                         "in_flight": count, "seconds": round(age)})
 

@@ -21,6 +21,7 @@ from gcis_etl.durable import atomic_write
 from gcis_etl.ledger import COUNTED, MANIFEST, OBJECT, STOPPED_BY_SIGNAL, Ledger, RunItem, RunRecord
 from gcis_etl.locks import RunLock
 from gcis_etl.logs import printable
+from gcis_etl.models import item_label
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +42,7 @@ class PlannedItem:
 
     def line(self) -> str:
         """As a dry run lists it: `gcis-etl harvest --dry-run`, and a migration script's with -v."""
-        return printable(f"{self.action:8} {self.object_id}/{self.item_id}: {self.reason}")
+        return printable(f"{self.action:8} {item_label(self.object_id, self.item_id)}: {self.reason}")
 
 
 @dataclass(frozen=True)
@@ -125,7 +126,7 @@ class RunReport:
         if self.note:
             lines.append(f"  note: {self.note}")
         for problem in self.problems[:SHOWN]:
-            lines.append(f"  {problem.outcome}: {problem.object_id}/{problem.item_id}: {problem.reason}")
+            lines.append(f"  {problem.outcome}: {item_label(problem.object_id, problem.item_id)}: {problem.reason}")
         problems = len(self.problems) if self.problems_total is None else self.problems_total
         if problems > SHOWN:
             lines.append(f"  ... and {problems - SHOWN} more ({self._listed_in(self.csv_path)})")
@@ -134,7 +135,7 @@ class RunReport:
             lines.append(f"  {counted(len(self.warned) - manifests, 'item')} deposited with warnings, "
                          f"{counted(manifests, 'manifest')} published with warnings")
         for warned in self.warned[:SHOWN]:
-            lines.append(f"  warning: {warned.object_id}/{warned.item_id}: {'; '.join(warned.warnings)}")
+            lines.append(f"  warning: {item_label(warned.object_id, warned.item_id)}: {'; '.join(warned.warnings)}")
         if len(self.warned) > SHOWN:
             lines.append(f"  ... and {len(self.warned) - SHOWN} more ({self._listed_in(self.json_path)})")
         if self.json_path:
@@ -311,7 +312,8 @@ class PipelineStatus:
                 lines.append(f"    {self.last_run.note}")
         for kind, total in self.problems_total.items():
             listed = [p for p in self.problems if problem_kind(p) == kind]
-            lines += [f"  {p.status}: {p.object_id}/{p.item_id}{self._attempts(p)}: {p.reason}" for p in listed]
+            lines += [f"  {p.status}: {item_label(p.object_id, p.item_id)}{self._attempts(p)}: {p.reason}"
+                      for p in listed]
             if total > len(listed):
                 lines.append(f"  ... and {total - len(listed)} more {kind.replace('_', ' ')} "
                              f"(gcis-etl status {self.pipeline} --all lists them all)")

@@ -28,7 +28,7 @@ from gcis_etl.errors import (ConfigError, GcisError, SourceError, StoreError, St
                              VersionSkew)
 from gcis_etl.isolation import ChildPool, code_changed, disk_refusal, running_process
 from gcis_etl.keys import UnsafeKey
-from gcis_etl.models import Status
+from gcis_etl.models import Status, item_label
 from gcis_etl.pipelines import Pipeline, config_folder
 from gcis_etl.recipes import Recipe, load_recipe
 from gcis_etl.stores import Provenance, Store, StoredObject
@@ -58,6 +58,11 @@ class ItemTask:
     @property
     def fingerprint(self) -> str:
         return fingerprint(self.item)
+
+    @property
+    def label(self) -> str:
+        """The item as log lines name it (models.item_label)."""
+        return item_label(self.object_id, self.item.id)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe (for a broker)."""
@@ -252,7 +257,7 @@ class Worker:
                 return stopped
             result = replace(base, reason=f"{type(exc).__name__}: {exc}", transient=True)
         except Exception as exc:  # a bug must cost one item, never the batch or the worker
-            log.exception("internal error on %s/%s", task.object_id, task.item.id)
+            log.exception("internal error on %s", task.label)
             result = replace(base, reason=f"internal error: {type(exc).__name__}: {exc}")
         return replace(result, seconds=time.monotonic() - started)
 

@@ -47,6 +47,7 @@ from gcis_etl.config import Config, load_config
 from gcis_etl.distributed import OUTAGE_RETRY_CEILING_SECONDS, TASK_NAME, CelerySettings, TaskRetry, redacted
 from gcis_etl.errors import ConfigError, GcisError, VersionSkew
 from gcis_etl.isolation import code_changed, run_as, running_process
+from gcis_etl.models import item_label
 from gcis_etl.pipelines import Pipeline
 from gcis_etl.reports import counted
 from gcis_etl.work import (TASK_PARTS, ItemResult, ItemTask, Outcome, RecipeCache, Worker, halting, image_key,
@@ -195,7 +196,7 @@ class _PoolProcess:
                 break
             delay = get_exponential_backoff_interval(retry.backoff_seconds, retries, retry.backoff_max_seconds,
                                                      retry.jitter)
-            log.warning("%s/%s: %s; retry %d of %d in %d s", task.object_id, task.item.id, result.reason,
+            log.warning("%s: %s; retry %d of %d in %d s", task.label, result.reason,
                         retries + 1, retry.max_retries, delay)
             try:
                 time.sleep(delay)
@@ -323,12 +324,12 @@ def _abort_dead_upload(pipeline: Pipeline, task: ItemTask, key: str, older_than:
     try:
         aborted = pipeline.store.abort_incomplete_uploads(older_than=older_than, keys=key, exact=True)
     except GcisError as exc:
-        log.warning("%s/%s: the incomplete upload a try that died left may remain: %s", task.object_id,
-                    task.item.id, exc)
+        log.warning("%s: the incomplete upload a try that died left may remain: %s",
+                    task.label, exc)
         return
     if aborted:
-        log.warning("%s/%s: aborted the incomplete upload of %s that a try whose process died left",
-                    task.object_id, task.item.id, pipeline.store.describe(key))
+        log.warning("%s: aborted the incomplete upload of %s that a try whose process died left",
+                    task.label, pipeline.store.describe(key))
 
 
 def _item_of(payload: dict[str, Any]) -> dict[str, Any]:
@@ -336,9 +337,9 @@ def _item_of(payload: dict[str, Any]) -> dict[str, Any]:
 
 
 def _named(payload: Any) -> str:
-    """pipeline/object/item, as far as the task's payload names them."""
+    """pipeline/item (item_label), as far as the task's payload names them."""
     payload = payload if isinstance(payload, dict) else {}
-    return f"{payload.get('pipeline')}/{payload.get('object_id')}/{_item_of(payload).get('id')}"
+    return f"{payload.get('pipeline')}/{item_label(str(payload.get('object_id')), str(_item_of(payload).get('id')))}"
 
 
 def _unreadable(payload: dict[str, Any], skew: VersionSkew) -> ItemResult:
@@ -724,10 +725,10 @@ class CeleryExecutor:
         meta = {"status": "STARTED", "result": {"hostname": flight.host}}
         self.app.backend.store_result(task_id, meta["result"], "STARTED")
         flight.progress = _progress(meta)  # not news: the patience and the worker's check run on
-        log.warning("%s/%s: task %s has no marker in the result backend (%s: restarted empty?); the broker (%s) "
-                    "keeps its message: marker put back (STARTED by %s), waiting for it", flight.task.object_id,
-                    flight.task.item.id, task_id, redacted(self.settings.results_url),
-                    redacted(self.settings.broker_url), flight.host)
+        log.warning("%s: task %s has no marker in the result backend (%s: restarted empty?); the broker (%s) "
+                    "keeps its message: marker put back (STARTED by %s), waiting for it",
+                    flight.task.label, task_id,
+                    redacted(self.settings.results_url), redacted(self.settings.broker_url), flight.host)
         return meta
 
     def _unheld(self, quiet: dict[str, list[str]], now: float) -> dict[str, str]:
@@ -794,7 +795,7 @@ class CeleryExecutor:
             return failed if item_failed else replace(
                 failed, transient=True, stops_run=True, reason=f"{failed.reason}: not the item's failure, the "
                                                                f"result backend's (no attempt counted)")
-        log.log(level, "%s/%s: task %s; sending it again", task.object_id, task.item.id, why)
+        log.log(level, "%s: task %s; sending it again", task.label, why)
         self._send(task_id, flight)
         return None
 
@@ -858,7 +859,7 @@ class CeleryExecutor:
 def _sending_retried(task: ItemTask, exc: BaseException, interval: float) -> None:
     """kombu's errback for a send it retries: a line each, as the result backend and _ask_workers say theirs,
     so that an outage's minutes are not silent."""
-    log.warning("%s/%s: sending the task failed; retrying in %g s. (%s: %s)", task.object_id, task.item.id,
+    log.warning("%s: sending the task failed; retrying in %g s. (%s: %s)", task.label,
                 interval, type(exc).__name__, scrub(str(exc)))
 
 

@@ -47,6 +47,7 @@ from connectors.base import Source, SourceObject, UnreadableObject, described
 from gcis_etl.errors import ConfigError
 from gcis_etl.ledger import Ledger
 from gcis_etl.migration import MigrationContext, migration
+from gcis_etl.models import item_label
 from gcis_etl.pipelines import Pipeline, config_folder
 from gcis_etl.recipes import Recipe, load_recipe
 from gcis_etl.reports import counted
@@ -190,7 +191,7 @@ class Reencode:
                 if self.gone(items, key):
                     self.lost += 1
                     self.lost_waiting += key.new_key is None
-                    self.ctx.report.event(f"{key.object_id}/{key.item_id}", "no longer in the source",
+                    self.ctx.report.event(item_label(key.object_id, key.item_id), "no longer in the source",
                                           f"its {'old ' if key.new_key is None else ''}access master {key.key} "
                                           f"is left as it is")
                 else:

@@ -92,7 +92,7 @@ def test_an_outcome_a_worker_could_not_record_is_not_the_items_failure(pool, wor
     assert {i: r.outcome for i, r in results.items()} == {t.item.id: Outcome.DEPOSITED for t in tasks}, \
         {i: r.reason for i, r in results.items()}
     if recorded == "FAILURE":
-        assert (f"{slow.object_id}/{slow.item.id}: task whose outcome the result backend failed to record "
+        assert (f" {slow.item.id}: task whose outcome the result backend failed to record "
                 f"(BackendStoreError: failed to store result on the backend); sending it again") in caplog.text
         assert any("already in the store" in w for w in results[slow.item.id].warnings)  # not converted again
         assert received([worker], slow_id) == 2

@@ -69,7 +69,7 @@ def test_a_late_duplicate_nobody_waits_for_is_not_run(run):
     duplicate(app, pipeline, task, task_id, worker, deliveries=2)
     assert pipeline.store.get_bytes(result.key) == CURRENT
     assert raw_meta(app, task_id) is None  # no outcome left for a later submission of the same work to take
-    assert (f"demo/{task.object_id}/{task.item.id}: task {task_id} not run, nobody waits for it "
+    assert (f"demo/{task.item.id}: task {task_id} not run, nobody waits for it "
             f"(no SENT marker: a late duplicate whose outcome was taken"
             in worker.log_text())
 
@@ -86,7 +86,7 @@ def test_a_duplicate_of_an_outcome_not_yet_taken_is_not_run_and_a_deliberate_rer
     duplicate(app, pipeline, task, task_id, worker, deliveries=2)
     assert raw_meta(app, task_id) == recorded  # the very outcome, its date_done too
     assert pipeline.store.get_bytes(key) == CURRENT
-    assert (f"demo/{task.object_id}/{task.item.id}: task {task_id} not run, a duplicate: its outcome (SUCCESS) "
+    assert (f"demo/{task.item.id}: task {task_id} not run, a duplicate: its outcome (SUCCESS) "
             f"is recorded, not yet taken") in worker.log_text()
     (taken,) = list(executor.drain())
     executor.close()

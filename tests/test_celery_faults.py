@@ -221,7 +221,7 @@ def test_transient_failures_are_retried_with_backoff_and_nothing_else_is(pool, m
         executor = CeleryExecutor({"demo": pipeline}, 4, Path("unused"), settings.celery)
         assert executor.submit(third) == []
         deadline = time.monotonic() + 120
-        while f"{third.object_id}/{third.item.id}: depositing" not in worker.log_text():
+        while f" {third.item.id}: depositing" not in worker.log_text():
             assert time.monotonic() < deadline, worker.log_text()[-2000:]
             time.sleep(0.05)
     finally:
@@ -234,7 +234,7 @@ def test_transient_failures_are_retried_with_backoff_and_nothing_else_is(pool, m
     assert f"the task was planned with {'0' * 16}: restart every worker" in gave_up[first.item.id].reason
     assert gave_up[second.item.id].outcome is Outcome.FAILED and gave_up[second.item.id].transient
     assert gave_up[second.item.id].reason.startswith("depositing: ")
-    second_retries = re.escape(f"{second.object_id}/{second.item.id}: depositing: ") + r".*; retry (\d) of 2 in 1 s"
+    second_retries = re.escape(f" {second.item.id}: depositing: ") + r".*; retry (\d) of 2 in 1 s"
     assert re.findall(second_retries, worker.log_text()) == ["1", "2"]
     assert [r.outcome for r in recovered] == [Outcome.DEPOSITED]
     # retried by the pool process that ran it, not through the broker: each task was delivered once
@@ -336,7 +336,7 @@ def test_a_send_the_broker_refused_leaves_no_sent_marker_behind(tmp_path, redis_
     with pytest.raises(GcisError, match="cannot be reached"), caplog.at_level(logging.WARNING, "gcis_etl.worker"):
         executor.submit(task)
     retries = [r.getMessage() for r in caplog.records if "sending the task failed" in r.getMessage()]
-    assert retries and all(line.startswith(f"{task.object_id}/{task.item.id}: sending the task failed; retrying in ")
+    assert retries and all(line.startswith(f"{task.item.id}: sending the task failed; retrying in ")
                            and "Error" in line for line in retries), caplog.text
     _sent_at_once_by_the_next_run(executor, task, redis_server)
 

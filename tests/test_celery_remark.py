@@ -91,7 +91,7 @@ def test_a_result_backend_restarted_empty_under_rabbitmq_makes_no_task_run_twice
     for name, task_id in ids.items():
         wait_for(lambda: ended(workers, task_id) == received(workers, task_id), f"every delivery of {name} ended")
         assert raw_meta(watcher, task_id) is None, name  # taken, forgotten: no outcome left behind
-        named = f"{tasks[name].object_id}/{tasks[name].item.id}"
+        named = f" {tasks[name].item.id}"  # the item id alone (models.item_label)
         if name == "p00.tif":  # queued: sent again at once (a worker may have dropped its message meanwhile)
             assert f"{named}: task lost by the broker; sending it again" in caplog.text
             continue
@@ -128,7 +128,7 @@ def test_a_task_whose_outcome_was_taken_meanwhile_records_nothing_when_it_ends(p
         wait_for(lambda: received([worker], task_id) == 2, "the task sent again")
     else:
         state = "FAILURE"  # the hard time limit: recorded by the worker's main process
-    named = f"demo/{task.object_id}/{task.item.id}: task {task_id}"
+    named = f"demo/{task.item.id}: task {task_id}"
     skipped = f"{named}: its {state} not recorded, nobody waits for it"
     wait_for(lambda: skipped in worker.log_text() or raw_meta(watcher, task_id), f"its {state} recorded or not")
     assert raw_meta(watcher, task_id) is None

@@ -276,7 +276,7 @@ def test_each_run_ends_with_one_log_line_and_quiet_leaves_stdout_empty(tmp_path)
     (tmp_path / "src" / "c" / "master.tif").write_bytes(b"not an image either")
     fourth = night.harvest("--quiet")  # what cron mails: only what went wrong
     assert fourth.returncode == 1 and fourth.stdout == ""
-    assert [line.split(":")[0] for line in fourth.stderr.splitlines()] == ["WARNING rejected c/c/master.tif",
+    assert [line.split(":")[0] for line in fourth.stderr.splitlines()] == ["WARNING rejected c/master.tif",
                                                                             "WARNING dam"]
     assert re.fullmatch(r"WARNING dam: run 4 completed: 0 deposited, 2 skipped, 1 rejected, 0 failed; 0 manifests "
                         r"published; took \d+ s", fourth.stderr.splitlines()[1]), fourth.stderr
@@ -304,7 +304,7 @@ def test_reports_are_kept_for_the_latest_runs_and_a_csv_only_when_there_are_prob
     assert sorted(p.name for p in night.reports.iterdir()) == ["dam-run3.json", "dam-run4.json", "other-run1.json"]
     rebuilt = subprocess.run([GCIS, "--config", str(tmp_path / "config.yaml"), "report", "1"], capture_output=True,
                              text=True, timeout=60)
-    assert "run 1 completed" in rebuilt.stdout and "rejected: b/b/master.tif" in rebuilt.stdout, rebuilt.stdout
+    assert "run 1 completed" in rebuilt.stdout and "rejected: b/master.tif" in rebuilt.stdout, rebuilt.stdout
 
 
 def test_a_report_that_cannot_be_written_is_a_warning_and_the_run_stands(tmp_path):

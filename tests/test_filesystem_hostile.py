@@ -119,7 +119,7 @@ def test_a_master_larger_than_the_free_scratch_space_fails_alone_and_the_run_goe
     assert "run stopped" not in run.stderr
     assert night.items() == {"a/a/master.tif": ("deposited", 0), "b/b/master.tif": ("deposited", 0),
                              "huge/huge/master.tif": ("failed", 1)}
-    assert (f"failed huge/huge/master.tif: fetching: huge/master.tif is 1073.7 MB; the scratch space has "
+    assert (f"failed huge/master.tif: fetching: huge/master.tif is 1073.7 MB; the scratch space has "
             f"{free / 1e6:.1f} MB free (scratch: {scratch / 'dam'}/item-") in run.stderr
     assert "): too large to fetch here" in run.stderr
 

@@ -20,6 +20,7 @@ from gcis_etl.harvesting import HarvestOptions, decide, harvest
 from gcis_etl.iiif_validation import require_valid
 from gcis_etl.ledger import Ledger
 from gcis_etl.locks import pipeline_lock
+from gcis_etl.models import item_label
 from gcis_etl.reports import pipeline_status
 from gcis_etl.verification import verify
 from tests.conftest import run_on_a_terminal
@@ -157,7 +158,7 @@ def test_second_run_skips_everything_and_a_changed_master_is_the_only_work(site)
     third = cli(site, "harvest", "-v")
     assert third.returncode == 0, third.stderr
     assert "1 deposited, 1 skipped, 0 rejected, 0 failed; 1 manifest published" in third.stdout
-    assert "deposited photo-3/photo-3/p1-sample.jpg" in third.stderr  # -v: one log line per item
+    assert "deposited photo-3/p1-sample.jpg" in third.stderr  # -v: one log line per item
     rows = ledger_rows(site)
     assert rows[("photo-3", "photo-3/p1-sample.jpg")]["last_run"] == 3
     assert all(r["last_run"] == 1 for k, r in rows.items() if k[0] != "photo-3")
@@ -195,7 +196,7 @@ def test_a_master_touched_without_changing_is_recognised_by_its_bytes_not_conver
     assert cli(site, "harvest").returncode == 1
     touched = site / "masters/print-2/p1-pil_sample_cmyk.jpg"
     os.utime(touched, (time.time() + 5, time.time() + 5))
-    recognised = ("deposited print-2/print-2/p1-pil_sample_cmyk.jpg (warnings: already in the store from the same "
+    recognised = ("deposited print-2/p1-pil_sample_cmyk.jpg (warnings: already in the store from the same "
                   "master bytes and recipe; only the source's version of the master changed)")
 
     again = cli(site, "harvest", "-v")
@@ -218,7 +219,7 @@ def test_a_deposited_items_conversion_warnings_are_logged_with_it(site):
     (line,) = [json.loads(ln) for ln in run.stderr.splitlines() if '"photo-3/p3-scan.png"' in ln]
     expected = "extension .png does not match the content (JPEG); processed as JPEG"
     assert (line["outcome"], line["warnings"]) == ("deposited", [expected])
-    assert line["message"] == f"deposited photo-3/photo-3/p3-scan.png (warnings: {expected})"
+    assert line["message"] == f"deposited photo-3/p3-scan.png (warnings: {expected})"
 
 
 def test_an_object_whose_id_cannot_name_a_store_key_fails_at_once_as_not_transient(site):
@@ -239,7 +240,7 @@ def test_each_item_is_logged_once_and_a_rejected_one_as_a_warning_with_its_field
     assert plain.returncode == 1, plain.stderr
     rows = ledger_rows(site)
     problems = {key: r for key, r in rows.items() if r["status"] in ("rejected", "failed")}
-    assert sorted(plain.stderr.splitlines()) == sorted(f"WARNING {r['status']} {o}/{i}: {r['reason']}"
+    assert sorted(plain.stderr.splitlines()) == sorted(f"WARNING {r['status']} {item_label(o, i)}: {r['reason']}"
                                                        for (o, i), r in problems.items())
 
     shutil.rmtree(site / "var")
@@ -248,7 +249,7 @@ def test_each_item_is_logged_once_and_a_rejected_one_as_a_warning_with_its_field
     assert logged.returncode == 1, logged.stderr
     lines = [json.loads(line) for line in logged.stderr.splitlines()]
     for (object_id, item_id), row in ledger_rows(site).items():
-        about = [line for line in lines if f"{object_id}/{item_id}" in line["message"]]
+        about = [line for line in lines if item_label(object_id, item_id) in line["message"]]
         assert len(about) == 1, about
         line = about[0]
         assert (line["pipeline"], line["object_id"], line["item_id"], line["outcome"]) == (
@@ -270,7 +271,7 @@ def test_on_a_terminal_each_logged_line_stands_apart_from_the_live_line(site):
 def test_dry_run_lists_the_plan_and_changes_nothing(site):
     done = cli(site, "harvest", "--dry-run")
     assert done.returncode == 0, done.stderr
-    assert "process  book-1/book-1/p1-hopper_lzw.tif: new" in done.stdout
+    assert "process  book-1/p1-hopper_lzw.tif: new" in done.stdout
     assert "museum: would process 8 items, skip 0" in done.stdout
     assert not (site / "store").exists()
     assert not load_config(site / "config.yaml").state_dir.exists()  # not even an empty ledger

@@ -54,11 +54,11 @@ def test_a_name_with_a_newline_and_escape_sequences_forges_no_line_anywhere_a_pe
         assert "\x1b" not in text, (command, text)
         assert not [line for line in text.splitlines() if line.startswith("samples:")], (command, text)
         assert SHOWN in text, (command, text)
-    assert f"process  {FOLDER}/{FOLDER}/{SHOWN}: " in done["dry-run"].stdout
-    assert f"WARNING rejected {FOLDER}/{FOLDER}/{SHOWN}: not an image" in done["harvest"].stderr
-    assert f"  rejected: {FOLDER}/{FOLDER}/{SHOWN}: not an image" in done["harvest"].stdout
-    assert f"  rejected: {FOLDER}/{FOLDER}/{SHOWN}: not an image" in done["status"].stdout
-    assert f"  rejected: {FOLDER}/{FOLDER}/{SHOWN}: not an image" in done["report"].stdout
+    assert f"process  {FOLDER}/{SHOWN}: " in done["dry-run"].stdout
+    assert f"WARNING rejected {FOLDER}/{SHOWN}: not an image" in done["harvest"].stderr
+    assert f"  rejected: {FOLDER}/{SHOWN}: not an image" in done["harvest"].stdout
+    assert f"  rejected: {FOLDER}/{SHOWN}: not an image" in done["status"].stdout
+    assert f"  rejected: {FOLDER}/{SHOWN}: not an image" in done["report"].stdout
     [problem] = json.loads(done["report --json"].stdout)["problems"]  # JSON keeps the id as it is
     assert problem["item_id"] == f"{FOLDER}/{FILE}"
 

@@ -154,7 +154,7 @@ def test_a_ledger_made_before_warnings_were_recorded_reads_for_report_and_is_upg
                            text=True, timeout=60, cwd=tmp_path)
     assert shown.returncode == 1, shown.stderr  # its rejected item, as before
     assert "p: run 3 completed: 1 deposited, 0 skipped, 1 rejected, 0 failed" in shown.stdout
-    assert "rejected: b/b/1.tif: corrupt" in shown.stdout and "with warnings" not in shown.stdout
+    assert "rejected: b/1.tif: corrupt" in shown.stdout and "with warnings" not in shown.stdout
     assert path.read_bytes() == before and "warnings" not in columns(path, "items")  # read-only: unchanged
 
     with Ledger(path) as ledger:

@@ -78,7 +78,7 @@ def test_a_celery_worker_upgraded_under_it_stops_itself_and_its_task_waits_for_a
         assert {(i.status, i.attempts) for i in ledger.items("demo")} == {("deposited", 0)}  # no attempt counted
     host = socket.gethostname()
     logged = stale.log_text()
-    assert (f" ERROR/ForkPoolWorker-1] demo/obj00/obj00/p00.tif: gcis-etl was upgraded under the Celery worker "
+    assert (f" ERROR/ForkPoolWorker-1] demo/obj00/p00.tif: gcis-etl was upgraded under the Celery worker "
             f"w1@{host}, pid {stale.proc.pid} on {host} since it started: the worker stops itself (warm shutdown), for "
             f"its supervisor to start it again on the new files; the task goes back to its queue\n") in logged, logged
     assert "reject requeue=True: gcis-etl was upgraded under this worker\n" in logged and "Traceback" not in logged
@@ -152,7 +152,7 @@ def test_a_celery_worker_logs_a_refusal_that_stops_the_run_as_an_error(tmp_path,
         harvest(load_config(config), "demo")
     errors = [line for line in worker.log_text().splitlines() if " ERROR" in line]
     assert len(errors) == 1, worker.log_text()
-    assert errors[0].endswith(f"demo/obj00/obj00/p00.tif: the harvest stops: {halted.value}"), errors
+    assert errors[0].endswith(f"demo/obj00/p00.tif: the harvest stops: {halted.value}"), errors
     assert f"the worker w1@{socket.gethostname()} are not those" in str(halted.value)
 
 
