@@ -35,7 +35,7 @@ from gcis_etl.errors import ConfigError, GcisError, ManifestError, StoreError, S
 from gcis_etl.executors import Executor, open_executor
 from gcis_etl.keys import UnsafeKey
 from gcis_etl.ledger import (ABANDONED, COUNTED, MANIFEST, OBJECT, STOPPED_BY_SIGNAL, STOPPED_ON_REQUEST, ItemRecord,
-                             Ledger, LedgerError, LedgerUnwritable, ObjectRecord, Unprocessed, now)
+                             Ledger, LedgerError, LedgerUnwritable, ObjectRecord, RunRecord, Unprocessed, now)
 from gcis_etl.locks import LockHeld, pipeline_lock
 from gcis_etl.manifests import CollectionEntry, DepositedImage
 from gcis_etl.pipelines import Pipeline, config_folder
@@ -87,6 +87,11 @@ class HarvestOptions:
     """object_ids as connectors.base.described gave them, one per id in order, where the caller described them
     already (reencode, to leave out what the source no longer has): the run takes them instead of asking the
     source a second time. Not recorded with the run's options."""
+    timed_from: float | None = field(default=None, compare=False, repr=False)
+    """When max_run_minutes began to count (a time.monotonic()), where the caller gave the run its time before
+    calling: harvest_pipelines, when it gave the run its share of what was left, so that the run's clock does not
+    start later, once its ledger is open (another process may hold it), and the last run end past the command's
+    limit. None: when the run starts. Not recorded with the run's options."""
 
     def __post_init__(self):
         """The CLI refuses these; a library caller's would be read wrongly: a limit of 0 as a run stopped at once,
@@ -275,11 +280,11 @@ class Harvest:
         self.unsettled: list[datetime | None] = []  # listing dates of objects left unsettled (None: unknown)
         self.submitted = 0
         self.run_id = 0
+        self.began = time.monotonic() if options.timed_from is None else options.timed_from
         minutes = options.max_run_minutes or pipeline.settings.max_run_minutes
-        self.deadline = time.monotonic() + minutes * 60 if minutes else None
+        self.deadline = self.began + minutes * 60 if minutes else None
         self.cut_short: str | None = None
         self.halted: str | None = None  # why a worker could not work at all (RunHalted)
-        self.began = time.monotonic()
         self.checkpoint_held: str | None = None  # why a complete run leaves the checkpoint where it was
         self.listing_cut: str | None = None  # why a listing in modified order stopped short (ListingCut)
         # the objects this run has seen in the source, with their first items' ids: what a repeat is known by
@@ -509,6 +514,15 @@ class Harvest:
             return None
         return now if now != then else None
 
+    @cached_property
+    def starved(self) -> bool:
+        """Whether the run was given no time (harvest_pipelines: NO_TIME_LEFT) or stopped before it began: asked
+        first (harvest, once it holds the pipeline's lock), and then it asks neither the store, the workers nor the
+        source anything: not for the uploads a killed run left (the next run given time aborts them), nor for its
+        collection, nor a listing only to stop at its first object, which would move the checkpoint over nothing
+        and call that where the listing stopped."""
+        return self.should_stop()
+
     def should_stop(self, listed_all: bool = False) -> bool:
         """`listed_all`: asked once the listing is over (a break set cut_short already): the time limit, which
         stops the taking of new objects, has none left to stop; the run is cut short by it only if the executor
@@ -560,11 +574,9 @@ class Harvest:
 
     def execute(self, executor: Executor, since: datetime | None, until: datetime) -> None:
         """An object's items not processed are recorded together (one transaction), before the next item is sent
-        to be done and once the object is planned, so they are recorded in the order they were decided. A run
-        given no time (harvest_pipelines: NO_TIME_LEFT), or stopped before it began, asks neither the store, the
-        workers nor the source anything: listing its first object only to stop there would move the checkpoint over
-        nothing, and its note call that where the listing stopped."""
-        if self.should_stop():
+        to be done and once the object is planned, so they are recorded in the order they were decided. A starved
+        run does nothing."""
+        if self.starved:
             return
         self.check_store()
         executor.check()
@@ -895,10 +907,10 @@ class Harvest:
     def relisting(self) -> str | None:
         """What a run cut short over the checkpoint's window says when its source does not list in modified
         order: the next one starts where it did, and where that cannot go on for ever, what to do."""
-        if (not self.cut_short or self.cut_short in STOPPED_BY_SIGNAL or not self.listed
+        if (not self.cut_short or self.cut_short in STOPPED_BY_SIGNAL or self.starved
                 or self.checkpoint_held or self.pipeline.source.lists_in_modified_order
                 or self.options.since is not None or self.options.object_ids):
-            return None  # a stop asked for is no lack of reach; not listed: a run given no time
+            return None  # a stop asked for is no lack of reach, nor is a run given no time
         source = self.pipeline.source
         sorting = (f"set {source.modified_order_setting} under pipelines.{self.pipeline.name}.source (a listing "
                    f"sorted oldest first on the modified date), " if source.modified_order_setting else "")
@@ -932,8 +944,8 @@ def harvest(config: Config, name: str, options: HarvestOptions = HarvestOptions(
                              note="; ".join(filter(None, (run.cut_short, run.listing_note))) or None,
                              planned=planned)
         with pipeline_lock(config.state_dir, name):
-            last = next(iter(ledger.runs(name, limit=1)), None)
-            if last is not None and last.status == "running":  # killed: we hold the lock, it is gone
+            last = None if run.starved else _last_given_time(ledger, name)  # a starved run asks the store nothing
+            if last is not None and last.finished is None:  # killed: we hold the lock, it is gone
                 _abort_uploads(config, run, last.run_id, "which was killed")
             elif last is not None and last.note == ABANDONED:
                 _abort_uploads(config, run, last.run_id, "which abandoned its items in flight")
@@ -960,7 +972,7 @@ def harvest(config: Config, name: str, options: HarvestOptions = HarvestOptions(
                 # After the checkpoint: the collection lists what the ledger holds, not what the run listed, so a
                 # collection the store will not take (its key a folder) stops this run without holding every later
                 # run's listing back; the next run writes it.
-                if run.listed or not run.cut_short:  # a run that stopped before its first object asks the store nothing
+                if not run.starved:
                     run.update_collection()
             except Interrupted:  # what is in flight finishes unseen, or dies with the process: not waited for
                 run.cut_short = ABANDONED
@@ -1148,12 +1160,14 @@ def _shared(options: HarvestOptions, pipeline: Pipeline, limit: TimeLimit, runs:
     """`options` with the pipeline's time: its share of what is left of `limit` among the `runs` left, or its own
     max_run_minutes where that is shorter (unless options.max_run_minutes, the operator's --max-minutes, set the
     limit: a catch-up run may be longer than cron's). None left, it gets NO_TIME_LEFT: the run takes no item, and
-    its report says it stopped at the run time limit."""
+    its report says it stopped at the run time limit. The run's clock starts now, as its share is measured
+    (HarvestOptions.timed_from)."""
     if limit.minutes is None:
         return options
     own = pipeline.settings.max_run_minutes if options.max_run_minutes is None else None
+    timed_from = time.monotonic()  # before the share is measured: the last run ends no later than the limit
     share = limit.share(runs)
-    return replace(options, max_run_minutes=share if own is None else min(own, share))
+    return replace(options, max_run_minutes=share if own is None else min(own, share), timed_from=timed_from)
 
 
 def _moved_to(why: str, checkpoint: datetime) -> str:
@@ -1178,6 +1192,14 @@ def _stopped(name: str, exc: GcisError) -> str:
     told = f"{_told(exc, name)}: {then}" if then else _told(exc, name)
     again = "" if told_what_to_do(told) else "; run again"
     return f"{name}: run stopped: {told} (everything settled so far is recorded{again})"
+
+
+def _last_given_time(ledger: Ledger, name: str) -> RunRecord | None:
+    """The pipeline's latest run given time: one given none (NO_TIME_LEFT) asked the store nothing, so the uploads a
+    killed run before it left are still there, for the next run given time to abort (the killed run no longer
+    'running' but 'crashed', unfinished: Ledger.begin_run marked it so for the run given none)."""
+    run_id = ledger.last_runs_given(NO_TIME_LEFT).get(name)
+    return None if run_id is None else ledger.run(run_id)
 
 
 def _abort_uploads(config: Config, run: Harvest, last_run: int, which: str) -> None:
@@ -1274,7 +1296,8 @@ def _as_json(value: object) -> object:
 def _options(options: HarvestOptions) -> dict:
     """What the ledger records of a run's options: those set (a migration's run without --max-minutes has an
     infinite max_run_minutes, which JSON cannot hold: left out, as no limit is)."""
-    return {k: v for k, v in asdict(replace(options, described=())).items() if v not in (None, (), False, math.inf)}
+    return {k: v for k, v in asdict(replace(options, described=(), timed_from=None)).items()
+            if v not in (None, (), False, math.inf)}
 
 
 def _iso(value: datetime | None) -> str | None:

@@ -27,7 +27,7 @@ import yaml
 from pydantic import BaseModel
 
 from gcis_etl.config import load_config
-from gcis_etl.harvesting import LISTING_CHANGED, Progress, harvest
+from gcis_etl.harvesting import LISTING_CHANGED, harvest
 from gcis_etl.ledger import Ledger
 from gcis_etl.locks import pipeline_lock
 from gcis_etl.reports import pipeline_status
@@ -35,6 +35,7 @@ from tests.emulators import FAST_RETRY
 from tests.emulators.rosetta import RosettaCatalogue, RosettaEmulator
 from tests.emulators.server import EmulatorServer
 from tests.harvests import GCIS, PATIENT_RETRY, ROSETTA_PASSWORD, Gate, ie, rosetta_source, serving, wait_for
+from tests.test_harvest_time_limit import Handed
 
 PNG, JPG = "png/png-rgb-64x56x8.png", "gray8/hopper_gray.jpg"
 
@@ -157,30 +158,22 @@ def test_a_checkpoint_an_older_version_took_is_taken_as_made_under_the_settings_
         assert checkpoint(cfg)[1] == cfg.pipeline("p").listing_digest
 
 
-class Started(Progress):
-    def __init__(self):
-        self.items: list[str] = []
-
-    def started(self, object_id: str, item_id: str) -> None:
-        self.items.append(object_id)
-
-
 def test_a_run_whose_time_limit_passed_while_its_last_item_waited_for_a_slot_leaves_that_item_to_the_next(site):
     """One slot: the last IE's item waits in submit for it while the first one's download is held past the
     time limit: it is not sent (a run takes no item after its limit), and the next run takes it."""
     gate = Gate(RosettaEmulator(catalogue({7400: {"gcis"}, 7410: {"gcis"}})), "DeliveryManagerServlet")
     with serving(gate) as server:
         cfg = site(rosetta_source(server.url, retry=PATIENT_RETRY), max_run_minutes=0.05)  # 3 s
-        progress, reports = Started(), []
+        progress, reports = Handed(gate), []
         began = time.monotonic()
         run = threading.Thread(target=lambda: reports.append(harvest(cfg, "p", progress=progress)))
         run.start()
         wait_for(lambda: gate.held, "the first download is held")
-        assert progress.items == ["IE7400"]  # the last one waits for its slot
         time.sleep(max(0.0, began + 3.3 - time.monotonic()))  # past the time limit
         gate.open()
         run.join(120)
         [report] = reports
+        assert progress.tasks.get("IE7410") == (1, True)  # the last one waited in submit for its slot
         assert report.status == "stopped" and report.note.startswith("stopped at the run time limit"), report.note
         assert deposited(cfg, report.run_id) == ["IE7400"] and report.checkpoint_after is None
         again = harvest(cfg, "p")

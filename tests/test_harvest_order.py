@@ -1,8 +1,9 @@
 """`gcis-etl harvest` with several pipelines under one time limit: with none named they run in turn, so that one a
 slow pipeline before it left no time goes first the next time (it lost its turn on every run, silently); one
-started with none left says so in a WARNING naming who took its time, asks nothing of its source and reports no
-checkpoint move; a stop names the pipelines it left unstarted, and a SIGTERM is not answered with a Ctrl-C hint;
-a run that ended on an error says that error once.
+started with none left says so in a WARNING naming who took its time, asks nothing of its source or its store (what
+a killed run left there waits for the next run given time) and reports no checkpoint move; a stop names the
+pipelines it left unstarted, and a SIGTERM is not answered with a Ctrl-C hint; a run that ended on an error says
+that error once.
 
 The set-up of tests/test_harvest_time_limit.py: Rosetta through its emulator, each download held at a Gate until
 the test opens it, beside filesystem pipelines of tiny TIFFs.
@@ -64,6 +65,29 @@ def test_a_pipeline_left_no_time_says_so_and_goes_first_the_next_time(site, tmp_
 
         assert list(every(cfg, [], None)) == ["b", "a"]  # both had their turn: the order holds
         assert list(every(cfg, ["a", "b"], None)) == ["a", "b"]  # the operator's
+
+
+def test_a_pipeline_left_no_time_leaves_what_a_killed_run_uploaded_to_the_next_run_given_time(site, tmp_path):
+    """b's last run was killed mid-upload, leaving a temporary file in its store; then a's first download, held
+    1.5 s, leaves b no time of --max-minutes 0.02: b's run asked the store for such uploads (and removed this one)
+    though it asks nothing of anyone. Now it leaves it, and b's next run given time, looking past it to the
+    killed one, removes it."""
+    gate = held_rosetta()
+    with serving(gate) as server:
+        cfg = site({"a": rosetta_source(server.url, retry=PATIENT_RETRY), "b": folder(tmp_path, "b")})
+        assert items(cfg, every(cfg, ["b"], None)["b"].report.run_id) == {"obj0": "deposited"}
+        [master] = (tmp_path / "store" / "b" / "b" / "obj0").glob("[!.]*")
+        left = master.with_name(f".{master.name}.killed.tmp")  # as LocalStore names a write in progress
+        left.write_bytes(b"half an access master")
+        with Ledger.open(cfg) as ledger:  # as the killed run left it: 'running', its lock free
+            killed = ledger.begin_run("b", None, None, {})
+        runs = opened_after(gate, lambda: every(cfg, ["a", "b"], 0.02), 1.5)
+    starved = runs["b"].report
+    assert (starved.status, starved.note) == ("stopped", TIME_UP) and left.exists()
+
+    later = every(cfg, ["b"], None)["b"].report
+    assert later.note == f"aborted 1 incomplete uploads left by run {killed}, which was killed: b/obj0/{master.name}"
+    assert not left.exists()
 
 
 def test_a_stop_names_the_pipelines_it_left_unstarted(site, tmp_path):

@@ -1,7 +1,8 @@
 """The harvest's time limit (--max-minutes, max_run_minutes) spans the command, as cron's interval does: each
 pipeline gets an equal share of what is left when it starts (what one does not use passes to those after it),
-or its own max_run_minutes where that is shorter, and one started with none left takes no item. An item that
-waited for a free slot while the limit passed is not sent: the next run takes it.
+or its own max_run_minutes where that is shorter, and one started with none left takes no item; its time counts
+from when it was given its share, not from when it could open its ledger. An item that waited for a free slot
+while the limit passed is not sent: the next run takes it.
 
 Rosetta (OAI) through its emulator, each download held at a Gate until the test opens it, past the limit: what
 a run took is decided by when the gate opened, never by how long anything took. Filesystem pipelines beside it
@@ -9,6 +10,7 @@ with one tiny TIFF. One item in flight at a time.
 """
 from __future__ import annotations
 
+import sqlite3
 import threading
 import time
 
@@ -18,7 +20,7 @@ import tifffile
 import yaml
 
 from gcis_etl.config import load_config
-from gcis_etl.harvesting import HarvestOptions, PipelineOutcome, harvest, harvest_pipelines
+from gcis_etl.harvesting import HarvestOptions, PipelineOutcome, Progress, harvest, harvest_pipelines
 from gcis_etl.ledger import Ledger
 from tests.emulators.rosetta import RosettaCatalogue, RosettaEmulator
 from tests.harvests import PATIENT_RETRY, ROSETTA_PASSWORD, Gate, ie, rosetta_source, serving, wait_for
@@ -29,17 +31,17 @@ TIME_UP = "stopped at the run time limit"
 
 @pytest.fixture
 def site(tmp_path, monkeypatch):
-    """write(pipelines) -> the config of `pipelines` ({name: source, or (source, its own settings)}), each into
-    its own local store, one item in flight at a time."""
+    """write(pipelines, **top) -> the config of `pipelines` ({name: source, or (source, its own settings)}), each
+    into its own local store, one item in flight at a time; `top`: more top-level settings (ledger=...)."""
     monkeypatch.setenv("ROSETTA_PASSWORD", ROSETTA_PASSWORD)
 
-    def write(pipelines: dict):
+    def write(pipelines: dict, **top):
         settings = {name: {"source": source, "store": {"kind": "local", "root": str(tmp_path / "store" / name)},
                            **own} for name, (source, own) in
                     ((name, spec if isinstance(spec, tuple) else (spec, {})) for name, spec in pipelines.items())}
         (tmp_path / "config.yaml").write_text(yaml.safe_dump({
             "state_dir": str(tmp_path / "state"), "defaults": {"concurrency": 1, "transfer_slots": 0},
-            "pipelines": settings}))
+            "pipelines": settings, **top}))
         return load_config(tmp_path / "config.yaml")
     return write
 
@@ -86,6 +88,19 @@ def opened_after(gate: Gate, run, seconds: float) -> list:
     return answer
 
 
+class Handed(Progress):
+    """The tasks a run handed its executor, by object (Progress.planned, said once the object's last task returned
+    from submit), and whether `gate` was open by then: a task that waited in submit for the one slot, which the
+    gate's held download kept, returned only once the gate opened."""
+
+    def __init__(self, gate: Gate):
+        self.gate = gate
+        self.tasks: dict[str, tuple[int, bool]] = {}
+
+    def planned(self, obj, tasks: int) -> None:
+        self.tasks[obj.id] = tasks, self.gate.opened.is_set()
+
+
 def every(cfg, names: list[str], minutes: float | None) -> dict[str, PipelineOutcome]:
     """What `gcis-etl harvest [--max-minutes minutes] names...` does, by pipeline."""
     return {o.name: o for o in harvest_pipelines(cfg, names, HarvestOptions(max_run_minutes=minutes))}
@@ -97,7 +112,9 @@ def test_an_item_that_waited_for_a_slot_while_the_time_ran_out_is_not_sent(site)
     gate = held_rosetta()
     with serving(gate) as server:
         cfg = site({"a": (rosetta_source(server.url, retry=PATIENT_RETRY), {"max_run_minutes": 0.02})})
-        run = opened_after(gate, lambda: harvest(cfg, "a"), 1.5)
+        handed = Handed(gate)
+        run = opened_after(gate, lambda: harvest(cfg, "a", progress=handed), 1.5)
+        assert handed.tasks.get("IE7410") == (1, True) and "IE7420" not in handed.tasks  # IE7410 waited for the slot
         assert items(cfg, run.run_id) == {"IE7400": "deposited"}
         assert in_ledger(cfg, "a") == {"IE7400"}  # IE7410 has no attempt spent: it was never tried
         assert run.status == "stopped" and run.note.startswith(TIME_UP), run.note
@@ -172,3 +189,38 @@ def test_the_time_a_pipeline_does_not_use_passes_to_the_ones_after_it(site, tmp_
     assert runs["a"].report.status == "completed"
     taken = items(cfg, runs["b"].report.run_id)
     assert taken["IE7400"] == taken["IE7410"] == "deposited"
+
+
+def test_a_runs_time_counts_from_when_it_was_given_its_share_not_from_when_its_ledger_opened(site, tmp_path):
+    """Another process holds the ledger (journal_mode delete: BEGIN EXCLUSIVE keeps readers out too) from before
+    the command starts until 1.5 s after the run is given its share, the whole of --max-minutes 0.02 (1.2 s):
+    the run's 1.2 s used to count from when it could open the ledger, so it took its item past the command's
+    limit. Now none is left once it starts."""
+    cfg = site({"p": folder(tmp_path, "p")}, ledger={"journal_mode": "delete"})
+    Ledger.open(cfg).close()
+    locked, given = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        db = sqlite3.connect(cfg.ledger_path, isolation_level=None)
+        try:
+            db.execute("BEGIN EXCLUSIVE")
+            locked.set()
+            given.wait(60)
+            time.sleep(1.5)
+        finally:
+            db.close()
+
+    def progress_for(name: str) -> Progress:
+        given.set()  # asked for just before the run's share is measured
+        return Progress()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        wait_for(locked.is_set, "the ledger is held")
+        [outcome] = harvest_pipelines(cfg, ["p"], HarvestOptions(max_run_minutes=0.02), progress_for=progress_for)
+    finally:
+        holder.join(120)
+    run = outcome.report
+    assert items(cfg, run.run_id) == {} and in_ledger(cfg, "p") == set()
+    assert (run.status, run.note, outcome.exit_code) == ("stopped", TIME_UP, 0)
