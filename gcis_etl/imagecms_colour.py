@@ -35,6 +35,8 @@ from PIL import Image, ImageCms
 
 from gcis_etl.colour import LAB, is_srgb, layout, normalise, srgb_profile
 from gcis_etl.decoding import SAMPLE_BYTES
+from gcis_etl.errors import RejectedMaster
+from gcis_etl.inspection import input_intent, unusable_profile
 from gcis_etl.isolation import pixel_error
 from gcis_etl.models import ImageInfo
 from gcis_etl.policy import ImagingPolicy
@@ -137,15 +139,22 @@ def _widest(image: pyvips.Image, laid: pyvips.Image, info: ImageInfo, policy: Im
 
 def _embedded(image: pyvips.Image, mode: str, policy: ImagingPolicy) -> ImageCms.ImageCmsProfile | None:
     """The embedded profile when it applies: readable, for the image's colour space, and not sRGB already.
+    RejectedMaster when LittleCMS builds no transform from it (inspection rejects such a master first; here
+    buildTransform raised PyCMSError out of the conversion).
 
     libvips, on the main path, likewise ignores a profile that does not match the image's bands."""
     if not image.get_typeof("icc-profile-data") or is_srgb(image, policy):
         return None
+    icc = image.get("icc-profile-data")
     try:
-        profile = _profile(image.get("icc-profile-data"))
+        profile = _profile(icc)
     except (OSError, ValueError, TypeError):
         return None
-    return profile if profile.profile.xcolor_space.strip() == _PROFILE_SPACES[mode] else None
+    if profile.profile.xcolor_space.strip() != _PROFILE_SPACES[mode]:
+        return None
+    if input_intent(icc, policy.rendering_intent) is None:
+        raise RejectedMaster(unusable_profile(icc))
+    return profile
 
 
 def _profile(data: bytes) -> ImageCms.ImageCmsProfile:

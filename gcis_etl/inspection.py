@@ -22,7 +22,7 @@ import numpy as np
 from PIL import Image, ImageCms
 
 from gcis_etl import formats
-from gcis_etl.metadata import Resolution, summarise
+from gcis_etl.metadata import MetadataSummary, Resolution, summarise
 from gcis_etl.models import ImageInfo, Verdict
 from gcis_etl.policy import ImagingPolicy, IsolationSettings
 
@@ -100,7 +100,21 @@ def inspect(path: str | Path, policy: ImagingPolicy | None = None,
         resolution=astuple(md.resolution) if md.resolution else None)
     if md.orientation_invalid is not None:
         warnings.append(f"orientation {md.orientation_invalid!r} is not a valid EXIF orientation: ignored")
+    if header.icc is None and header.interpretation in ("rgb", "ycbcr") and (said := _exif_adobe_rgb(md)):
+        warnings.append(f"no embedded ICC profile; EXIF says Adobe RGB ({said}): converted as sRGB")
     return _judge(info, header, policy, warnings)
+
+
+def _exif_adobe_rgb(md: MetadataSummary) -> str | None:
+    """The EXIF tags that say an untagged master is Adobe RGB, as cameras in their Adobe RGB mode write them (DCF:
+    ColorSpace Uncalibrated with InteropIndex R03; some write ColorSpace 2), or None. Its samples are taken as
+    sRGB (mean CIEDE2000 2.2 on a photograph), and the access master's EXIF says sRGB: the warning keeps the
+    evidence."""
+    if md.colour_space == 0xFFFF and md.interop_index == "R03":
+        return "ColorSpace Uncalibrated, InteropIndex R03"
+    if md.colour_space == 2:
+        return "ColorSpace 2"
+    return None
 
 
 def _non_square(resolution: Resolution) -> str:
@@ -140,13 +154,16 @@ def _judge(info: ImageInfo, h: _Header, policy: ImagingPolicy, warnings: list[st
             warnings.append(f"{h.pages} full-resolution pages: the first is used (policy multipage=first)")
     icc_desc = None
     if h.icc is not None:
-        icc_desc, problem = _check_icc(h.icc, h.interpretation)
+        icc_desc, problem = _check_icc(h.icc, h.interpretation, policy.rendering_intent)
         if problem:
             rejects.append(problem)
     if h.whole_slide:
         conversions.append("main image of a whole-slide file")
     if h.interpretation == "cmyk":
         conversions.append("CMYK->sRGB")
+        if h.icc is None:
+            warnings.append(f"no embedded ICC profile: CMYK converted through "
+                            f"{fallback_description(policy.cmyk_fallback_profile)} (imaging.cmyk_fallback_profile)")
     elif h.interpretation == "lab":
         conversions.append("Lab->sRGB")
     elif h.interpretation == "ycbcr":
@@ -156,7 +173,7 @@ def _judge(info: ImageInfo, h: _Header, policy: ImagingPolicy, warnings: list[st
     if icc_desc and h.interpretation != "lab" and not encodes_srgb(h.icc, policy):  # Lab ignores its profile
         conversions.append(f"ICC->sRGB ({icc_desc})")
         intent = input_intent(h.icc, policy.rendering_intent)
-        if intent != policy.rendering_intent:
+        if intent not in (None, policy.rendering_intent):  # None: rejected (_check_icc)
             warnings.append(f"ICC profile '{icc_desc}' has no {policy.rendering_intent} rendering intent: "
                             f"converted with its {intent} one, as LittleCMS does")
     if h.miniswhite:
@@ -181,19 +198,51 @@ def _judge(info: ImageInfo, h: _Header, policy: ImagingPolicy, warnings: list[st
     return replace(info, icc=icc_desc, verdict=verdict, reasons=tuple(reasons), warnings=tuple(warnings))
 
 
-def _check_icc(icc: bytes, interpretation: str) -> tuple[str | None, str | None]:
-    """The profile's description, and a rejection reason when it is corrupt or of the wrong colour space."""
+def _check_icc(icc: bytes, interpretation: str, intent: str) -> tuple[str | None, str | None]:
+    """The profile's description, and a rejection reason when it is corrupt, of the wrong colour space, or
+    one LittleCMS builds no transform from (opened, but cut short or with a tag it cannot read: libvips dropped
+    it and took the samples as sRGB while the result said 'ICC->sRGB'). Lab samples ignore their profile."""
     try:
         profile = ImageCms.ImageCmsProfile(io.BytesIO(icc))
     except (OSError, ValueError, TypeError) as exc:
         return None, f"embedded ICC profile is corrupt ({len(icc)} bytes: {exc}): needs review"
-    description = (ImageCms.getProfileDescription(profile) or "").strip() or "unnamed profile"
+    description = _description(profile)
     space = profile.profile.xcolor_space.strip().upper()
     expected = _ICC_SPACE.get(interpretation)
     if expected and space != expected:
         return description, (f"embedded ICC profile '{description}' is for {space} but the pixels are "
                              f"{interpretation}: needs review")
+    if interpretation != "lab" and input_intent(icc, intent) is None:
+        return description, unusable_profile(icc)
     return description, None
+
+
+def _description(profile: ImageCms.ImageCmsProfile) -> str:
+    return (ImageCms.getProfileDescription(profile) or "").strip() or "unnamed profile"
+
+
+def unusable_profile(icc: bytes) -> str:
+    """The rejection of a master whose embedded profile LittleCMS builds no transform from (input_intent None),
+    in inspection's verdict and from either engine, should one meet it."""
+    description = _description(ImageCms.ImageCmsProfile(io.BytesIO(icc)))
+    return (f"embedded ICC profile '{description}' cannot be applied (LittleCMS builds no transform from it: "
+            "damaged or incomplete): needs review")
+
+
+LIBVIPS_CMYK = "Chemical proof"  # the description of libvips' built-in CMYK profile, which inspection does not load
+
+
+@lru_cache(maxsize=8)
+def fallback_description(setting: str) -> str:
+    """What imaging.cmyk_fallback_profile converts CMYK without a profile through, named for the master's warning:
+    untagged CMYK has no one right colour, and libvips' built-in ('cmyk') puts a bluish cast in rich blacks,
+    where print masters usually assume Coated FOGRA39 or SWOP."""
+    if setting == "cmyk":
+        return f"libvips' built-in '{LIBVIPS_CMYK}'"
+    try:
+        return f"'{_description(ImageCms.ImageCmsProfile(setting))}'"
+    except (OSError, ValueError, TypeError):
+        return setting
 
 
 def encodes_srgb(icc: bytes, policy: ImagingPolicy) -> bool:
@@ -210,17 +259,40 @@ _ICC_INTENTS = {"perceptual": ImageCms.Intent.PERCEPTUAL, "relative": ImageCms.I
                 "saturation": ImageCms.Intent.SATURATION, "absolute": ImageCms.Intent.ABSOLUTE_COLORIMETRIC}
 
 
+# The Pillow mode a profile's colour space is transformed from, to test that LittleCMS builds a transform
+_TEST_MODES = {"RGB": "RGB", "GRAY": "L", "CMYK": "CMYK"}
+
+
 @lru_cache(maxsize=64)
-def input_intent(icc: bytes, intent: str) -> str:
+def input_intent(icc: bytes, intent: str) -> str | None:
     """The rendering intent an embedded profile is applied with: the policy's when the profile supports it as
     input, else perceptual, as LittleCMS itself falls back (a LUT profile may hold only its A2B0 table).
-    libvips' icc_transform drops such a profile instead, and passed the pixels through unconverted."""
+    libvips' icc_transform drops a profile without the intent asked instead, and passed the pixels through
+    unconverted. None when LittleCMS builds no transform to sRGB from it with either (a profile cut short,
+    or a tag it cannot read, still opens): no engine can apply it. Cached: it runs for every master."""
     try:
-        profile = ImageCms.ImageCmsProfile(io.BytesIO(icc)).profile
-        supported = profile.is_intent_supported(_ICC_INTENTS[intent], ImageCms.Direction.INPUT)
-    except (OSError, ValueError, TypeError, ImageCms.PyCMSError):
-        return intent  # unreadable: rejected by inspection, or ignored by the engines as before
-    return intent if supported else "perceptual"
+        profile = ImageCms.ImageCmsProfile(io.BytesIO(icc))
+    except (OSError, ValueError, TypeError):
+        return intent  # unreadable: rejected by inspection as corrupt, or ignored by the engines as before
+    for candidate in dict.fromkeys((intent, "perceptual")):
+        if profile.profile.is_intent_supported(_ICC_INTENTS[candidate], ImageCms.Direction.INPUT) \
+                and _links(profile, candidate):
+            return candidate
+    return None
+
+
+def _links(profile: ImageCms.ImageCmsProfile, intent: str) -> bool:
+    """Whether LittleCMS builds a transform from the profile to sRGB with this intent; a colour space no
+    engine here transforms from (Lab's, which its samples ignore) is left to the colour-space check."""
+    mode = _TEST_MODES.get(profile.profile.xcolor_space.strip().upper())
+    if mode is None:
+        return True
+    try:
+        ImageCms.buildTransform(profile, ImageCms.createProfile("sRGB"), mode, "RGB",
+                                renderingIntent=_ICC_INTENTS[intent])
+    except ImageCms.PyCMSError:
+        return False
+    return True
 
 
 _LATTICE = np.stack(np.meshgrid(*[np.linspace(0, 255, 17).round().astype(np.uint8)] * 3, indexing="ij"),
@@ -443,7 +515,7 @@ def _read_png(path: str) -> _Header:
     which inflates every text chunk on the way and refused a valid master whose XMP inflates past 1 MB
     (MAX_TEXT_CHUNK) as corrupt, and a metadata bomb before exiftool could judge it under the isolation limits:
     text is metadata, exiftool's to read."""
-    chunks = _png_chunks(path, keep=(b"IHDR", b"iCCP"))
+    chunks = _png_chunks(path, keep=(b"IHDR", b"iCCP", b"gAMA", b"cHRM"))
     width, height, depth, colour_type = struct.unpack(">IIBB", chunks[b"IHDR"][:10])
     if width == 0 or height == 0:
         raise _Unreadable(f"IHDR declares {width}x{height}")
@@ -452,8 +524,29 @@ def _read_png(path: str) -> _Header:
     # a tRNS chunk: the decoders give the image an alpha band
     alpha = colour_type in (4, 6) or b"tRNS" in chunks
     icc = _png_profile(chunks[b"iCCP"]) if b"iCCP" in chunks else None
+    notes = [] if b"iCCP" in chunks or b"sRGB" in chunks else _png_colour_notes(chunks)
     return _Header(width=width, height=height, bands=bands, bit_depth=depth, interpretation=interpretation,
-                   icc=icc, alpha=alpha, extra_bands=int(alpha), compression="deflate")
+                   icc=icc, alpha=alpha, extra_bands=int(alpha), compression="deflate", notes=notes)
+
+
+_SRGB_GAMMA = 45455  # gAMA's value for sRGB (1/2.2, x 100000)
+_SRGB_CHROMATICITIES = (31270, 32900, 64000, 33000, 30000, 60000, 15000, 6000)  # cHRM's: white, red, green, blue
+
+
+def _png_colour_notes(chunks: dict[bytes, bytes]) -> list[str]:
+    """A warning when gAMA or cHRM describe other samples than sRGB's (linear light, Adobe RGB primaries) with
+    no iCCP or sRGB chunk to say otherwise: no decoder here applies them, and the samples are taken as sRGB.
+    gAMA within 1% and chromaticities within 0.01 of sRGB's pass, as writers round them."""
+    found = []
+    if len(gama := chunks.get(b"gAMA", b"")) == 4:
+        (gamma,) = struct.unpack(">I", gama)
+        if abs(gamma - _SRGB_GAMMA) > _SRGB_GAMMA / 100:
+            found.append(f"gAMA {gamma / 100000:g} (sRGB's is 0.45455)")
+    if len(chrm := chunks.get(b"cHRM", b"")) == 32:
+        if any(abs(a - b) > 1000 for a, b in zip(struct.unpack(">8I", chrm), _SRGB_CHROMATICITIES)):
+            found.append("cHRM chromaticities other than sRGB's")
+    return [f"PNG {' and '.join(found)} with no iCCP or sRGB chunk: not applied, the samples taken as sRGB"] \
+        if found else []
 
 
 def _png_chunks(path: str, keep: tuple[bytes, ...]) -> dict[bytes, bytes]:

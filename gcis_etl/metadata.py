@@ -229,6 +229,8 @@ class MetadataSummary:
     orientation: int | None          # 1..8, None when absent
     orientation_invalid: object = None  # the raw value when present but not 1..8
     resolution: Resolution | None = None  # upright (see _upright), from the same read
+    colour_space: int | None = None   # EXIF ColorSpace (1 sRGB, 0xFFFF Uncalibrated), colour evidence
+    interop_index: str | None = None  # EXIF InteropIndex: R98 (sRGB) or R03 (Adobe RGB) by DCF
 
 
 # Tags read as "family 0:family 1:name": the main image's orientation is IFD0's (or XMP-tiff's). By family 0
@@ -242,7 +244,9 @@ def summarise(path: str | Path, limits: IsolationSettings | None = None) -> Meta
     groups = {k.split(":", 1)[0] for k in tags}
     orientation, invalid = _orientation(tags)
     return MetadataSummary(exif="EXIF" in groups, xmp="XMP" in groups, iptc="IPTC" in groups,
-                           orientation=orientation, orientation_invalid=invalid, resolution=_upright(tags))
+                           orientation=orientation, orientation_invalid=invalid, resolution=_upright(tags),
+                           colour_space=tags.get("EXIF:ExifIFD:ColorSpace"),
+                           interop_index=tags.get("EXIF:InteropIFD:InteropIndex"))
 
 
 def _orientation(tags: dict) -> tuple[int | None, object]:

@@ -1,6 +1,7 @@
 """Colour of unusual profiled masters against LittleCMS's own TIFF applier (tificc, relative colorimetric, no
 black-point compensation unless the policy asks), on both PTIFF engines: float samples with an embedded profile,
-a 12-bit master only the tifffile decoder opens, and black-point compensation on a CMYK master."""
+a 12-bit master only the tifffile decoder opens, black-point compensation on a CMYK master, and profiles that
+open but from which LittleCMS builds no transform (rejected, never taken as sRGB)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -13,6 +14,7 @@ from PIL import Image
 from gcis_etl.colour import srgb_profile
 from gcis_etl.conversion import convert
 from gcis_etl.decoding import open_master
+from gcis_etl.errors import RejectedMaster
 from gcis_etl.inspection import inspect
 from gcis_etl.models import Status
 from gcis_etl.policy import ImagingPolicy
@@ -168,3 +170,53 @@ def test_a_profile_without_the_policys_intent_is_applied_as_littlecms_applies_it
     assert difference.mean() <= 0.1 and difference.max() <= 0.5, (difference.mean(), difference.max())
     assert any("no relative rendering intent: converted with its perceptual one" in w
                for w in inspect(master).warnings)
+
+
+# Damage to the corpus' Adobe RGB profile (tags: cprt, desc, wtpt, bkpt, r/g/bTRC, r/g/bXYZ) that leaves it
+# opening: LittleCMS builds no transform from any of these (tificc: "Couldn't link the profiles").
+DAMAGES = ["cut", "colorant-past-end", "curve-type"]
+UNUSABLE = ("embedded ICC profile 'Adobe RGB (1998)' cannot be applied (LittleCMS builds no transform from it: "
+            "damaged or incomplete): needs review")
+
+
+def damaged_master(folder: Path, damage: str, profiles: dict[str, Path]) -> Path:
+    """A 16-bit Adobe RGB master whose profile is cut short by 10 bytes (its last tag short), has its rXYZ tag
+    pointing past its end, or its rTRC tag's type overwritten."""
+    profile = bytearray(profiles["adobe-rgb"].read_bytes())
+    tags = {bytes(profile[entry:entry + 4]): entry for entry in range(132, 132 + 12 * 9, 12)}
+    assert set(tags) >= {b"rXYZ", b"rTRC"}, tags
+    if damage == "cut":
+        profile = profile[:-10]
+    elif damage == "colorant-past-end":
+        profile[tags[b"rXYZ"] + 4:tags[b"rXYZ"] + 8] = (10 ** 6).to_bytes(4, "big")
+    else:
+        offset = int.from_bytes(profile[tags[b"rTRC"] + 4:tags[b"rTRC"] + 8], "big")
+        profile[offset:offset + 4] = b"zzzz"
+    master = folder / f"{damage}.tif"
+    tifffile.imwrite(master, _patches(3, 65535).astype(np.uint16), photometric="rgb", metadata=None,
+                     extratags=_icc_tag(bytes(profile)))
+    return master
+
+
+@pytest.mark.parametrize("recipe", ["ptiff-jpeg-q90", "ptiff-tifffile-q90", "jp2-openjpeg-lossless"])
+@pytest.mark.parametrize("damage", DAMAGES)
+def test_a_profile_littlecms_cannot_apply_is_rejected_not_taken_as_srgb(damage, recipe, profiles, tmp_path):
+    """Cut short or with a colorant past its end, libvips dropped the profile with a warning on stderr and passed
+    the samples through as sRGB (mean CIEDE2000 1.2, worst 7.8) while the result said 'ICC->sRGB (Adobe RGB
+    (1998))'; with a curve of an unknown type, icc_transform raised 'Couldn't link the profiles' out of convert,
+    and inspect blamed the image data. The tifffile engine raised PyCMSError out of convert on all three."""
+    master = damaged_master(tmp_path, damage, profiles)
+    assert inspect(master).reasons == (UNUSABLE,)
+    result = convert(master, tmp_path / ("access.jp2" if recipe.startswith("jp2") else "access.tif"), recipe)
+    assert (result.status, result.reason) == (Status.REJECTED, UNUSABLE)
+
+
+@pytest.mark.parametrize("engine", ["vips", "tifffile"])
+@pytest.mark.parametrize("damage", DAMAGES)
+def test_neither_engine_applies_a_profile_littlecms_cannot(damage, engine, profiles, tmp_path):
+    """Should inspection's verdict be passed by, each engine rejects the master itself: libvips would take the
+    samples as sRGB (or raise pyvips.Error), ImageCms raised PyCMSError."""
+    master = damaged_master(tmp_path, damage, profiles)
+    with pytest.raises(RejectedMaster) as raised:
+        normalised(master) if engine == "vips" else strips_of(master)
+    assert str(raised.value) == UNUSABLE
