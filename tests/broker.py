@@ -305,11 +305,15 @@ def store_contents(store) -> dict[str, str]:
 
 
 def slow_master(path: Path, size: int = 4000) -> Path:
-    """An uncompressed RGB TIFF of size x size pixels (gradients and noise): 3000 takes a second or so to convert."""
+    """An uncompressed RGB TIFF of size x size pixels (gradients and noise): 3000 takes a second or so to convert.
+    The gradients are written channel by channel from one ramp (full int64 planes took a second to make)."""
     import numpy as np
     import tifffile
-    y, x = np.mgrid[0:size, 0:size]
-    image = np.stack([x * 255 // size, y * 255 // size, (x + y) * 255 // (2 * size)], -1).astype(np.uint8)
+    ramp = np.arange(size)
+    image = np.empty((size, size, 3), np.uint8)
+    image[..., 0] = ramp * 255 // size  # along x
+    image[..., 1] = (ramp * 255 // size)[:, None]  # along y
+    image[..., 2] = np.add.outer(ramp, ramp) * 255 // (2 * size)
     image += np.random.default_rng(size).integers(0, 12, image.shape, dtype=np.uint8)
     path.parent.mkdir(parents=True, exist_ok=True)
     tifffile.imwrite(path, image, photometric="rgb")

@@ -44,7 +44,7 @@ def test_the_time_limit_ends_a_run_no_worker_serves_and_the_next_run_takes_the_q
     run, waiting for its last tasks, used to be recorded as completed had they been left)."""
     masters = make_masters(pool.tmp / f"masters-{objects}", objects=objects, per_object=2)
     config = pool.config("idle", masters=masters, pipeline={"executor": "celery", "concurrency": 2}, **NO_RESEND)
-    first = _harvest(pool, config, "--max-minutes", "0.2")  # 12 s: past the check of the workers (2 s)
+    first = _harvest(pool, config, "--max-minutes", "0.1")  # 6 s: past the check of the workers (2 s)
     try:
         out, err = first.communicate(timeout=120)  # it used to wait here for ever, its window full
     finally:
