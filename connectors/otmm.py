@@ -762,7 +762,7 @@ def _error_words(body: str) -> str | None:
     proxy's page, a gateway's JSON)."""
     try:
         data = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: JSON nested deeper than Python parses
         return None
     error = data.get("exception_body") if isinstance(data, dict) else None
     if not (isinstance(error, dict) and (error.get("message") or error.get("error_code"))):

@@ -131,7 +131,8 @@ def written_secrets(model: type[BaseModel], options: Any, where: str) -> Iterato
                 yield from written_secrets(arm, value, f"{where}.{key}")
 
 
-def credential_keys(settings: Settings, fields: Iterable[str] | None = None, where: str = "source") -> tuple[str, ...]:
+def credential_keys(settings: Settings, fields: Iterable[str] | None = None, *,
+                    where: str = "source") -> tuple[str, ...]:
     """The keys (under `where`) of the credentials `settings` authenticates with, for a refusal to name what to fix,
     never their values: `fields`, those its configured auth uses (its settings know: OTMM's `auth: oauth` adds
     client_id and client_secret), else each Secret field set (not a `username` field: an auth mode by token has

@@ -35,7 +35,7 @@ from gcis_etl.errors import ConfigError, GcisError, ManifestError, StoreError, S
 from gcis_etl.executors import Executor, open_executor
 from gcis_etl.keys import UnsafeKey
 from gcis_etl.ledger import (ABANDONED, COUNTED, MANIFEST, OBJECT, STOPPED_BY_SIGNAL, STOPPED_ON_REQUEST, ItemRecord,
-                             Ledger, LedgerError, LedgerUnwritable, ObjectRecord, RunRecord, Unprocessed, now)
+                             Ledger, LedgerError, LedgerUnwritable, ObjectRecord, Unprocessed, now)
 from gcis_etl.locks import LockHeld, pipeline_lock
 from gcis_etl.manifests import CollectionEntry, DepositedImage
 from gcis_etl.pipelines import Pipeline, config_folder
@@ -517,10 +517,11 @@ class Harvest:
     @cached_property
     def starved(self) -> bool:
         """Whether the run was given no time (harvest_pipelines: NO_TIME_LEFT) or stopped before it began: asked
-        first (harvest, once it holds the pipeline's lock), and then it asks neither the store, the workers nor the
-        source anything: not for the uploads a killed run left (the next run given time aborts them), nor for its
-        collection, nor a listing only to stop at its first object, which would move the checkpoint over nothing
-        and call that where the listing stopped."""
+        first (harvest, once it holds the pipeline's lock), and then it asks neither the workers nor the source
+        anything, nor writes its collection: a listing only to stop at its first object would move the checkpoint
+        over nothing and call that where the listing stopped. It still aborts the uploads a killed run before it
+        left (harvest): were that left to the next run given time, a run starved otherwise than by NO_TIME_LEFT
+        (a stop, a share spent waiting for the ledger) would pass for one given time, and they would stay."""
         return self.should_stop()
 
     def should_stop(self, listed_all: bool = False) -> bool:
@@ -944,8 +945,9 @@ def harvest(config: Config, name: str, options: HarvestOptions = HarvestOptions(
                              note="; ".join(filter(None, (run.cut_short, run.listing_note))) or None,
                              planned=planned)
         with pipeline_lock(config.state_dir, name):
-            last = None if run.starved else _last_given_time(ledger, name)  # a starved run asks the store nothing
-            if last is not None and last.finished is None:  # killed: we hold the lock, it is gone
+            # by whichever run comes next, a starved one too (Harvest.starved says why)
+            last = next(iter(ledger.runs(name, limit=1)), None)
+            if last is not None and last.status == "running":  # killed: we hold the lock, it is gone
                 _abort_uploads(config, run, last.run_id, "which was killed")
             elif last is not None and last.note == ABANDONED:
                 _abort_uploads(config, run, last.run_id, "which abandoned its items in flight")
@@ -1192,14 +1194,6 @@ def _stopped(name: str, exc: GcisError) -> str:
     told = f"{_told(exc, name)}: {then}" if then else _told(exc, name)
     again = "" if told_what_to_do(told) else "; run again"
     return f"{name}: run stopped: {told} (everything settled so far is recorded{again})"
-
-
-def _last_given_time(ledger: Ledger, name: str) -> RunRecord | None:
-    """The pipeline's latest run given time: one given none (NO_TIME_LEFT) asked the store nothing, so the uploads a
-    killed run before it left are still there, for the next run given time to abort (the killed run no longer
-    'running' but 'crashed', unfinished: Ledger.begin_run marked it so for the run given none)."""
-    run_id = ledger.last_runs_given(NO_TIME_LEFT).get(name)
-    return None if run_id is None else ledger.run(run_id)
 
 
 def _abort_uploads(config: Config, run: Harvest, last_run: int, which: str) -> None:

@@ -28,6 +28,7 @@ it leaves the process's signal handlers and logging (logs.kept) as it found them
 from __future__ import annotations
 
 import csv
+import hashlib
 import importlib.util
 import inspect
 import json
@@ -86,20 +87,22 @@ def load_script(script: str) -> ModuleType:
     thread, gets the same module (a load per call executed the script again under another thread's run, whose
     objects were then of classes its module's name no longer led to: pickle, isinstance). A file changed since is
     loaded again, as the command line would run it: an edited script is not run stale (a run under way keeps the
-    module it began with). ConfigError if there is none."""
+    module it began with). Each file and version is a module of its own name, so that neither a namesake script in
+    another folder nor a version loaded later takes the name a run under way pickles its classes by. ConfigError if
+    there is none."""
     path = Path(script)
     if path.suffix != ".py":
         path = MIGRATIONS / f"{script}.py"
     if not path.is_file():
         raise ConfigError(f"no migration script {script!r} (available: {', '.join(available()) or 'none yet'})")
     path = path.resolve()
-    name = f"gcis_migration_{path.stem}"
     with _loading:
         stat = path.stat()
         version = (stat.st_mtime_ns, stat.st_size)
         known = _loaded.get(path)
-        if known and known[0] == version and sys.modules.get(name) is known[1]:  # not replaced by a namesake's
+        if known and known[0] == version:
             return known[1]
+        name = f"gcis_migration_{path.stem}_{hashlib.sha256(f'{path}:{version}'.encode()).hexdigest()[:12]}"
         spec = importlib.util.spec_from_file_location(name, path)
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module  # dataclasses look their module up while the script is being loaded

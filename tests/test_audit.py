@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import csv
 import hashlib
-import importlib.util
 import json
 import os
 import shutil
 import signal
 import subprocess
 import sqlite3
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,7 +19,7 @@ from gcis_etl.config import load_config
 from gcis_etl.deposits import pipeline_keys
 from gcis_etl.errors import StoreUnavailable
 from gcis_etl.ledger import Ledger, now
-from gcis_etl.migration import MIGRATIONS, MigrationContext, MigrationReport
+from gcis_etl.migration import MigrationContext, MigrationReport, load_script
 from gcis_etl.progress import AuditProgress, audit_progress
 from gcis_etl.stores import open_store
 from tests.emulators.faults import Fault, FaultInjector
@@ -249,12 +247,8 @@ def test_the_access_master_of_an_item_whose_re_derivation_failed_is_still_requir
 
 
 def audit_module():
-    """migrations/audit.py, loaded as run_script loads it."""
-    spec = importlib.util.spec_from_file_location("gcis_migration_audit", MIGRATIONS / "audit.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    """migrations/audit.py, as run_script and migrate() load it."""
+    return load_script("audit")
 
 
 @pytest.mark.parametrize("cut", ["signal", "max-minutes"])
