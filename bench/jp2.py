@@ -53,7 +53,7 @@ class Comparison:
     def summary(self) -> str:
         bare, ours = self.fastest
         ratios = [o.seconds / b.seconds for b, o in self.rounds]
-        stages = {stage: statistics.median(dict(ours.stages).get(stage, 0.0) for _, ours in self.rounds)
+        stages = {stage: statistics.median(dict(run.stages).get(stage, 0.0) for _, run in self.rounds)
                   for stage, _ in self.rounds[0][1].stages}
         return (f"{self.recipe} {bare.master}: ours/bare wall, fastest runs {ours.seconds / bare.seconds:.3f}x, "
                 f"median of rounds {statistics.median(ratios):.3f}x (rounds: {', '.join(f'{r:.3f}' for r in ratios)})\n"

@@ -12,8 +12,7 @@ from functools import lru_cache
 import numpy as np
 import pyvips
 
-from gcis_etl.errors import RejectedMaster
-from gcis_etl.inspection import encodes_srgb, input_intent, unusable_profile
+from gcis_etl.inspection import applied_intent, encodes_srgb
 from gcis_etl.metadata import Resolution
 from gcis_etl.models import ImageInfo
 from gcis_etl.policy import ImagingPolicy
@@ -178,10 +177,7 @@ def _to_srgb(image: pyvips.Image, policy: ImagingPolicy) -> pyvips.Image:
         return _lab_to_srgb(image, cms)
     embedded = image.get_typeof("icc-profile-data") != 0
     if embedded and not is_srgb(image, policy):
-        intent = input_intent(image.get("icc-profile-data"), policy.rendering_intent)
-        if intent is None:  # libvips would drop the profile with a warning on stderr and take the samples as sRGB
-            raise RejectedMaster(unusable_profile(image.get("icc-profile-data")))
-        cms["intent"] = _INTENTS[intent]
+        cms["intent"] = _INTENTS[applied_intent(image.get("icc-profile-data"), policy.rendering_intent)]
         return image.icc_transform(SRGB, embedded=True, **cms)
     if interpretation == "cmyk":
         return image.icc_transform(SRGB, input_profile=policy.cmyk_fallback_profile, **cms)

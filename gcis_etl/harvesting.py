@@ -139,6 +139,14 @@ class TimeLimit:
         """The minutes of the next of `runs` runs left, sharing what is left equally; NO_TIME_LEFT when none is."""
         return max(self.minutes_left() / runs, NO_TIME_LEFT)
 
+    def handed(self, options: HarvestOptions, runs: int = 1, cap: float | None = None) -> HarvestOptions:
+        """`options` with the next run's share of `runs` (at most `cap` minutes), its clock started as the share is
+        measured (HarvestOptions.timed_from), not once its ledger is open: the last run ends no later than the
+        limit."""
+        timed_from = time.monotonic()
+        share = self.share(runs)
+        return replace(options, max_run_minutes=share if cap is None else min(cap, share), timed_from=timed_from)
+
 
 def retry_statuses(failed: bool, rejected: bool) -> list[str]:
     """The item statuses `gcis-etl retry` takes up: failed (`failed`), rejected (`rejected`)."""
@@ -1162,14 +1170,10 @@ def _shared(options: HarvestOptions, pipeline: Pipeline, limit: TimeLimit, runs:
     """`options` with the pipeline's time: its share of what is left of `limit` among the `runs` left, or its own
     max_run_minutes where that is shorter (unless options.max_run_minutes, the operator's --max-minutes, set the
     limit: a catch-up run may be longer than cron's). None left, it gets NO_TIME_LEFT: the run takes no item, and
-    its report says it stopped at the run time limit. The run's clock starts now, as its share is measured
-    (HarvestOptions.timed_from)."""
+    its report says it stopped at the run time limit (TimeLimit.handed)."""
     if limit.minutes is None:
         return options
-    own = pipeline.settings.max_run_minutes if options.max_run_minutes is None else None
-    timed_from = time.monotonic()  # before the share is measured: the last run ends no later than the limit
-    share = limit.share(runs)
-    return replace(options, max_run_minutes=share if own is None else min(own, share), timed_from=timed_from)
+    return limit.handed(options, runs, pipeline.settings.max_run_minutes if options.max_run_minutes is None else None)
 
 
 def _moved_to(why: str, checkpoint: datetime) -> str:

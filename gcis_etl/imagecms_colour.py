@@ -35,8 +35,7 @@ from PIL import Image, ImageCms
 
 from gcis_etl.colour import LAB, is_srgb, layout, normalise, srgb_profile
 from gcis_etl.decoding import SAMPLE_BYTES
-from gcis_etl.errors import RejectedMaster
-from gcis_etl.inspection import input_intent, unusable_profile
+from gcis_etl.inspection import applied_intent
 from gcis_etl.isolation import pixel_error
 from gcis_etl.models import ImageInfo
 from gcis_etl.policy import ImagingPolicy
@@ -152,8 +151,7 @@ def _embedded(image: pyvips.Image, mode: str, policy: ImagingPolicy) -> ImageCms
         return None
     if profile.profile.xcolor_space.strip() != _PROFILE_SPACES[mode]:
         return None
-    if input_intent(icc, policy.rendering_intent) is None:
-        raise RejectedMaster(unusable_profile(icc))
+    applied_intent(icc, policy.rendering_intent)  # RejectedMaster where LittleCMS builds no transform from it
     return profile
 
 

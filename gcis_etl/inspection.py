@@ -22,6 +22,7 @@ import numpy as np
 from PIL import Image, ImageCms
 
 from gcis_etl import formats
+from gcis_etl.errors import RejectedMaster
 from gcis_etl.metadata import MetadataSummary, Resolution, summarise
 from gcis_etl.models import ImageInfo, Verdict
 from gcis_etl.policy import ImagingPolicy, IsolationSettings
@@ -213,7 +214,7 @@ def _check_icc(icc: bytes, interpretation: str, intent: str) -> tuple[str | None
         return description, (f"embedded ICC profile '{description}' is for {space} but the pixels are "
                              f"{interpretation}: needs review")
     if interpretation != "lab" and input_intent(icc, intent) is None:
-        return description, unusable_profile(icc)
+        return description, _unusable_profile(icc)
     return description, None
 
 
@@ -221,9 +222,9 @@ def _description(profile: ImageCms.ImageCmsProfile) -> str:
     return (ImageCms.getProfileDescription(profile) or "").strip() or "unnamed profile"
 
 
-def unusable_profile(icc: bytes) -> str:
+def _unusable_profile(icc: bytes) -> str:
     """The rejection of a master whose embedded profile LittleCMS builds no transform from (input_intent None),
-    in inspection's verdict and from either engine, should one meet it."""
+    in inspection's verdict and from either engine, should one meet it (applied_intent)."""
     description = _description(ImageCms.ImageCmsProfile(io.BytesIO(icc)))
     return (f"embedded ICC profile '{description}' cannot be applied (LittleCMS builds no transform from it: "
             "damaged or incomplete): needs review")
@@ -279,6 +280,16 @@ def input_intent(icc: bytes, intent: str) -> str | None:
                 and _links(profile, candidate):
             return candidate
     return None
+
+
+def applied_intent(icc: bytes, intent: str) -> str:
+    """input_intent, for an engine about to apply the profile: RejectedMaster where there is none (inspection
+    rejects such a master first), rather than let libvips drop the profile (the samples taken as sRGB, a warning on
+    the child's stderr) or ImageCms raise PyCMSError out of the conversion."""
+    applied = input_intent(icc, intent)
+    if applied is None:
+        raise RejectedMaster(_unusable_profile(icc))
+    return applied
 
 
 def _links(profile: ImageCms.ImageCmsProfile, intent: str) -> bool:

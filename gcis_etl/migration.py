@@ -37,7 +37,6 @@ import os
 import signal
 import sys
 import threading
-import time
 import uuid
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -391,9 +390,8 @@ class Budget(TimeLimit):
 
     def options(self, **options: Any) -> HarvestOptions:
         limit = None if self.limit is None else self.limit - self.processed
-        timed_from = time.monotonic()  # the run's clock starts as its share is measured (HarvestOptions.timed_from)
         # spent since exhausted() said otherwise: NO_TIME_LEFT, and the run stops before its first item
-        return HarvestOptions(limit=limit, max_run_minutes=self.share(), timed_from=timed_from, **options)
+        return self.handed(HarvestOptions(limit=limit, **options))
 
     def spend(self, run: RunReport) -> None:
         self.processed += sum(run.counts.get(outcome, 0) for outcome in ("deposited", "rejected", "failed"))

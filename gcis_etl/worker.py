@@ -584,12 +584,12 @@ class CeleryExecutor:
             log.warning("%s: %s still in flight: %s in the result backend for %g hours", pipeline,
                         counted(flying, "task"), stays, hours)
         for pipeline, left in self._left.items():  # as designed, at a time limit: not mailed (INFO)
-            one = left == 1
-            log.info("%s: %s sent and not started yet %s left to the workers: the next run takes %s (kept %g "
+            be, it, its, outcomes = ("is", "it", "its", "outcome") if left == 1 else ("are", "them", "their",
+                                                                                     "outcomes")
+            log.info("%s: %s sent and not started yet %s left to the workers: the next run takes %s %s (kept %g "
                      "hours), or sends %s again if no worker started %s within %g s of %s send", pipeline,
-                     counted(left, "task"), "is" if one else "are", "its outcome" if one else "their outcomes",
-                     hours, "it" if one else "them", "it" if one else "them",
-                     2 * self.settings.visibility_timeout_seconds, "its" if one else "their")
+                     counted(left, "task"), be, its, outcomes, hours, it, it,
+                     2 * self.settings.visibility_timeout_seconds, its)
         self.app.close()
 
     def left_queued(self, pipeline: str) -> int:
